@@ -1,0 +1,40 @@
+"""Errors the ledger raises; expected outcomes (duplicate, rejected, refused) are return values.
+
+LedgerError
+├── LedgerUnavailable    Postgres could not be reached or the pool ran dry
+├── LeaseLost            a fenced write found a newer lease token (or no live lease)
+├── StepAlreadyRecorded  a step name was recorded already for this effect
+└── MigrationError       a migration could not be applied, or an applied one changed
+"""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Base of every error the ledger raises."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger database could not be reached; nothing was written."""
+
+
+class LeaseLost(LedgerError):
+    """The lease on this job is no longer ours: the write changed nothing."""
+
+    def __init__(self, job_id: int, lease_token: int) -> None:
+        super().__init__(
+            f"job {job_id}: lease token {lease_token} is no longer current; the write changed nothing"
+        )
+        self.job_id = job_id
+        self.lease_token = lease_token
+
+
+class StepAlreadyRecorded(LedgerError):
+    """This step was recorded already for this effect; it is never recorded twice."""
+
+
+class MigrationError(LedgerError):
+    """A migration could not be applied."""

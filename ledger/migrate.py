@@ -1,0 +1,93 @@
+"""The migration runner: numbered, forward-only SQL files applied once each, in order.
+
+Runs under an advisory lock, so gateways and workers starting together apply each migration once.
+Each file is applied in its own transaction together with its record (name and SHA-256 checksum);
+a file that changed after it was applied is refused, since the database no longer matches it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from .db import Conn
+from .errors import MigrationError
+from .queries import Q
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_FILE_NAME = re.compile(r"^\d{4}_[a-z0-9_]+\.sql$")
+# Fixed, arbitrary: the same number in every process of every version.
+MIGRATION_LOCK_ID = 0x6566_6765_6D69_6772  # "efgemigr"
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One migration file: its name, SQL and checksum."""
+
+    name: str
+    sql: str
+    checksum: str
+
+
+def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Every ``NNNN_snake_case.sql`` in ``directory``, in order; any other ``.sql`` name is an error."""
+    if not directory.is_dir():
+        raise MigrationError(f"migrations directory not found: {directory}")
+    migrations: list[Migration] = []
+    numbers: set[str] = set()
+    for path in sorted(directory.glob("*.sql")):
+        if not _FILE_NAME.match(path.name):
+            raise MigrationError(f"{path}: migration names must look like 0001_snake_case.sql")
+        number = path.name[:4]
+        if number in numbers:
+            raise MigrationError(f"{path}: migration number {number} is used twice")
+        numbers.add(number)
+        text = path.read_text(encoding="utf-8")
+        migrations.append(Migration(path.name, text, hashlib.sha256(text.encode("utf-8")).hexdigest()))
+    return migrations
+
+
+async def pending(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Migrations not yet applied to this database (raises if an applied one changed)."""
+    await conn.execute(Q["migrations_table_ensure"])
+    applied = {
+        row["name"]: row["checksum"] for row in await (await conn.execute(Q["migrations_applied"])).fetchall()
+    }
+    todo = []
+    for migration in discover(directory):
+        checksum = applied.get(migration.name)
+        if checksum is None:
+            todo.append(migration)
+        elif checksum != migration.checksum:
+            raise MigrationError(
+                f"migration {migration.name} was changed after it was applied "
+                f"(applied checksum {checksum[:12]}…, file {migration.checksum[:12]}…); "
+                "migrations are forward-only: add a new file instead"
+            )
+    return todo
+
+
+async def migrate(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Apply every pending migration; returns the names applied (empty when up to date)."""
+    await conn.execute(Q["migrations_lock"], {"lock_id": MIGRATION_LOCK_ID})
+    try:
+        applied: list[str] = []
+        for migration in await pending(conn, directory):
+            try:
+                async with conn.transaction():
+                    # The file is trusted project source, run as a script of several statements.
+                    await conn.execute(sql.SQL(migration.sql))
+                    await conn.execute(
+                        Q["migration_record"], {"name": migration.name, "checksum": migration.checksum}
+                    )
+            except psycopg.Error as exc:
+                raise MigrationError(f"migration {migration.name} failed: {exc}") from exc
+            applied.append(migration.name)
+        return applied
+    finally:
+        await conn.execute(Q["migrations_unlock"], {"lock_id": MIGRATION_LOCK_ID})

@@ -1,0 +1,59 @@
+"""Named SQL blocks from ``ledger/sql/*.sql``, loaded once.
+
+A block starts with ``-- name: noun_verb_guard`` and one comment line saying what it does; the name is
+the only way Python code reaches SQL, so a reader can grep one name from call to query.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import LiteralString
+
+SQL_DIR = Path(__file__).parent / "sql"
+_NAME = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+def parse(text: str, origin: str = "<sql>") -> dict[str, str]:
+    """Split one SQL file into {name: query}; a repeated name is an error."""
+    blocks: dict[str, str] = {}
+    parts = _NAME.split(text)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in blocks:
+            raise ValueError(f"{origin}: query name {name!r} appears twice")
+        query = body.strip().rstrip(";").strip()
+        if not query:
+            raise ValueError(f"{origin}: query {name!r} is empty")
+        blocks[name] = query
+    return blocks
+
+
+def load(directory: Path = SQL_DIR) -> dict[str, str]:
+    """Load every named block of every ``*.sql`` file in ``directory``; names are unique across files."""
+    queries: dict[str, str] = {}
+    for path in sorted(directory.glob("*.sql")):
+        for name, query in parse(path.read_text(encoding="utf-8"), str(path)).items():
+            if name in queries:
+                raise ValueError(f"{path}: query name {name!r} is already defined in another file")
+            queries[name] = query
+    return queries
+
+
+class _Queries(Mapping[str, LiteralString]):
+    def __init__(self, queries: dict[str, str]) -> None:
+        self._queries = queries
+
+    def __getitem__(self, name: str) -> LiteralString:
+        # The text comes from files shipped with the package, never from input: it is as literal as a
+        # string in the source, which is what psycopg's typing asks for.
+        return self._queries[name]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._queries)
+
+    def __len__(self) -> int:
+        return len(self._queries)
+
+
+Q: Mapping[str, LiteralString] = _Queries(load())

@@ -1,0 +1,68 @@
+"""Recorded steps: a downstream call's outcome, written once per (effect, step name), fenced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from .db import Conn
+from .errors import LeaseLost, StepAlreadyRecorded
+from .queries import Q
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedStep:
+    """What a step recorded: its idempotency key and its result or error."""
+
+    name: str
+    idempotency_key: str
+    status: str
+    result: Any
+    error: Any
+    job_id: int
+    lease_token: int
+    recorded_at: datetime
+
+
+async def for_effect(conn: Conn, effect_id: int) -> dict[str, RecordedStep]:
+    """Every step an effect has recorded, by name."""
+    rows = await (await conn.execute(Q["steps_for_effect"], {"effect_id": effect_id})).fetchall()
+    return {r["name"]: RecordedStep(**r) for r in rows}
+
+
+async def record(
+    conn: Conn,
+    *,
+    job_id: int,
+    lease_token: int,
+    name: str,
+    idempotency_key: str,
+    status: str,
+    result: Any = None,
+    error: Any = None,
+    now: datetime | None = None,
+) -> None:
+    """Record a step's outcome under the current lease. Raises ``LeaseLost`` or ``StepAlreadyRecorded``."""
+    row = await (
+        await conn.execute(
+            Q["step_record_if_leased"],
+            {
+                "job_id": job_id,
+                "lease_token": lease_token,
+                "name": name,
+                "idempotency_key": idempotency_key,
+                "status": status,
+                "result": Jsonb(result) if result is not None else None,
+                "error": Jsonb(error) if error is not None else None,
+                "now": now,
+            },
+        )
+    ).fetchone()
+    assert row is not None
+    if not row["leased"]:
+        raise LeaseLost(job_id, lease_token)
+    if not row["recorded"]:
+        raise StepAlreadyRecorded(f"step {name!r} of job {job_id} is already recorded")

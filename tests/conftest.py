@@ -1,0 +1,92 @@
+"""Shared fixtures: a real Postgres for every database test, never a mock, never a skip.
+
+``TEST_DATABASE_URL`` names a server when set; otherwise the suite starts the embedded Postgres
+itself. A template database is migrated once per session and cloned per test
+(``CREATE DATABASE … TEMPLATE``), so every test owns a fresh ledger.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from gateway import embedded
+from ledger import db
+from ledger.migrate import migrate
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> str:
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        return url
+    data_dir = Path(tempfile.gettempdir()) / f"effectgate-test-pg-{os.getuid()}" / "data"
+    return embedded.start(data_dir)
+
+
+def _admin(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(url, autocommit=True)
+
+
+def database_url(server_url: str, name: str) -> str:
+    return make_conninfo(server_url, dbname=name)
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server_url: str) -> Iterator[str]:
+    name = f"effectgate_tpl_{uuid.uuid4().hex[:10]}"
+    with _admin(pg_server_url) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+
+    async def _migrate() -> None:
+        conn = await db.connect(database_url(pg_server_url, name))
+        async with conn:
+            await migrate(conn)
+
+    import asyncio
+
+    asyncio.run(_migrate())
+    yield name
+    with _admin(pg_server_url) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database of this test's own."""
+    name = f"effectgate_t_{uuid.uuid4().hex[:12]}"
+    with _admin(pg_server_url) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield database_url(pg_server_url, name)
+    with _admin(pg_server_url) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def conn(db_url: str) -> AsyncIterator[db.Conn]:
+    c = await db.connect(db_url)
+    async with c:
+        yield c
+
+
+@pytest.fixture
+def empty_db_url(pg_server_url: str) -> Iterator[str]:
+    """A database with nothing in it, not even the migrations."""
+    name = f"effectgate_e_{uuid.uuid4().hex[:12]}"
+    with _admin(pg_server_url) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield database_url(pg_server_url, name)
+    with _admin(pg_server_url) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

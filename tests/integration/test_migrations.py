@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ledger import db
+from ledger.errors import MigrationError
+from ledger.migrate import discover, migrate
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_every_migration_applies_to_an_empty_database_once(empty_db_url: str) -> None:
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        applied = await migrate(conn)
+        assert applied == [m.name for m in discover()]
+        assert applied, "there is at least one migration"
+        assert await migrate(conn) == []
+        rows = await (await conn.execute("SELECT name FROM schema_migrations ORDER BY name")).fetchall()
+        assert [r["name"] for r in rows] == applied
+
+
+async def test_a_changed_applied_migration_is_refused(empty_db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "0001_first.sql").write_text("CREATE TABLE t (id int);\n")
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        assert await migrate(conn, tmp_path) == ["0001_first.sql"]
+        (tmp_path / "0001_first.sql").write_text("CREATE TABLE t (id bigint);\n")
+        with pytest.raises(MigrationError, match=r"0001_first\.sql was changed after it was applied"):
+            await migrate(conn, tmp_path)
+
+
+async def test_a_failing_migration_leaves_nothing_half_applied(empty_db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "0001_ok.sql").write_text("CREATE TABLE a (id int);\n")
+    (tmp_path / "0002_bad.sql").write_text("CREATE TABLE b (id int);\nSELECT no_such_function();\n")
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        with pytest.raises(MigrationError, match=r"0002_bad\.sql failed"):
+            await migrate(conn, tmp_path)
+        names = await (await conn.execute("SELECT name FROM schema_migrations")).fetchall()
+        assert [r["name"] for r in names] == ["0001_ok.sql"]
+        tables = await (
+            await conn.execute("SELECT count(*) AS n FROM pg_tables WHERE tablename = 'b'")
+        ).fetchone()
+        assert tables is not None and tables["n"] == 0
+
+
+def test_badly_named_migration_files_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "1_first.sql").write_text("SELECT 1;")
+    with pytest.raises(MigrationError, match="0001_snake_case"):
+        discover(tmp_path)
