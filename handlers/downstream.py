@@ -1,0 +1,216 @@
+"""The shared half of the downstream clients: configuration, and one idempotent request path.
+
+Every payment or shipping call an effect handler makes goes through `send_idempotent`, which sends the
+`Idempotency-Key` header and turns the provider's answer into a return value or one of the handler outcome
+exceptions, the same way for every API:
+
+    2xx with a JSON object          → the object
+    2xx whose body is not JSON      → TransientError   (the effect may have happened: replay it)
+    408, 409, 429, 5xx, transport   → TransientError   (retry with the SAME key; 429 carries retry_after)
+    4xx with error.type "idempotency_error" → UnrecoverableError (key reused with other parameters: a bug)
+    any other status                → TerminalError    (code = the provider's error code)
+
+The client never retries by itself: the job runtime re-runs the step with the same key, so backoff, attempt
+limits and lease deadlines live in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from handlers.errors import TerminalError, TransientError, UnrecoverableError
+
+__all__ = ["MAX_IDEMPOTENCY_KEY_LENGTH", "DownstreamConfig", "classify_response", "send_idempotent"]
+
+logger = logging.getLogger(__name__)
+
+#: Stripe refuses longer keys; failing here names the bug instead of burning attempts on 400s.
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
+@dataclass(frozen=True, slots=True)
+class DownstreamConfig:
+    """Where a downstream API lives and how long to wait for it, validated at construction.
+
+    `base_url` must be an absolute http(s) URL (a trailing slash is dropped, a path prefix is kept);
+    `api_key`, when set, is sent as a bearer token and is left out of `repr` so it never reaches a log line;
+    `timeout` bounds each read/write/pool wait and `connect_timeout` the TCP connect, both in seconds.
+    """
+
+    base_url: str
+    api_key: str | None = field(repr=False)
+    timeout: float = 10.0
+    connect_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"base_url must be an absolute http(s) URL, got {self.base_url!r}")
+        if parts.query or parts.fragment:
+            raise ValueError("base_url must not carry a query or fragment")
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        if self.api_key is not None and (not self.api_key or self.api_key != self.api_key.strip()):
+            # An empty or padded key is a configuration slip; None is how "no auth" is spelled.
+            raise ValueError("api_key must be None or a non-empty string without surrounding whitespace")
+        for name in ("timeout", "connect_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+    def httpx_timeout(self) -> httpx.Timeout:
+        """The per-request timeout, so the shared `httpx.AsyncClient`'s own defaults never apply."""
+        return httpx.Timeout(self.timeout, connect=self.connect_timeout)
+
+
+async def send_idempotent(
+    http: httpx.AsyncClient,
+    config: DownstreamConfig,
+    path: str,
+    *,
+    idempotency_key: str,
+    method: str = "POST",
+    form: Mapping[str, str] | None = None,
+    json: Any = None,
+) -> dict[str, Any]:
+    """Send one mutating request carrying `Idempotency-Key` and return the provider's JSON object.
+
+    `path` is joined to `config.base_url`; the body is `form` (form-encoded, as Stripe wants) or `json`.
+    Failures are raised as `TransientError`, `TerminalError` or `UnrecoverableError` as the module docstring
+    lays out, with transport errors chained as the cause. Nothing is retried here: a retry must come from the
+    caller, with the same `idempotency_key`, so the provider can replay instead of acting twice.
+    """
+    _check_idempotency_key(idempotency_key)
+    if form is not None and json is not None:
+        raise ValueError("pass either form or json, not both")
+    headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json"}
+    if config.api_key is not None:
+        headers["Authorization"] = f"Bearer {config.api_key}"
+    try:
+        response = await http.request(
+            method,
+            config.base_url + path,
+            headers=headers,
+            data=form,
+            json=json,
+            timeout=config.httpx_timeout(),
+        )
+    except (httpx.TransportError, httpx.DecodingError) as exc:
+        # Connect errors, timeouts and connections dropped mid-response all look the same from here: the
+        # provider may or may not have acted. Only a replay with the same key can tell, so retry.
+        logger.debug("downstream %s %s key=%s failed: %s", method, path, idempotency_key, type(exc).__name__)
+        raise TransientError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+    logger.debug("downstream %s %s key=%s -> %d", method, path, idempotency_key, response.status_code)
+    return classify_response(response)
+
+
+def classify_response(response: httpx.Response) -> dict[str, Any]:
+    """Turn a provider's answer into its JSON object, or raise the handler outcome it stands for.
+
+    This is the single place the answer classes in the module docstring are decided, so the payment and
+    shipping clients (and any future one) cannot drift apart on what is worth a retry.
+    """
+    status = response.status_code
+    where = _describe_request(response)
+    if 200 <= status < 300:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            # A 2xx means the provider may well have performed the effect, so failing the job would hide a
+            # real charge or shipment. Re-sending the same key makes the provider replay its stored answer,
+            # which is safe, and the attempt limit still bounds a provider that keeps answering garbage.
+            raise TransientError(f"{where}: HTTP {status} with a body that is not a JSON object")
+        return body
+    code, message = _provider_error(response)
+    detail = f"{where}: HTTP {status}" + (f": {message}" if message else "")
+    if status == 409:
+        # Stripe's idempotency_key_in_use: the first request with this key is still running. Its outcome
+        # will be replayed to a later retry with the same key.
+        raise TransientError(detail, retry_after=_retry_after(response))
+    if status in (408, 429) or status >= 500:
+        raise TransientError(detail, retry_after=_retry_after(response))
+    if 400 <= status < 500:
+        if _error_field(response, "type") == "idempotency_error":
+            # The key was already used with different parameters. Keys derive from (tenant, effect, step),
+            # so this means a handler sends different data for the same step: retrying cannot fix it.
+            raise UnrecoverableError(detail, code=code or "idempotency_error")
+        raise TerminalError(detail, code=code or f"http_{status}")
+    # 1xx/3xx: httpx follows no redirects, and a moved API is a configuration problem, not a blip.
+    raise TerminalError(detail, code=f"http_{status}")
+
+
+def _describe_request(response: httpx.Response) -> str:
+    try:
+        request = response.request
+    except RuntimeError:  # a Response built by hand (tests, adapters) has no request attached
+        return "downstream request"
+    return f"{request.method} {request.url.path}"
+
+
+def _check_idempotency_key(key: str) -> None:
+    if not isinstance(key, str) or not key:
+        raise ValueError("idempotency_key must be a non-empty string")
+    if len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise ValueError(f"idempotency_key is longer than {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
+    if not key.isascii() or not key.isprintable():
+        raise ValueError("idempotency_key must be printable ASCII")
+
+
+def _error_body(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _error_field(response: httpx.Response, name: str) -> str | None:
+    error = _error_body(response).get("error")
+    value = error.get(name) if isinstance(error, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _provider_error(response: httpx.Response) -> tuple[str | None, str | None]:
+    """(code, message) from Stripe's `{"error": {...}}` or a flat `{"error": "...", "message": "..."}`."""
+    body = _error_body(response)
+    error = body.get("error")
+    if isinstance(error, dict):
+        code = error.get("code") or error.get("type")
+        message = error.get("message")
+    else:
+        code = error if isinstance(error, str) else body.get("code")
+        message = body.get("message")
+    return (
+        code if isinstance(code, str) and code else None,
+        message if isinstance(message, str) and message else None,
+    )
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)

@@ -1,0 +1,557 @@
+"""A fake payment and shipping provider that honours `Idempotency-Key` the way Stripe documents it.
+
+Tests and demos point `PaymentsClient` and `ShippingClient` at it. It keeps real effects (captures, refunds,
+shipments) apart from requests, so a test can assert that retries, reclaims and redrives produced exactly one
+effect each, and it can inject the failures that make idempotency matter: a 500 before the effect, a hang,
+and a connection dropped after the effect was performed.
+
+Idempotency, for POST requests carrying the header (keys are scoped to this app instance, as Stripe scopes
+them to an account):
+
+    first use of a key               → run the endpoint, store its answer
+    same key, same parameters        → the stored answer byte-for-byte, plus `Idempotent-Replayed: true`
+    same key, different parameters   → 400 idempotency_error
+    same key, first still running    → 409 idempotency_error / idempotency_key_in_use
+    parameters that fail validation  → the error, and the key stays unused (Stripe saves no result then)
+
+Control endpoints: `GET /_fake/stats`, `POST /_fake/reset`, `GET|POST /_fake/faults`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, cast, get_args
+from urllib.parse import parse_qsl
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+__all__ = ["FaultConfig", "FaultMode", "create_app", "serve"]
+
+FaultMode = Literal["none", "error_500", "hang", "drop_after_effect"]
+
+# Stripe refuses longer keys; the fake does too, so a client that sends one fails here and not in production.
+_MAX_KEY_LENGTH = 255
+_INTENT_AMOUNT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class FaultConfig:
+    """Which failure to inject, how often, and where, validated at construction.
+
+    `mode` is `none`, `error_500` (answer 500 before the effect, nothing stored), `hang` (wait
+    `hang_seconds` before the effect, given up when the client disconnects) or `drop_after_effect` (perform
+    and store the effect, then cut the connection mid-response). Each provider request is hit with
+    probability `rate`, drawn from a generator seeded with `seed`; `paths`, when non-empty, limits faults to
+    requests whose path starts with one of the prefixes. The `/_fake/` endpoints are never faulted.
+    """
+
+    mode: FaultMode = "none"
+    rate: float = 1.0
+    paths: tuple[str, ...] = ()
+    seed: int | None = None
+    hang_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in get_args(FaultMode):
+            raise ValueError(f"mode must be one of {get_args(FaultMode)}, got {self.mode!r}")
+        if isinstance(self.rate, bool) or not isinstance(self.rate, int | float) or not 0 <= self.rate <= 1:
+            raise ValueError(f"rate must be a number in [0, 1], got {self.rate!r}")
+        if isinstance(self.paths, str) or not all(isinstance(p, str) and p for p in self.paths):
+            raise ValueError("paths must be a list of non-empty path prefixes")
+        object.__setattr__(self, "paths", tuple(self.paths))
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        hang = self.hang_seconds
+        if (
+            isinstance(hang, bool)
+            or not isinstance(hang, int | float)
+            or not (math.isfinite(hang) and hang >= 0)
+        ):
+            raise ValueError(f"hang_seconds must be a finite number >= 0, got {hang!r}")
+
+    @classmethod
+    def from_json(cls, data: object) -> FaultConfig:
+        """Build a config from the JSON body of `POST /_fake/faults`; unknown fields raise `ValueError`."""
+        if not isinstance(data, dict):
+            raise ValueError("the fault config must be a JSON object")
+        unknown = set(data) - {"mode", "rate", "paths", "seed", "hang_seconds"}
+        if unknown:
+            raise ValueError(f"unknown fault fields: {sorted(unknown)}")
+        paths = data.get("paths") or ()
+        if not isinstance(paths, list | tuple):
+            raise ValueError("paths must be a list of path prefixes")
+        return cls(
+            mode=data.get("mode", "none"),
+            rate=data.get("rate", 1.0),
+            paths=tuple(paths),
+            seed=data.get("seed"),
+            hang_seconds=data.get("hang_seconds", 3600.0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    status: int
+    body: bytes
+
+
+@dataclass(slots=True)
+class _KeyRecord:
+    fingerprint: str
+    answer: _Answer | None = None  # None while the first request with the key is still running
+
+
+@dataclass(slots=True)
+class _Counters:
+    requests: int = 0
+    replays: int = 0
+    captures: int = 0
+    refunds: int = 0
+    shipments: int = 0
+    double_capture_attempts: int = 0
+    requests_without_key: int = 0
+    captures_by_intent: dict[str, int] = field(default_factory=dict)
+    shipments_by_order: dict[str, int] = field(default_factory=dict)
+
+
+class _Invalid(Exception):
+    """The request failed validation: answer it, but store nothing under its key (as Stripe does)."""
+
+    def __init__(self, answer: _Answer) -> None:
+        super().__init__(answer.status)
+        self.answer = answer
+
+
+_Action = Callable[[Request, bytes], _Answer]
+
+
+class _DroppedResponse(Response):
+    """Announce the whole body, send half of it, and return without finishing the response.
+
+    Under uvicorn an ASGI app that returns mid-response gets its connection closed, so the client sees a
+    truncated message: httpx raises `RemoteProtocolError`, a `TransportError`, exactly as when a real
+    provider or a proxy dies after the effect. (In-process, `httpx.ASGITransport` asserts instead: this
+    fault needs a real server.)
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = str(len(self.body) * 2 + 64).encode()
+        headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        headers.append((b"content-length", declared))
+        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        await send(
+            {"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True}
+        )
+
+
+class _FakeProviders:
+    """All state of one fake: effects, stored idempotent answers, counters and faults."""
+
+    def __init__(self, faults: FaultConfig) -> None:
+        # One lock for all state. The sections it guards contain no await today, but the idempotency claim
+        # (look up, then insert) and each effect (check state, then change it) must stay atomic against
+        # interleaving requests if one is ever added.
+        self._lock = asyncio.Lock()
+        self._set_faults(faults)
+        self._clear()
+
+    def _clear(self) -> None:
+        self._keys: dict[str, _KeyRecord] = {}
+        self._intents: dict[str, dict[str, Any]] = {}
+        self._refunded: dict[str, int] = {}
+        self._shipments: dict[str, dict[str, Any]] = {}
+        self._counters = _Counters()
+
+    def _set_faults(self, faults: FaultConfig) -> None:
+        self._faults = faults
+        self._rng = random.Random(faults.seed)
+
+    def _draw_fault(self, path: str) -> FaultMode:
+        faults = self._faults
+        if faults.mode == "none":
+            return "none"
+        if faults.paths and not any(path.startswith(prefix) for prefix in faults.paths):
+            return "none"
+        return faults.mode if self._rng.random() < faults.rate else "none"
+
+    # -- the provider endpoints -------------------------------------------------------------------
+
+    def endpoint(self, action: _Action, *, mutating: bool) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            return await self._serve(request, action, mutating=mutating)
+
+        return run
+
+    async def _serve(self, request: Request, action: _Action, *, mutating: bool) -> Response:
+        body = await request.body()
+        key = request.headers.get("idempotency-key") or None
+        if not mutating:
+            key = None  # Stripe ignores idempotency keys on GET: reading twice has no effect to guard
+        async with self._lock:
+            self._counters.requests += 1
+            if mutating and key is None:
+                self._counters.requests_without_key += 1
+            fault = self._draw_fault(request.url.path)
+        if fault == "error_500":
+            # Injected in front of the idempotency layer, like a failing load balancer: nothing is stored,
+            # so a retry with the same key runs the endpoint for real.
+            return _reply(500, _error("api_error", "fake_fault", "Injected error_500 fault."))
+        if key is not None and len(key) > _MAX_KEY_LENGTH:
+            return _reply(400, _error("invalid_request_error", "idempotency_key_too_long", "Key too long."))
+
+        record: _KeyRecord | None = None
+        if key is not None:
+            fingerprint = _fingerprint(request, body)
+            async with self._lock:
+                existing = self._keys.get(key)
+                if existing is None:
+                    record = self._keys[key] = _KeyRecord(fingerprint)
+            if existing is not None:
+                return await self._answer_again(request, existing, fingerprint, key, fault)
+
+        done = False
+        try:
+            if fault == "hang" and await _hang(request, self._faults.hang_seconds):
+                return _reply(503, _error("api_error", "client_disconnected", "The client went away."))
+            async with self._lock:
+                try:
+                    answer = action(request, body)
+                except _Invalid as invalid:
+                    answer = invalid.answer
+                else:
+                    if record is not None:
+                        record.answer = answer
+                        done = True
+        finally:
+            # Abandoned (cancelled, disconnected, invalid, crashed): free the key so a retry can run, as
+            # Stripe does for requests whose endpoint never completed.
+            if record is not None and not done and key is not None:
+                with anyio.CancelScope(shield=True):
+                    async with self._lock:
+                        if self._keys.get(key) is record:
+                            del self._keys[key]
+        return _deliver(answer, key, fault, replayed=False)
+
+    async def _answer_again(
+        self, request: Request, existing: _KeyRecord, fingerprint: str, key: str, fault: FaultMode
+    ) -> Response:
+        if existing.fingerprint != fingerprint:
+            message = (
+                "Keys for idempotent requests can only be used with the same parameters "
+                "they were first used with."
+            )
+            return _reply(400, _error("idempotency_error", None, message))
+        if existing.answer is None:
+            message = "There is currently another in-progress request using this Idempotent Key."
+            return _reply(409, _error("idempotency_error", "idempotency_key_in_use", message))
+        if fault == "hang" and await _hang(request, self._faults.hang_seconds):
+            return _reply(503, _error("api_error", "client_disconnected", "The client went away."))
+        async with self._lock:
+            self._counters.replays += 1
+        return _deliver(existing.answer, key, fault, replayed=True)
+
+    def capture(self, request: Request, body: bytes) -> _Answer:
+        intent_id = request.path_params["id"]
+        params = _form(body)
+        intent = self._intents.get(intent_id)
+        if intent is None:
+            # Auto-created so demos and tests need no setup call.
+            intent = self._intents[intent_id] = {
+                "id": intent_id,
+                "object": "payment_intent",
+                "amount": _INTENT_AMOUNT,
+                "amount_capturable": _INTENT_AMOUNT,
+                "amount_received": 0,
+                "capture_method": "manual",
+                "currency": "usd",
+                "latest_charge": None,
+                "status": "requires_capture",
+            }
+        if intent["status"] != "requires_capture":
+            # A capture of an already captured intent under a new key is the double effect the ledger
+            # exists to prevent; the count is what tests assert stays zero.
+            self._counters.double_capture_attempts += 1
+            message = (
+                f"This PaymentIntent's status is {intent['status']}, "
+                "but it must be requires_capture to be captured."
+            )
+            return _json(400, _error("invalid_request_error", "payment_intent_unexpected_state", message))
+        amount = _amount(params, "amount_to_capture", default=intent["amount_capturable"])
+        if amount > intent["amount_capturable"]:
+            message = "The amount to capture is greater than the amount capturable."
+            return _json(400, _error("invalid_request_error", "amount_too_large", message))
+        intent.update(
+            amount_capturable=0,
+            amount_received=amount,
+            latest_charge=f"ch_{secrets.token_hex(12)}",
+            status="succeeded",
+        )
+        self._counters.captures += 1
+        by_intent = self._counters.captures_by_intent
+        by_intent[intent_id] = by_intent.get(intent_id, 0) + 1
+        return _json(200, intent)
+
+    def refund(self, request: Request, body: bytes) -> _Answer:
+        params = _form(body)
+        intent_id = params.get("payment_intent")
+        if not intent_id:
+            message = "Missing required param: payment_intent."
+            raise _Invalid(_json(400, _error("invalid_request_error", "parameter_missing", message)))
+        intent = self._intents.get(intent_id)
+        if intent is None:
+            message = f"No such payment_intent: '{intent_id}'"
+            raise _Invalid(_json(400, _error("invalid_request_error", "resource_missing", message)))
+        if intent["status"] != "succeeded":
+            message = "This PaymentIntent has not been captured, so there is nothing to refund."
+            return _json(400, _error("invalid_request_error", "payment_intent_unexpected_state", message))
+        remaining = intent["amount_received"] - self._refunded.get(intent_id, 0)
+        if remaining <= 0:
+            message = f"Charge for PaymentIntent {intent_id} has already been refunded."
+            return _json(400, _error("invalid_request_error", "charge_already_refunded", message))
+        amount = _amount(params, "amount", default=remaining)
+        if amount > remaining:
+            message = f"Refund amount ({amount}) is greater than unrefunded amount on charge ({remaining})."
+            return _json(400, _error("invalid_request_error", "amount_too_large", message))
+        self._refunded[intent_id] = self._refunded.get(intent_id, 0) + amount
+        self._counters.refunds += 1
+        refund = {
+            "id": f"re_{secrets.token_hex(12)}",
+            "object": "refund",
+            "amount": amount,
+            "currency": intent["currency"],
+            "payment_intent": intent_id,
+            "reason": params.get("reason"),
+            "status": "succeeded",
+        }
+        return _json(200, refund)
+
+    def get_intent(self, request: Request, body: bytes) -> _Answer:
+        intent = self._intents.get(request.path_params["id"])
+        if intent is None:
+            message = f"No such payment_intent: '{request.path_params['id']}'"
+            return _json(404, _error("invalid_request_error", "resource_missing", message))
+        return _json(200, intent)
+
+    def create_shipment(self, request: Request, body: bytes) -> _Answer:
+        try:
+            params = json.loads(body)
+        except ValueError:
+            params = None
+        if not isinstance(params, dict):
+            message = "The request body must be a JSON object."
+            raise _Invalid(_json(400, _error("invalid_request_error", "invalid_json", message)))
+        order_id = params.get("order_id")
+        address = params.get("address")
+        items = params.get("items")
+        service = params.get("service", "standard")
+        problem = None
+        if not isinstance(order_id, str) or not order_id:
+            problem = "order_id must be a non-empty string"
+        elif not isinstance(address, dict):
+            problem = "address must be an object"
+        elif not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+            problem = "items must be a non-empty list of objects"
+        elif not isinstance(service, str) or not service:
+            problem = "service must be a non-empty string"
+        if problem is not None or not isinstance(order_id, str):
+            raise _Invalid(_json(400, _error("invalid_request_error", "parameter_invalid", problem)))
+        shipment_id = f"shp_{secrets.token_hex(12)}"
+        shipment = {
+            "id": shipment_id,
+            "object": "shipment",
+            "order_id": order_id,
+            "service": service,
+            "status": "label_created",
+            "address": address,
+            "items": items,
+            "tracking_number": f"FK{secrets.randbelow(10**12):012d}",
+            "label_url": str(request.url_for("shipment_label", id=shipment_id)),
+        }
+        self._shipments[shipment_id] = shipment
+        self._counters.shipments += 1
+        by_order = self._counters.shipments_by_order
+        by_order[order_id] = by_order.get(order_id, 0) + 1
+        return _json(201, shipment)
+
+    def get_shipment(self, request: Request, body: bytes) -> _Answer:
+        shipment = self._shipments.get(request.path_params["id"])
+        if shipment is None:
+            message = f"No such shipment: '{request.path_params['id']}'"
+            return _json(404, _error("invalid_request_error", "resource_missing", message))
+        return _json(200, shipment)
+
+    async def shipment_label(self, request: Request) -> Response:
+        if request.path_params["id"] not in self._shipments:
+            raise HTTPException(404)
+        return Response(b"%PDF-1.4\n% effectgate fake label\n", media_type="application/pdf")
+
+    # -- the control endpoints --------------------------------------------------------------------
+
+    async def stats(self, request: Request) -> Response:
+        async with self._lock:
+            return JSONResponse(asdict(self._counters))
+
+    async def reset(self, request: Request) -> Response:
+        async with self._lock:
+            self._clear()
+            self._set_faults(FaultConfig())
+        return JSONResponse({"reset": True})
+
+    async def faults(self, request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                faults = FaultConfig.from_json(json.loads(await request.body()))
+            except (ValueError, TypeError) as exc:
+                return JSONResponse(
+                    _error("invalid_request_error", "invalid_faults", str(exc)), status_code=400
+                )
+            async with self._lock:
+                self._set_faults(faults)
+        return JSONResponse(asdict(self._faults))
+
+
+def create_app(*, faults: FaultConfig | None = None) -> Starlette:
+    """Build a fresh fake provider app; all its state lives in this instance, none in the module.
+
+    `faults` sets the fault injection from the start (default: none); `POST /_fake/faults` changes it and
+    `POST /_fake/reset` clears every effect, stored key, counter and fault.
+    """
+    fake = _FakeProviders(faults or FaultConfig())
+    routes = [
+        Route(
+            "/v1/payment_intents/{id}/capture",
+            fake.endpoint(fake.capture, mutating=True),
+            methods=["POST"],
+        ),
+        Route("/v1/payment_intents/{id}", fake.endpoint(fake.get_intent, mutating=False), methods=["GET"]),
+        Route("/v1/refunds", fake.endpoint(fake.refund, mutating=True), methods=["POST"]),
+        Route("/v1/shipments", fake.endpoint(fake.create_shipment, mutating=True), methods=["POST"]),
+        Route("/v1/shipments/{id}", fake.endpoint(fake.get_shipment, mutating=False), methods=["GET"]),
+        Route("/v1/shipments/{id}/label", fake.shipment_label, methods=["GET"], name="shipment_label"),
+        Route("/_fake/stats", fake.stats, methods=["GET"]),
+        Route("/_fake/reset", fake.reset, methods=["POST"]),
+        Route("/_fake/faults", fake.faults, methods=["GET", "POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+
+
+def serve(host: str, port: int) -> None:
+    """Run a fresh fake provider app with uvicorn on `host:port` until the process is stopped.
+
+    Graceful shutdown waits at most a second: a request held by a `hang` fault must not keep a stopping
+    test server alive for an hour.
+    """
+    import uvicorn  # only the serving path needs the server; tests use the app in-process
+
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=1)
+
+
+async def _hang(request: Request, seconds: float) -> bool:
+    """Sleep `seconds`, or until the client disconnects; True if it did."""
+    gone = False
+    async with anyio.create_task_group() as tasks:
+
+        async def watch() -> None:
+            nonlocal gone
+            # The body is read already, so the next message the server has for us is the disconnect.
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            tasks.cancel_scope.cancel()
+
+        tasks.start_soon(watch)
+        await anyio.sleep(seconds)
+        tasks.cancel_scope.cancel()
+    return gone
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    status = cast(HTTPException, exc).status_code
+    return JSONResponse(
+        _error("invalid_request_error", "resource_missing" if status == 404 else f"http_{status}", None),
+        status_code=status,
+    )
+
+
+def _deliver(answer: _Answer, key: str | None, fault: FaultMode, *, replayed: bool) -> Response:
+    headers = {}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    response_class = _DroppedResponse if fault == "drop_after_effect" else Response
+    return response_class(
+        answer.body, status_code=answer.status, headers=headers, media_type="application/json"
+    )
+
+
+def _reply(status: int, payload: Mapping[str, Any]) -> Response:
+    return Response(_json(status, payload).body, status_code=status, media_type="application/json")
+
+
+def _json(status: int, payload: Mapping[str, Any]) -> _Answer:
+    return _Answer(status, json.dumps(payload, separators=(",", ":")).encode())
+
+
+def _error(type_: str, code: str | None, message: str | None) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": type_}
+    if code is not None:
+        error["code"] = code
+    if message is not None:
+        error["message"] = message
+    return {"error": error}
+
+
+def _form(body: bytes) -> dict[str, str]:
+    try:
+        return dict(parse_qsl(body.decode("ascii"), keep_blank_values=True, errors="strict"))
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
+        message = f"The request body is not valid form encoding: {exc}"
+        raise _Invalid(_json(400, _error("invalid_request_error", "parameter_invalid", message))) from exc
+
+
+def _amount(params: Mapping[str, str], name: str, *, default: int) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) <= 0:
+        message = f"Invalid positive integer: {name}={raw!r}"
+        raise _Invalid(_json(400, _error("invalid_request_error", "parameter_invalid_integer", message)))
+    return int(raw)
+
+
+def _fingerprint(request: Request, body: bytes) -> str:
+    """Hash of method, path, query and the body in canonical form, so equal parameters compare equal."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    canonical = body
+    if media_type == "application/x-www-form-urlencoded":
+        try:
+            pairs = parse_qsl(body.decode("ascii"), keep_blank_values=True, errors="strict")
+        except ValueError:
+            pass
+        else:
+            # Sorted by name only: a stable sort keeps repeated names (Stripe's list params) in order.
+            canonical = json.dumps(sorted(pairs, key=lambda pair: pair[0])).encode()
+    elif media_type == "application/json" or media_type.endswith("+json"):
+        try:
+            canonical = json.dumps(json.loads(body), sort_keys=True, separators=(",", ":")).encode()
+        except ValueError:
+            pass
+    digest = hashlib.sha256()
+    for part in (request.method.encode(), request.url.path.encode(), request.url.query.encode(), canonical):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
