@@ -1,0 +1,194 @@
+"""What a handler runs with: recorded steps, idempotency keys, checkpoints, the slice budget.
+
+Every write the context makes is fenced by the lease token the job was claimed with; once the
+lease is lost (or the slice abandoned), every later write raises ``LeaseLost`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ledger import db, jobs, steps
+from ledger.errors import LeaseLost
+from ledger.steps import RecordedStep
+
+from .errors import StepAlreadyRun, TerminalError, UnrecoverableError
+from .idempotency import idempotency_key
+from .registry import Event
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .payments import PaymentsClient
+    from .shipping import ShippingClient
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Services:
+    """Clients a handler can reach through its context; configured once per worker process."""
+
+    http: httpx.AsyncClient | None = None
+    payments: PaymentsClient | None = None
+    shipping: ShippingClient | None = None
+
+
+class EffectContext:
+    """The handle a running handler gets: ``step``, ``checkpoint``, ``should_yield`` and the clients."""
+
+    def __init__(
+        self,
+        *,
+        pool: db.Pool,
+        lease: jobs.Lease,
+        event: Event,
+        recorded: dict[str, RecordedStep],
+        services: Services,
+        slice_budget: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pool = pool
+        self._lease = lease
+        self.event = event
+        self._recorded = recorded
+        self._services = services
+        self._used: set[str] = set()
+        self._clock = clock
+        self._deadline = clock() + slice_budget
+        self._checkpoint = lease.checkpoint
+        self.cancel_requested = lease.cancel_requested
+        self.draining = False
+        # Set by the runtime when the lease is gone or the slice abandoned: refuse every later write
+        # without asking the database, which could only refuse it too.
+        self.fenced_off = False
+
+    @property
+    def job_id(self) -> int:
+        """The job this slice runs."""
+        return self._lease.job_id
+
+    @property
+    def effect_key(self) -> str:
+        """The logical effect key this job performs."""
+        return self._lease.effect_key
+
+    @property
+    def tenant(self) -> str:
+        """The tenant the effect belongs to."""
+        return self._lease.tenant
+
+    @property
+    def attempt(self) -> int:
+        """Which attempt this is, from 1; for logs only, never for idempotency keys."""
+        return self._lease.attempt
+
+    @property
+    def checkpoint(self) -> Any:
+        """The last committed resume point, or ``None``."""
+        return self._checkpoint
+
+    @property
+    def payments(self) -> PaymentsClient:
+        """The payment API client (``[downstream.payments]`` in the configuration)."""
+        if self._services.payments is None:
+            raise RuntimeError("no payments client: configure [downstream.payments]")
+        return self._services.payments
+
+    @property
+    def shipping(self) -> ShippingClient:
+        """The shipping API client (``[downstream.shipping]`` in the configuration)."""
+        if self._services.shipping is None:
+            raise RuntimeError("no shipping client: configure [downstream.shipping]")
+        return self._services.shipping
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """A shared HTTP client for other downstream calls."""
+        if self._services.http is None:
+            raise RuntimeError("no HTTP client in this worker")
+        return self._services.http
+
+    def idempotency_key(self, step: str) -> str:
+        """The downstream idempotency key of ``step`` for this effect, without running it."""
+        return idempotency_key(self.tenant, self.effect_key, step)
+
+    def should_yield(self) -> bool:
+        """True once the slice budget is spent, a cancel was requested or the worker is draining."""
+        return self.cancel_requested or self.draining or self._clock() >= self._deadline
+
+    def _check_fence(self) -> None:
+        if self.fenced_off:
+            raise LeaseLost(self._lease.job_id, self._lease.lease_token)
+
+    async def step(self, name: str, fn: Callable[[str], Awaitable[T]]) -> T:
+        """Run ``fn(idempotency_key)`` once per (effect, ``name``) and record its result, fenced.
+
+        A step recorded by any earlier attempt returns its recorded result without calling ``fn``
+        (or raises its recorded terminal error again). Only a crash between ``fn`` returning and the
+        record committing repeats the call — with the same idempotency key, which is what makes the
+        downstream answer with the original result instead of acting twice.
+        """
+        if name in self._used:
+            raise StepAlreadyRun(f"step {name!r} ran already in this handler run; step names must be unique")
+        self._used.add(name)
+        recorded = self._recorded.get(name)
+        if recorded is not None:
+            if recorded.status == "succeeded":
+                return recorded.result  # type: ignore[no-any-return]
+            error = recorded.error or {}
+            raise TerminalError(error.get("message"), code=error.get("code"))
+        self._check_fence()
+        key = self.idempotency_key(name)
+        try:
+            result = await fn(key)
+        except TerminalError as exc:
+            await self._record(name, key, "failed", error=_error_record(exc))
+            raise
+        try:
+            json.dumps(result)
+        except (TypeError, ValueError) as exc:
+            # The call happened; a result we cannot record would re-run it on every retry. A bug to fix.
+            raise UnrecoverableError(f"step {name!r} returned a value that is not JSON: {exc}") from exc
+        await self._record(name, key, "succeeded", result=result)
+        return result
+
+    async def _record(
+        self, name: str, key: str, status: str, *, result: Any = None, error: Any = None
+    ) -> None:
+        self._check_fence()
+        async with db.connection(self._pool) as conn:
+            await steps.record(
+                conn,
+                job_id=self._lease.job_id,
+                lease_token=self._lease.lease_token,
+                name=name,
+                idempotency_key=key,
+                status=status,
+                result=result,
+                error=error,
+            )
+
+    async def save_checkpoint(self, value: Any) -> None:
+        """Commit a resume point, fenced; a reclaimed job starts from the last one committed."""
+        self._check_fence()
+        async with db.connection(self._pool) as conn:
+            await jobs.save_checkpoint(conn, self._lease.job_id, self._lease.lease_token, value)
+        self._checkpoint = value
+
+    async def fenced_write(self, fn: Callable[[db.Conn], Awaitable[T]]) -> T:
+        """Run ``fn(conn)`` in a transaction that commits only while this slice holds the lease."""
+        self._check_fence()
+        async with (
+            db.connection(self._pool) as conn,
+            jobs.fenced_transaction(conn, self._lease.job_id, self._lease.lease_token),
+        ):
+            return await fn(conn)
+
+
+def _error_record(exc: BaseException) -> dict[str, Any]:
+    return {"type": type(exc).__name__, "message": str(exc), "code": getattr(exc, "code", None)}

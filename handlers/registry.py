@@ -1,0 +1,234 @@
+"""Where effect handlers are registered, and the settings each kind runs with.
+
+One registry per process (``REGISTRY``); the ``@effect`` decorator registers into it. Handler
+modules are named in the configuration and imported by the gateway (to match deliveries and
+compute effect keys) and by the worker (to run them) alike.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from ledger.db import Conn
+
+    from .context import EffectContext
+
+OrphanPolicy = Literal["redrive", "park"]
+
+DEFAULT_MAX_ATTEMPTS = 8
+DEFAULT_ORPHAN_POLICY: OrphanPolicy = "park"
+DEFAULT_LEASE_TTL = 60.0
+DEFAULT_SLICE_BUDGET = 300.0
+MAX_EFFECT_KEY_LENGTH = 512
+# ``max_slice`` defaults to this many slice budgets; it may never be set below MIN_SLICE_FACTOR.
+DEFAULT_SLICE_FACTOR = 3.0
+MIN_SLICE_FACTOR = 2.0
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A verified event as a handler sees it."""
+
+    source: str
+    id: str
+    type: str
+    payload: Any
+    tenant: str = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A terminal transition, as the ``on_transition`` hook sees it (inside the same transaction)."""
+
+    job_id: int
+    effect_key: str
+    state: str
+    reason: str | None
+
+
+Handler = Callable[["EffectContext", Event], Awaitable[Any]]
+KeyFn = Callable[[Event], str]
+TransitionHook = Callable[["Conn", Transition], Awaitable[None]]
+SweepFn = Callable[["Conn"], Awaitable[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class EffectKind:
+    """A registered handler and its settings; validated at construction."""
+
+    name: str
+    source: str
+    events: tuple[str, ...]
+    fn: Handler
+    key: KeyFn | None = None
+    orphan_policy: OrphanPolicy = DEFAULT_ORPHAN_POLICY
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    lease_ttl: float = DEFAULT_LEASE_TTL
+    slice_budget: float = DEFAULT_SLICE_BUDGET
+    max_slice: float | None = field(default=_UNSET)
+    on_transition: TransitionHook | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.source:
+            raise ValueError("an effect needs a name and a source")
+        if not self.events or not all(isinstance(e, str) and e for e in self.events):
+            raise ValueError(f"effect {self.name!r}: events must be a non-empty list of event types")
+        if self.orphan_policy not in ("redrive", "park"):
+            raise ValueError(f"effect {self.name!r}: orphan_policy must be 'redrive' or 'park'")
+        if self.max_attempts < 1:
+            raise ValueError(f"effect {self.name!r}: max_attempts must be >= 1")
+        if self.lease_ttl <= 0:
+            raise ValueError(f"effect {self.name!r}: lease_ttl must be > 0 seconds")
+        if self.slice_budget <= 0:
+            raise ValueError(f"effect {self.name!r}: slice_budget must be > 0 seconds")
+        if self.max_slice is _UNSET:
+            object.__setattr__(self, "max_slice", DEFAULT_SLICE_FACTOR * self.slice_budget)
+        elif self.max_slice is not None and self.max_slice < MIN_SLICE_FACTOR * self.slice_budget:
+            raise ValueError(
+                f"effect {self.name!r}: max_slice must be at least {MIN_SLICE_FACTOR:g} x slice_budget "
+                f"({MIN_SLICE_FACTOR * self.slice_budget:g} s), or None to disable the hard deadline"
+            )
+
+    def matches(self, source: str, event_type: str) -> bool:
+        """Whether this kind handles ``event_type`` from ``source`` (``*`` patterns allowed)."""
+        return source == self.source and any(fnmatch.fnmatchcase(event_type, p) for p in self.events)
+
+    def effect_key(self, event: Event) -> str:
+        """The logical effect key for ``event``: the kind's key function, or source:event id:name."""
+        key = self.key(event) if self.key is not None else f"{event.source}:{event.id}:{self.name}"
+        if not isinstance(key, str) or not key:
+            raise ValueError(
+                f"effect {self.name!r}: the key function returned {key!r}, not a non-empty string"
+            )
+        if len(key) > MAX_EFFECT_KEY_LENGTH:
+            raise ValueError(
+                f"effect {self.name!r}: effect key longer than {MAX_EFFECT_KEY_LENGTH} characters"
+            )
+        return key
+
+
+class Registry:
+    """The effect kinds and sweeps of one process."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, EffectKind] = {}
+        self._sweeps: dict[str, SweepFn] = {}
+
+    def register(self, kind: EffectKind) -> EffectKind:
+        """Add a kind; a name registered twice is an error, never a silent replacement."""
+        if kind.name in self._kinds:
+            raise ValueError(f"effect {kind.name!r} is already registered")
+        self._kinds[kind.name] = kind
+        return kind
+
+    def register_sweep(self, sweep_id: str, fn: SweepFn) -> None:
+        """Add a sweep the reconciler runs after its job repairs on every pass it owns."""
+        if not sweep_id:
+            raise ValueError("a sweep needs an id")
+        if sweep_id in self._sweeps:
+            raise ValueError(f"sweep {sweep_id!r} is already registered")
+        self._sweeps[sweep_id] = fn
+
+    def effect(
+        self,
+        *,
+        source: str,
+        events: Iterable[str],
+        key: KeyFn | None = None,
+        name: str | None = None,
+        orphan_policy: OrphanPolicy = DEFAULT_ORPHAN_POLICY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        slice_budget: float = DEFAULT_SLICE_BUDGET,
+        max_slice: float | None = _UNSET,
+        on_transition: TransitionHook | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Decorator: register an async handler for ``events`` from ``source``."""
+
+        def register(fn: Handler) -> Handler:
+            self.register(
+                EffectKind(
+                    name=name or f"{fn.__module__}.{fn.__qualname__}",
+                    source=source,
+                    events=tuple([events] if isinstance(events, str) else events),
+                    fn=fn,
+                    key=key,
+                    orphan_policy=orphan_policy,
+                    max_attempts=max_attempts,
+                    lease_ttl=lease_ttl,
+                    slice_budget=slice_budget,
+                    max_slice=max_slice,
+                    on_transition=on_transition,
+                )
+            )
+            return fn
+
+        return register
+
+    def get(self, name: str) -> EffectKind | None:
+        """The kind registered under ``name``."""
+        return self._kinds.get(name)
+
+    def kinds(self) -> list[EffectKind]:
+        """Every registered kind, in registration order."""
+        return list(self._kinds.values())
+
+    def sweeps(self) -> dict[str, SweepFn]:
+        """Every registered sweep, by id."""
+        return dict(self._sweeps)
+
+    def match(self, source: str, event_type: str) -> list[EffectKind]:
+        """The kinds that handle ``event_type`` from ``source``, in registration order."""
+        return [k for k in self._kinds.values() if k.matches(source, event_type)]
+
+    def clear(self) -> None:
+        """Forget every kind and sweep (tests that build registries of their own)."""
+        self._kinds.clear()
+        self._sweeps.clear()
+
+
+REGISTRY = Registry()
+
+
+def effect(
+    *,
+    source: str,
+    events: Iterable[str],
+    key: KeyFn | None = None,
+    name: str | None = None,
+    orphan_policy: OrphanPolicy = DEFAULT_ORPHAN_POLICY,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    slice_budget: float = DEFAULT_SLICE_BUDGET,
+    max_slice: float | None = _UNSET,
+    on_transition: TransitionHook | None = None,
+) -> Callable[[Handler], Handler]:
+    """Register an async effect handler in the process registry.
+
+    ``key(event)`` gives the logical effect key (default ``{source}:{event id}:{name}``); every
+    delivery that yields the same key is the same effect. ``orphan_policy`` says what the reconciler
+    does with a job whose worker vanished: ``redrive`` (safe when every side effect goes through
+    ``ctx.step``) or ``park`` for a human (the default).
+    """
+    return REGISTRY.effect(
+        source=source,
+        events=events,
+        key=key,
+        name=name,
+        orphan_policy=orphan_policy,
+        max_attempts=max_attempts,
+        lease_ttl=lease_ttl,
+        slice_budget=slice_budget,
+        max_slice=max_slice,
+        on_transition=on_transition,
+    )
+
+
+def register_sweep(sweep_id: str, fn: SweepFn) -> None:
+    """Register a sweep in the process registry."""
+    REGISTRY.register_sweep(sweep_id, fn)
