@@ -1,0 +1,38 @@
+"""Webhook signature schemes: one module per provider behind the ``Scheme`` interface.
+
+Imports nothing else of the project. The gateway builds one scheme per configured source with
+``build_scheme`` and calls ``verify`` on the raw bytes of every delivery.
+"""
+
+from .base import (
+    Event,
+    PayloadError,
+    Scheme,
+    SchemeConfigError,
+    SignatureError,
+    SignatureInvalid,
+    SignatureMalformed,
+    SignatureMissing,
+    TimestampOutOfTolerance,
+    UnsupportedSignatureVersion,
+    VerificationError,
+    Verified,
+)
+from .registry import SCHEMES, build_scheme
+
+__all__ = [
+    "SCHEMES",
+    "Event",
+    "PayloadError",
+    "Scheme",
+    "SchemeConfigError",
+    "SignatureError",
+    "SignatureInvalid",
+    "SignatureMalformed",
+    "SignatureMissing",
+    "TimestampOutOfTolerance",
+    "UnsupportedSignatureVersion",
+    "VerificationError",
+    "Verified",
+    "build_scheme",
+]

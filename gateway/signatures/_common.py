@@ -1,0 +1,328 @@
+"""The parts every scheme shares, so each provider module only says what is particular to it.
+
+Construction: secrets, tolerance and option checking. Reading a request: header lookup, strict
+timestamp and digest parsing. Matching: every configured secret against every presented signature,
+and the re-encoded-body hint when nothing matched. Events: JSON body to ``Event``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from .base import (
+    Event,
+    PayloadError,
+    SchemeConfigError,
+    SignatureInvalid,
+    SignatureMalformed,
+    SignatureMissing,
+    TimestampOutOfTolerance,
+    Verified,
+)
+
+DEFAULT_TOLERANCE = 300
+
+# The re-encoding hint costs a JSON parse and about ten re-serialisations on a request that already
+# failed; past this size an attacker could make rejected requests expensive, so the hint is skipped.
+DIAGNOSE_MAX_BYTES = 256 * 1024
+
+# Seconds since 1970 fit in 11 digits for the next 1,000 years; the cap keeps int() away from
+# arbitrarily long digit strings (which it refuses past 4,300 digits with a ValueError).
+_MAX_TIMESTAMP_DIGITS = 18
+
+_HEX = re.compile(r"[0-9a-fA-F]+")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+
+Headers = dict[str, str]
+Matcher = Callable[[bytes], int | None]
+"""Given a candidate body, the index of the configured secret that authenticates it, or None."""
+
+
+class SchemeBase:
+    """Normalises headers and the clock once, so ``_verify`` sees lowercase names and a float ``now``."""
+
+    name: ClassVar[str]
+
+    def verify(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> Verified:
+        """Authenticate one delivery and extract its events; see ``Scheme.verify``."""
+        clock = time.time() if now is None else now
+        return self._verify(body, lower_headers(headers), clock)
+
+    def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        # The default repr would be harmless, but a subclass adding a dataclass-style repr would not be.
+        return f"<{type(self).__name__} scheme={self.name!r}>"
+
+
+# --- construction -------------------------------------------------------------------------------
+
+
+def secret_strings(secrets: Sequence[str], *, option: str = "secrets") -> tuple[str, ...]:
+    """Check the configured secrets and return them as a tuple, in configured order."""
+    if isinstance(secrets, str | bytes) or not isinstance(secrets, Sequence):
+        # A bare string is a Sequence too; iterating it would configure one secret per character.
+        raise SchemeConfigError(f"{option}: expected a list of strings")
+    if not secrets:
+        raise SchemeConfigError(f"{option}: at least one secret is required")
+    for index, secret in enumerate(secrets):
+        if not isinstance(secret, str):
+            raise SchemeConfigError(f"{option}[{index}]: expected a string, got {type(secret).__name__}")
+        if not secret:
+            raise SchemeConfigError(f"{option}[{index}]: empty secret")
+        if secret != secret.strip():
+            # Almost always a newline carried over from an env file; it would silently never match.
+            raise SchemeConfigError(f"{option}[{index}]: secret has leading or trailing whitespace")
+    return tuple(secrets)
+
+
+def utf8_keys(secrets: Sequence[str]) -> tuple[bytes, ...]:
+    """Secrets used verbatim as HMAC keys, the way Stripe, GitHub, Shopify, Slack and Twilio use them."""
+    return tuple(secret.encode("utf-8") for secret in secret_strings(secrets))
+
+
+def resolve_tolerance(tolerance: int | None) -> int:
+    """The tolerance in seconds: the default when None, otherwise a positive integer."""
+    if tolerance is None:
+        return DEFAULT_TOLERANCE
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int) or tolerance <= 0:
+        raise SchemeConfigError(f"tolerance: expected a positive number of seconds, got {tolerance!r}")
+    return tolerance
+
+
+def option_str(option: str, value: object, *, default: str | None = None) -> str | None:
+    """A string option: ``default`` when None, else a non-empty string."""
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value:
+        raise SchemeConfigError(f"{option}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def option_choice(option: str, value: object, choices: Sequence[str], *, default: str) -> str:
+    """A string option restricted to ``choices``."""
+    if value is None:
+        return default
+    if value not in choices:
+        raise SchemeConfigError(f"{option}: expected one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def option_bool(option: str, value: object) -> bool:
+    """A boolean option; strings such as "false" are refused rather than read as true."""
+    if not isinstance(value, bool):
+        raise SchemeConfigError(f"{option}: expected true or false, got {value!r}")
+    return value
+
+
+# --- reading a request --------------------------------------------------------------------------
+
+
+def lower_headers(headers: Mapping[str, str]) -> Headers:
+    """Header names lowercased; the first value wins, as with Starlette's ``Headers[...]``."""
+    lowered: Headers = {}
+    for key, value in headers.items():
+        # Starlette only ever gives str; a hand-built mapping might not, and must not crash verify.
+        if isinstance(key, str) and isinstance(value, str):
+            lowered.setdefault(key.lower(), value)
+    return lowered
+
+
+def first_header(headers: Headers, *names: str) -> str | None:
+    """The first value among ``names`` (display case, looked up lowercased) that is not blank, or None."""
+    for name in names:
+        value = headers.get(name.lower())
+        if value and not value.isspace():
+            return value
+    return None
+
+
+def require_header(headers: Headers, *names: str) -> str:
+    """The first non-blank value among ``names``; SignatureMissing naming the first when none is set."""
+    value = first_header(headers, *names)
+    if value is None:
+        raise SignatureMissing(f"{names[0]} header is missing or blank")
+    return value
+
+
+def parse_timestamp(raw: str, where: str) -> int:
+    """Unix seconds from a strict decimal string; anything else (signs, spaces, NaN, floats) is malformed."""
+    # isdigit() alone admits non-ASCII digits such as "١٢٣", which int() would then accept.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > _MAX_TIMESTAMP_DIGITS:
+        raise SignatureMalformed(f"{where}: timestamp is not a whole number of seconds")
+    return int(raw)
+
+
+def check_timestamp(timestamp: int, now: float, tolerance: int) -> None:
+    """Refuse a signed timestamp further than ``tolerance`` seconds from ``now``, in either direction."""
+    if not math.isfinite(now):
+        # A NaN clock makes every comparison false, which would accept any timestamp: fail closed.
+        raise TimestampOutOfTolerance("server clock reading is not a finite number")
+    skew = now - timestamp
+    if skew > tolerance:
+        raise TimestampOutOfTolerance(
+            f"timestamp is {skew:.0f} s in the past; tolerance is {tolerance} s (replay or clock skew)"
+        )
+    if -skew > tolerance:
+        raise TimestampOutOfTolerance(
+            f"timestamp is {-skew:.0f} s in the future; tolerance is {tolerance} s (clock skew)"
+        )
+
+
+def decode_digest(value: str, encoding: str, size: int) -> bytes | None:
+    """A digest of ``size`` bytes from strict hex or padded base64, or None if it is not one."""
+    if not value.isascii():
+        return None
+    if encoding == "hex":
+        if len(value) != 2 * size or not _HEX.fullmatch(value):
+            return None
+        return bytes.fromhex(value)
+    if not _BASE64.fullmatch(value) or len(value) % 4:
+        return None
+    try:
+        decoded = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        return None
+    return decoded if len(decoded) == size else None
+
+
+def decode_digests(values: Sequence[str], encoding: str, size: int, where: str) -> list[bytes]:
+    """The well-formed digests among ``values``; SignatureMalformed when not one of them is.
+
+    A stray malformed entry next to a good one is ignored, as providers' own libraries do, so a
+    delivery is never refused for what it carries besides a valid signature.
+    """
+    digests = [digest for value in values if (digest := decode_digest(value, encoding, size)) is not None]
+    if not digests:
+        raise SignatureMalformed(f"{where}: no well-formed signature ({encoding}, {size} bytes) found")
+    return digests
+
+
+# --- matching -----------------------------------------------------------------------------------
+
+
+def hmac_matcher(
+    keys: Sequence[bytes | None],
+    digest: str,
+    presented: Sequence[bytes],
+    message_for: Callable[[bytes], bytes],
+) -> Matcher:
+    """A matcher trying every key (None entries are not HMAC keys) against every presented digest."""
+
+    def match(body: bytes) -> int | None:
+        return hmac_index(keys, digest, presented, (message_for(body),))
+
+    return match
+
+
+def hmac_index(
+    keys: Sequence[bytes | None], digest: str, presented: Sequence[bytes], messages: Sequence[bytes]
+) -> int | None:
+    """The index of the first key whose MAC of any of ``messages`` equals any presented digest."""
+    for index, key in enumerate(keys):
+        if key is None:
+            continue
+        for message in messages:
+            expected = hmac.digest(key, message, digest)
+            for candidate in presented:
+                if hmac.compare_digest(expected, candidate):
+                    return index
+    return None
+
+
+def require_match(body: bytes, match: Matcher, *, secrets: int, signatures: int) -> int:
+    """The index of the secret that authenticates ``body``; SignatureInvalid when none does."""
+    index = match(body)
+    if index is not None:
+        return index
+    detail = (
+        f"none of the {signatures} presented signature(s) matches any of the {secrets} configured secret(s)"
+    )
+    if any(match(candidate) is not None for candidate in reencodings(body)):
+        detail += (
+            "; the body appears re-encoded in transit: a re-serialised form of its JSON would have "
+            "matched, so something between the provider and the gateway parses and rewrites JSON"
+        )
+    raise SignatureInvalid(detail)
+
+
+def reencodings(body: bytes) -> Iterator[bytes]:
+    """Plausible originals of a JSON body that a proxy re-serialised: common ``json.dumps`` forms."""
+    if len(body) > DIAGNOSE_MAX_BYTES:
+        return
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return
+    seen = {body}
+    forms: list[dict[str, Any]] = [
+        {"separators": separators, "sort_keys": sort_keys}
+        for separators in ((", ", ": "), (",", ":"))
+        for sort_keys in (False, True)
+    ]
+    # Stripe and others send indented JSON, which a compacting proxy flattens.
+    forms += [{"indent": 2, "separators": (",", ": ")}]
+    for form in forms:
+        for ensure_ascii in (True, False):
+            try:
+                candidate = json.dumps(document, ensure_ascii=ensure_ascii, **form).encode("utf-8")
+            except (ValueError, RecursionError):
+                continue
+            if candidate not in seen:
+                seen.add(candidate)
+                yield candidate
+
+
+# --- events -------------------------------------------------------------------------------------
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(body: bytes) -> Any:
+    """The JSON document in ``body`` (strict UTF-8, no NaN/Infinity); PayloadError otherwise."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        # The decoder's message gives a position or a single byte, never the body, and helps whoever
+        # debugs the sender.
+        raise PayloadError(f"body is not valid JSON: {str(exc)[:120]}") from None
+
+
+def json_field(document: Any, path: str) -> Any:
+    """The value at a dotted ``path`` of nested objects, or None when any step is missing."""
+    value = document
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def require_text(value: Any, what: str, *, allow_int: bool = False) -> str:
+    """``value`` as a non-empty string (or an integer, for ids); PayloadError otherwise."""
+    if allow_int and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value:
+        raise PayloadError(f"{what} is missing or not a non-empty string")
+    return value
+
+
+def event_from_json(body: bytes, *, id_path: str = "id", type_path: str = "type") -> Event:
+    """The single event of a JSON body whose id and type are fields of the body."""
+    document = parse_json(body)
+    return Event(
+        id=require_text(json_field(document, id_path), f"body field {id_path!r}", allow_int=True),
+        type=require_text(json_field(document, type_path), f"body field {type_path!r}"),
+        payload=document,
+    )

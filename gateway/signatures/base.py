@@ -1,0 +1,138 @@
+"""The interface every signature scheme implements, and the errors `verify` may raise.
+
+A scheme checks the raw request bytes and headers of one delivery against the secrets it was
+configured with and returns the events the delivery carries. Everything it can say about a bad
+request it says with one of these exceptions; nothing else escapes ``verify``::
+
+    VerificationError                     .code                           HTTP
+    ├── SignatureError                                                    401
+    │   ├── SignatureMissing              signature_missing
+    │   ├── SignatureMalformed            signature_malformed
+    │   ├── SignatureInvalid              signature_invalid
+    │   ├── TimestampOutOfTolerance       timestamp_out_of_tolerance
+    │   └── UnsupportedSignatureVersion   signature_version_unsupported
+    └── PayloadError                      malformed_payload               400
+
+    SchemeConfigError (a ValueError)      bad configuration; raised at construction, never by verify
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One provider event carried by a verified delivery: the provider's own id for it, its type (the
+    name handlers are matched on) and the parsed body."""
+
+    id: str
+    type: str
+    payload: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """The outcome of a successful verification: the events the delivery carries (usually one), the
+    position of the configured secret that matched (never its value, so it can be logged to watch a
+    rotation), and, for a provider handshake such as Slack's ``url_verification``, the JSON the gateway
+    must answer with 200 instead of claiming anything."""
+
+    events: tuple[Event, ...]
+    secret_index: int
+    challenge: dict[str, Any] | None = None
+
+
+class VerificationError(Exception):
+    """The delivery could not be verified.
+
+    Root of every error ``verify`` raises. ``code`` is machine-readable and stable; ``detail`` is for a
+    human and never contains a secret or a full signature, so both may be logged and returned to the
+    sender. The first line of each class docstring is its default detail.
+    """
+
+    code: ClassVar[str] = "verification_failed"
+
+    def __init__(self, detail: str | None = None) -> None:
+        self.detail = detail if detail else (type(self).__doc__ or self.code).strip().splitlines()[0]
+        super().__init__(self.detail)
+
+
+class SignatureError(VerificationError):
+    """The delivery is not authenticated.
+
+    Every subclass means the body must not be trusted or claimed; the gateway answers 401.
+    """
+
+    code: ClassVar[str] = "signature_failed"
+
+
+class SignatureMissing(SignatureError):
+    """A header the scheme needs to authenticate the delivery is absent or empty."""
+
+    code: ClassVar[str] = "signature_missing"
+
+
+class SignatureMalformed(SignatureError):
+    """A signature or timestamp header is present but cannot be parsed."""
+
+    code: ClassVar[str] = "signature_malformed"
+
+
+class SignatureInvalid(SignatureError):
+    """No presented signature matches any configured secret.
+
+    The detail says how many secrets were tried and, when a re-serialised form of the JSON body would
+    have matched, that the body was probably re-encoded in transit by a proxy.
+    """
+
+    code: ClassVar[str] = "signature_invalid"
+
+
+class TimestampOutOfTolerance(SignatureError):
+    """The signed timestamp is too far from the server clock, so the delivery may be a replay.
+
+    The detail gives the skew in seconds and whether the timestamp lies in the past or the future.
+    """
+
+    code: ClassVar[str] = "timestamp_out_of_tolerance"
+
+
+class UnsupportedSignatureVersion(SignatureError):
+    """Signatures are present, but none in a version or algorithm this scheme accepts."""
+
+    code: ClassVar[str] = "signature_version_unsupported"
+
+
+class PayloadError(VerificationError):
+    """The body is authentic but unusable: not parseable, or lacking the event id or type.
+
+    The gateway answers 400; the provider's retry of the same body would fail the same way.
+    """
+
+    code: ClassVar[str] = "malformed_payload"
+
+
+class SchemeConfigError(ValueError):
+    """A scheme was configured wrongly (empty secret, undecodable key, unknown or invalid option).
+
+    Raised at construction only, so a bad source fails at start-up rather than on its first delivery.
+    The message names the offending option and never contains a secret.
+    """
+
+
+class Scheme(Protocol):
+    """What the gateway calls: one verifier per configured source, built by ``build_scheme``.
+
+    ``verify`` checks the raw ``body`` bytes, before any parsing, against ``headers`` (any mapping; names
+    are matched case-insensitively) and the clock ``now`` (Unix seconds; ``None`` means the current time).
+    It returns ``Verified`` or raises a ``VerificationError`` subclass, and nothing else, whatever the input.
+    """
+
+    name: ClassVar[str]
+
+    def verify(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> Verified:
+        """Authenticate one delivery and extract its events."""
+        ...

@@ -1,0 +1,138 @@
+"""Twilio: ``X-Twilio-Signature``, base64 HMAC-SHA1 over the public URL and the POST parameters.
+
+See https://www.twilio.com/docs/usage/webhooks/webhooks-security. For form bodies the signed string is
+the URL followed by every parameter name and value, sorted. For JSON bodies Twilio appends
+``bodySHA256=<sha256 hex of the body>`` to the URL and signs that URL alone; the gateway does not see
+the request URL, so the scheme rebuilds it from the configured ``url`` and the body it received,
+which makes a body that does not match its hash fail as an invalid signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from ._common import (
+    Headers,
+    SchemeBase,
+    decode_digests,
+    first_header,
+    hmac_index,
+    option_str,
+    parse_json,
+    require_header,
+    require_match,
+    require_text,
+    utf8_keys,
+)
+from .base import Event, PayloadError, SchemeConfigError, SignatureInvalid, Verified
+
+_HEADER = "X-Twilio-Signature"
+_DEFAULT_TYPE = "twilio.request"
+_DEFAULT_PORTS = {"https": 443, "http": 80}
+# parse_qsl's own guard against a body made of millions of "&"; Twilio sends a few dozen fields.
+_MAX_FIELDS = 1000
+
+
+class TwilioScheme(SchemeBase):
+    """Verifies Twilio webhooks against the auth token(s): HMAC-SHA1 over ``url`` (the public URL
+    configured in Twilio, query string included, tried with and without its default port as Twilio's
+    own validator does) plus the sorted form parameters, or, for JSON bodies, over the URL with the
+    body's ``bodySHA256``. The event id is ``I-Twilio-Idempotency-Token``, else ``MessageSid`` or
+    ``CallSid``; the type is the ``event_type`` option, else ``SmsStatus``, else ``twilio.request``."""
+
+    name: ClassVar[str] = "twilio"
+
+    def __init__(
+        self, secrets: Sequence[str], *, url: str | None = None, event_type: str | None = None
+    ) -> None:
+        self._keys = utf8_keys(secrets)
+        public_url = option_str("url", url)
+        if public_url is None:
+            raise SchemeConfigError("url: required (the public URL configured in Twilio)")
+        self._urls = _url_variants(public_url)
+        self._event_type = option_str("event_type", event_type)
+
+    def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
+        presented = decode_digests([require_header(headers, _HEADER)], "base64", 20, _HEADER)
+        is_json = (first_header(headers, "Content-Type") or "").lower().startswith("application/json")
+        signed_strings = _json_signed_strings if is_json else _form_signed_strings
+
+        def match(candidate: bytes) -> int | None:
+            messages = [text.encode("utf-8") for text in signed_strings(self._urls, candidate)]
+            return hmac_index(self._keys, "sha1", presented, messages)
+
+        index = require_match(body, match, secrets=len(self._keys), signatures=1)
+        payload: Any = parse_json(body) if is_json else _form_payload(body)
+        return Verified(events=(self._event(headers, payload),), secret_index=index)
+
+    def _event(self, headers: Headers, payload: Any) -> Event:
+        fields = payload if isinstance(payload, dict) else {}
+        event_id = first_header(headers, "I-Twilio-Idempotency-Token")
+        if event_id is None:
+            event_id = fields.get("MessageSid") or fields.get("CallSid")
+        if self._event_type is not None:
+            event_type: Any = self._event_type
+        else:
+            event_type = fields.get("SmsStatus") or _DEFAULT_TYPE
+        if not isinstance(event_id, str) or not event_id:
+            raise PayloadError("no I-Twilio-Idempotency-Token header, MessageSid or CallSid")
+        return Event(id=event_id, type=require_text(event_type, "SmsStatus"), payload=payload)
+
+
+def _url_variants(url: str) -> tuple[str, ...]:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise SchemeConfigError("url: not a valid URL") from None
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise SchemeConfigError("url: expected an absolute http:// or https:// URL")
+    # Twilio signs the URL as it dialled it; whether a default port appeared in it is not knowable.
+    host = parts.netloc.rsplit(":", 1)[0] if port is not None else parts.netloc
+    without_port = urlunsplit(parts._replace(netloc=host))
+    with_port = urlunsplit(parts._replace(netloc=f"{host}:{port or _DEFAULT_PORTS[parts.scheme]}"))
+    return tuple(dict.fromkeys((url, without_port, with_port)))
+
+
+def _form_fields(body: bytes) -> list[tuple[str, str]]:
+    try:
+        return parse_qsl(
+            body.decode("utf-8"),
+            keep_blank_values=True,
+            encoding="utf-8",
+            errors="strict",
+            max_num_fields=_MAX_FIELDS,
+        )
+    except ValueError:
+        # A body that is not a form cannot be what Twilio signed; it is refused unauthenticated.
+        raise SignatureInvalid("body is not form-encoded, so no Twilio signature can match it") from None
+
+
+def _form_signed_strings(urls: Sequence[str], body: bytes) -> list[str]:
+    # Twilio's validator sorts names, then each name's distinct values, and concatenates them.
+    values: dict[str, set[str]] = {}
+    for key, value in _form_fields(body):
+        values.setdefault(key, set()).add(value)
+    params = "".join(key + value for key in sorted(values) for value in sorted(values[key]))
+    return [url + params for url in urls]
+
+
+def _json_signed_strings(urls: Sequence[str], body: bytes) -> list[str]:
+    digest = hashlib.sha256(body).hexdigest()
+    return [f"{url}{'&' if '?' in url else '?'}bodySHA256={digest}" for url in urls]
+
+
+def _form_payload(body: bytes) -> dict[str, str | list[str]]:
+    payload: dict[str, str | list[str]] = {}
+    for key, value in _form_fields(body):
+        previous = payload.get(key)
+        if previous is None:
+            payload[key] = value
+        elif isinstance(previous, list):
+            previous.append(value)
+        else:
+            payload[key] = [previous, value]
+    return payload

@@ -1,0 +1,126 @@
+"""Signers for the tests: how each provider would sign a body, written from its documentation.
+
+Stripe and Standard Webhooks are signed with the providers' own libraries in their test modules;
+these hand-written signers serve the schemes that have no such library, and the cross-scheme tests
+(fuzzing, diagnostics) that need a valid signature for every scheme.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.signatures import Scheme, build_scheme
+
+NOW = 1_700_000_000
+SW_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+TWILIO_URL = "https://example.test/webhooks/twilio?tenant=acme"
+
+
+def hex_mac(secret: str, message: bytes, digest: str = "sha256") -> str:
+    return hmac.new(secret.encode(), message, digest).hexdigest()
+
+
+def b64_mac(key: bytes, message: bytes, digest: str = "sha256") -> str:
+    return base64.b64encode(hmac.new(key, message, digest).digest()).decode()
+
+
+def stripe_headers(body: bytes, secret: str = "whsec_stripe_test", t: int = NOW) -> dict[str, str]:
+    return {"Stripe-Signature": f"t={t},v1={hex_mac(secret, f'{t}.'.encode() + body)}"}
+
+
+def github_headers(body: bytes, secret: str = "gh-secret", event: str = "push") -> dict[str, str]:
+    return {
+        "X-Hub-Signature-256": "sha256=" + hex_mac(secret, body),
+        "X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+        "X-GitHub-Event": event,
+    }
+
+
+def sw_headers(body: bytes, secret: str = SW_SECRET, msg_id: str = "msg_1", t: int = NOW) -> dict[str, str]:
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signature = b64_mac(key, f"{msg_id}.{t}.".encode() + body)
+    return {"webhook-id": msg_id, "webhook-timestamp": str(t), "webhook-signature": f"v1,{signature}"}
+
+
+def shopify_headers(body: bytes, secret: str = "shpss_secret") -> dict[str, str]:
+    return {
+        "X-Shopify-Hmac-Sha256": b64_mac(secret.encode(), body),
+        "X-Shopify-Webhook-Id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043",
+        "X-Shopify-Topic": "orders/create",
+    }
+
+
+def slack_headers(body: bytes, secret: str = "slack-signing-secret", t: int = NOW) -> dict[str, str]:
+    return {
+        "X-Slack-Signature": "v0=" + hex_mac(secret, f"v0:{t}:".encode() + body),
+        "X-Slack-Request-Timestamp": str(t),
+    }
+
+
+def hmac_headers(body: bytes, secret: str = "generic-secret", t: int = NOW) -> dict[str, str]:
+    """For the ``HMAC_OPTIONS`` configuration: ``sha256=<hex>`` over ``"<t>." + body``."""
+    return {"X-Signature": "sha256=" + hex_mac(secret, f"{t}.".encode() + body), "X-Timestamp": str(t)}
+
+
+HMAC_OPTIONS: dict[str, Any] = {
+    "header": "X-Signature",
+    "prefix": "sha256=",
+    "timestamp_header": "X-Timestamp",
+}
+
+
+def twilio_json_headers(body: bytes, token: str = "twilio-token", url: str = TWILIO_URL) -> dict[str, str]:
+    signed = f"{url}&bodySHA256={hashlib.sha256(body).hexdigest()}"
+    return {
+        "X-Twilio-Signature": b64_mac(token.encode(), signed.encode(), "sha1"),
+        "Content-Type": "application/json",
+        "I-Twilio-Idempotency-Token": "idem-1",
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    """One scheme as the cross-scheme tests see it: how to build it and how to sign for it."""
+
+    name: str
+    secret: str
+    sign: Callable[[bytes], dict[str, str]]
+    headers: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, *secrets: str) -> Scheme:
+        return build_scheme(self.name, secrets or (self.secret,), options=self.options)
+
+
+CASES = [
+    Case("stripe", "whsec_stripe_test", stripe_headers, ("Stripe-Signature",)),
+    Case(
+        "github", "gh-secret", github_headers, ("X-Hub-Signature-256", "X-Hub-Signature", "X-GitHub-Delivery")
+    ),
+    Case(
+        "standard-webhooks", SW_SECRET, sw_headers, ("webhook-id", "webhook-timestamp", "webhook-signature")
+    ),
+    Case("shopify", "shpss_secret", shopify_headers, ("X-Shopify-Hmac-Sha256", "X-Shopify-Topic")),
+    Case("slack", "slack-signing-secret", slack_headers, ("X-Slack-Signature", "X-Slack-Request-Timestamp")),
+    Case("hmac", "generic-secret", hmac_headers, ("X-Signature", "X-Timestamp"), HMAC_OPTIONS),
+    Case(
+        "twilio",
+        "twilio-token",
+        twilio_json_headers,
+        ("X-Twilio-Signature", "Content-Type", "I-Twilio-Idempotency-Token"),
+        {"url": TWILIO_URL},
+    ),
+]
+CASE_IDS = [case.name for case in CASES]
+
+# One JSON body every scheme can read an event from: Stripe/hmac use id and type, Standard Webhooks
+# type, Slack event_id and event.type; GitHub, Shopify and Twilio take the id from headers.
+EVENT_BODY = (
+    b'{"id": "evt_1", "type": "thing.happened", "event_id": "Ev1", "event": {"type": "message"},'
+    b' "note": "caf\xc3\xa9"}'
+)

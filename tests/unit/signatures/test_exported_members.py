@@ -1,0 +1,43 @@
+import gateway.signatures as signatures
+
+DOCUMENTED = [
+    "SCHEMES",
+    "Event",
+    "PayloadError",
+    "Scheme",
+    "SchemeConfigError",
+    "SignatureError",
+    "SignatureInvalid",
+    "SignatureMalformed",
+    "SignatureMissing",
+    "TimestampOutOfTolerance",
+    "UnsupportedSignatureVersion",
+    "VerificationError",
+    "Verified",
+    "build_scheme",
+]
+
+
+def test_all_is_exactly_the_documented_names() -> None:
+    assert signatures.__all__ == DOCUMENTED
+
+
+def test_every_exported_name_exists_and_belongs_to_the_package() -> None:
+    for name in signatures.__all__:
+        member = getattr(signatures, name)
+        module = getattr(member, "__module__", "gateway.signatures")
+        assert module.startswith("gateway.signatures"), name
+
+
+def test_scheme_registry_names_are_the_documented_schemes() -> None:
+    assert set(signatures.SCHEMES) == {
+        "stripe",
+        "github",
+        "standard-webhooks",
+        "shopify",
+        "slack",
+        "hmac",
+        "twilio",
+    }
+    for name, cls in signatures.SCHEMES.items():
+        assert cls.name == name

@@ -1,0 +1,141 @@
+"""Twilio, against the vectors in twilio/twilio-python tests/unit/test_request_validator.py."""
+
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+
+from gateway.signatures import (
+    PayloadError,
+    SchemeConfigError,
+    SignatureInvalid,
+    SignatureMalformed,
+    SignatureMissing,
+    Verified,
+    build_scheme,
+)
+
+from .signing import b64_mac
+
+TOKEN = "12345"
+URL = "https://mycompany.com/myapp.php?foo=1&bar=2"
+PARAMS = {
+    "CallSid": "CA1234567890ABCDE",
+    "Digits": "1234",
+    "From": "+14158675309",
+    "To": "+18005551212",
+    "Caller": "+14158675309",
+}
+FORM = urlencode(PARAMS).encode()
+FORM_HEADERS = {
+    "X-Twilio-Signature": "RSOYDt4T1cUTdK1PDd93/VVr8B8=",
+    "Content-Type": "application/x-www-form-urlencoded",
+}
+JSON_BODY = b'{"property": "value", "boolean": true}'
+JSON_HEADERS = {
+    "X-Twilio-Signature": "a9nBmqA0ju/hNViExpshrM61xv4=",
+    "Content-Type": "application/json",
+    "I-Twilio-Idempotency-Token": "idem-7",
+}
+
+
+def verify(body: bytes, headers: dict[str, str], url: str = URL, **options: Any) -> Verified:
+    return build_scheme("twilio", [TOKEN], options={"url": url, **options}).verify(body, headers)
+
+
+def test_form_vector() -> None:
+    (event,) = verify(FORM, FORM_HEADERS).events
+    assert (event.id, event.type) == ("CA1234567890ABCDE", "twilio.request")
+    assert event.payload == PARAMS
+
+
+def test_form_parameter_order_in_the_body_does_not_matter() -> None:
+    body = urlencode(dict(reversed(PARAMS.items()))).encode()
+    assert verify(body, FORM_HEADERS).secret_index == 0
+
+
+def test_duplicate_parameters_vector() -> None:
+    body = b"Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234"
+    headers = {
+        **FORM_HEADERS,
+        "X-Twilio-Signature": "IK+Dwps556ElfBT0I3Rgjkr1wJU=",
+        "I-Twilio-Idempotency-Token": "i",
+    }
+    (event,) = verify(body, headers).events
+    assert event.payload == {"Sid": "CA123", "SidAccount": "AC123", "Digits": ["5678", "1234"]}
+
+
+@pytest.mark.parametrize(
+    ("url", "signature"),
+    [
+        ("https://mycompany.com:1234/myapp.php?foo=1&bar=2", "RSOYDt4T1cUTdK1PDd93/VVr8B8="),
+        ("http://mycompany.com:1234/myapp.php?foo=1&bar=2", "Zmvh+3yNM1Phv2jhDCwEM3q5ebU="),
+        (URL, "kvajT1Ptam85bY51eRf/AJRuM3w="),  # Twilio signed with :443
+        ("http://mycompany.com/myapp.php?foo=1&bar=2", "0ZXoZLH/DfblKGATFgpif+LLRf4="),  # with :80
+    ],
+)
+def test_url_port_variants(url: str, signature: str) -> None:
+    assert verify(FORM, {**FORM_HEADERS, "X-Twilio-Signature": signature}, url=url).secret_index == 0
+
+
+def test_json_body_vector_with_body_sha256() -> None:
+    (event,) = verify(JSON_BODY, JSON_HEADERS).events
+    assert (event.id, event.type, event.payload) == (
+        "idem-7",
+        "twilio.request",
+        {"property": "value", "boolean": True},
+    )
+    with pytest.raises(SignatureInvalid):
+        verify(JSON_BODY.replace(b"true", b"false"), JSON_HEADERS)
+
+
+def test_type_from_option_or_sms_status() -> None:
+    assert verify(FORM, FORM_HEADERS, event_type="voice.gather").events[0].type == "voice.gather"
+    body = b"MessageSid=SM1&SmsStatus=delivered"
+    headers = {**FORM_HEADERS, "X-Twilio-Signature": sign(URL + "MessageSidSM1SmsStatusdelivered")}
+    (event,) = verify(body, headers).events
+    assert (event.id, event.type) == ("SM1", "delivered")
+
+
+def sign(text: str, token: str = TOKEN) -> str:
+    return b64_mac(token.encode(), text.encode(), "sha1")
+
+
+def test_missing_signature() -> None:
+    with pytest.raises(SignatureMissing, match="X-Twilio-Signature"):
+        verify(FORM, {"Content-Type": "application/x-www-form-urlencoded"})
+
+
+@pytest.mark.parametrize("value", ["RSOYDt4T1cUTdK1PDd93/VVr8B8", "not-base64!", "YWJj", "é" * 28])
+def test_malformed_signature(value: str) -> None:
+    with pytest.raises(SignatureMalformed):
+        verify(FORM, {**FORM_HEADERS, "X-Twilio-Signature": value})
+
+
+@pytest.mark.parametrize(
+    "body", [FORM + b"&Extra=1", FORM.replace(b"1234", b"4321"), b"%ff=1", b"\xff\xfe", b"a=1&" * 1001]
+)
+def test_invalid_signature(body: bytes) -> None:
+    with pytest.raises(SignatureInvalid):
+        verify(body, FORM_HEADERS)
+
+
+def test_no_id_is_a_payload_error() -> None:
+    body = b"Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234"
+    with pytest.raises(PayloadError):
+        verify(body, {**FORM_HEADERS, "X-Twilio-Signature": "IK+Dwps556ElfBT0I3Rgjkr1wJU="})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, r"^url: required"),
+        ({"url": "/relative"}, r"^url: expected an absolute http"),
+        ({"url": "ftp://x/"}, r"^url: expected an absolute http"),
+        ({"url": "https://x:notaport/"}, r"^url: not a valid URL"),
+        ({"url": URL, "event_type": ""}, r"^event_type: expected a non-empty string"),
+    ],
+)
+def test_options_are_validated(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(SchemeConfigError, match=message):
+        build_scheme("twilio", [TOKEN], options=options)
