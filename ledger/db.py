@@ -10,7 +10,7 @@ import psycopg
 import psycopg_pool
 from psycopg.rows import DictRow, dict_row
 
-from .errors import LedgerUnavailable
+from .errors import LedgerError, LedgerUnavailable
 
 Conn: TypeAlias = psycopg.AsyncConnection[DictRow]
 Pool: TypeAlias = psycopg_pool.AsyncConnectionPool[Conn]
@@ -50,11 +50,14 @@ def make_pool(
 
 @asynccontextmanager
 async def translate_errors() -> AsyncIterator[None]:
-    """Turn a lost or unreachable database into ``LedgerUnavailable``; other errors pass unchanged."""
+    """Turn a lost or unreachable database into ``LedgerUnavailable``, any other driver error into
+    ``LedgerError``; the project's own errors pass unchanged."""
     try:
         yield
     except (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
         raise LedgerUnavailable(f"ledger database unavailable: {type(exc).__name__}") from exc
+    except psycopg.Error as exc:
+        raise LedgerError(f"ledger database error: {type(exc).__name__}: {exc}") from exc
 
 
 @asynccontextmanager

@@ -1,0 +1,69 @@
+"""The Starlette application: ingress, health and readiness. Resources come from the lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from handlers.registry import Registry
+from ledger import db
+from ledger.migrate import pending
+
+from .config import Config
+from .ingress import error, receive
+
+
+async def healthz(request: Request) -> Response:
+    """The process is alive."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """The ledger database answers and every migration is applied."""
+    try:
+        async with db.connection(request.app.state.pool) as conn:
+            todo = await pending(conn)
+    except Exception as exc:
+        return error(503, "ledger_unavailable", f"{type(exc).__name__}: {exc}")
+    if todo:
+        return error(503, "migrations_pending", "pending migrations: " + ", ".join(m.name for m in todo))
+    return JSONResponse({"status": "ready"})
+
+
+def create_app(
+    config: Config, registry: Registry, database_url: str, *, pool_timeout: float = db.DEFAULT_POOL_TIMEOUT
+) -> Starlette:
+    """The gateway app for ``config``; the pool opens with the lifespan and closes with it.
+
+    ``pool_timeout`` bounds how long a request waits for a database connection before it is
+    answered 503 ``ledger_unavailable``.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        pool = db.make_pool(database_url, max_size=config.gateway.pool_max, timeout=pool_timeout)
+        # Open without waiting for a connection: a gateway whose database is down still starts and
+        # answers 503, rather than crash-looping behind its load balancer.
+        await pool.open(wait=False)
+        app.state.pool = pool
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    app = Starlette(
+        routes=[
+            Route("/webhooks/{source}", receive, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    app.state.registry = registry
+    return app

@@ -1,0 +1,403 @@
+"""The ``effectgate`` command: the composition root, and the only place ``asyncio.run`` appears.
+
+    effectgate up              gateway + worker (+ fake providers for the demo) on the embedded Postgres
+    effectgate serve           the gateway alone (a production process)
+    effectgate worker          a worker alone (a production process)
+    effectgate migrate         apply pending migrations
+    effectgate reconcile       one reconciler pass, printing what it repaired
+    effectgate fake-providers  the fake payment and shipping APIs, for tests and demos
+    effectgate demo-delivery   post a freshly signed demo delivery to a running gateway
+
+Exit codes: 0 success, 1 a runtime failure (database unreachable, a child process died), 2 a usage
+or configuration mistake (the message names the flag, file or key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from handlers.context import Services
+from handlers.payments import PaymentsClient
+from handlers.registry import REGISTRY
+from handlers.shipping import ShippingClient
+from handlers.worker import Worker
+from ledger import db
+from ledger.errors import LedgerError, MigrationError
+from ledger.migrate import migrate
+
+from . import demo, embedded, logs
+from .config import DEFAULT_CONFIG_FILE, Config, ConfigError, import_handlers, load
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A mistake in how the command was called."""
+
+
+def _config_path(args: argparse.Namespace) -> str:
+    return str(args.config or os.environ.get("EFFECTGATE_CONFIG") or DEFAULT_CONFIG_FILE)
+
+
+def _load_config(args: argparse.Namespace) -> Config:
+    config = load(_config_path(args))
+    import_handlers(config)
+    return config
+
+
+def database_url() -> str:
+    """``DATABASE_URL``, or the embedded Postgres in ``EFFECTGATE_HOME`` (started if needed)."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    return embedded.start(embedded.home_dir() / "pgdata")
+
+
+async def _migrate(url: str) -> list[str]:
+    conn = await db.connect(url)
+    async with conn:
+        return await migrate(conn)
+
+
+# -- serve ----------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    config = _load_config(args)
+    url = database_url()
+    if not args.no_migrate:
+        asyncio.run(_migrate(url))
+    host = args.host or config.gateway.host
+    port = config.gateway.port if args.port is None else args.port
+    app = create_app(config, REGISTRY, url)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=10,
+        )
+    )
+    asyncio.run(server.serve())
+    return EXIT_OK
+
+
+# -- worker ---------------------------------------------------------------------------------------
+
+
+async def _run_worker(config: Config, url: str, concurrency: int | None) -> None:
+    worker_config = config.worker
+    if concurrency is not None:
+        from dataclasses import replace
+
+        worker_config = replace(worker_config, concurrency=concurrency)
+    pool = db.make_pool(url, max_size=worker_config.concurrency * 2 + 2, name="effectgate-worker")
+    await pool.open(wait=False)
+    async with httpx.AsyncClient() as http:
+        services = Services(
+            http=http,
+            payments=PaymentsClient(http, config.payments) if config.payments else None,
+            shipping=ShippingClient(http, config.shipping) if config.shipping else None,
+        )
+        worker = Worker(pool, REGISTRY, url=url, config=worker_config, services=services)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        try:
+            await worker.run()
+        finally:
+            await pool.close()
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    config = _load_config(args)
+    if not REGISTRY.kinds():
+        raise ConfigError(f"{config.path}: handlers.modules: no effect handlers registered; nothing to run")
+    url = database_url()
+    if not args.no_migrate:
+        asyncio.run(_migrate(url))
+    asyncio.run(_run_worker(config, url, args.concurrency))
+    return EXIT_OK
+
+
+# -- migrate, reconcile ---------------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    applied = asyncio.run(_migrate(database_url()))
+    print("applied: " + ", ".join(applied) if applied else "up to date")
+    return EXIT_OK
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from ledger.reconciler import Reconciler
+
+    config = _load_config(args)
+
+    async def once() -> Any:
+        conn = await db.connect(database_url())
+        async with conn:
+            return await Reconciler(config.worker.reconciler, REGISTRY.sweeps()).run_once(conn)
+
+    result = asyncio.run(once())
+    if not result.owned:
+        print("another process owns this reconciler pass; nothing done")
+        return EXIT_OK
+    print(
+        json.dumps(
+            {
+                "redriven": result.redriven,
+                "parked": result.parked,
+                "cancelled": result.cancelled,
+                "woken": result.woken,
+                "sweeps": result.sweep_acted,
+                "sweep_errors": result.sweep_errors,
+            }
+        )
+    )
+    return EXIT_OK
+
+
+# -- fake providers, demo delivery ----------------------------------------------------------------
+
+
+def cmd_fake_providers(args: argparse.Namespace) -> int:
+    from handlers.fake_providers import serve
+
+    serve(args.host, args.port)
+    return EXIT_OK
+
+
+def cmd_demo_delivery(args: argparse.Namespace) -> int:
+    body, headers = demo.example_delivery(args.url, args.order)
+    try:
+        response = httpx.post(
+            f"{args.url.rstrip('/')}/webhooks/stripe", content=body, headers=headers, timeout=10
+        )
+    except httpx.HTTPError as exc:
+        print(f"effectgate: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"{response.status_code} {response.text}")
+    return EXIT_OK if response.status_code < 300 else EXIT_FAILURE
+
+
+# -- up -------------------------------------------------------------------------------------------
+
+
+def _wait_ready(url: str, procs: Sequence[subprocess.Popen[bytes]], timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            return False
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    home = embedded.home_dir()
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    config_path = args.config or os.environ.get("EFFECTGATE_CONFIG")
+    use_demo = config_path is None and not Path(DEFAULT_CONFIG_FILE).exists()
+    host = args.host or "127.0.0.1"
+    if use_demo:
+        port = args.port or 8000
+        fake_port = args.fake_port or port + 1
+        config_path = str(home / "demo.toml")
+        Path(config_path).write_text(demo.demo_config(host=host, port=port, fake_port=fake_port))
+        for key, value in demo.DEMO_ENV.items():
+            env.setdefault(key, value)
+    else:
+        config_path = config_path or DEFAULT_CONFIG_FILE
+    config = load(config_path, env=env)  # fail here, once, rather than in each child
+    port = config.gateway.port if args.port is None else args.port
+    if not use_demo:
+        host = args.host or config.gateway.host
+
+    url = env.get("DATABASE_URL") or embedded.start(home / "pgdata")
+    env["DATABASE_URL"] = url
+    applied = asyncio.run(_migrate(url))
+    if applied:
+        print(f"effectgate: applied migrations {', '.join(applied)}", flush=True)
+
+    me = [sys.executable, "-m", "gateway.cli"]
+    commands = []
+    if use_demo:
+        commands.append([*me, "fake-providers", "--host", "127.0.0.1", "--port", str(fake_port)])
+    commands.append(
+        [*me, "serve", "--config", config_path, "--no-migrate", "--host", host, "--port", str(port)]
+    )
+    commands.append([*me, "worker", "--config", config_path, "--no-migrate"])
+    procs = [subprocess.Popen(c, env=env) for c in commands]
+    names = {id(p): c[3] for p, c in zip(procs, commands, strict=True)}
+
+    stopping = False
+
+    def stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+    base = f"http://{host}:{port}"
+    if _wait_ready(f"{base}/healthz", procs):
+        print(
+            f"\neffectgate is up: {base}  (gateway, worker{', fake providers' if use_demo else ''})",
+            flush=True,
+        )
+        print(
+            f"configuration: {config_path}; database: {'embedded in ' + str(home) if 'DATABASE_URL' not in os.environ else 'DATABASE_URL'}"
+        )
+        if use_demo:
+            print("\nTry a signed Stripe delivery (the signature is valid for five minutes):\n")
+            print("  " + demo.curl_command(base) + "\n")
+            print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234\n", flush=True)
+    exit_code = EXIT_OK
+    while not stopping:
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            print(
+                f"effectgate: a process exited ({names[id(dead[0])]}, code {dead[0].returncode}); stopping",
+                file=sys.stderr,
+            )
+            exit_code = EXIT_FAILURE
+            break
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + config.worker.drain_timeout + 5
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return exit_code
+
+
+# -- parser ---------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``effectgate`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="effectgate", description="Webhook gateway with an idempotent effect ledger."
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--config", help=f"configuration file (default: $EFFECTGATE_CONFIG or ./{DEFAULT_CONFIG_FILE})"
+        )
+        return p
+
+    up = with_config(
+        sub.add_parser("up", help="gateway + worker on the embedded Postgres (demo config if none)")
+    )
+    up.add_argument("--host")
+    up.add_argument("--port", type=_port)
+    up.add_argument("--fake-port", type=_port, help="port of the demo's fake providers (default: port + 1)")
+    up.set_defaults(func=cmd_up)
+
+    serve = with_config(sub.add_parser("serve", help="run the gateway"))
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=_port)
+    serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = with_config(sub.add_parser("worker", help="run a worker"))
+    worker.add_argument("--concurrency", type=_positive_int)
+    worker.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
+    worker.set_defaults(func=cmd_worker)
+
+    sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
+    with_config(sub.add_parser("reconcile", help="run one reconciler pass")).set_defaults(func=cmd_reconcile)
+
+    fake = sub.add_parser("fake-providers", help="fake payment and shipping APIs for tests and demos")
+    fake.add_argument("--host", default="127.0.0.1")
+    fake.add_argument("--port", type=_port, required=True)
+    fake.set_defaults(func=cmd_fake_providers)
+
+    dd = sub.add_parser("demo-delivery", help="post a signed demo Stripe delivery to a running gateway")
+    dd.add_argument("--url", default="http://127.0.0.1:8000")
+    dd.add_argument("--order", default="1234")
+    dd.set_defaults(func=cmd_demo_delivery)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``effectgate`` console script."""
+    args = build_parser().parse_args(argv)
+    logs.configure(args.log_level)
+    try:
+        code: int = args.func(args)
+        return code
+    except (ConfigError, UsageError) as exc:
+        print(f"effectgate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MigrationError as exc:
+        print(f"effectgate: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except (LedgerError, embedded.EmbeddedPostgresError) as exc:
+        print(f"effectgate: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""Loading and validating ``effectgate.toml``.
+
+Every mistake is reported at start, naming the file, the key and what is wrong; secrets are named
+by the environment variables that hold them and never read from the file itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from handlers.downstream import DownstreamConfig
+from handlers.worker import WorkerConfig
+from ledger.reconciler import ReconcilerConfig
+
+from .signatures import Scheme, SchemeConfigError, build_scheme
+
+DEFAULT_CONFIG_FILE = "effectgate.toml"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_POOL_MAX = 10
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the file and the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A configured webhook source: its name, verifier, tenant and conflict answer."""
+
+    name: str
+    scheme_name: str
+    scheme: Scheme
+    tenant: str
+    conflict_status: int
+    secret_envs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """The HTTP face: where it listens and how much it reads."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    pool_max: int = DEFAULT_POOL_MAX
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration of one effectgate deployment."""
+
+    path: str
+    sources: Mapping[str, Source]
+    handler_modules: tuple[str, ...]
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    payments: DownstreamConfig | None = None
+    shipping: DownstreamConfig | None = None
+
+
+class _Reader:
+    """Typed access to one TOML table that remembers where it is, for error messages."""
+
+    def __init__(self, path: str, prefix: str, table: Mapping[str, Any]) -> None:
+        self.path = path
+        self.prefix = prefix
+        self.table = table
+        self.used: set[str] = set()
+
+    def error(self, key: str, what: str) -> ConfigError:
+        where = f"{self.prefix}.{key}" if self.prefix else key
+        return ConfigError(f"{self.path}: {where}: {what}")
+
+    def get(
+        self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False
+    ) -> Any:
+        self.used.add(key)
+        if key not in self.table:
+            if required:
+                raise self.error(key, "is required")
+            return default
+        value = self.table[key]
+        # bool is an int to Python; a port of `true` is still a mistake.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise self.error(key, f"must be {_kind_name(kind)}, not a boolean")
+        if not isinstance(value, kind):
+            raise self.error(key, f"must be {_kind_name(kind)}, not {type(value).__name__} {value!r}")
+        return value
+
+    def number(self, key: str, default: float, *, minimum: float, integer: bool = False) -> Any:
+        value = self.get(key, int if integer else (int, float), default)
+        if value < minimum:
+            raise self.error(key, f"must be >= {minimum:g}, got {value!r}")
+        return value
+
+    def table_of(self, key: str) -> _Reader:
+        value = self.get(key, dict, {})
+        return _Reader(self.path, f"{self.prefix}.{key}" if self.prefix else key, value)
+
+    def no_unknown_keys(self) -> None:
+        for key in self.table:
+            if key not in self.used:
+                raise self.error(key, "is not a known setting (a typo?)")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+        bool: "a boolean",
+    }
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Source:
+    scheme_name = table.get("scheme", str, required=True)
+    secret_envs = table.get("secrets", list, required=True)
+    if not secret_envs or not all(isinstance(s, str) and s for s in secret_envs):
+        raise table.error("secrets", "must be a non-empty list of environment variable names")
+    secrets = []
+    for var in secret_envs:
+        value = env.get(var)
+        if not value:
+            raise table.error("secrets", f"environment variable {var} is not set (or empty)")
+        secrets.append(value)
+    tolerance = table.get("tolerance", int)
+    if tolerance is not None and tolerance < 1:
+        raise table.error("tolerance", f"must be >= 1 second, got {tolerance}")
+    tenant = table.get("tenant", str, "default")
+    if not tenant:
+        raise table.error("tenant", "must not be empty")
+    conflict_status = table.get("on_conflict", int, 409)
+    if conflict_status not in (200, 409):
+        raise table.error("on_conflict", f"must be 409 or 200, got {conflict_status}")
+    options = table.get("options", dict, {})
+    table.no_unknown_keys()
+    try:
+        scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
+    except SchemeConfigError as exc:
+        raise table.error("scheme", str(exc)) from exc
+    return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs))
+
+
+def _downstream(reader: _Reader, env: Mapping[str, str]) -> DownstreamConfig | None:
+    if not reader.table:
+        return None
+    base_url = reader.get("base_url", str, required=True)
+    api_key_env = reader.get("api_key_env", str)
+    api_key = None
+    if api_key_env:
+        api_key = env.get(api_key_env)
+        if not api_key:
+            raise reader.error("api_key_env", f"environment variable {api_key_env} is not set (or empty)")
+    timeout = reader.number("timeout", 10.0, minimum=0.001)
+    connect_timeout = reader.number("connect_timeout", 5.0, minimum=0.001)
+    reader.no_unknown_keys()
+    try:
+        return DownstreamConfig(
+            base_url=base_url, api_key=api_key, timeout=timeout, connect_timeout=connect_timeout
+        )
+    except ValueError as exc:
+        raise reader.error("base_url", str(exc)) from exc
+
+
+def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = None) -> Config:
+    """Validate a configuration text; raises ``ConfigError`` naming the file and key."""
+    env = os.environ if env is None else env
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    root = _Reader(path, "", data)
+
+    gw = root.table_of("gateway")
+    gateway = GatewayConfig(
+        host=gw.get("host", str, DEFAULT_HOST),
+        port=gw.number("port", DEFAULT_PORT, minimum=0, integer=True),
+        max_body_bytes=gw.number("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1, integer=True),
+        pool_max=gw.number("pool_max", DEFAULT_POOL_MAX, minimum=1, integer=True),
+    )
+    if gateway.port > 65535:
+        raise gw.error("port", f"must be <= 65535, got {gateway.port}")
+    gw.no_unknown_keys()
+
+    rc = root.table_of("reconciler")
+    try:
+        reconciler = ReconcilerConfig(
+            tick=rc.number("tick", 15.0, minimum=0.001),
+            pending_ttl=rc.number("pending_ttl", 900.0, minimum=0.001),
+            poison_threshold=rc.number("poison_threshold", 3, minimum=1, integer=True),
+        )
+    except ValueError as exc:
+        raise rc.error("tick", str(exc)) from exc
+    rc.no_unknown_keys()
+
+    wk = root.table_of("worker")
+    backoff_base = wk.number("backoff_base", 1.0, minimum=0)
+    backoff_cap = wk.number("backoff_cap", 600.0, minimum=0)
+    if backoff_cap < backoff_base:
+        raise wk.error("backoff_cap", f"must be >= backoff_base ({backoff_base:g}), got {backoff_cap:g}")
+    worker = WorkerConfig(
+        concurrency=wk.number("concurrency", 4, minimum=1, integer=True),
+        poll_interval=wk.number("poll_interval", 2.0, minimum=0.001),
+        drain_timeout=wk.number("drain_timeout", 30.0, minimum=0),
+        backoff_base=backoff_base,
+        backoff_cap=backoff_cap,
+        reconciler=reconciler,
+    )
+    wk.no_unknown_keys()
+
+    hd = root.table_of("handlers")
+    modules = hd.get("modules", list, [])
+    if not all(isinstance(m, str) and m for m in modules):
+        raise hd.error("modules", "must be a list of importable module names")
+    hd.no_unknown_keys()
+
+    src = root.table_of("sources")
+    sources = {}
+    for name in src.table:
+        if not isinstance(src.table[name], dict):
+            raise src.error(name, "must be a table ([sources.NAME])")
+        if not name.replace("-", "").replace("_", "").isalnum():
+            raise src.error(name, "source names may use letters, digits, '-' and '_' only")
+        sources[name] = _source(path, name, src.table_of(name), env)
+    if not sources:
+        raise ConfigError(f"{path}: sources: at least one [sources.NAME] table is required")
+
+    ds = root.table_of("downstream")
+    payments = _downstream(ds.table_of("payments"), env)
+    shipping = _downstream(ds.table_of("shipping"), env)
+    ds.no_unknown_keys()
+
+    root.no_unknown_keys()
+    return Config(
+        path=path,
+        sources=sources,
+        handler_modules=tuple(modules),
+        gateway=gateway,
+        worker=worker,
+        payments=payments,
+        shipping=shipping,
+    )
+
+
+def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the configuration file at ``path``."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{p}: configuration file not found (pass --config or set EFFECTGATE_CONFIG)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read configuration: {exc}") from exc
+    return parse(text, path=str(p), env=env)
+
+
+def import_handlers(config: Config) -> None:
+    """Import the configured handler modules, which register their effects on import."""
+    for module in config.handler_modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise ConfigError(
+                f"{config.path}: handlers.modules: cannot import {module!r}: {type(exc).__name__}: {exc}"
+            ) from exc

@@ -1,0 +1,106 @@
+"""The demo configuration ``effectgate up`` uses when no configuration file exists, and its deliveries.
+
+Demo secrets are fixed, public and only for trying effectgate on a laptop; the demo sources read
+them from environment variables like any other source, so nothing here is special-cased elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+import uuid
+from typing import Any
+
+DEMO_ENV = {
+    "EFFECTGATE_DEMO_STRIPE_SECRET": "whsec_effectgate_demo_only",
+    "EFFECTGATE_DEMO_GITHUB_SECRET": "effectgate-demo-only",
+    # base64 of 24 bytes, in Standard Webhooks' whsec_ form.
+    "EFFECTGATE_DEMO_STANDARD_SECRET": "whsec_ZWZmZWN0Z2F0ZS1kZW1vLW9ubHktc2VjcmV0",
+}
+
+
+def demo_config(*, host: str, port: int, fake_port: int) -> str:
+    """The demo ``effectgate.toml``: Stripe, GitHub and Standard Webhooks sources, example handlers,
+    and payments/shipping pointed at the local fake providers."""
+    return f"""\
+# effectgate demo configuration (written by `effectgate up`; safe to copy and edit).
+[gateway]
+host = "{host}"
+port = {port}
+
+[handlers]
+modules = ["handlers.examples.commerce", "handlers.examples.audit"]
+
+[sources.stripe]
+scheme = "stripe"
+secrets = ["EFFECTGATE_DEMO_STRIPE_SECRET"]
+
+[sources.github]
+scheme = "github"
+secrets = ["EFFECTGATE_DEMO_GITHUB_SECRET"]
+
+[sources.standard]
+scheme = "standard-webhooks"
+secrets = ["EFFECTGATE_DEMO_STANDARD_SECRET"]
+
+[worker]
+concurrency = 4
+backoff_base = 0.5
+backoff_cap = 30
+
+[downstream.payments]
+base_url = "http://127.0.0.1:{fake_port}"
+
+[downstream.shipping]
+base_url = "http://127.0.0.1:{fake_port}"
+"""
+
+
+def payment_succeeded_event(
+    order_id: str, *, event_id: str | None = None, amount: int = 4200
+) -> dict[str, Any]:
+    """A Stripe ``payment_intent.succeeded`` event for ``order_id``, shaped like Stripe's."""
+    return {
+        "id": event_id or f"evt_{uuid.uuid4().hex[:24]}",
+        "object": "event",
+        "type": "payment_intent.succeeded",
+        "created": int(time.time()),
+        "data": {
+            "object": {
+                "id": f"pi_{hashlib.sha256(order_id.encode()).hexdigest()[:24]}",
+                "object": "payment_intent",
+                "amount": amount,
+                "currency": "eur",
+                "metadata": {"order_id": order_id},
+            }
+        },
+    }
+
+
+def stripe_signature(body: bytes, secret: str, *, timestamp: int | None = None) -> str:
+    """A ``Stripe-Signature`` header for ``body``, as Stripe computes it."""
+    t = int(time.time()) if timestamp is None else timestamp
+    mac = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={mac}"
+
+
+def example_delivery(url: str, order_id: str = "1234") -> tuple[bytes, dict[str, str]]:
+    """A signed demo delivery for the ``stripe`` source: body and headers."""
+    body = json.dumps(payment_succeeded_event(order_id, event_id=f"evt_demo_order_{order_id}")).encode()
+    headers = {
+        "content-type": "application/json",
+        "stripe-signature": stripe_signature(body, DEMO_ENV["EFFECTGATE_DEMO_STRIPE_SECRET"]),
+    }
+    return body, headers
+
+
+def curl_command(url: str, order_id: str = "1234") -> str:
+    """A ready-to-paste curl command posting a signed demo delivery (valid for five minutes)."""
+    body, headers = example_delivery(url, order_id)
+    return (
+        f"curl -sS -X POST {url}/webhooks/stripe "
+        f"-H 'content-type: application/json' -H 'stripe-signature: {headers['stripe-signature']}' "
+        f"--data-raw '{body.decode()}'"
+    )

@@ -1,0 +1,182 @@
+"""``POST /webhooks/{source}``: verify, then claim every effect, then answer — never the other way round.
+
+Order of checks: unknown source (404), body size (413, enforced while reading), signature (401),
+payload (400), effect keys (422), then one transaction claiming every effect. The answer is sent
+only after that transaction committed; a failure before it answers 5xx and leaves nothing behind,
+so the provider's own retry is safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from handlers.registry import Event as HandlerEvent
+from handlers.registry import Registry
+from ledger import claims, db
+from ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
+from ledger.errors import LedgerError, LedgerUnavailable
+from ledger.fingerprints import fingerprint
+
+from .config import Config, Source
+from .signatures import PayloadError, SignatureError, Verified
+
+log = logging.getLogger("effectgate.gateway")
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the configured limit."""
+
+
+def error(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
+    """Every error answer has this shape: ``{"error": CODE, "detail": …}``."""
+    return JSONResponse({"error": code, "detail": detail, **extra}, status_code=status)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the body, stopping as soon as it passes ``limit`` bytes (a declared length is checked first)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
+    item: dict[str, Any] = {"key": outcome.effect_key, "handler": outcome.handler, "outcome": outcome.outcome}
+    if isinstance(outcome, Accepted):
+        item["job_id"] = outcome.job_id
+    return item
+
+
+async def receive(request: Request) -> Response:
+    """The ingress route."""
+    config: Config = request.app.state.config
+    registry: Registry = request.app.state.registry
+    pool: db.Pool = request.app.state.pool
+    name = request.path_params["source"]
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    source = config.sources.get(name)
+    if source is None:
+        return error(404, "unknown_source", f"no source named {name!r} is configured")
+    try:
+        body = await read_body(request, config.gateway.max_body_bytes)
+    except BodyTooLarge:
+        return error(413, "payload_too_large", f"body exceeds {config.gateway.max_body_bytes} bytes")
+
+    try:
+        verified = source.scheme.verify(body, request.headers)
+    except SignatureError as exc:
+        await _count_signature_failure(pool, source, exc, body)
+        log.info(
+            "delivery.unauthenticated", extra={"source": name, "reason": exc.code, "request_id": request_id}
+        )
+        return error(401, exc.code, exc.detail)
+    except PayloadError as exc:
+        return error(400, exc.code, exc.detail)
+
+    if verified.challenge is not None:
+        return JSONResponse(verified.challenge)
+
+    try:
+        planned = _plan(source, registry, verified, request_id)
+    except KeyFunctionFailed as exc:
+        return error(422, "effect_key_failed", str(exc))
+
+    try:
+        async with db.connection(pool) as conn, conn.transaction():
+            outcomes = [await claims.claim_delivery(conn, delivery, effects) for delivery, effects in planned]
+    except LedgerUnavailable as exc:
+        log.warning("delivery.ledger_unavailable", extra={"source": name, "request_id": request_id})
+        return error(503, "ledger_unavailable", str(exc))
+    except LedgerError as exc:
+        # Rolled back: nothing was acknowledged, so the provider's retry is safe.
+        log.error(
+            "delivery.ledger_error", extra={"source": name, "request_id": request_id, "error": str(exc)}
+        )
+        return error(500, "ledger_error", "the delivery could not be recorded; nothing was claimed")
+
+    flat = [o for per_event in outcomes for o in per_event]
+    effects_json = [_outcome_json(o) for o in flat]
+    event_ids = [d.event_id for d, _ in planned]
+    log.info(
+        "delivery.claimed",
+        extra={
+            "source": name,
+            "request_id": request_id,
+            "event_ids": event_ids,
+            "outcomes": [(o.effect_key, o.outcome) for o in flat],
+        },
+    )
+    body_json: dict[str, Any] = {"request_id": request_id, "event_ids": event_ids, "effects": effects_json}
+    if any(isinstance(o, Rejected) for o in flat) and source.conflict_status == 409:
+        return error(
+            409,
+            "key_conflict",
+            "an effect key is already held by a different event payload; the delivery was recorded, not run",
+            **body_json,
+        )
+    if any(isinstance(o, Accepted) for o in flat):
+        return JSONResponse(body_json, status_code=202)
+    return JSONResponse(body_json, status_code=200)
+
+
+class KeyFunctionFailed(Exception):
+    """A handler's key function could not compute an effect key for this event."""
+
+
+def _plan(
+    source: Source, registry: Registry, verified: Verified, request_id: str
+) -> list[tuple[Delivery, list[EffectRequest]]]:
+    planned = []
+    for event in verified.events:
+        handler_event = HandlerEvent(source.name, event.id, event.type, event.payload, source.tenant)
+        effects = []
+        for kind in registry.match(source.name, event.type):
+            try:
+                key = kind.effect_key(handler_event)
+            except Exception as exc:
+                raise KeyFunctionFailed(
+                    f"handler {kind.name!r} could not compute an effect key for event {event.id!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            effects.append(EffectRequest(key, kind.name, kind.max_attempts, kind.orphan_policy))
+        delivery = Delivery(
+            request_id=request_id,
+            tenant=source.tenant,
+            source=source.name,
+            event_id=event.id,
+            event_type=event.type,
+            payload=event.payload,
+            fingerprint=fingerprint(event.payload),
+            secret_index=verified.secret_index,
+        )
+        planned.append((delivery, effects))
+    return planned
+
+
+async def _count_signature_failure(pool: db.Pool, source: Source, exc: SignatureError, body: bytes) -> None:
+    # Best effort: the 401 does not depend on it, and a database outage must not turn it into a 5xx.
+    try:
+        async with db.connection(pool) as conn:
+            await claims.record_signature_failure(
+                conn,
+                source=source.name,
+                reason=exc.code,
+                size=len(body),
+                body_sha256=hashlib.sha256(body).hexdigest(),
+                detail=exc.detail,
+            )
+    except Exception as count_exc:
+        log.warning("signature_failure.not_counted", extra={"source": source.name, "error": str(count_exc)})

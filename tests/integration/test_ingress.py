@@ -1,0 +1,255 @@
+"""POST /webhooks/{source} against a real ledger: the order of checks, the answers, what is recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import standardwebhooks
+import stripe
+
+from gateway.app import create_app
+from gateway.config import parse
+from handlers.registry import Event, Registry
+from ledger import db
+
+pytestmark = pytest.mark.anyio
+
+STRIPE_SECRET = "whsec_test_ingress"
+STANDARD_SECRET = "whsec_" + "dGVzdC1zdGFuZGFyZC13ZWJob29rcy1zZWNyZXQ="
+ENV = {"STRIPE_SECRET": STRIPE_SECRET, "STANDARD_SECRET": STANDARD_SECRET}
+CONFIG = """
+[gateway]
+max_body_bytes = 4096
+
+[sources.stripe]
+scheme = "stripe"
+secrets = ["STRIPE_SECRET"]
+
+[sources.lenient]
+scheme = "stripe"
+secrets = ["STRIPE_SECRET"]
+on_conflict = 200
+
+[sources.standard]
+scheme = "standard-webhooks"
+secrets = ["STANDARD_SECRET"]
+tenant = "acme"
+"""
+
+
+async def _noop(ctx: Any, ev: Event) -> None:
+    return None
+
+
+def make_registry() -> Registry:
+    registry = Registry()
+    order = "order-paid:{}"
+    for source in ("stripe", "lenient"):
+        registry.effect(
+            source=source,
+            events=["payment_intent.succeeded", "charge.succeeded"],
+            key=lambda ev: order.format(ev.payload["data"]["object"]["metadata"]["order_id"]),
+            name=f"{source}.fulfil",
+        )(_noop)
+    registry.effect(source="stripe", events=["payment_intent.succeeded"], name="stripe.notify")(_noop)
+    registry.effect(source="standard", events=["invoice.*"], name="standard.invoice")(_noop)
+    return registry
+
+
+def stripe_event(
+    order_id: str = "1", event_id: str = "evt_1", type_: str = "payment_intent.succeeded"
+) -> bytes:
+    return json.dumps(
+        {
+            "id": event_id,
+            "type": type_,
+            "data": {"object": {"id": "pi_1", "metadata": {"order_id": order_id}}},
+        }
+    ).encode()
+
+
+def stripe_headers(body: bytes, secret: str = STRIPE_SECRET, timestamp: int | None = None) -> dict[str, str]:
+    header = stripe.WebhookSignature.generate_signature_header(body.decode(), secret, timestamp=timestamp)
+    return {"stripe-signature": header, "content-type": "application/json"}
+
+
+@pytest.fixture
+async def client(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(parse(CONFIG, env=ENV), make_registry(), db_url)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            yield c
+
+
+async def post(
+    client: httpx.AsyncClient, source: str, body: bytes, headers: dict[str, str]
+) -> httpx.Response:
+    return await client.post(f"/webhooks/{source}", content=body, headers=headers)
+
+
+async def rows(conn: db.Conn, sql: str) -> list[dict[str, Any]]:
+    return await (await conn.execute(sql)).fetchall()  # type: ignore[arg-type]
+
+
+async def test_unknown_source_is_404(client: httpx.AsyncClient) -> None:
+    r = await post(client, "nope", b"{}", {})
+    assert r.status_code == 404
+    assert r.json()["error"] == "unknown_source"
+
+
+async def test_body_over_the_limit_is_413_even_without_a_declared_length(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(10):
+            yield b"x" * 1000
+
+    r = await client.post("/webhooks/stripe", content=chunks())
+    assert r.status_code == 413
+    assert r.json()["error"] == "payload_too_large"
+    r = await post(client, "stripe", b"x" * 5000, {})
+    assert r.status_code == 413
+    assert await rows(conn, "SELECT * FROM deliveries") == []
+
+
+async def test_new_event_is_accepted_then_a_duplicate(client: httpx.AsyncClient, conn: db.Conn) -> None:
+    body = stripe_event()
+    first = await post(client, "stripe", body, stripe_headers(body))
+    assert first.status_code == 202
+    effects = {e["handler"]: e for e in first.json()["effects"]}
+    assert effects["stripe.fulfil"]["key"] == "order-paid:1"
+    assert effects["stripe.fulfil"]["outcome"] == "accepted"
+    assert effects["stripe.notify"]["key"] == "stripe:evt_1:stripe.notify"
+
+    again = await post(client, "stripe", body, stripe_headers(body))
+    assert again.status_code == 200
+    assert {e["outcome"] for e in again.json()["effects"]} == {"duplicate"}
+    assert len(await rows(conn, "SELECT * FROM jobs")) == 2
+    counts = await rows(conn, "SELECT effect_key, delivery_count FROM effects ORDER BY effect_key")
+    assert [c["delivery_count"] for c in counts] == [2, 2]
+
+
+async def test_a_different_event_reusing_the_order_key_is_409_and_recorded(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    paid = stripe_event(order_id="7", event_id="evt_pi")
+    assert (await post(client, "stripe", paid, stripe_headers(paid))).status_code == 202
+    charge = stripe_event(order_id="7", event_id="evt_ch", type_="charge.succeeded")
+    r = await post(client, "stripe", charge, stripe_headers(charge))
+    assert r.status_code == 409
+    assert r.json()["error"] == "key_conflict"
+    assert r.json()["effects"] == [{"key": "order-paid:7", "handler": "stripe.fulfil", "outcome": "rejected"}]
+    [reject] = await rows(conn, "SELECT event_id, rejected_payload FROM effect_rejects")
+    assert reject["event_id"] == "evt_ch"
+    assert reject["rejected_payload"] == json.loads(charge)
+    assert len(await rows(conn, "SELECT * FROM jobs WHERE kind = 'stripe.fulfil'")) == 1
+
+
+async def test_a_source_may_answer_conflicts_with_200(client: httpx.AsyncClient) -> None:
+    paid = stripe_event(order_id="8", event_id="evt_a")
+    assert (await post(client, "lenient", paid, stripe_headers(paid))).status_code == 202
+    other = stripe_event(order_id="8", event_id="evt_b")
+    r = await post(client, "lenient", other, stripe_headers(other))
+    assert r.status_code == 200
+    assert r.json()["effects"][0]["outcome"] == "rejected"
+
+
+async def test_bad_signatures_are_401_with_a_code_and_counted_without_the_body(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    body = stripe_event()
+    missing = await post(client, "stripe", body, {})
+    assert (missing.status_code, missing.json()["error"]) == (401, "signature_missing")
+    for _ in range(3):
+        wrong = await post(client, "stripe", body, stripe_headers(body, secret="whsec_wrong"))
+        assert (wrong.status_code, wrong.json()["error"]) == (401, "signature_invalid")
+    stale = await post(client, "stripe", body, stripe_headers(body, timestamp=1_000_000_000))
+    assert (stale.status_code, stale.json()["error"]) == (401, "timestamp_out_of_tolerance")
+
+    failures = await rows(conn, "SELECT reason, count, bytes_total FROM signature_failures ORDER BY reason")
+    assert {f["reason"]: f["count"] for f in failures} == {
+        "signature_invalid": 3,
+        "signature_missing": 1,
+        "timestamp_out_of_tolerance": 1,
+    }
+    columns = await rows(
+        conn, "SELECT column_name FROM information_schema.columns WHERE table_name = 'signature_failures'"
+    )
+    assert not {"body", "payload"} & {c["column_name"] for c in columns}
+    assert await rows(conn, "SELECT * FROM effects") == []
+
+
+async def test_verified_but_malformed_payload_is_400(client: httpx.AsyncClient, conn: db.Conn) -> None:
+    body = b"not json"
+    r = await post(client, "stripe", body, stripe_headers(body))
+    assert (r.status_code, r.json()["error"]) == (400, "malformed_payload")
+    assert await rows(conn, "SELECT * FROM deliveries") == []
+
+
+async def test_a_key_function_that_fails_is_422_and_claims_nothing(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    body = json.dumps({"id": "evt_x", "type": "payment_intent.succeeded", "data": {"object": {}}}).encode()
+    r = await post(client, "stripe", body, stripe_headers(body))
+    assert (r.status_code, r.json()["error"]) == (422, "effect_key_failed")
+    assert "stripe.fulfil" in r.json()["detail"]
+    assert await rows(conn, "SELECT * FROM effects") == []
+
+
+async def test_an_event_no_handler_wants_is_200_and_recorded_as_unmatched(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    body = stripe_event(type_="customer.created")
+    r = await post(client, "stripe", body, stripe_headers(body))
+    assert r.status_code == 200
+    assert r.json()["effects"] == []
+    [delivery] = await rows(conn, "SELECT outcome, event_type FROM deliveries")
+    assert delivery == {"outcome": "unmatched", "event_type": "customer.created"}
+
+
+async def test_standard_webhooks_signed_by_the_reference_library(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    from datetime import UTC, datetime
+
+    payload = json.dumps({"type": "invoice.paid", "data": {"invoice": "in_1"}})
+    wh = standardwebhooks.Webhook(STANDARD_SECRET)
+    now = datetime.now(UTC)
+    headers = {
+        "webhook-id": "msg_1",
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": wh.sign("msg_1", now, payload),
+    }
+    r = await post(client, "standard", payload.encode(), headers)
+    assert r.status_code == 202, r.text
+    [effect] = await rows(conn, "SELECT tenant, effect_key FROM effects")
+    assert effect == {"tenant": "acme", "effect_key": "standard:msg_1:standard.invoice"}
+
+
+async def test_twenty_concurrent_identical_deliveries_claim_once(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    body = stripe_event(order_id="42", event_id="evt_42")
+    headers = stripe_headers(body)
+    answers = await asyncio.gather(*(post(client, "stripe", body, headers) for _ in range(20)))
+    assert sorted(r.status_code for r in answers) == [200] * 19 + [202]
+    assert len(await rows(conn, "SELECT * FROM jobs")) == 2
+    assert len(await rows(conn, "SELECT * FROM deliveries")) == 40
+
+
+async def test_an_unreachable_ledger_is_503_and_nothing_is_acknowledged() -> None:
+    unreachable = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"
+    app = create_app(parse(CONFIG, env=ENV), make_registry(), unreachable, pool_timeout=1.0)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            body = stripe_event()
+            r = await post(c, "stripe", body, stripe_headers(body))
+            assert r.status_code == 503
+            assert r.json()["error"] == "ledger_unavailable"

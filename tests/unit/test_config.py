@@ -1,0 +1,97 @@
+"""Configuration: every mistake fails at start, naming the file, the key and what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load, parse
+
+ENV = {"S1": "whsec_one", "S2": "whsec_two"}
+MINIMAL = """
+[sources.stripe]
+scheme = "stripe"
+secrets = ["S1", "S2"]
+"""
+
+
+def test_minimal_configuration_has_documented_defaults() -> None:
+    config = parse(MINIMAL, path="eg.toml", env=ENV)
+    source = config.sources["stripe"]
+    assert (source.tenant, source.conflict_status, source.secret_envs) == ("default", 409, ("S1", "S2"))
+    assert config.gateway.max_body_bytes == 1024 * 1024
+    assert (config.gateway.host, config.gateway.port) == ("127.0.0.1", 8000)
+    assert config.worker.concurrency == 4
+    assert config.worker.reconciler.tick == 15.0
+    assert config.payments is None and config.handler_modules == ()
+
+
+def test_secrets_are_read_from_the_environment_never_the_file() -> None:
+    config = parse(MINIMAL, env=ENV)
+    assert "whsec_one" not in repr(config.sources["stripe"].secret_envs)
+    with pytest.raises(
+        ConfigError, match=r"eg\.toml: sources\.stripe\.secrets: environment variable S2 is not set"
+    ):
+        parse(MINIMAL, path="eg.toml", env={"S1": "x"})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[sources", r"eg\.toml: not valid TOML"),
+        ("", r"eg\.toml: sources: at least one"),
+        ('[sources.s]\nsecrets = ["S1"]', r"eg\.toml: sources\.s\.scheme: is required"),
+        ('[sources.s]\nscheme = "stripe"', r"eg\.toml: sources\.s\.secrets: is required"),
+        ('[sources.s]\nscheme = "stripe"\nsecrets = []', r"sources\.s\.secrets: must be a non-empty list"),
+        ('[sources.s]\nscheme = "nope"\nsecrets = ["S1"]', r"sources\.s\.scheme: .*unknown scheme 'nope'"),
+        (
+            '[sources.s]\nscheme = "stripe"\nsecrets = ["S1"]\non_conflict = 500',
+            r"sources\.s\.on_conflict: must be 409 or 200",
+        ),
+        (
+            '[sources.s]\nscheme = "stripe"\nsecrets = ["S1"]\ntolerance = 0',
+            r"sources\.s\.tolerance: must be >= 1",
+        ),
+        (
+            '[sources.s]\nscheme = "stripe"\nsecrets = ["S1"]\nsecert = 1',
+            r"sources\.s\.secert: is not a known setting",
+        ),
+        (
+            '[sources.s]\nscheme = "stripe"\nsecrets = ["S1"]\ntenant = 5',
+            r"sources\.s\.tenant: must be a string",
+        ),
+        ('[sources."a b"]\nscheme = "stripe"\nsecrets = ["S1"]', r"sources\.a b: source names may use"),
+        (MINIMAL + "[gateway]\nport = 70000", r"gateway\.port: must be <= 65535"),
+        (MINIMAL + "[gateway]\nport = true", r"gateway\.port: must be an integer, not a boolean"),
+        (MINIMAL + "[gateway]\nmax_body_bytes = 0", r"gateway\.max_body_bytes: must be >= 1"),
+        (MINIMAL + "[worker]\nconcurrency = 0", r"worker\.concurrency: must be >= 1"),
+        (
+            MINIMAL + "[worker]\nbackoff_base = 5\nbackoff_cap = 1",
+            r"worker\.backoff_cap: must be >= backoff_base",
+        ),
+        (
+            MINIMAL + "[handlers]\nmodules = [1]",
+            r"handlers\.modules: must be a list of importable module names",
+        ),
+        (MINIMAL + "[downstream.payments]\nbase_url = 'ftp://x'", r"downstream\.payments\.base_url: .*http"),
+        (MINIMAL + "[downstream.payments]\ntimeout = 1", r"downstream\.payments\.base_url: is required"),
+        (MINIMAL + "[surprise]\nx = 1", r"eg\.toml: surprise: is not a known setting"),
+    ],
+)
+def test_mistakes_name_the_file_and_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(text, path="eg.toml", env=ENV)
+
+
+def test_a_missing_file_says_how_to_point_at_one(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"configuration file not found \(pass --config or set EFFECTGATE_CONFIG\)"
+    ):
+        load(tmp_path / "absent.toml")
+
+
+def test_scheme_options_are_validated_at_start() -> None:
+    text = '[sources.g]\nscheme = "github"\nsecrets = ["S1"]\noptions = { allow_sha2 = true }'
+    with pytest.raises(ConfigError, match=r"sources\.g\.scheme: allow_sha2: unknown option"):
+        parse(text, env=ENV)
