@@ -1,11 +1,7 @@
 """The effect-handler side of effectgate: register handlers, run them once per logical effect.
 
-    from handlers import effect, TransientError, TerminalError
-
-    @effect(source="stripe", events=["payment_intent.succeeded"],
-            key=lambda ev: f"order-paid:{ev.payload['data']['object']['metadata']['order_id']}",
-            orphan_policy="redrive")
-    async def fulfil_order(ctx, ev): ...
+``effect`` registers an async handler for a source's event types with a key function; the worker
+runs it with an ``EffectContext`` whose ``step`` makes each downstream call once per effect.
 """
 
 from .context import EffectContext, Services
