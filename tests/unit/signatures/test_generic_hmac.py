@@ -41,7 +41,12 @@ def test_algorithms_and_encodings(algorithm: str, encoding: str) -> None:
     digest = hmac.new(SECRET.encode(), BODY, algorithm).digest()
     value = digest.hex() if encoding == "hex" else base64.b64encode(digest).decode()
     headers = {"X-Sig": "sig=" + value}
-    options = {"header": "X-Sig", "algorithm": algorithm, "encoding": encoding, "prefix": "sig="}
+    options: dict[str, Any] = {
+        "header": "X-Sig",
+        "algorithm": algorithm,
+        "encoding": encoding,
+        "prefix": "sig=",
+    }
     assert verify(BODY, headers, **options).secret_index == 0
     with pytest.raises(SignatureInvalid):
         verify(BODY + b" ", headers, **options)
