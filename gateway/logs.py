@@ -38,3 +38,5 @@ def configure(level: str = "INFO") -> None:
     root.setLevel(level)
     # The access log duplicates what the gateway logs itself, without the effect keys.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    # One line per downstream request is noise at INFO; the step records say what was called.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
