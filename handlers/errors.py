@@ -2,9 +2,9 @@
 
     HandlerError
     ├── TransientError      retry with backoff, up to the kind's max_attempts
-    ├── TerminalError       stop now: the job ends failed
-    │   └── UnrecoverableError   stop now; a redrive needs force
-    └── StepAlreadyRun      a step name was used twice in one run (a handler bug)
+    └── TerminalError       stop now: the job ends failed
+        └── UnrecoverableError   stop now; a redrive needs force
+            └── StepAlreadyRun   a step name was used twice in one run (a bug: retrying cannot fix it)
 
 Anything else a handler raises is treated as transient: an unrecognised error is
 more often a blip than a verdict, and the attempt limit still bounds it.
@@ -40,5 +40,5 @@ class UnrecoverableError(TerminalError):
     """A failure that must not be retried blindly: a redrive needs force."""
 
 
-class StepAlreadyRun(HandlerError):
+class StepAlreadyRun(UnrecoverableError):
     """A step name was used twice in one handler run; step names must be unique."""
