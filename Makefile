@@ -19,6 +19,10 @@ typecheck:
 test:
 	$(PYTHON) -m pytest -q
 
+# The long chaos run (the suite runs a short one): CHAOS_ORDERS, CHAOS_KILLS, CHAOS_SEED to vary it.
+chaos:
+	CHAOS_ORDERS=$${CHAOS_ORDERS:-200} CHAOS_KILLS=$${CHAOS_KILLS:-10} $(PYTHON) -m pytest -q -s -m chaos tests/e2e/test_chaos.py
+
 up:
 	$(PYTHON) -m pip install -q -e .
 	effectgate up
