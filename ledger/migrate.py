@@ -72,6 +72,15 @@ async def pending(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[Migratio
     return todo
 
 
+async def unapplied(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Names of migrations this database lacks, read-only (for readiness checks)."""
+    row = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
+    if row is None or not row["present"]:
+        return [m.name for m in discover(directory)]
+    applied = {r["name"] for r in await (await conn.execute(Q["migrations_applied"])).fetchall()}
+    return [m.name for m in discover(directory) if m.name not in applied]
+
+
 async def migrate(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Apply every pending migration; returns the names applied (empty when up to date)."""
     await conn.execute(Q["migrations_lock"], {"lock_id": MIGRATION_LOCK_ID})

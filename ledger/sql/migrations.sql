@@ -21,3 +21,7 @@ SELECT name, checksum FROM schema_migrations ORDER BY name;
 -- name: migration_record
 -- Records one applied migration, in the transaction that applied it.
 INSERT INTO schema_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);
+
+-- name: migrations_table_exists
+-- Whether the migration record exists, without creating it (readiness checks must not write).
+SELECT to_regclass('schema_migrations') IS NOT NULL AS present;

@@ -6,7 +6,7 @@ import pytest
 
 from ledger import db
 from ledger.errors import MigrationError
-from ledger.migrate import discover, migrate
+from ledger.migrate import discover, migrate, unapplied
 
 pytestmark = pytest.mark.anyio
 
@@ -51,3 +51,13 @@ def test_badly_named_migration_files_are_refused(tmp_path: Path) -> None:
     (tmp_path / "1_first.sql").write_text("SELECT 1;")
     with pytest.raises(MigrationError, match="0001_snake_case"):
         discover(tmp_path)
+
+
+async def test_unapplied_reads_without_writing(empty_db_url: str) -> None:
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        assert await unapplied(conn) == [m.name for m in discover()]
+        present = await (await conn.execute("SELECT to_regclass('schema_migrations') AS t")).fetchone()
+        assert present is not None and present["t"] is None
+        await migrate(conn)
+        assert await unapplied(conn) == []
