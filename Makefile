@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: install check lint typecheck test chaos up
+.PHONY: install check lint typecheck test chaos bench bench-short up
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -22,6 +22,17 @@ test:
 # The long chaos run (the suite runs a short one): CHAOS_ORDERS, CHAOS_KILLS, CHAOS_SEED to vary it.
 chaos:
 	CHAOS_ORDERS=$${CHAOS_ORDERS:-200} CHAOS_KILLS=$${CHAOS_KILLS:-10} $(PYTHON) -m pytest -q -s -m chaos tests/e2e/test_chaos.py
+
+# Benchmarks print figures and assert nothing. `bench-short` is the version CI runs to keep them working.
+bench:
+	$(PYTHON) -m tests.bench.claims
+	$(PYTHON) -m tests.bench.worker
+	$(PYTHON) -m tests.bench.ingress
+
+bench-short:
+	$(PYTHON) -m tests.bench.claims --seconds 1 --clients 4
+	$(PYTHON) -m tests.bench.worker --jobs 200 --latency-samples 10
+	$(PYTHON) -m tests.bench.ingress --seconds 1 --connections 8 --requests 2000
 
 up:
 	$(PYTHON) -m pip install -q -e .
