@@ -90,25 +90,40 @@ async def claim_delivery(
 
     A delivery that matched no handler is recorded as ``unmatched`` and returns ``[]``.
     """
-    base = {
-        "request_id": delivery.request_id,
-        "tenant": delivery.tenant,
-        "source": delivery.source,
-        "event_id": delivery.event_id,
-        "event_type": delivery.event_type,
-        "fingerprint": delivery.fingerprint,
-        "secret_index": delivery.secret_index,
-        "now": now,
-    }
-    outcomes: dict[int, ClaimOutcome] = {}
-    async with conn.transaction():
+    [outcomes] = await claim_deliveries(conn, [(delivery, effects)], now=now)
+    return outcomes
+
+
+async def claim_deliveries(
+    conn: Conn,
+    items: Sequence[tuple[Delivery, Sequence[EffectRequest]]],
+    *,
+    now: datetime | None = None,
+) -> list[list[ClaimOutcome]]:
+    """Claim the effects of several deliveries (one request's batch) in one transaction.
+
+    The statements are pipelined: BEGIN, every claim and COMMIT reach Postgres together, so a
+    delivery costs one round trip whatever its number of effects. Returns, per delivery, one outcome
+    per effect in input order.
+    """
+    planned: list[tuple[int, int, EffectRequest, dict[str, Any]]] = []
+    unmatched: list[dict[str, Any]] = []
+    for d_index, (delivery, effects) in enumerate(items):
+        base = {
+            "request_id": delivery.request_id,
+            "tenant": delivery.tenant,
+            "source": delivery.source,
+            "event_id": delivery.event_id,
+            "event_type": delivery.event_type,
+            "fingerprint": delivery.fingerprint,
+            "secret_index": delivery.secret_index,
+            "now": now,
+        }
         if not effects:
-            await conn.execute(Q["delivery_record_unmatched"], base)
-            return []
+            unmatched.append(base)
+            continue
         payload = Jsonb(delivery.payload)
-        # Claim in key order: two deliveries sharing several keys then lock them in the same order and
-        # cannot deadlock each other.
-        for index, effect in sorted(enumerate(effects), key=lambda item: item[1].effect_key):
+        for e_index, effect in enumerate(effects):
             params = {
                 **base,
                 "effect_key": effect.effect_key,
@@ -117,19 +132,33 @@ async def claim_delivery(
                 "max_attempts": effect.max_attempts,
                 "orphan_policy": effect.orphan_policy,
             }
-            row = await (await conn.execute(Q["effect_claim"], params)).fetchone()
-            assert row is not None  # INSERT … ON CONFLICT DO UPDATE always yields the row
-            if row["outcome"] == "accepted":
-                outcomes[index] = Accepted(effect.effect_key, effect.handler, row["effect_id"], row["job_id"])
-            elif row["outcome"] == "duplicate":
-                outcomes[index] = Duplicate(
-                    effect.effect_key, effect.handler, row["effect_id"], row["delivery_count"]
-                )
-            else:
-                outcomes[index] = Rejected(
-                    effect.effect_key, effect.handler, row["effect_id"], row["held_fingerprint"]
-                )
-    return [outcomes[i] for i in range(len(effects))]
+            planned.append((d_index, e_index, effect, params))
+    # Claim in (tenant, key) order: two requests sharing several keys then lock them in the same order
+    # and cannot deadlock each other.
+    planned.sort(key=lambda item: (items[item[0]][0].tenant, item[2].effect_key))
+
+    async with conn.pipeline():
+        async with conn.transaction():
+            for base in unmatched:
+                await conn.execute(Q["delivery_record_unmatched"], base)
+            cursors = [
+                (d, e, eff, await conn.execute(Q["effect_claim"], params)) for d, e, eff, params in planned
+            ]
+        rows = [(d, e, eff, await cursor.fetchone()) for d, e, eff, cursor in cursors]
+
+    results: list[list[ClaimOutcome | None]] = [[None] * len(effects) for _, effects in items]
+    for d, e, eff, row in rows:
+        assert row is not None  # INSERT … ON CONFLICT DO UPDATE always yields the row
+        key, handler = eff.effect_key, eff.handler
+        outcome: ClaimOutcome
+        if row["outcome"] == "accepted":
+            outcome = Accepted(key, handler, row["effect_id"], row["job_id"])
+        elif row["outcome"] == "duplicate":
+            outcome = Duplicate(key, handler, row["effect_id"], row["delivery_count"])
+        else:
+            outcome = Rejected(key, handler, row["effect_id"], row["held_fingerprint"])
+        results[d][e] = outcome
+    return [[o for o in per_delivery if o is not None] for per_delivery in results]
 
 
 async def record_signature_failure(
