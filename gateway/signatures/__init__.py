@@ -5,6 +5,7 @@ Imports nothing else of the project. The gateway builds one scheme per configure
 """
 
 from .base import (
+    CertificateUntrusted,
     Event,
     PayloadError,
     Scheme,
@@ -22,6 +23,7 @@ from .registry import SCHEMES, build_scheme
 
 __all__ = [
     "SCHEMES",
+    "CertificateUntrusted",
     "Event",
     "PayloadError",
     "Scheme",

@@ -14,7 +14,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .base import (
@@ -39,6 +39,9 @@ DIAGNOSE_MAX_BYTES = 256 * 1024
 _MAX_TIMESTAMP_DIGITS = 18
 
 _HEX = re.compile(r"[0-9a-fA-F]+")
+# What a version or algorithm label looks like; anything else is not echoed into an error detail.
+_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,16}")
+_MAX_LABELS = 5
 _BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 
 Headers = dict[str, str]
@@ -55,6 +58,10 @@ class SchemeBase:
         """Authenticate one delivery and extract its events; see ``Scheme.verify``."""
         clock = time.time() if now is None else now
         return self._verify(body, lower_headers(headers), clock)
+
+    async def prepare(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> None:
+        """Nothing to fetch: verification needs only the configured secrets. See ``Scheme.prepare``."""
+        return None
 
     def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
         raise NotImplementedError
@@ -205,6 +212,24 @@ def decode_digests(values: Sequence[str], encoding: str, size: int, where: str) 
     if not digests:
         raise SignatureMalformed(f"{where}: no well-formed signature ({encoding}, {size} bytes) found")
     return digests
+
+
+def describe_labels(labels: Iterable[str]) -> str:
+    """The version or algorithm labels a request presented, quoted for an error detail.
+
+    Only short plain tokens are shown, at most a few, so a detail can name the ``v2`` or ``sha512`` the
+    sender used without echoing attacker-chosen text (or a signature pasted into the wrong place).
+    """
+    shown: list[str] = []
+    hidden = 0
+    for label in dict.fromkeys(labels):
+        if _LABEL.fullmatch(label) and len(shown) < _MAX_LABELS:
+            shown.append(repr(label))
+        else:
+            hidden += 1
+    if hidden:
+        shown.append(f"{hidden} other(s) not shown")
+    return ", ".join(shown) or "none"
 
 
 # --- matching -----------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ request it says with one of these exceptions; nothing else escapes ``verify``::
     │   ├── SignatureMalformed            signature_malformed
     │   ├── SignatureInvalid              signature_invalid
     │   ├── TimestampOutOfTolerance       timestamp_out_of_tolerance
-    │   └── UnsupportedSignatureVersion   signature_version_unsupported
+    │   ├── UnsupportedSignatureVersion   signature_version_unsupported
+    │   └── CertificateUntrusted          certificate_untrusted
     └── PayloadError                      malformed_payload               400
 
     SchemeConfigError (a ValueError)      bad configuration; raised at construction, never by verify
@@ -38,11 +39,14 @@ class Verified:
     """The outcome of a successful verification: the events the delivery carries (usually one), the
     position of the configured secret that matched (never its value, so it can be logged to watch a
     rotation), and, for a provider handshake such as Slack's ``url_verification``, the JSON the gateway
-    must answer with 200 instead of claiming anything."""
+    must answer with 200 instead of claiming anything. ``acknowledgement``, when set, is the exact body
+    the provider expects in a 2xx answer once the events are claimed (Adyen's ``[accepted]``); the
+    gateway then sends it as ``text/plain`` instead of its own JSON summary."""
 
     events: tuple[Event, ...]
     secret_index: int
     challenge: dict[str, Any] | None = None
+    acknowledgement: bytes | None = None
 
 
 class VerificationError(Exception):
@@ -106,6 +110,16 @@ class UnsupportedSignatureVersion(SignatureError):
     code: ClassVar[str] = "signature_version_unsupported"
 
 
+class CertificateUntrusted(SignatureError):
+    """The certificate that should vouch for the signature cannot be trusted.
+
+    Its URL is not https or not on the allowed hosts, it could not be fetched, it does not chain to a
+    configured certificate authority, it is expired or not yet valid, or it names another subject.
+    """
+
+    code: ClassVar[str] = "certificate_untrusted"
+
+
 class PayloadError(VerificationError):
     """The body is authentic but unusable: not parseable, or lacking the event id or type.
 
@@ -129,9 +143,18 @@ class Scheme(Protocol):
     ``verify`` checks the raw ``body`` bytes, before any parsing, against ``headers`` (any mapping; names
     are matched case-insensitively) and the clock ``now`` (Unix seconds; ``None`` means the current time).
     It returns ``Verified`` or raises a ``VerificationError`` subclass, and nothing else, whatever the input.
+
+    ``prepare`` is awaited by the gateway before ``verify`` with the same request. It is where a scheme
+    does I/O that verification depends on (PayPal fetches and validates its signing certificate), so
+    ``verify`` itself stays synchronous, pure and cheap. It never raises for a bad request: whatever it
+    could not do, ``verify`` reports as a typed error. For most schemes it does nothing.
     """
 
     name: ClassVar[str]
+
+    async def prepare(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> None:
+        """Do the I/O ``verify`` will need for this request, if any; never raises for a bad request."""
+        ...
 
     def verify(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> Verified:
         """Authenticate one delivery and extract its events."""

@@ -13,6 +13,7 @@ from ._common import (
     Headers,
     SchemeBase,
     decode_digests,
+    describe_labels,
     first_header,
     hmac_matcher,
     option_bool,
@@ -62,7 +63,9 @@ class GitHubScheme(SchemeBase):
         if not sep or not algorithm:
             raise SignatureMalformed(f"{header}: expected {expected}=<hex>")
         if algorithm != expected:
-            raise UnsupportedSignatureVersion(f"{header}: expected {expected}=, got another algorithm")
+            raise UnsupportedSignatureVersion(
+                f"{header}: expected {expected}=, got {describe_labels([algorithm])}"
+            )
         presented = decode_digests([hexdigest], "hex", _DIGEST_SIZES[expected], header)
         match = hmac_matcher(self._keys, expected, presented, lambda b: b)
         index = require_match(body, match, secrets=len(self._keys), signatures=1)

@@ -7,9 +7,11 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from .adyen import AdyenScheme
 from .base import Scheme, SchemeConfigError
 from .generic_hmac import HmacScheme
 from .github import GitHubScheme
+from .paypal import PayPalScheme
 from .shopify import ShopifyScheme
 from .slack import SlackScheme
 from .standard_webhooks import StandardWebhooksScheme
@@ -20,8 +22,10 @@ SCHEMES: Mapping[str, type[Scheme]] = MappingProxyType(
     {
         cls.name: cls
         for cls in (
+            AdyenScheme,
             GitHubScheme,
             HmacScheme,
+            PayPalScheme,
             ShopifyScheme,
             SlackScheme,
             StandardWebhooksScheme,

@@ -14,6 +14,7 @@ from ._common import (
     SchemeBase,
     check_timestamp,
     decode_digests,
+    describe_labels,
     hmac_matcher,
     json_field,
     parse_json,
@@ -50,7 +51,9 @@ class SlackScheme(SchemeBase):
         if not sep:
             raise SignatureMalformed(f"{_SIGNATURE}: expected v0=<hex>")
         if version != "v0":
-            raise UnsupportedSignatureVersion(f"{_SIGNATURE}: only v0 signatures are supported")
+            raise UnsupportedSignatureVersion(
+                f"{_SIGNATURE}: version {describe_labels([version])}; only v0 is supported"
+            )
         presented = decode_digests([hexdigest], "hex", 32, _SIGNATURE)
         prefix = f"v0:{raw_timestamp}:".encode("ascii")
         match = hmac_matcher(self._keys, "sha256", presented, lambda b: prefix + b)

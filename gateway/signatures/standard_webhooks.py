@@ -20,6 +20,7 @@ from ._common import (
     SchemeBase,
     check_timestamp,
     decode_digest,
+    describe_labels,
     hmac_matcher,
     json_field,
     parse_json,
@@ -122,6 +123,7 @@ def _parse_signatures(value: str) -> tuple[list[bytes], list[bytes]]:
     symmetric: list[str] = []
     asymmetric: list[str] = []
     versions = 0
+    others: list[str] = []
     for entry in value.split():
         version, sep, signature = entry.partition(",")
         if not sep:
@@ -131,10 +133,14 @@ def _parse_signatures(value: str) -> tuple[list[bytes], list[bytes]]:
             symmetric.append(signature)
         elif version == "v1a":
             asymmetric.append(signature)
+        else:
+            others.append(version)
     if not versions:
         raise SignatureMalformed("webhook-signature: no signature present")
     if not symmetric and not asymmetric:
-        raise UnsupportedSignatureVersion("webhook-signature: no v1 or v1a signature; only other versions")
+        raise UnsupportedSignatureVersion(
+            f"webhook-signature: no v1 or v1a signature, only {describe_labels(others)}"
+        )
     decoded_symmetric = [d for s in symmetric if (d := decode_digest(s, "base64", 32)) is not None]
     decoded_asymmetric = [d for s in asymmetric if (d := decode_digest(s, "base64", 64)) is not None]
     if not decoded_symmetric and not decoded_asymmetric:

@@ -14,6 +14,7 @@ from ._common import (
     SchemeBase,
     check_timestamp,
     decode_digests,
+    describe_labels,
     event_from_json,
     hmac_matcher,
     parse_timestamp,
@@ -68,6 +69,8 @@ def _parse_header(value: str) -> tuple[str, list[str]]:
         raise SignatureMalformed(f"{_HEADER}: expected exactly one t= timestamp, found {len(timestamps)}")
     if not signatures:
         if others:
-            raise UnsupportedSignatureVersion(f"{_HEADER}: no v1 signature; only other schemes are present")
+            raise UnsupportedSignatureVersion(
+                f"{_HEADER}: no v1 signature, only {describe_labels(sorted(others))}; the gateway verifies v1"
+            )
         raise SignatureMalformed(f"{_HEADER}: no signature present")
     return timestamps[0], signatures

@@ -5,6 +5,10 @@ the URL followed by every parameter name and value, sorted. For JSON bodies Twil
 ``bodySHA256=<sha256 hex of the body>`` to the URL and signs that URL alone; the gateway does not see
 the request URL, so the scheme rebuilds it from the configured ``url`` and the body it received,
 which makes a body that does not match its hash fail as an invalid signature.
+
+Webhooks signed with a SharedKey carry ``X-Twilio-Webhooks-Signature-Settings: key=…,algorithm=…``;
+``HMAC_SHA256`` then replaces SHA-1 (the configured secret is the SharedKey's), as in Twilio's own
+``RequestValidator``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from ._common import (
     Headers,
     SchemeBase,
     decode_digests,
+    describe_labels,
     first_header,
     hmac_index,
     option_str,
@@ -27,9 +32,18 @@ from ._common import (
     require_text,
     utf8_keys,
 )
-from .base import Event, PayloadError, SchemeConfigError, SignatureInvalid, Verified
+from .base import (
+    Event,
+    PayloadError,
+    SchemeConfigError,
+    SignatureInvalid,
+    UnsupportedSignatureVersion,
+    Verified,
+)
 
 _HEADER = "X-Twilio-Signature"
+_SETTINGS = "X-Twilio-Webhooks-Signature-Settings"
+_ALGORITHMS = {"HMAC_SHA1": ("sha1", 20), "HMAC_SHA256": ("sha256", 32)}
 _DEFAULT_TYPE = "twilio.request"
 _DEFAULT_PORTS = {"https": 443, "http": 80}
 # parse_qsl's own guard against a body made of millions of "&"; Twilio sends a few dozen fields.
@@ -40,7 +54,8 @@ class TwilioScheme(SchemeBase):
     """Verifies Twilio webhooks against the auth token(s): HMAC-SHA1 over ``url`` (the public URL
     configured in Twilio, query string included, tried with and without its default port as Twilio's
     own validator does) plus the sorted form parameters, or, for JSON bodies, over the URL with the
-    body's ``bodySHA256``. The event id is ``I-Twilio-Idempotency-Token``, else ``MessageSid`` or
+    body's ``bodySHA256``; HMAC-SHA256 instead when ``X-Twilio-Webhooks-Signature-Settings`` names it
+    (SharedKey signing, the secret being the SharedKey's). The event id is ``I-Twilio-Idempotency-Token``, else ``MessageSid`` or
     ``CallSid``; the type is the ``event_type`` option, else ``SmsStatus``, else ``twilio.request``."""
 
     name: ClassVar[str] = "twilio"
@@ -56,13 +71,14 @@ class TwilioScheme(SchemeBase):
         self._event_type = option_str("event_type", event_type)
 
     def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
-        presented = decode_digests([require_header(headers, _HEADER)], "base64", 20, _HEADER)
+        digest, size = _algorithm(first_header(headers, _SETTINGS))
+        presented = decode_digests([require_header(headers, _HEADER)], "base64", size, _HEADER)
         is_json = (first_header(headers, "Content-Type") or "").lower().startswith("application/json")
         signed_strings = _json_signed_strings if is_json else _form_signed_strings
 
         def match(candidate: bytes) -> int | None:
             messages = [text.encode("utf-8") for text in signed_strings(self._urls, candidate)]
-            return hmac_index(self._keys, "sha1", presented, messages)
+            return hmac_index(self._keys, digest, presented, messages)
 
         index = require_match(body, match, secrets=len(self._keys), signatures=1)
         payload: Any = parse_json(body) if is_json else _form_payload(body)
@@ -80,6 +96,21 @@ class TwilioScheme(SchemeBase):
         if not isinstance(event_id, str) or not event_id:
             raise PayloadError("no I-Twilio-Idempotency-Token header, MessageSid or CallSid")
         return Event(id=event_id, type=require_text(event_type, "SmsStatus"), payload=payload)
+
+
+def _algorithm(settings: str | None) -> tuple[str, int]:
+    # Twilio's validator: the first non-empty algorithm= entry, else the legacy Auth Token HMAC-SHA1.
+    for part in (settings or "").split(","):
+        name, sep, value = part.partition("=")
+        if sep and name.strip() == "algorithm" and value.strip():
+            algorithm = _ALGORITHMS.get(value.strip().upper())
+            if algorithm is None:
+                raise UnsupportedSignatureVersion(
+                    f"{_SETTINGS}: algorithm {describe_labels([value.strip()])}; "
+                    f"supported: {', '.join(_ALGORITHMS)}"
+                )
+            return algorithm
+    return _ALGORITHMS["HMAC_SHA1"]
 
 
 def _url_variants(url: str) -> tuple[str, ...]:

@@ -7,14 +7,21 @@ these hand-written signers serve the schemes that have no such library, and the 
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import base64
 import hashlib
 import hmac
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gateway.signatures import Scheme, build_scheme
+
+from .paypal_pki import CERT_URL, MemoryFetcher, Pki, iso
 
 NOW = 1_700_000_000
 SW_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -83,18 +90,47 @@ def twilio_json_headers(body: bytes, token: str = "twilio-token", url: str = TWI
     }
 
 
+PAYPAL_WEBHOOK_ID = "1JE4291016473214C"
+PAYPAL_PKI = Pki.around(NOW)
+_PAYPAL_DIR = Path(tempfile.mkdtemp(prefix="effectgate-paypal-ca-"))
+atexit.register(shutil.rmtree, _PAYPAL_DIR, ignore_errors=True)
+PAYPAL_CA_FILE = PAYPAL_PKI.write_root(_PAYPAL_DIR)
+
+
+def paypal_headers(body: bytes, webhook_id: str = PAYPAL_WEBHOOK_ID, t: int = NOW) -> dict[str, str]:
+    return PAYPAL_PKI.headers(body, webhook_id=webhook_id, time=iso(t))
+
+
+def paypal_options() -> dict[str, Any]:
+    """Trust the tests' CA and serve its chain from memory: no scheme built here reaches the network."""
+    return {"ca_bundle": PAYPAL_CA_FILE, "fetcher": MemoryFetcher({CERT_URL: PAYPAL_PKI.chain_pem})}
+
+
+def warm_paypal(scheme: Scheme) -> None:
+    """Run the gateway's prepare step, so that ``verify`` finds the certificate cached."""
+    asyncio.run(scheme.prepare(b"", {"PAYPAL-CERT-URL": CERT_URL}, now=NOW))
+
+
 @dataclass(frozen=True)
 class Case:
-    """One scheme as the cross-scheme tests see it: how to build it and how to sign for it."""
+    """One scheme as the cross-scheme tests see it: how to build it and how to sign for it.
+
+    ``prepare`` stands in for the gateway awaiting ``Scheme.prepare`` before each delivery, for the
+    schemes whose verification needs it (PayPal's certificate).
+    """
 
     name: str
     secret: str
     sign: Callable[[bytes], dict[str, str]]
     headers: tuple[str, ...]
     options: dict[str, Any] = field(default_factory=dict)
+    prepare: Callable[[Scheme], None] | None = None
 
     def build(self, *secrets: str) -> Scheme:
-        return build_scheme(self.name, secrets or (self.secret,), options=self.options)
+        scheme = build_scheme(self.name, secrets or (self.secret,), options=self.options)
+        if self.prepare is not None:
+            self.prepare(scheme)
+        return scheme
 
 
 CASES = [
@@ -115,12 +151,27 @@ CASES = [
         ("X-Twilio-Signature", "Content-Type", "I-Twilio-Idempotency-Token"),
         {"url": TWILIO_URL},
     ),
+    Case(
+        "paypal",
+        PAYPAL_WEBHOOK_ID,
+        paypal_headers,
+        (
+            "PAYPAL-TRANSMISSION-ID",
+            "PAYPAL-TRANSMISSION-TIME",
+            "PAYPAL-TRANSMISSION-SIG",
+            "PAYPAL-CERT-URL",
+            "PAYPAL-AUTH-ALGO",
+        ),
+        paypal_options(),
+        warm_paypal,
+    ),
 ]
 CASE_IDS = [case.name for case in CASES]
 
 # One JSON body every scheme can read an event from: Stripe/hmac use id and type, Standard Webhooks
-# type, Slack event_id and event.type; GitHub, Shopify and Twilio take the id from headers.
+# type, Slack event_id and event.type, PayPal id and event_type; GitHub, Shopify and Twilio take the
+# id from headers. (Adyen signs fields inside its own body shape, so it has tests of its own.)
 EVENT_BODY = (
     b'{"id": "evt_1", "type": "thing.happened", "event_id": "Ev1", "event": {"type": "message"},'
-    b' "note": "caf\xc3\xa9"}'
+    b' "event_type": "THING.HAPPENED", "note": "caf\xc3\xa9"}'
 )

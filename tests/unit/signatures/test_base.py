@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from gateway.signatures import (
+    CertificateUntrusted,
     Event,
     PayloadError,
     SchemeConfigError,
@@ -22,6 +23,7 @@ CODES = {
     SignatureInvalid: "signature_invalid",
     TimestampOutOfTolerance: "timestamp_out_of_tolerance",
     UnsupportedSignatureVersion: "signature_version_unsupported",
+    CertificateUntrusted: "certificate_untrusted",
 }
 
 
@@ -58,6 +60,7 @@ def test_results_are_frozen() -> None:
     event = Event(id="e", type="t", payload={})
     verified = Verified(events=(event,), secret_index=0)
     assert verified.challenge is None
+    assert verified.acknowledgement is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         event.id = "other"  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):

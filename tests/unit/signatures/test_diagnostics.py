@@ -4,9 +4,14 @@ import json
 
 import pytest
 
-from gateway.signatures import SignatureInvalid, VerificationError
+from gateway.signatures import (
+    SignatureInvalid,
+    TimestampOutOfTolerance,
+    UnsupportedSignatureVersion,
+    VerificationError,
+)
 
-from .signing import CASE_IDS, CASES, NOW, Case
+from .signing import CASE_IDS, CASES, EVENT_BODY, NOW, Case
 
 # Compact and non-ASCII, as many providers send it; json.dumps(json.loads(...)) changes both.
 ORIGINAL = json.dumps(
@@ -85,3 +90,50 @@ def test_no_error_ever_shows_a_secret_or_a_signature(case: Case) -> None:
         for text in (str(exc), repr(exc), exc.detail):
             for forbidden in secret_material + signatures:
                 assert forbidden not in text
+
+
+@pytest.mark.parametrize(
+    ("name", "headers", "shown"),
+    [
+        (
+            "stripe",
+            {"Stripe-Signature": f"t={NOW},v0=abc,v2=def"},
+            "only 'v0', 'v2'; the gateway verifies v1",
+        ),
+        ("github", {"X-Hub-Signature-256": "sha512=abc"}, "expected sha256=, got 'sha512'"),
+        ("slack", {"X-Slack-Signature": "v1=abc", "X-Slack-Request-Timestamp": str(NOW)}, "version 'v1'"),
+        (
+            "standard-webhooks",
+            {"webhook-id": "m", "webhook-timestamp": str(NOW), "webhook-signature": "v2,abc v3,def"},
+            "only 'v2', 'v3'",
+        ),
+    ],
+)
+def test_an_unknown_version_is_named_in_the_detail(name: str, headers: dict[str, str], shown: str) -> None:
+    case = next(c for c in CASES if c.name == name)
+    with pytest.raises(UnsupportedSignatureVersion) as caught:
+        case.build().verify(ORIGINAL, headers, now=NOW)
+    assert shown in caught.value.detail
+
+
+def test_a_version_label_that_is_not_a_plain_token_is_not_echoed() -> None:
+    case = next(c for c in CASES if c.name == "stripe")
+    smuggled = "a" * 64  # e.g. a digest pasted where the version goes
+    headers = {"Stripe-Signature": f"t={NOW},{smuggled}=x,v0=y,<script>=z"}
+    with pytest.raises(UnsupportedSignatureVersion) as caught:
+        case.build().verify(ORIGINAL, headers, now=NOW)
+    assert smuggled not in caught.value.detail and "<script>" not in caught.value.detail
+    assert "'v0', 2 other(s) not shown" in caught.value.detail
+
+
+def test_skew_is_given_in_seconds_and_direction() -> None:
+    case = next(c for c in CASES if c.name == "stripe")
+    scheme = case.build()
+    with pytest.raises(
+        TimestampOutOfTolerance, match=r"^timestamp is 1000 s in the past; tolerance is 300 s"
+    ):
+        scheme.verify(EVENT_BODY, case.sign(EVENT_BODY), now=NOW + 1000)
+    with pytest.raises(
+        TimestampOutOfTolerance, match=r"^timestamp is 400 s in the future; tolerance is 300 s"
+    ):
+        scheme.verify(EVENT_BODY, case.sign(EVENT_BODY), now=NOW - 400)

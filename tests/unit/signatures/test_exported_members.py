@@ -2,6 +2,7 @@ import gateway.signatures as signatures
 
 DOCUMENTED = [
     "SCHEMES",
+    "CertificateUntrusted",
     "Event",
     "PayloadError",
     "Scheme",
@@ -31,6 +32,8 @@ def test_every_exported_name_exists_and_belongs_to_the_package() -> None:
 
 def test_scheme_registry_names_are_the_documented_schemes() -> None:
     assert set(signatures.SCHEMES) == {
+        "adyen",
+        "paypal",
         "stripe",
         "github",
         "standard-webhooks",

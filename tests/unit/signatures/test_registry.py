@@ -18,8 +18,8 @@ def test_build_scheme_gives_a_working_scheme_of_that_name(case: Case) -> None:
 
 
 def test_unknown_scheme_is_refused_naming_it() -> None:
-    with pytest.raises(SchemeConfigError, match="unknown scheme 'paypal'"):
-        build_scheme("paypal", ["s"])
+    with pytest.raises(SchemeConfigError, match="unknown scheme 'paypl'"):
+        build_scheme("paypl", ["s"])
 
 
 def test_unknown_option_is_refused_naming_it() -> None:

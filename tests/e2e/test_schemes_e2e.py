@@ -1,0 +1,336 @@
+"""Every scheme end to end: one real gateway process with a source per scheme, deliveries over HTTP.
+
+Each delivery is signed the way its provider signs (the provider's own library where one exists:
+``stripe``, ``svix``, ``twilio``, ``Adyen``), posted to ``POST /webhooks/{source}`` and must end as a
+claimed effect in the ledger. PayPal's certificate is fetched by the gateway from a loopback HTTPS
+server holding a certificate of the tests' own CA. The failures at the end check what an operator reads
+back from ``signature_failures``: useful details, and never a secret or a signature.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+import psycopg
+import pytest
+import stripe
+from Adyen.util import generate_notification_sig
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
+from svix.webhooks import Webhook as SvixWebhook
+from twilio.request_validator import RequestValidator
+
+from tests.unit.signatures.paypal_pki import Pki, iso
+from tests.unit.signatures.signing import hex_mac, hmac_headers, shopify_headers, slack_headers
+
+from .processes import Process, free_port
+from .schemes_cert_server import CertServer, serve_certificates
+
+SECRETS = {
+    "STRIPE_SECRET": "whsec_e2e_stripe_secret_4f1c",
+    "GITHUB_SECRET": "e2e-github-secret-8d2e",
+    "SVIX_SECRET": "whsec_" + base64.b64encode(b"e2e svix secret of 32 bytes!!!!!").decode(),
+    "SHOPIFY_SECRET": "shpss_e2e_shopify_secret_55a0",
+    "SLACK_SECRET": "e2e-slack-signing-secret-9b7f",
+    "HMAC_SECRET": "e2e-generic-hmac-secret-1c3d",
+    "TWILIO_SECRET": "e2e-twilio-auth-token-7e6a",
+    "PAYPAL_WEBHOOK_ID": "8PT597110X687430LKGECATA",
+    "ADYEN_HMAC_KEY": "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056",
+}
+CERT_PATH = "/v1/notifications/certs/CERT-360caa42-fca2a594-e2e"
+
+
+@dataclass
+class Gateway:
+    url: str
+    db_url: str
+    process: Process
+    certs: CertServer
+    pki: Pki
+
+    def post(self, source: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+        return httpx.post(f"{self.url}/webhooks/{source}", content=body, headers=headers, timeout=10)
+
+    def rows(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        with psycopg.connect(self.db_url, row_factory=dict_row) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def effect(self, source: str, event_id: str) -> dict[str, Any]:
+        key = f"{source}:{event_id}:schemes.{source}"
+        [row] = self.rows("SELECT effect_key, handler FROM effects WHERE effect_key = %s", key)
+        return row
+
+
+def config(port: int, cert_url_host: str, ca_file: str) -> str:
+    return f"""
+[handlers]
+modules = ["tests.e2e.schemes_handlers"]
+
+[sources.stripe]
+scheme = "stripe"
+secrets = ["STRIPE_SECRET"]
+
+[sources.github]
+scheme = "github"
+secrets = ["GITHUB_SECRET"]
+
+[sources.standard]
+scheme = "standard-webhooks"
+secrets = ["SVIX_SECRET"]
+
+[sources.shopify]
+scheme = "shopify"
+secrets = ["SHOPIFY_SECRET"]
+
+[sources.slack]
+scheme = "slack"
+secrets = ["SLACK_SECRET"]
+
+[sources.hmac]
+scheme = "hmac"
+secrets = ["HMAC_SECRET"]
+options = {{ header = "X-Signature", prefix = "sha256=", timestamp_header = "X-Timestamp" }}
+
+[sources.twilio]
+scheme = "twilio"
+secrets = ["TWILIO_SECRET"]
+options = {{ url = "http://127.0.0.1:{port}/webhooks/twilio" }}
+
+[sources.paypal]
+scheme = "paypal"
+secrets = ["PAYPAL_WEBHOOK_ID"]
+options = {{ cert_hosts = ["{cert_url_host}"], ca_bundle = "{ca_file}", fetch_ca_bundle = "{ca_file}" }}
+
+[sources.adyen]
+scheme = "adyen"
+secrets = ["ADYEN_HMAC_KEY"]
+"""
+
+
+@pytest.fixture(scope="module")
+def module_db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    """One ledger for the whole module, so one gateway process serves every test in it."""
+    name = f"effectgate_schemes_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield make_conninfo(pg_server_url, dbname=name)
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def gateway(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("schemes")
+    pki = Pki.around(time.time())
+    ca_file = pki.write_root(tmp)
+    tls_chain, tls_key = pki.tls_server("127.0.0.1")
+    with serve_certificates({CERT_PATH: pki.chain_pem}, tls_chain, tls_key, tmp) as certs:
+        port = free_port()
+        path = tmp / "effectgate.toml"
+        path.write_text(config(port, "127.0.0.1", ca_file))
+        env = {"DATABASE_URL": module_db_url, "EFFECTGATE_LOG_LEVEL": "INFO", **SECRETS}
+        process = Process(
+            ["serve", "--config", str(path), "--no-migrate", "--port", str(port)], env, tmp / "gateway.log"
+        )
+        try:
+            process.wait_http(f"http://127.0.0.1:{port}/readyz")
+            yield Gateway(f"http://127.0.0.1:{port}", module_db_url, process, certs, pki)
+        finally:
+            process.stop()
+
+
+def now() -> int:
+    return int(time.time())
+
+
+# --- one accepted delivery per scheme ------------------------------------------------------------
+
+
+def test_stripe(gateway: Gateway) -> None:
+    body = json.dumps({"id": "evt_e2e_1", "type": "payment_intent.succeeded", "data": {}}, indent=2)
+    header = stripe.WebhookSignature.generate_signature_header(body, SECRETS["STRIPE_SECRET"])
+    r = gateway.post("stripe", body.encode(), {"Stripe-Signature": header})
+    assert r.status_code == 202, r.text
+    assert gateway.effect("stripe", "evt_e2e_1")["handler"] == "schemes.stripe"
+
+
+def test_github(gateway: Gateway) -> None:
+    body = json.dumps({"action": "opened", "issue": {"number": 1}}).encode()
+    headers = {
+        "X-Hub-Signature-256": "sha256=" + hex_mac(SECRETS["GITHUB_SECRET"], body),
+        "X-GitHub-Delivery": "e2e-delivery-1",
+        "X-GitHub-Event": "issues",
+    }
+    assert gateway.post("github", body, headers).status_code == 202
+    gateway.effect("github", "e2e-delivery-1")
+
+
+def test_standard_webhooks_with_svix_headers_signed_by_svix(gateway: Gateway) -> None:
+    body = json.dumps({"type": "invoice.paid", "data": {"id": "in_1"}})
+    signature = SvixWebhook(SECRETS["SVIX_SECRET"]).sign("msg_e2e_1", datetime.now(UTC), body)
+    headers = {"svix-id": "msg_e2e_1", "svix-timestamp": str(now()), "svix-signature": signature}
+    assert gateway.post("standard", body.encode(), headers).status_code == 202
+    gateway.effect("standard", "msg_e2e_1")
+
+
+def test_shopify(gateway: Gateway) -> None:
+    body = json.dumps({"id": 820982911946154508, "email": "jon@example.com"}).encode()
+    headers = shopify_headers(body, SECRETS["SHOPIFY_SECRET"])
+    assert gateway.post("shopify", body, headers).status_code == 202
+    gateway.effect("shopify", headers["X-Shopify-Webhook-Id"])
+
+
+def test_slack_event_and_its_url_verification_challenge(gateway: Gateway) -> None:
+    challenge = json.dumps(
+        {"type": "url_verification", "token": "t", "challenge": "3eZbrw1aBm2rZgRN"}
+    ).encode()
+    r = gateway.post("slack", challenge, slack_headers(challenge, SECRETS["SLACK_SECRET"], t=now()))
+    assert (r.status_code, r.json()) == (200, {"challenge": "3eZbrw1aBm2rZgRN"})
+
+    body = json.dumps(
+        {"type": "event_callback", "event_id": "Ev_e2e_1", "event": {"type": "app_mention", "text": "hi"}}
+    ).encode()
+    assert (
+        gateway.post("slack", body, slack_headers(body, SECRETS["SLACK_SECRET"], t=now())).status_code == 202
+    )
+    gateway.effect("slack", "Ev_e2e_1")
+
+
+def test_generic_hmac(gateway: Gateway) -> None:
+    body = json.dumps({"id": "gen_e2e_1", "type": "thing.happened"}).encode()
+    assert gateway.post("hmac", body, hmac_headers(body, SECRETS["HMAC_SECRET"], t=now())).status_code == 202
+    gateway.effect("hmac", "gen_e2e_1")
+
+
+def test_twilio_form_signed_by_twilios_validator(gateway: Gateway) -> None:
+    params = {"MessageSid": "SM_e2e_1", "SmsStatus": "delivered", "To": "+15558675309"}
+    signature = RequestValidator(SECRETS["TWILIO_SECRET"]).compute_signature(
+        f"{gateway.url}/webhooks/twilio", params
+    )
+    headers = {"X-Twilio-Signature": signature, "Content-Type": "application/x-www-form-urlencoded"}
+    assert gateway.post("twilio", urlencode(params).encode(), headers).status_code == 202
+    gateway.effect("twilio", "SM_e2e_1")
+
+
+def test_paypal_with_its_certificate_fetched_once_over_loopback_https(gateway: Gateway) -> None:
+    url = gateway.certs.base_url + CERT_PATH
+    for n in (1, 2):
+        body = json.dumps({"id": f"WH-e2e-{n}", "event_type": "PAYMENT.CAPTURE.COMPLETED"}).encode()
+        headers = gateway.pki.headers(
+            body, webhook_id=SECRETS["PAYPAL_WEBHOOK_ID"], time=iso(now()), transmission_id=f"t-{n}", url=url
+        )
+        r = gateway.post("paypal", body, headers)
+        assert r.status_code == 202, r.text
+        gateway.effect("paypal", f"WH-e2e-{n}")
+    assert gateway.certs.hits == [CERT_PATH]
+
+
+def adyen_item(psp: str, event: str) -> dict[str, Any]:
+    item = {
+        "pspReference": psp,
+        "merchantReference": "order-e2e",
+        "merchantAccountCode": "TestMerchant",
+        "amount": {"currency": "EUR", "value": 1130},
+        "eventCode": event,
+        "success": "true",
+    }
+    signature = generate_notification_sig(item, SECRETS["ADYEN_HMAC_KEY"]).decode()
+    return {"NotificationRequestItem": {**item, "additionalData": {"hmacSignature": signature}}}
+
+
+def test_adyen_batch_is_answered_accepted_with_one_effect_per_item(gateway: Gateway) -> None:
+    body = json.dumps(
+        {
+            "live": "false",
+            "notificationItems": [
+                adyen_item("PSP_E2E_1", "AUTHORISATION"),
+                adyen_item("PSP_E2E_1", "CAPTURE"),
+            ],
+        }
+    ).encode()
+    r = gateway.post("adyen", body, {"Content-Type": "application/json"})
+    assert (r.status_code, r.content) == (202, b"[accepted]")
+    assert r.headers["content-type"].startswith("text/plain")
+    gateway.effect("adyen", "PSP_E2E_1:AUTHORISATION")
+    gateway.effect("adyen", "PSP_E2E_1:CAPTURE")
+    again = gateway.post("adyen", body, {"Content-Type": "application/json"})
+    assert (again.status_code, again.content) == (200, b"[accepted]")
+
+
+# --- what a failure leaves behind -----------------------------------------------------------------
+
+
+def test_failure_details_help_the_operator_and_never_hold_a_secret_or_signature(gateway: Gateway) -> None:
+    sent_signatures: list[str] = []
+
+    def reject(source: str, body: bytes, headers: dict[str, str], code: str) -> None:
+        sent_signatures.extend(v for k, v in headers.items() if "sig" in k.lower() or "hmac" in k.lower())
+        r = gateway.post(source, body, headers)
+        assert (r.status_code, r.json()["error"]) == (401, code), r.text
+
+    stale = json.dumps({"id": "evt_stale", "type": "x"})
+    header = stripe.WebhookSignature.generate_signature_header(
+        stale, SECRETS["STRIPE_SECRET"], timestamp=now() - 3600
+    )
+    reject("stripe", stale.encode(), {"Stripe-Signature": header}, "timestamp_out_of_tolerance")
+
+    pretty = json.dumps({"id": "evt_proxy", "type": "x", "data": {"amount": 1}}, indent=2)
+    header = stripe.WebhookSignature.generate_signature_header(pretty, SECRETS["STRIPE_SECRET"])
+    compact = json.dumps(json.loads(pretty)).encode()
+    reject("stripe", compact, {"Stripe-Signature": header}, "signature_invalid")
+
+    body = b'{"action": "closed"}'
+    wrong = {
+        "X-Hub-Signature-256": "sha256=" + hex_mac("not-the-secret", body),
+        "X-GitHub-Delivery": "d",
+        "X-GitHub-Event": "issues",
+    }
+    reject("github", body, wrong, "signature_invalid")
+
+    body = b'{"type": "event_callback"}'
+    v1 = {**slack_headers(body, SECRETS["SLACK_SECRET"], t=now())}
+    v1["X-Slack-Signature"] = v1["X-Slack-Signature"].replace("v0=", "v1=")
+    reject("slack", body, v1, "signature_version_unsupported")
+
+    body = b'{"id": "WH-evil", "event_type": "X"}'
+    evil = gateway.pki.headers(
+        body, webhook_id=SECRETS["PAYPAL_WEBHOOK_ID"], time=iso(now()), url="https://evil.example/cert.pem"
+    )
+    reject("paypal", body, evil, "certificate_untrusted")
+
+    failures = {
+        (row["source"], row["reason"]): row
+        for row in gateway.rows("SELECT * FROM signature_failures WHERE source <> 'adyen'")
+    }
+    detail = {key: row["last_detail"] for key, row in failures.items()}
+    # The gateway's clock has moved on a little since the signing: 3600 s, or a second more.
+    assert re.search(
+        r"360[01] s in the past; tolerance is 300 s", detail["stripe", "timestamp_out_of_tolerance"]
+    )
+    assert "body appears re-encoded in transit" in detail["stripe", "signature_invalid"]
+    assert "any of the 1 configured secret(s)" in detail["github", "signature_invalid"]
+    assert "'v1'; only v0 is supported" in detail["slack", "signature_version_unsupported"]
+    assert "'evil.example' is not among the allowed cert_hosts" in detail["paypal", "certificate_untrusted"]
+
+    stored = json.dumps([failures[key] for key in failures], default=str)
+    log = gateway.process.log()
+    forbidden = [*SECRETS.values(), *sent_signatures]
+    forbidden += [
+        piece
+        for s in sent_signatures
+        for piece in s.replace(",", " ").replace("=", " ").split()
+        if len(piece) >= 20
+    ]
+    for value in forbidden:
+        assert value not in stored
+        assert value not in log
