@@ -141,7 +141,9 @@ class EffectContext:
             if recorded.status == "succeeded":
                 return recorded.result  # type: ignore[no-any-return]
             error = recorded.error or {}
-            raise TerminalError(error.get("message"), code=error.get("code"))
+            # Replayed as the same class, so an unrecoverable failure still needs force to redrive.
+            replay = UnrecoverableError if error.get("type") == UnrecoverableError.__name__ else TerminalError
+            raise replay(error.get("message"), code=error.get("code"))
         self._check_fence()
         key = self.idempotency_key(name)
         try:

@@ -8,6 +8,7 @@ compute effect keys) and by the worker (to run them) alike.
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,14 +20,20 @@ if TYPE_CHECKING:
 
 OrphanPolicy = Literal["redrive", "park"]
 
+# Every per-kind setting's default, in one place. ``pending_ttl`` and ``poison_threshold`` default to
+# ``None``: the process's reconciler settings (``ledger.reconciler.DEFAULT_*``, or the configuration file).
 DEFAULT_MAX_ATTEMPTS = 8
 DEFAULT_ORPHAN_POLICY: OrphanPolicy = "park"
 DEFAULT_LEASE_TTL = 60.0
 DEFAULT_SLICE_BUDGET = 300.0
 MAX_EFFECT_KEY_LENGTH = 512
+MAX_LOCK_KEY_LENGTH = 512
 # ``max_slice`` defaults to this many slice budgets; it may never be set below MIN_SLICE_FACTOR.
 DEFAULT_SLICE_FACTOR = 3.0
 MIN_SLICE_FACTOR = 2.0
+# asyncio timers take seconds as floats, but a deadline past ~24.8 days (2**31 - 1 ms) is a mistake
+# in a setting, not a deadline: refuse it rather than silently never firing.
+MAX_SLICE_LIMIT = (2**31 - 1) / 1000
 _UNSET: Any = object()
 
 
@@ -53,13 +60,40 @@ class Transition:
 
 Handler = Callable[["EffectContext", Event], Awaitable[Any]]
 KeyFn = Callable[[Event], str]
+LockKeyFn = Callable[[Event], "str | None"]
 TransitionHook = Callable[["Conn", Transition], Awaitable[None]]
 SweepFn = Callable[["Conn"], Awaitable[int]]
 
 
+def _positive_seconds(kind: str, setting: str, value: object) -> None:
+    # NaN and infinity compare false against everything, so a bare `value <= 0` would let them through.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"effect {kind!r}: {setting} must be a finite number of seconds > 0, got {value!r}")
+
+
+def _positive_int(kind: str, setting: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"effect {kind!r}: {setting} must be an integer >= 1, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class EffectKind:
-    """A registered handler and its settings; validated at construction."""
+    """A registered handler and its settings, every one validated at construction (registration).
+
+    ``lease_ttl``: how long a lease lives without a heartbeat (heartbeats come at a third of it).
+    ``slice_budget``: when ``ctx.should_yield()`` turns true. ``max_slice``: the hard deadline on one
+    slice (default 3 x budget, never below 2 x budget, ``None`` disables it). ``max_attempts``: attempts
+    before a retried failure ends ``failed``. ``orphan_policy``: what the reconciler does with a job whose
+    lease expired (``redrive`` or ``park``). ``pending_ttl`` / ``poison_threshold``: how long a due job
+    may wait before it is woken again, and how many releases without a commit make it poison (``None``:
+    the reconciler's settings). ``lock_key(event)``: at most one running job per (tenant, lock key).
+    ``on_transition``: runs in the same transaction as every terminal transition.
+    """
 
     name: str
     source: str
@@ -71,27 +105,43 @@ class EffectKind:
     lease_ttl: float = DEFAULT_LEASE_TTL
     slice_budget: float = DEFAULT_SLICE_BUDGET
     max_slice: float | None = field(default=_UNSET)
+    pending_ttl: float | None = None
+    poison_threshold: int | None = None
+    lock_key: LockKeyFn | None = None
     on_transition: TransitionHook | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.source:
             raise ValueError("an effect needs a name and a source")
+        if not callable(self.fn):
+            raise ValueError(f"effect {self.name!r}: the handler must be an async function")
         if not self.events or not all(isinstance(e, str) and e for e in self.events):
             raise ValueError(f"effect {self.name!r}: events must be a non-empty list of event types")
         if self.orphan_policy not in ("redrive", "park"):
             raise ValueError(f"effect {self.name!r}: orphan_policy must be 'redrive' or 'park'")
-        if self.max_attempts < 1:
-            raise ValueError(f"effect {self.name!r}: max_attempts must be >= 1")
-        if self.lease_ttl <= 0:
-            raise ValueError(f"effect {self.name!r}: lease_ttl must be > 0 seconds")
-        if self.slice_budget <= 0:
-            raise ValueError(f"effect {self.name!r}: slice_budget must be > 0 seconds")
+        _positive_int(self.name, "max_attempts", self.max_attempts)
+        _positive_seconds(self.name, "lease_ttl", self.lease_ttl)
+        _positive_seconds(self.name, "slice_budget", self.slice_budget)
+        if self.pending_ttl is not None:
+            _positive_seconds(self.name, "pending_ttl", self.pending_ttl)
+        if self.poison_threshold is not None:
+            _positive_int(self.name, "poison_threshold", self.poison_threshold)
+        for hook in ("key", "lock_key", "on_transition"):
+            if getattr(self, hook) is not None and not callable(getattr(self, hook)):
+                raise ValueError(f"effect {self.name!r}: {hook} must be callable")
         if self.max_slice is _UNSET:
             object.__setattr__(self, "max_slice", DEFAULT_SLICE_FACTOR * self.slice_budget)
-        elif self.max_slice is not None and self.max_slice < MIN_SLICE_FACTOR * self.slice_budget:
+        elif self.max_slice is not None:
+            _positive_seconds(self.name, "max_slice", self.max_slice)
+            if self.max_slice < MIN_SLICE_FACTOR * self.slice_budget:
+                raise ValueError(
+                    f"effect {self.name!r}: max_slice must be at least {MIN_SLICE_FACTOR:g} x slice_budget "
+                    f"({MIN_SLICE_FACTOR * self.slice_budget:g} s), or None to disable the hard deadline"
+                )
+        if self.max_slice is not None and self.max_slice > MAX_SLICE_LIMIT:
             raise ValueError(
-                f"effect {self.name!r}: max_slice must be at least {MIN_SLICE_FACTOR:g} x slice_budget "
-                f"({MIN_SLICE_FACTOR * self.slice_budget:g} s), or None to disable the hard deadline"
+                f"effect {self.name!r}: max_slice must be at most {MAX_SLICE_LIMIT:g} s (2**31 - 1 ms); "
+                "use None to disable the hard deadline"
             )
 
     def matches(self, source: str, event_type: str) -> bool:
@@ -111,6 +161,20 @@ class EffectKind:
             )
         return key
 
+    def lock_key_for(self, event: Event) -> str | None:
+        """The lock key for ``event`` (``None``: this effect takes no lock), computed at claim time."""
+        if self.lock_key is None:
+            return None
+        lock = self.lock_key(event)
+        if lock is None:
+            return None
+        if not isinstance(lock, str) or not lock or len(lock) > MAX_LOCK_KEY_LENGTH:
+            raise ValueError(
+                f"effect {self.name!r}: the lock_key function returned {lock!r}, not None or a non-empty "
+                f"string of at most {MAX_LOCK_KEY_LENGTH} characters"
+            )
+        return lock
+
 
 class Registry:
     """The effect kinds and sweeps of one process."""
@@ -128,8 +192,10 @@ class Registry:
 
     def register_sweep(self, sweep_id: str, fn: SweepFn) -> None:
         """Add a sweep the reconciler runs after its job repairs on every pass it owns."""
-        if not sweep_id:
+        if not sweep_id or not isinstance(sweep_id, str):
             raise ValueError("a sweep needs an id")
+        if not callable(fn):
+            raise ValueError(f"sweep {sweep_id!r}: fn must be an async function of a connection")
         if sweep_id in self._sweeps:
             raise ValueError(f"sweep {sweep_id!r} is already registered")
         self._sweeps[sweep_id] = fn
@@ -146,6 +212,9 @@ class Registry:
         lease_ttl: float = DEFAULT_LEASE_TTL,
         slice_budget: float = DEFAULT_SLICE_BUDGET,
         max_slice: float | None = _UNSET,
+        pending_ttl: float | None = None,
+        poison_threshold: int | None = None,
+        lock_key: LockKeyFn | None = None,
         on_transition: TransitionHook | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: register an async handler for ``events`` from ``source``."""
@@ -163,6 +232,9 @@ class Registry:
                     lease_ttl=lease_ttl,
                     slice_budget=slice_budget,
                     max_slice=max_slice,
+                    pending_ttl=pending_ttl,
+                    poison_threshold=poison_threshold,
+                    lock_key=lock_key,
                     on_transition=on_transition,
                 )
             )
@@ -206,6 +278,9 @@ def effect(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     slice_budget: float = DEFAULT_SLICE_BUDGET,
     max_slice: float | None = _UNSET,
+    pending_ttl: float | None = None,
+    poison_threshold: int | None = None,
+    lock_key: LockKeyFn | None = None,
     on_transition: TransitionHook | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register an async effect handler in the process registry.
@@ -213,7 +288,8 @@ def effect(
     ``key(event)`` gives the logical effect key (default ``{source}:{event id}:{name}``); every
     delivery that yields the same key is the same effect. ``orphan_policy`` says what the reconciler
     does with a job whose worker vanished: ``redrive`` (safe when every side effect goes through
-    ``ctx.step``) or ``park`` for a human (the default).
+    ``ctx.step``) or ``park`` for a human (the default). Every other setting is described on
+    ``EffectKind``; all are validated here, at registration.
     """
     return REGISTRY.effect(
         source=source,
@@ -225,6 +301,9 @@ def effect(
         lease_ttl=lease_ttl,
         slice_budget=slice_budget,
         max_slice=max_slice,
+        pending_ttl=pending_ttl,
+        poison_threshold=poison_threshold,
+        lock_key=lock_key,
         on_transition=on_transition,
     )
 

@@ -18,12 +18,13 @@ import random
 import socket
 import traceback
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ledger import db, jobs, steps
 from ledger.errors import LeaseLost, LedgerError
-from ledger.reconciler import Reconciler, ReconcilerConfig
+from ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfig, ReconcileResult, Repaired
 
 from .context import EffectContext, Services
 from .errors import TerminalError, TransientError, UnrecoverableError
@@ -31,20 +32,27 @@ from .registry import EffectKind, Event, Registry, Transition
 
 log = logging.getLogger("effectgate.worker")
 
-NOTIFY_CHANNEL = "effectgate_jobs"
 DEFAULT_CONCURRENCY = 4
 DEFAULT_POLL_INTERVAL = 2.0
 DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_BACKOFF_BASE = 1.0
 DEFAULT_BACKOFF_CAP = 600.0
-# How long a step that ignored its cancellation may keep the slot before it is abandoned.
+# How long a step that ignored its cancellation may keep the slot before it is abandoned; never longer
+# than the lease TTL, since past that the reconciler may hand the job to someone else anyway.
 ABANDON_GRACE = 5.0
+# A lost LISTEN connection is re-opened after this, doubling up to the poll interval: a server restart
+# should not cost a full poll interval of latency, a server that stays down should not be hammered.
+LISTEN_RETRY_MIN = 0.05
+LISTEN_APPLICATION_NAME = "effectgate-listen"
 HANDED_BACK = "budget"
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    """How a worker runs: concurrency, wake-ups, drain, retry backoff, reconciler."""
+    """How a worker runs: concurrency, wake-ups, drain, retry backoff, reconciler.
+
+    ``backoff_base=0`` turns retry waits off (the one switch tests use); retries then run at once.
+    """
 
     concurrency: int = DEFAULT_CONCURRENCY
     poll_interval: float = DEFAULT_POLL_INTERVAL
@@ -57,11 +65,11 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("worker concurrency must be >= 1")
-        if self.poll_interval <= 0:
+        if not self.poll_interval > 0:
             raise ValueError("worker poll_interval must be > 0 seconds")
-        if self.drain_timeout < 0:
+        if not self.drain_timeout >= 0:
             raise ValueError("worker drain_timeout must be >= 0 seconds")
-        if self.backoff_base < 0 or self.backoff_cap < self.backoff_base:
+        if not 0 <= self.backoff_base <= self.backoff_cap:
             raise ValueError("worker backoff needs 0 <= backoff_base <= backoff_cap")
 
 
@@ -80,6 +88,21 @@ def error_record(exc: BaseException) -> dict[str, Any]:
         "code": getattr(exc, "code", None),
         "traceback": "".join(traceback.format_exception(exc))[-8000:],
     }
+
+
+def make_reconciler(registry: Registry, config: ReconcilerConfig | None = None) -> Reconciler:
+    """A reconciler wired to ``registry``: its sweeps, each kind's pending TTL and poison threshold, and
+    each kind's ``on_transition`` run inside the terminal transitions the reconciler makes."""
+
+    async def on_transition(conn: db.Conn, repaired: Repaired) -> None:
+        kind = registry.get(repaired.kind)
+        if kind is not None and kind.on_transition is not None:
+            await kind.on_transition(
+                conn, Transition(repaired.job_id, repaired.effect_key, repaired.state, repaired.reason)
+            )
+
+    policies = {k.name: KindPolicy(k.pending_ttl, k.poison_threshold) for k in registry.kinds()}
+    return Reconciler(config, registry.sweeps(), kinds=policies, on_transition=on_transition)
 
 
 class Worker:
@@ -101,8 +124,9 @@ class Worker:
         self.config = config or WorkerConfig()
         self.services = services or Services()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.reconciler = Reconciler(self.config.reconciler, registry.sweeps())
-        self._running: dict[int, tuple[asyncio.Task[None], EffectContext | None]] = {}
+        # Set while the LISTEN connection is subscribed (readiness checks, tests).
+        self.listening = asyncio.Event()
+        self._running: dict[int, asyncio.Task[None]] = {}
         self._contexts: dict[int, EffectContext] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -118,24 +142,25 @@ class Worker:
 
     async def run(self) -> None:
         """Fetch and run jobs until ``stop()``; then drain and return."""
-        kinds = [k.name for k in self.registry.kinds()]
-        log.info("worker.started", extra={"owner": self.owner, "kinds": kinds})
+        log.info("worker.started", extra={"owner": self.owner, "kinds": self._ttls()})
         background = [asyncio.create_task(self._listen())]
         if self.config.run_reconciler:
             background.append(asyncio.create_task(self._reconcile_loop()))
         try:
             while not self._stopping.is_set():
-                fetched = 0
+                # Cleared before the fetch, not after it: a NOTIFY landing while the fetch runs must wake
+                # the wait below, or a job claimed in that window waits out a whole poll interval.
+                self._wake.clear()
                 free = self.config.concurrency - len(self._running)
-                if free > 0 and kinds:
+                if free > 0:
                     try:
-                        fetched = await self.fetch_and_start(free)
+                        await self.fetch_and_start(free)
                     except LedgerError as exc:
                         log.warning("worker.fetch_failed", extra={"error": str(exc)})
-                if fetched == 0 or len(self._running) >= self.config.concurrency:
-                    self._wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
+                # Either the batch filled the free slots (a finished job wakes us) or nothing more is due
+                # (a NOTIFY wakes us); polling is only the fallback for a lost wake-up.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
         finally:
             await self._drain()
             for task in background:
@@ -146,37 +171,44 @@ class Worker:
     async def _drain(self) -> None:
         for ctx in self._contexts.values():
             ctx.draining = True
-        tasks = [task for task, _ in self._running.values()]
+        tasks = list(self._running.values())
         if not tasks:
             return
         _, still = await asyncio.wait(tasks, timeout=self.config.drain_timeout)
-        for task in still:
-            # Left to lease expiry: the reconciler redrives or parks it by policy.
-            left = self._contexts.get(_task_job(task))
-            if left is not None:
-                left.fenced_off = True
-            task.cancel()
         if still:
-            log.warning("worker.drain_timeout", extra={"left_to_lease_expiry": len(still)})
+            # Left to lease expiry: each cancelled slice fences itself off and stops its handler, and the
+            # reconciler redrives or parks the job by policy once the lease runs out.
+            log.warning(
+                "worker.drain_timeout",
+                extra={"left_to_lease_expiry": sorted(_task_job(t) for t in still)},
+            )
+            for task in still:
+                task.cancel()
             await asyncio.gather(*still, return_exceptions=True)
 
     async def _listen(self) -> None:
         """LISTEN for new and re-queued jobs; re-established whenever the connection drops."""
         if self.url is None:
             return
+        delay = LISTEN_RETRY_MIN
         while not self._stopping.is_set():
             try:
-                conn = await db.connect(self.url)
+                conn = await db.connect(self.url, application_name=LISTEN_APPLICATION_NAME)
                 async with conn:
-                    await conn.execute("LISTEN " + NOTIFY_CHANNEL)
+                    await jobs.listen(conn)
+                    delay = LISTEN_RETRY_MIN
+                    self.listening.set()
                     self._wake.set()  # anything notified while we were not listening
                     async for _ in conn.notifies():
                         self._wake.set()
-            except (LedgerError, OSError, Exception) as exc:
+            except Exception as exc:
                 if self._stopping.is_set():
                     return
                 log.warning("worker.listen_lost", extra={"error": f"{type(exc).__name__}: {exc}"})
-                await asyncio.sleep(self.config.poll_interval)
+            finally:
+                self.listening.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.config.poll_interval)
 
     async def _reconcile_loop(self) -> None:
         while not self._stopping.is_set():
@@ -189,22 +221,26 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.config.reconciler.tick)
 
-    async def reconcile_once(self) -> Any:
-        """One reconciler pass on a pooled connection."""
+    async def reconcile_once(self) -> ReconcileResult:
+        """One reconciler pass on a pooled connection, with the registry's current kinds and sweeps."""
         async with db.connection(self.pool) as conn:
-            return await self.reconciler.run_once(conn)
+            return await make_reconciler(self.registry, self.config.reconciler).run_once(conn)
 
     # -- running jobs ----------------------------------------------------------------------------
 
+    def _ttls(self) -> dict[str, float]:
+        return {k.name: k.lease_ttl for k in self.registry.kinds()}
+
     async def fetch_and_start(self, limit: int) -> int:
         """Lease up to ``limit`` due jobs and start a task for each; returns how many were leased."""
-        kinds = [k.name for k in self.registry.kinds()]
-        ttl = min((k.lease_ttl for k in self.registry.kinds()), default=60.0)
+        ttls = self._ttls()
+        if not ttls or limit < 1:
+            return 0
         async with db.connection(self.pool) as conn:
-            leases = await jobs.fetch_and_lease(conn, owner=self.owner, kinds=kinds, limit=limit, ttl=ttl)
+            leases = await jobs.fetch_and_lease(conn, owner=self.owner, kinds=ttls, limit=limit)
         for lease in leases:
             task = asyncio.create_task(self.run_job(lease), name=f"job-{lease.job_id}")
-            self._running[lease.job_id] = (task, None)
+            self._running[lease.job_id] = task
             task.add_done_callback(functools.partial(self._finished, lease.job_id))
         return len(leases)
 
@@ -217,17 +253,32 @@ class Worker:
         """Run due jobs until none is left or running (tests, one-shot CLI use); returns jobs run."""
         total = 0
         for _ in range(max_rounds):
-            started = await self.fetch_and_start(self.config.concurrency)
+            started = await self.fetch_and_start(self.config.concurrency - len(self._running))
             total += started
-            tasks = [task for task, _ in self._running.values()]
+            tasks = list(self._running.values())
             if not started and not tasks:
                 return total
             if tasks:
-                await asyncio.wait(tasks)
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         return total
 
     async def run_job(self, lease: jobs.Lease) -> None:
-        """Run one leased job's slice to an outcome, and record it under the lease."""
+        """Run one leased job's slice to an outcome, and record it under the lease.
+
+        Never raises but for cancellation: whatever goes wrong here (a lost lease, a database outage)
+        leaves the job to lease expiry, which is where the reconciler picks it up.
+        """
+        try:
+            await self._run_job(lease)
+        except LeaseLost:
+            log.warning("worker.lease_lost", extra={"job_id": lease.job_id, "lease_token": lease.lease_token})
+        except Exception as exc:
+            log.error(
+                "worker.job_crashed",
+                extra={"job_id": lease.job_id, "error": f"{type(exc).__name__}: {exc}"},
+            )
+
+    async def _run_job(self, lease: jobs.Lease) -> None:
         kind = self.registry.get(lease.kind)
         if kind is None:  # fetch only asks for registered kinds; a registry changed under us
             log.error("worker.unknown_kind", extra={"job_id": lease.job_id, "kind": lease.kind})
@@ -245,20 +296,26 @@ class Worker:
         )
         ctx.draining = self._stopping.is_set()
         self._contexts[lease.job_id] = ctx
-        heartbeat = asyncio.create_task(self._heartbeat(ctx, lease, kind))
+        handler = asyncio.create_task(_call(kind, ctx, event), name=f"handler-{lease.job_id}")
+        heartbeat = asyncio.create_task(self._heartbeat(ctx, lease, kind, handler))
         try:
-            outcome, exc = await self._run_slice(ctx, kind, event)
+            outcome, exc = await self._await_slice(ctx, kind, handler)
+        except asyncio.CancelledError:
+            # The drain gave up on this slice: refuse its writes, stop its handler, let the lease expire.
+            ctx.fenced_off = True
+            handler.cancel()
+            handler.add_done_callback(functools.partial(_log_settled, lease.job_id))
+            raise
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
         if outcome == "abandoned" or ctx.fenced_off:
             return
-        try:
-            await self._record_outcome(ctx, lease, kind, outcome, exc)
-        except LeaseLost:
-            log.warning("worker.lease_lost", extra={"job_id": lease.job_id, "lease_token": lease.lease_token})
+        await self._record_outcome(lease, kind, outcome, exc)
 
-    async def _heartbeat(self, ctx: EffectContext, lease: jobs.Lease, kind: EffectKind) -> None:
+    async def _heartbeat(
+        self, ctx: EffectContext, lease: jobs.Lease, kind: EffectKind, handler: asyncio.Task[Any]
+    ) -> None:
         interval = kind.lease_ttl / 3
         while True:
             await asyncio.sleep(interval)
@@ -267,8 +324,10 @@ class Worker:
                     if await jobs.extend_lease(conn, lease.job_id, lease.lease_token, ttl=kind.lease_ttl):
                         ctx.cancel_requested = True
             except LeaseLost:
-                # Someone else holds the job now: every later write from this slice is refused.
+                # Someone else holds the job now: refuse every later write from this slice, and stop it —
+                # nothing it does from here on could be committed.
                 ctx.fenced_off = True
+                handler.cancel()
                 log.warning(
                     "worker.lease_lost", extra={"job_id": lease.job_id, "lease_token": lease.lease_token}
                 )
@@ -276,116 +335,130 @@ class Worker:
             except LedgerError as exc:
                 log.warning("worker.heartbeat_failed", extra={"job_id": lease.job_id, "error": str(exc)})
 
-    async def _run_slice(
-        self, ctx: EffectContext, kind: EffectKind, event: Event
+    async def _await_slice(
+        self, ctx: EffectContext, kind: EffectKind, handler: asyncio.Task[Any]
     ) -> tuple[str, BaseException | None]:
-        task: asyncio.Task[Any] = asyncio.create_task(kind.fn(ctx, event))  # type: ignore[arg-type]
-        done, _ = await asyncio.wait({task}, timeout=kind.max_slice)
+        done, _ = await asyncio.wait({handler}, timeout=kind.max_slice)
+        if done:
+            return _outcome(handler)
+        log.warning("worker.slice_overran", extra={"job_id": ctx.job_id, "max_slice": kind.max_slice})
+        handler.cancel()
+        done, _ = await asyncio.wait({handler}, timeout=min(ABANDON_GRACE, kind.lease_ttl))
         if not done:
-            log.warning("worker.slice_overran", extra={"job_id": ctx.job_id, "max_slice": kind.max_slice})
-            task.cancel()
-            done, _ = await asyncio.wait({task}, timeout=min(ABANDON_GRACE, kind.lease_ttl))
-            if not done:
-                # The step ignores cancellation (a blocking call, a lock wait). Free the slot, refuse its
-                # writes, and let the lease expire: the reconciler redrives or parks the job.
-                ctx.fenced_off = True
-                log.error("worker.slice_abandoned", extra={"job_id": ctx.job_id})
-                task.add_done_callback(functools.partial(_log_settled, ctx.job_id))
-                return "abandoned", None
-            # Cancelled at the deadline and returned: the lease is still ours, so say so in the ledger.
+            # The step ignores cancellation (a blocking call, a lock wait). Free the slot, refuse its
+            # writes, and let the lease expire: the reconciler redrives or parks the job.
+            ctx.fenced_off = True
+            log.error("worker.slice_abandoned", extra={"job_id": ctx.job_id})
+            handler.add_done_callback(functools.partial(_log_settled, ctx.job_id))
+            return "abandoned", None
+        outcome, exc = _outcome(handler)
+        if outcome == "returned" or (outcome == "error" and isinstance(exc, asyncio.CancelledError)):
+            # A return after the deadline's cancellation is not evidence the work was done.
             return "error", TransientError(
                 f"slice exceeded max_slice ({kind.max_slice:g} s) and was cancelled"
             )
-        try:
-            result = task.result()
-        except asyncio.CancelledError as exc:
-            return "error", TransientError(f"handler was cancelled: {exc}")
-        except Exception as exc:
-            return "error", exc
-        return ("handed_back" if result == HANDED_BACK else "returned"), None
+        return outcome, exc
 
     async def _record_outcome(
+        self, lease: jobs.Lease, kind: EffectKind, outcome: str, exc: BaseException | None
+    ) -> None:
+        job_id, token = lease.job_id, lease.lease_token
+        if outcome == "handed_back":
+            threshold = kind.poison_threshold or self.config.reconciler.poison_threshold
+            reached = await self._transition(
+                lease,
+                kind,
+                lambda conn: jobs.hand_back(conn, job_id, token, poison_threshold=threshold, by=self.owner),
+            )
+            log.info("worker.handed_back", extra={"job_id": job_id, "state": reached.state})
+            return
+        if outcome == "returned":
+            reached = await self._transition(
+                lease, kind, lambda conn: jobs.finish(conn, job_id, token, state="succeeded", by=self.owner)
+            )
+            log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
+            return
+        assert exc is not None
+        if isinstance(exc, LeaseLost):
+            raise exc
+        error = error_record(exc)
+        failed_reason: str | None = None
+        if isinstance(exc, TerminalError):
+            failed_reason = f"{type(exc).__name__}: {exc}"
+        elif lease.attempt >= lease.max_attempts:
+            failed_reason = (
+                f"attempts exhausted ({lease.attempt}/{lease.max_attempts}): {type(exc).__name__}: {exc}"
+            )
+        if failed_reason is not None:
+            unrecoverable = isinstance(exc, UnrecoverableError)
+            reached = await self._transition(
+                lease,
+                kind,
+                lambda conn: jobs.finish(
+                    conn,
+                    job_id,
+                    token,
+                    state="failed",
+                    by=self.owner,
+                    reason=failed_reason,
+                    error=error,
+                    unrecoverable=unrecoverable,
+                ),
+            )
+            log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
+            return
+        delay = backoff_delay(lease.attempt, self.config.backoff_base, self.config.backoff_cap)
+        retry_after = getattr(exc, "retry_after", None)
+        if isinstance(retry_after, int | float) and retry_after > delay:
+            delay = float(retry_after)
+        reached = await self._transition(
+            lease, kind, lambda conn: jobs.retry(conn, job_id, token, delay=delay, error=error)
+        )
+        log.info(
+            "worker.retry",
+            extra={"job_id": job_id, "attempt": lease.attempt, "delay": delay, "state": reached.state},
+        )
+
+    async def _transition(
         self,
-        ctx: EffectContext,
         lease: jobs.Lease,
         kind: EffectKind,
-        outcome: str,
-        exc: BaseException | None,
-    ) -> None:
+        apply: Callable[[db.Conn], Awaitable[jobs.Reached]],
+    ) -> jobs.Reached:
+        """Make one fenced transition; a terminal one runs the kind's ``on_transition`` in its transaction."""
         async with db.connection(self.pool) as conn:
-            if outcome == "handed_back":
-                state = await jobs.hand_back(
-                    conn,
-                    lease.job_id,
-                    lease.lease_token,
-                    poison_threshold=self.config.reconciler.poison_threshold,
-                    by=self.owner,
+            reached: jobs.Reached | None = None
+            try:
+                async with conn.transaction():
+                    reached = await apply(conn)
+                    if reached.terminal and kind.on_transition is not None:
+                        transition = Transition(lease.job_id, lease.effect_key, reached.state, reached.reason)
+                        await kind.on_transition(conn, transition)
+                return reached
+            except Exception as exc:
+                if reached is None:
+                    raise
+                # The hook failed and took the transition down with it. A job left running is worse than a
+                # user row that missed its mirror (a sweep can repair that), so transition without it.
+                log.error(
+                    "worker.transition_hook_failed",
+                    extra={"job_id": lease.job_id, "error": f"{type(exc).__name__}: {exc}"},
                 )
-                log.info("worker.handed_back", extra={"job_id": lease.job_id, "state": state})
-                return
-            if outcome == "returned":
-                await self._finish(conn, ctx, kind, state="succeeded", reason=None)
-                return
-            assert exc is not None
-            if isinstance(exc, LeaseLost):
-                raise exc
-            error = error_record(exc)
-            if isinstance(exc, TerminalError):
-                await self._finish(
-                    conn,
-                    ctx,
-                    kind,
-                    state="failed",
-                    reason=f"{type(exc).__name__}: {exc}",
-                    error=error,
-                    unrecoverable=isinstance(exc, UnrecoverableError),
-                )
-            elif lease.attempt >= lease.max_attempts:
-                await self._finish(
-                    conn,
-                    ctx,
-                    kind,
-                    state="failed",
-                    reason=f"attempts exhausted ({lease.attempt}/{lease.max_attempts}): {type(exc).__name__}: {exc}",
-                    error=error,
-                )
-            else:
-                delay = backoff_delay(lease.attempt, self.config.backoff_base, self.config.backoff_cap)
-                retry_after = getattr(exc, "retry_after", None)
-                if isinstance(retry_after, int | float) and retry_after > delay:
-                    delay = float(retry_after)
-                state = await jobs.retry(conn, lease.job_id, lease.lease_token, delay=delay, error=error)
-                log.info(
-                    "worker.retry",
-                    extra={"job_id": lease.job_id, "attempt": lease.attempt, "delay": delay, "state": state},
-                )
+            async with conn.transaction():
+                return await apply(conn)
 
-    async def _finish(
-        self,
-        conn: db.Conn,
-        ctx: EffectContext,
-        kind: EffectKind,
-        *,
-        state: jobs.FinishState,
-        reason: str | None,
-        error: dict[str, Any] | None = None,
-        unrecoverable: bool = False,
-    ) -> None:
-        # The terminal transition and the kind's own mirror of it commit together or not at all.
-        async with conn.transaction():
-            reached = await jobs.finish(
-                conn,
-                ctx.job_id,
-                ctx._lease.lease_token,
-                state=state,
-                by=self.owner,
-                reason=reason,
-                error=error,
-                unrecoverable=unrecoverable,
-            )
-            if kind.on_transition is not None:
-                await kind.on_transition(conn, Transition(ctx.job_id, ctx.effect_key, reached, reason))
-        log.info("worker.finished", extra={"job_id": ctx.job_id, "state": reached})
+
+async def _call(kind: EffectKind, ctx: EffectContext, event: Event) -> Any:
+    return await kind.fn(ctx, event)
+
+
+def _outcome(handler: asyncio.Task[Any]) -> tuple[str, BaseException | None]:
+    if handler.cancelled():
+        return "error", asyncio.CancelledError()
+    exc = handler.exception()
+    if exc is not None:
+        return "error", exc
+    return ("handed_back" if handler.result() == HANDED_BACK else "returned"), None
 
 
 def _task_job(task: asyncio.Task[Any]) -> int:
@@ -394,5 +467,9 @@ def _task_job(task: asyncio.Task[Any]) -> int:
 
 
 def _log_settled(job_id: int, task: asyncio.Task[Any]) -> None:
-    outcome = "cancelled" if task.cancelled() else ("error" if task.exception() else "returned")
-    log.warning("worker.abandoned_step_settled", extra={"job_id": job_id, "outcome": outcome})
+    if task.cancelled():
+        outcome, error = "cancelled", None
+    else:
+        exc = task.exception()
+        outcome, error = ("error", f"{type(exc).__name__}: {exc}") if exc else ("returned", None)
+    log.warning("worker.abandoned_step_settled", extra={"job_id": job_id, "outcome": outcome, "error": error})

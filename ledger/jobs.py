@@ -8,12 +8,13 @@ whose lease was reclaimed changes nothing and gets ``LeaseLost``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from .db import Conn
@@ -22,6 +23,11 @@ from .queries import Q
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "parked"})
 LIVE_STATES = frozenset({"pending", "running"})
+# The partial unique index that allows one running job per (tenant, lock key); migrations/0002.
+LOCK_KEY_INDEX = "jobs_lock_key_running_unique"
+# Two fetches racing for two jobs of one lock key: the loser's statement is refused by the index and
+# changed nothing, so it simply asks again (its next snapshot sees the winner as the holder).
+FETCH_LOCK_KEY_RETRIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,24 +48,40 @@ class Lease:
     event_id: str
     event_type: str
     payload: Any
+    lock_key: str | None = None
 
 
 async def fetch_and_lease(
     conn: Conn,
     *,
     owner: str,
-    kinds: Sequence[str],
+    kinds: Mapping[str, float],
     limit: int,
-    ttl: float,
     now: datetime | None = None,
 ) -> list[Lease]:
-    """Lease up to ``limit`` due jobs of ``kinds`` to ``owner`` for ``ttl`` seconds."""
-    rows = await (
-        await conn.execute(
-            Q["job_fetch_and_lease"],
-            {"owner": owner, "kinds": list(kinds), "limit": limit, "ttl": ttl, "now": now},
-        )
-    ).fetchall()
+    """Lease up to ``limit`` due jobs to ``owner``; ``kinds`` maps each kind it runs to its lease TTL.
+
+    Each job is leased for its own kind's TTL: one short-TTL kind must not shorten the lease of a
+    long one, whose heartbeats come at a third of *its* TTL. A job whose lock key a running job holds
+    is left pending.
+    """
+    params = {
+        "owner": owner,
+        "kinds": list(kinds),
+        "ttls": [float(ttl) for ttl in kinds.values()],
+        "limit": limit,
+        "now": now,
+    }
+    for _ in range(FETCH_LOCK_KEY_RETRIES):
+        try:
+            async with conn.transaction():
+                rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()
+            break
+        except pg_errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != LOCK_KEY_INDEX:
+                raise
+    else:
+        return []
     return [
         Lease(
             job_id=r["id"],
@@ -76,6 +98,7 @@ async def fetch_and_lease(
             event_id=r["event_id"],
             event_type=r["event_type"],
             payload=r["payload"],
+            lock_key=r["lock_key"],
         )
         for r in rows
     ]
@@ -130,6 +153,24 @@ async def fenced_transaction(conn: Conn, job_id: int, lease_token: int) -> Async
 FinishState = Literal["succeeded", "failed", "parked"]
 
 
+@dataclass(frozen=True, slots=True)
+class Reached:
+    """Where a worker's transition left the job, and why (``reason`` is set for terminal states)."""
+
+    state: str
+    reason: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the job is done: a terminal state is reached once and never left but by redrive."""
+        return self.state in TERMINAL_STATES
+
+
+def _reached(job_id: int, lease_token: int, row: Any) -> Reached:
+    row = _fenced(job_id, lease_token, row)
+    return Reached(str(row["state"]), row["terminal_reason"])
+
+
 async def finish(
     conn: Conn,
     job_id: int,
@@ -141,8 +182,11 @@ async def finish(
     error: dict[str, Any] | None = None,
     unrecoverable: bool = False,
     now: datetime | None = None,
-) -> str:
-    """The terminal transition, fenced; returns the state reached (``cancelled`` if a cancel won)."""
+) -> Reached:
+    """The terminal transition, fenced; a cancel requested meanwhile wins (``cancelled``).
+
+    Raises ``LeaseLost`` if ``lease_token`` no longer holds the job.
+    """
     row = await (
         await conn.execute(
             Q["job_finish_if_leased"],
@@ -158,7 +202,7 @@ async def finish(
             },
         )
     ).fetchone()
-    return str(_fenced(job_id, lease_token, row)["state"])
+    return _reached(job_id, lease_token, row)
 
 
 async def retry(
@@ -169,15 +213,22 @@ async def retry(
     delay: float,
     error: dict[str, Any],
     now: datetime | None = None,
-) -> str:
-    """Give the job back for another attempt after ``delay`` seconds, fenced; returns the state reached."""
+) -> Reached:
+    """Give the job back for another attempt after ``delay`` seconds, fenced; ``cancelled`` if a cancel
+    was asked meanwhile. The attempt's error is stored with it. Raises ``LeaseLost``."""
     row = await (
         await conn.execute(
             Q["job_retry_if_leased"],
-            {"job_id": job_id, "lease_token": lease_token, "delay": delay, "error": Jsonb(error), "now": now},
+            {
+                "job_id": job_id,
+                "lease_token": lease_token,
+                "delay": float(delay),
+                "error": Jsonb(error),
+                "now": now,
+            },
         )
     ).fetchone()
-    return str(_fenced(job_id, lease_token, row)["state"])
+    return _reached(job_id, lease_token, row)
 
 
 async def hand_back(
@@ -188,8 +239,10 @@ async def hand_back(
     poison_threshold: int,
     by: str,
     now: datetime | None = None,
-) -> str:
-    """Hand the rest of the work back (slice budget spent), fenced; returns the state reached."""
+) -> Reached:
+    """Hand the rest of the work back (slice budget spent or draining), fenced: re-queued at once, or
+    ``parked`` as poison after ``poison_threshold`` hand-backs in a row that committed nothing, or
+    ``cancelled`` if a cancel was asked. Raises ``LeaseLost``."""
     row = await (
         await conn.execute(
             Q["job_hand_back_if_leased"],
@@ -202,12 +255,17 @@ async def hand_back(
             },
         )
     ).fetchone()
-    return str(_fenced(job_id, lease_token, row)["state"])
+    return _reached(job_id, lease_token, row)
 
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """An operator action that was not carried out, with a machine-readable code."""
+    """An operator action that was not carried out, with a machine-readable code.
+
+    Codes: ``not_found``; for cancel ``not_cancellable``; for redrive ``not_redrivable`` (succeeded,
+    cancelled and live jobs), ``unrecoverable_requires_force``, ``lock_key_held`` (another live job
+    holds the lock key: wait for it or cancel it).
+    """
 
     code: str
     detail: str
@@ -218,10 +276,17 @@ async def get(conn: Conn, job_id: int) -> dict[str, Any] | None:
     return await (await conn.execute(Q["job_get"], {"job_id": job_id})).fetchone()
 
 
+async def attempts(conn: Conn, job_id: int) -> list[dict[str, Any]]:
+    """Every attempt of a job, oldest first, with its worker, outcome and error (type, message, traceback)."""
+    return await (await conn.execute(Q["job_attempts_for_job"], {"job_id": job_id})).fetchall()
+
+
 async def cancel(
     conn: Conn, job_id: int, *, by: str, reason: str = "cancelled by operator", now: datetime | None = None
 ) -> str | Refused:
-    """Cancel a job: at once if pending, by flag if running. Returns the job's state, or ``Refused``."""
+    """Cancel a job: at once if pending (returns ``cancelled``), by flag if running (returns ``running``;
+    its worker sees the flag at the next heartbeat and the job ends ``cancelled``, never ``succeeded``).
+    """
     row = await (
         await conn.execute(Q["job_cancel"], {"job_id": job_id, "by": by, "reason": reason, "now": now})
     ).fetchone()
@@ -236,7 +301,10 @@ async def cancel(
 async def redrive(
     conn: Conn, job_id: int, *, force: bool = False, now: datetime | None = None
 ) -> Refused | None:
-    """Put a failed or parked job back to pending; ``None`` on success, else ``Refused`` with its code."""
+    """Put a failed or parked job back to pending; ``None`` on success, else ``Refused`` with its code.
+
+    Of two redrives racing for one job exactly one wins; the other finds it pending: ``not_redrivable``.
+    """
     row = await (
         await conn.execute(Q["job_redrive_if_allowed"], {"job_id": job_id, "force": force, "now": now})
     ).fetchone()
@@ -245,10 +313,24 @@ async def redrive(
     job = await get(conn, job_id)
     if job is None:
         return Refused("not_found", f"no job {job_id}")
-    if job["state"] in ("failed", "parked") and job["unrecoverable"] and not force:
+    if job["state"] not in ("failed", "parked"):
+        return Refused(
+            "not_redrivable", f"job {job_id} is {job['state']}; only failed and parked jobs can be redriven"
+        )
+    if job["unrecoverable"] and not force:
         return Refused(
             "unrecoverable_requires_force", f"job {job_id} failed unrecoverably; redrive with force"
         )
-    return Refused(
-        "not_redrivable", f"job {job_id} is {job['state']}; only failed and parked jobs can be redriven"
-    )
+    if job["lock_key_held_by"] is not None:
+        return Refused(
+            "lock_key_held",
+            f"job {job['lock_key_held_by']} holds lock key {job['lock_key']!r}; wait for it or cancel it",
+        )
+    # The job changed between the redrive and this read (another redrive won, say): nothing to redrive.
+    return Refused("not_redrivable", f"job {job_id} could not be redriven from {job['state']}")
+
+
+async def listen(conn: Conn) -> None:
+    """Subscribe ``conn`` to job wake-ups (new, re-queued and redriven jobs); read them with
+    ``conn.notifies()``. The payload is the job's kind; a wake-up promises nothing but "fetch now"."""
+    await conn.execute(Q["job_notifications_listen"])

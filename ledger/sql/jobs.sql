@@ -1,12 +1,30 @@
 -- name: job_fetch_and_lease
--- Leases up to %(limit)s due pending jobs of the given kinds to one worker, each under a new fencing token,
--- and opens an attempt row for each. SKIP LOCKED lets many workers fetch at once without waiting on each other.
-WITH due AS (
-    SELECT id FROM jobs
-    WHERE state = 'pending' AND run_at <= coalesce(%(now)s, now()) AND kind = ANY(%(kinds)s)
-    ORDER BY run_at, id
+-- Leases up to %(limit)s due pending jobs of the given kinds to one worker, each under a new fencing token
+-- and its own kind's TTL, and opens an attempt row for each. SKIP LOCKED lets many workers fetch at once
+-- without waiting on each other. A job whose lock key a running job holds stays pending, and one batch
+-- takes at most one job per lock key: the partial unique index would refuse a second.
+WITH kinds AS (
+    SELECT k.kind, k.ttl FROM unnest(%(kinds)s::text[], %(ttls)s::float8[]) AS k(kind, ttl)
+),
+candidates AS (
+    SELECT j.id, j.tenant, j.lock_key, j.run_at, k.ttl
+    FROM jobs j JOIN kinds k ON k.kind = j.kind
+    WHERE j.state = 'pending' AND j.run_at <= coalesce(%(now)s, now())
+      AND NOT EXISTS (
+          SELECT 1 FROM jobs holder
+          WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.state = 'running'
+      )
+    ORDER BY j.run_at, j.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
+),
+due AS (
+    SELECT id, ttl FROM (
+        SELECT id, ttl, lock_key,
+               row_number() OVER (PARTITION BY tenant, lock_key ORDER BY run_at, id) AS nth
+        FROM candidates
+    ) c
+    WHERE lock_key IS NULL OR nth = 1
 ),
 leased AS (
     UPDATE jobs j SET
@@ -14,12 +32,12 @@ leased AS (
         attempt = j.attempt + 1,
         lease_token = j.lease_token + 1,
         lease_owner = %(owner)s,
-        lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => %(ttl)s),
+        lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => due.ttl),
         updated_at = coalesce(%(now)s, now())
     FROM due
     WHERE j.id = due.id
     RETURNING j.id, j.effect_id, j.kind, j.tenant, j.attempt, j.max_attempts, j.lease_token, j.checkpoint,
-              j.cancel_requested
+              j.cancel_requested, j.lock_key
 ),
 attempt AS (
     INSERT INTO job_attempts (job_id, attempt, lease_token, worker, started_at)
@@ -61,26 +79,26 @@ WITH done AS (
         state = CASE WHEN cancel_requested THEN 'cancelled'::job_state ELSE %(state)s::job_state END,
         terminal_reason = CASE WHEN cancel_requested THEN 'cancelled while running' ELSE %(reason)s END,
         terminal_by = CASE WHEN cancel_requested THEN coalesce(terminal_by, 'operator') ELSE %(by)s END,
-        last_error = coalesce(%(error)s, last_error),
-        unrecoverable = %(unrecoverable)s,
+        last_error = coalesce(%(error)s::jsonb, last_error),
+        unrecoverable = %(unrecoverable)s AND NOT cancel_requested,
         lease_owner = NULL,
         lease_expires_at = NULL,
         finished_at = coalesce(%(now)s, now()),
         updated_at = coalesce(%(now)s, now())
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-    RETURNING id, state, lease_token
+    RETURNING id, state, terminal_reason, lease_token
 ),
 closed AS (
     UPDATE job_attempts a SET
         finished_at = coalesce(%(now)s, now()),
         outcome = done.state::text,
-        error_type = %(error)s ->> 'type',
-        error_message = %(error)s ->> 'message',
-        traceback = %(error)s ->> 'traceback'
+        error_type = %(error)s::jsonb ->> 'type',
+        error_message = %(error)s::jsonb ->> 'message',
+        traceback = %(error)s::jsonb ->> 'traceback'
     FROM done
     WHERE a.job_id = done.id AND a.lease_token = done.lease_token
 )
-SELECT state::text FROM done;
+SELECT state::text AS state, terminal_reason FROM done;
 
 -- name: job_retry_if_leased
 -- Gives the job back for another attempt at run_at = now + delay, fenced by the token; a pending cancel
@@ -92,65 +110,76 @@ WITH done AS (
         terminal_by = CASE WHEN cancel_requested THEN coalesce(terminal_by, 'operator') END,
         finished_at = CASE WHEN cancel_requested THEN coalesce(%(now)s, now()) END,
         run_at = coalesce(%(now)s, now()) + make_interval(secs => %(delay)s),
-        last_error = %(error)s,
+        last_error = %(error)s::jsonb,
         lease_owner = NULL,
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s, now())
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-    RETURNING id, state, lease_token
+    RETURNING id, kind, state, terminal_reason, lease_token
 ),
 closed AS (
     UPDATE job_attempts a SET
         finished_at = coalesce(%(now)s, now()),
         outcome = 'retry',
-        error_type = %(error)s ->> 'type',
-        error_message = %(error)s ->> 'message',
-        traceback = %(error)s ->> 'traceback'
+        error_type = %(error)s::jsonb ->> 'type',
+        error_message = %(error)s::jsonb ->> 'message',
+        traceback = %(error)s::jsonb ->> 'traceback'
     FROM done
     WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+),
+woken AS (
+    -- A retry due at once (no backoff) must not wait for the next poll.
+    SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending' AND %(delay)s <= 0
 )
-SELECT state::text FROM done;
+SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FROM done;
 
 -- name: job_hand_back_if_leased
 -- A slice spent its budget and hands the rest back: re-queued at once, lease released, fenced by the token.
 -- A hand-back is progress only if something was committed since the last release; after
 -- %(poison_threshold)s releases in a row without one, the job is parked as poison.
-WITH done AS (
-    UPDATE jobs SET
-        releases_without_commit = CASE WHEN committed_since_release THEN 0 ELSE releases_without_commit + 1 END,
+WITH held AS (
+    SELECT id,
+           CASE WHEN cancel_requested THEN 'cancelled'
+                WHEN NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s
+                    THEN 'poison'
+                ELSE 'requeue' END AS verdict,
+           CASE WHEN committed_since_release THEN 0 ELSE releases_without_commit + 1 END AS releases
+    FROM jobs
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    FOR UPDATE
+),
+done AS (
+    UPDATE jobs j SET
+        releases_without_commit = held.releases,
         committed_since_release = false,
-        state = CASE
-            WHEN cancel_requested THEN 'cancelled'::job_state
-            WHEN NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s
-                THEN 'parked'::job_state
-            ELSE 'pending'::job_state END,
-        terminal_reason = CASE
-            WHEN cancel_requested THEN 'cancelled while running'
-            WHEN NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s
-                THEN 'poison: handed back ' || (releases_without_commit + 1) || ' times without committing'
+        state = CASE held.verdict WHEN 'cancelled' THEN 'cancelled' WHEN 'poison' THEN 'parked'
+                                  ELSE 'pending' END::job_state,
+        terminal_reason = CASE held.verdict
+            WHEN 'cancelled' THEN 'cancelled while running'
+            WHEN 'poison' THEN 'poison: handed back ' || held.releases || ' times without committing'
             END,
-        terminal_by = CASE WHEN cancel_requested THEN coalesce(terminal_by, 'operator')
-                           WHEN NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s
-                               THEN %(by)s END,
-        finished_at = CASE
-            WHEN cancel_requested
-              OR (NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s)
-                THEN coalesce(%(now)s, now()) END,
+        terminal_by = CASE held.verdict WHEN 'cancelled' THEN coalesce(j.terminal_by, 'operator')
+                                        WHEN 'poison' THEN %(by)s END,
+        finished_at = CASE WHEN held.verdict <> 'requeue' THEN coalesce(%(now)s, now()) END,
         -- A hand-back is not a failed attempt: it does not use up max_attempts.
-        attempt = attempt - 1,
+        attempt = j.attempt - 1,
         run_at = coalesce(%(now)s, now()),
         lease_owner = NULL,
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s, now())
-    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-    RETURNING id, state, lease_token
+    FROM held
+    WHERE j.id = held.id
+    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token
 ),
 closed AS (
     UPDATE job_attempts a SET finished_at = coalesce(%(now)s, now()), outcome = 'handed_back'
     FROM done
     WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+),
+woken AS (
+    SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending'
 )
-SELECT state::text FROM done;
+SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FROM done;
 
 -- name: job_cancel
 -- Cancels a pending job at once; on a running job sets the flag its worker sees at the next heartbeat and
@@ -163,76 +192,105 @@ UPDATE jobs SET
     finished_at = CASE WHEN state = 'pending' THEN coalesce(%(now)s, now()) ELSE finished_at END,
     updated_at = coalesce(%(now)s, now())
 WHERE id = %(job_id)s AND state IN ('pending', 'running')
-RETURNING state::text;
+RETURNING state::text AS state;
 
 -- name: job_redrive_if_allowed
 -- Puts a failed or parked job back to pending with a fresh set of attempts. Succeeded and cancelled jobs
--- are done; an unrecoverable failure needs force. Row lock + WHERE make two racing redrives one.
-UPDATE jobs SET
-    state = 'pending',
-    attempt = 0,
-    run_at = coalesce(%(now)s, now()),
-    finished_at = NULL,
-    terminal_reason = NULL,
-    terminal_by = NULL,
-    unrecoverable = false,
-    cancel_requested = false,
-    releases_without_commit = 0,
-    committed_since_release = false,
-    updated_at = coalesce(%(now)s, now())
-WHERE id = %(job_id)s AND state IN ('failed', 'parked') AND (NOT unrecoverable OR %(force)s)
-RETURNING id, pg_notify('effectgate_jobs', kind) IS NULL AS notified;
+-- are done; an unrecoverable failure needs force; a lock key another live job holds refuses it. The row
+-- lock and the WHERE clause make two racing redrives one: the second re-reads a pending row and matches
+-- nothing.
+WITH redriven AS (
+    UPDATE jobs j SET
+        state = 'pending',
+        attempt = 0,
+        run_at = coalesce(%(now)s, now()),
+        finished_at = NULL,
+        terminal_reason = NULL,
+        terminal_by = NULL,
+        unrecoverable = false,
+        cancel_requested = false,
+        releases_without_commit = 0,
+        committed_since_release = false,
+        updated_at = coalesce(%(now)s, now())
+    WHERE j.id = %(job_id)s AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
+      AND NOT EXISTS (
+          SELECT 1 FROM jobs holder
+          WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
+            AND holder.state IN ('pending', 'running')
+      )
+    RETURNING j.id, j.kind
+)
+SELECT id, (SELECT count(pg_notify('effectgate_jobs', kind)) FROM redriven) AS notified FROM redriven;
 
 -- name: job_get
--- One job with its effect, for status checks and refusal reasons.
+-- One job with its effect, and the live job (if any) holding its lock key, for status and refusal reasons.
 SELECT j.id, j.effect_id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts,
        j.orphan_policy, j.run_at, j.lease_token, j.lease_owner, j.lease_expires_at, j.checkpoint,
-       j.cancel_requested, j.unrecoverable, j.releases_without_commit, j.last_error, j.terminal_reason,
-       j.terminal_by, j.created_at, j.updated_at, j.finished_at, e.effect_key, e.source, e.event_type
+       j.cancel_requested, j.unrecoverable, j.releases_without_commit, j.committed_since_release,
+       j.last_error, j.terminal_reason, j.terminal_by, j.created_at, j.updated_at, j.finished_at, j.lock_key,
+       (SELECT holder.id FROM jobs holder
+        WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
+          AND holder.state IN ('pending', 'running')
+        ORDER BY holder.state = 'running' DESC, holder.id
+        LIMIT 1) AS lock_key_held_by,
+       e.effect_key, e.source, e.event_type
 FROM jobs j JOIN effects e ON e.id = j.effect_id
 WHERE j.id = %(job_id)s;
 
--- name: job_rescue_expired_leases
--- Reconciler: a running job whose lease expired lost its worker. Re-queue it (orphan_policy redrive) or
--- park it for a human (park); park it as poison after %(poison_threshold)s releases without a commit.
+-- name: job_attempts_for_job
+-- Every attempt of a job, oldest first: who ran it under which token, and how it ended.
+SELECT job_id, attempt, lease_token, worker, started_at, finished_at, outcome, error_type, error_message,
+       traceback
+FROM job_attempts WHERE job_id = %(job_id)s
+ORDER BY lease_token;
+
+-- name: job_expired_leases_lock
+-- Reconciler: locks up to %(limit)s running jobs whose lease expired, oldest first. SKIP LOCKED passes over
+-- a job whose worker is inside a fenced write right now; the next pass sees it again.
+SELECT id, kind FROM jobs
+WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s, now())
+ORDER BY lease_expires_at, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: job_rescue_if_expired
+-- Reconciler: takes one job whose lease expired off 'running': re-queued (orphan_policy redrive), parked
+-- for a human (park), parked as poison after %(poison_threshold)s orphanings in a row without a commit,
+-- or cancelled if a cancel was asked. The guard makes a second rescue of the same lease match nothing.
 WITH expired AS (
-    SELECT id FROM jobs
-    WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s, now())
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT id,
+           CASE WHEN cancel_requested THEN 'cancelled'
+                WHEN NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s
+                    THEN 'poison'
+                WHEN orphan_policy = 'redrive' THEN 'redrive'
+                ELSE 'park' END AS verdict,
+           CASE WHEN committed_since_release THEN 0 ELSE releases_without_commit + 1 END AS releases
+    FROM jobs
+    WHERE id = %(job_id)s AND state = 'running' AND lease_expires_at < coalesce(%(now)s, now())
+    FOR UPDATE
 ),
 rescued AS (
     UPDATE jobs j SET
-        releases_without_commit = CASE WHEN j.committed_since_release THEN 0 ELSE j.releases_without_commit + 1 END,
+        releases_without_commit = expired.releases,
         committed_since_release = false,
-        state = CASE
-            WHEN j.cancel_requested THEN 'cancelled'::job_state
-            WHEN NOT j.committed_since_release AND j.releases_without_commit + 1 >= %(poison_threshold)s
-                THEN 'parked'::job_state
-            WHEN j.orphan_policy = 'redrive' THEN 'pending'::job_state
-            ELSE 'parked'::job_state END,
-        terminal_reason = CASE
-            WHEN j.cancel_requested THEN 'cancelled; its worker lost the lease'
-            WHEN NOT j.committed_since_release AND j.releases_without_commit + 1 >= %(poison_threshold)s
-                THEN 'poison: orphaned ' || (j.releases_without_commit + 1) || ' times without committing'
-            WHEN j.orphan_policy = 'redrive' THEN NULL
-            ELSE 'orphaned: lease expired and orphan_policy is park' END,
-        terminal_by = CASE WHEN j.orphan_policy = 'redrive' AND NOT j.cancel_requested
-                            AND (j.committed_since_release
-                                 OR j.releases_without_commit + 1 < %(poison_threshold)s)
-                           THEN NULL ELSE 'reconciler' END,
-        finished_at = CASE
-            WHEN j.orphan_policy = 'redrive' AND NOT j.cancel_requested
-             AND (j.committed_since_release OR j.releases_without_commit + 1 < %(poison_threshold)s)
-                THEN NULL ELSE coalesce(%(now)s, now()) END,
-        run_at = coalesce(%(now)s, now()),
+        state = CASE expired.verdict WHEN 'redrive' THEN 'pending' WHEN 'cancelled' THEN 'cancelled'
+                                     ELSE 'parked' END::job_state,
+        terminal_reason = CASE expired.verdict
+            WHEN 'cancelled' THEN 'cancelled; its worker lost the lease'
+            WHEN 'poison' THEN 'poison: orphaned ' || expired.releases || ' times without committing'
+            WHEN 'park' THEN 'orphaned: lease expired and orphan_policy is park'
+            END,
+        terminal_by = CASE expired.verdict WHEN 'redrive' THEN NULL
+                                           WHEN 'cancelled' THEN coalesce(j.terminal_by, 'reconciler')
+                                           ELSE 'reconciler' END,
+        finished_at = CASE WHEN expired.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
+        -- run_at is kept: a re-queued orphan was due first and stays first in line (for its lock key too).
         lease_owner = NULL,
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s, now())
     FROM expired
     WHERE j.id = expired.id
-    RETURNING j.id, j.kind, j.state, j.lease_token
+    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token, j.effect_id
 ),
 closed AS (
     UPDATE job_attempts a SET finished_at = coalesce(%(now)s, now()), outcome = 'lease_expired'
@@ -242,17 +300,41 @@ closed AS (
 woken AS (
     SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM rescued WHERE state = 'pending'
 )
-SELECT r.id, r.state::text AS state, (SELECT n FROM woken) AS woken FROM rescued r;
+SELECT r.id, r.kind, r.state::text AS state, r.terminal_reason, e.effect_key, (SELECT n FROM woken) AS woken
+FROM rescued r JOIN effects e ON e.id = r.effect_id;
 
 -- name: job_wake_stale_pending
--- Reconciler: due jobs that waited longer than pending_ttl get a fresh wake-up, in case every worker
--- missed the first one (a lost LISTEN connection, a worker that was down).
-SELECT count(pg_notify('effectgate_jobs', kind)) AS woken
-FROM (
-    SELECT DISTINCT kind FROM jobs
-    WHERE state = 'pending' AND run_at < coalesce(%(now)s, now()) - make_interval(secs => %(pending_ttl)s)
-) stale;
+-- Reconciler: due jobs that waited longer than their kind's pending_ttl get a fresh wake-up, in case every
+-- worker missed the first one (a lost LISTEN connection, a worker that was down). updated_at marks the
+-- wake-up, so a job nobody can run is woken once per pending_ttl, not on every tick.
+WITH policy AS (
+    SELECT p.kind, p.pending_ttl
+    FROM unnest(%(kinds)s::text[], %(pending_ttls)s::float8[]) AS p(kind, pending_ttl)
+),
+stale AS (
+    SELECT j.id FROM jobs j LEFT JOIN policy p ON p.kind = j.kind
+    WHERE j.state = 'pending'
+      AND greatest(j.run_at, j.updated_at)
+          < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.pending_ttl, %(pending_ttl)s))
+    ORDER BY j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+woken AS (
+    UPDATE jobs j SET updated_at = coalesce(%(now)s, now())
+    FROM stale
+    WHERE j.id = stale.id
+    RETURNING j.id, j.kind
+)
+SELECT count(*) AS woken,
+       (SELECT count(pg_notify('effectgate_jobs', k.kind))
+        FROM (SELECT DISTINCT kind FROM woken) k) AS notified
+FROM woken;
 
 -- name: reconciler_tick_lock
--- One process owns each reconciler pass: a transaction-scoped advisory lock, released at commit.
+-- One process owns each reconciler pass (or sweep): a transaction-scoped advisory lock, released at commit.
 SELECT pg_try_advisory_xact_lock(%(lock_id)s) AS owned;
+
+-- name: job_notifications_listen
+-- Subscribes this session to the wake-ups sent when a job is claimed, re-queued or redriven.
+LISTEN effectgate_jobs;

@@ -1,0 +1,240 @@
+"""The worker's clocks and wake-ups: the hard per-slice deadline (a step that never returns is
+abandoned), drain on stop, NOTIFY wake-ups and a LISTEN connection that is re-established."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from handlers import EffectContext, Event
+from handlers.worker import HANDED_BACK, LISTEN_APPLICATION_NAME
+from ledger import db, jobs
+from ledger.errors import LeaseLost
+from ledger.reconciler import Reconciler
+from tests.integration import jobs_fixtures as jf
+from tests.integration.jobs_fixtures import (
+    claim,
+    job,
+    kind,
+    later,
+    make_worker,
+    registry,
+    wait_for,
+    wait_state,
+)
+
+pytestmark = pytest.mark.anyio
+pool = jf.pool
+
+# Short clocks so the deadline fires in tenths of a second: abandoned at max_slice + min(5 s, lease_ttl).
+DEADLINES: dict[str, Any] = {"slice_budget": 0.1, "max_slice": 0.2, "lease_ttl": 0.3}
+
+
+async def stubborn_wait(done: asyncio.Future[None]) -> None:
+    """Wait for ``done`` and ignore every cancellation: a step stuck where cancellation cannot reach."""
+    while True:
+        try:
+            await asyncio.shield(done)
+            return
+        except asyncio.CancelledError:
+            continue
+
+
+def messages(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == name]
+
+
+@pytest.mark.parametrize(("policy", "state"), [("redrive", "pending"), ("park", "parked")])
+async def test_a_step_that_never_returns_is_abandoned_and_its_later_writes_refused(
+    pool: db.Pool, conn: db.Conn, caplog: pytest.LogCaptureFixture, policy: str, state: str
+) -> None:
+    after: list[str] = []
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        # A blocking call in a thread that cancellation cannot interrupt, awaited so it cannot be cancelled.
+        await stubborn_wait(asyncio.ensure_future(asyncio.to_thread(time.sleep, 1.0)))
+        try:
+            await ctx.save_checkpoint("written after the deadline")
+        except LeaseLost:
+            after.append("refused")
+            raise
+
+    job_id = await claim(conn, orphan_policy=policy)
+    worker = make_worker(pool, registry(kind(handler, orphan_policy=policy, **DEADLINES)))
+    with caplog.at_level(logging.WARNING, logger="effectgate.worker"):
+        started = time.monotonic()
+        await worker.run_until_idle()
+        # The slot is free at max_slice + grace (0.2 + 0.3 s), long before the step settles.
+        assert time.monotonic() - started < 0.95
+        assert worker._running == {}
+        assert messages(caplog, "worker.slice_overran") and messages(caplog, "worker.slice_abandoned")
+
+        async def settled() -> bool:
+            return bool(messages(caplog, "worker.abandoned_step_settled"))
+
+        await wait_for(settled, 5, "the abandoned step to settle")
+    [record] = messages(caplog, "worker.abandoned_step_settled")
+    outcome, error = record.outcome, record.error  # type: ignore[attr-defined]
+    assert (outcome, error.startswith("LeaseLost")) == ("error", True)
+    # Refused although the token is still the newest and the job still running: the slice was abandoned.
+    assert after == ["refused"]
+    row = await job(conn, job_id)
+    assert (row["state"], row["checkpoint"]) == ("running", None)
+    # No heartbeat any more: the lease expires and the reconciler takes the job by its policy.
+    result = await Reconciler().run_once(conn, now=later(5))
+    assert {"pending": result.redriven, "parked": result.parked}[state] == [job_id]
+    assert (await job(conn, job_id))["state"] == state
+
+
+async def test_a_step_that_honours_cancellation_at_the_deadline_is_retried(
+    pool: db.Pool, conn: db.Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        if ctx.attempt == 1:
+            await asyncio.sleep(30)
+
+    job_id = await claim(conn, max_attempts=2)
+    with caplog.at_level(logging.WARNING, logger="effectgate.worker"):
+        await make_worker(pool, registry(kind(handler, **DEADLINES))).run_until_idle()
+    assert (await job(conn, job_id))["state"] == "succeeded"
+    first = (await jobs.attempts(conn, job_id))[0]
+    assert (first["outcome"], first["error_type"]) == ("retry", "TransientError")
+    assert "exceeded max_slice" in first["error_message"]
+    assert messages(caplog, "worker.slice_overran") and not messages(caplog, "worker.slice_abandoned")
+
+
+async def test_a_step_that_hangs_every_time_is_parked_as_poison(
+    pool: db.Pool, conn: db.Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    release: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await stubborn_wait(release)
+
+    job_id = await claim(conn, orphan_policy="redrive", max_attempts=10)
+    worker = make_worker(pool, registry(kind(handler, orphan_policy="redrive", **DEADLINES)))
+    states = []
+    with caplog.at_level(logging.WARNING, logger="effectgate.worker"):
+        for _ in range(3):
+            await worker.run_until_idle()
+            await Reconciler().run_once(conn, now=later(5))
+            states.append((await job(conn, job_id))["state"])
+        release.set_result(None)
+
+        async def all_settled() -> bool:
+            return len(messages(caplog, "worker.abandoned_step_settled")) == 3
+
+        await wait_for(all_settled, 5, "the three abandoned steps to settle")
+    assert states == ["pending", "pending", "parked"]
+    assert (await job(conn, job_id))["terminal_reason"] == "poison: orphaned 3 times without committing"
+    assert len(messages(caplog, "worker.slice_abandoned")) == 3
+
+
+async def test_stop_drains_slices_that_yield_and_leaves_the_rest_to_lease_expiry(
+    pool: db.Pool, conn: db.Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    entered: set[str] = set()
+    saw_yield: list[bool] = []
+
+    async def polite(ctx: EffectContext, ev: Event) -> str | None:
+        if ctx.checkpoint == "half":
+            return None
+        entered.add("polite")
+        for _ in range(1000):  # units of work, asking at each boundary whether to stop
+            if ctx.should_yield():
+                break
+            await asyncio.sleep(0.01)
+        saw_yield.append(ctx.draining)
+        await ctx.save_checkpoint("half")
+        return HANDED_BACK
+
+    deaf_contexts: list[EffectContext] = []
+    stopped: list[str] = []
+
+    async def deaf(ctx: EffectContext, ev: Event) -> None:
+        if ctx.checkpoint == "begun":
+            return
+        await ctx.save_checkpoint("begun")
+        deaf_contexts.append(ctx)
+        entered.add("deaf")
+        try:
+            for _ in range(1000):  # units of work, never asking should_yield()
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            stopped.append("deaf")
+            raise
+
+    polite_job = await claim(conn, kind="polite")
+    deaf_job = await claim(conn, kind="deaf")
+    reg = registry(kind(polite, name="polite", lease_ttl=0.6), kind(deaf, name="deaf", lease_ttl=0.6))
+    worker = make_worker(pool, reg, concurrency=2, drain_timeout=0.3)
+    running = asyncio.create_task(worker.run())
+
+    async def both_running() -> bool:
+        return entered == {"polite", "deaf"}
+
+    with caplog.at_level(logging.WARNING, logger="effectgate.worker"):
+        await wait_for(both_running, 5, "both slices to start")
+        worker.stop()
+        await asyncio.wait_for(running, 5)
+    assert saw_yield == [True]
+    assert (await job(conn, polite_job))["state"] == "pending"  # handed back at once
+    assert (await job(conn, deaf_job))["state"] == "running"  # left to lease expiry
+    [drained] = messages(caplog, "worker.drain_timeout")
+    assert drained.left_to_lease_expiry == [deaf_job]  # type: ignore[attr-defined]
+    # The slice left behind is stopped, and fenced off although its token is still the newest.
+    assert stopped == ["deaf"]
+    with pytest.raises(LeaseLost):
+        await deaf_contexts[0].save_checkpoint("after the drain")
+    # Nothing is lost: the reconciler repairs the one left behind and the next worker finishes both.
+    assert (await Reconciler().run_once(conn, now=later(10))).redriven == [deaf_job]
+    await make_worker(pool, reg).run_until_idle()
+    assert (await job(conn, polite_job))["state"] == "succeeded"
+    assert (await job(conn, deaf_job))["state"] == "succeeded"
+
+
+async def test_a_claim_wakes_a_waiting_worker_through_notify_and_after_a_lost_listen(
+    pool: db.Pool, conn: db.Conn, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        return None
+
+    # Polling every 30 s: only a NOTIFY can start these jobs within the few seconds allowed.
+    worker = make_worker(pool, registry(kind(handler)), url=db_url, poll_interval=30.0)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.listening.wait(), 5)
+        await asyncio.sleep(0.1)  # the first fetch is done; the loop now waits on the wake-up
+        started = time.monotonic()
+        await wait_state(conn, await claim(conn), "succeeded", within=3)
+        assert time.monotonic() - started < 3
+
+        async def listen_pids() -> list[int]:
+            rows = await (
+                await conn.execute(
+                    "SELECT pid FROM pg_stat_activity"
+                    " WHERE application_name = %s AND datname = current_database()",
+                    (LISTEN_APPLICATION_NAME,),
+                )
+            ).fetchall()
+            return [r["pid"] for r in rows]
+
+        [old] = await listen_pids()
+        with caplog.at_level(logging.WARNING, logger="effectgate.worker"):
+            await conn.execute("SELECT pg_terminate_backend(%s)", (old,))
+
+            async def relistening() -> bool:
+                pids = await listen_pids()
+                return worker.listening.is_set() and bool(pids) and old not in pids
+
+            await wait_for(relistening, 5, "the LISTEN connection to be re-established")
+        assert "worker.listen_lost" in caplog.messages
+        await asyncio.sleep(0.1)
+        await wait_state(conn, await claim(conn), "succeeded", within=3)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 5)

@@ -1,0 +1,164 @@
+"""Every per-kind setting has one default, is settable per kind, and is validated at registration."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from handlers import registry as reg_module
+from handlers.registry import EffectKind, Event, Registry
+
+
+async def handler(ctx: Any, ev: Event) -> None:
+    return None
+
+
+def make(**settings: Any) -> EffectKind:
+    return EffectKind(name="k", source="stripe", events=("charge.*",), fn=handler, **settings)
+
+
+EVENT = Event("stripe", "evt_1", "charge.succeeded", {"order": "o-1"}, "acme")
+
+
+def test_every_setting_has_its_documented_default() -> None:
+    kind = make()
+    assert (kind.orphan_policy, kind.max_attempts, kind.lease_ttl, kind.slice_budget) == (
+        "park",
+        8,
+        60.0,
+        300.0,
+    )
+    assert kind.max_slice == 900.0  # 3 x the budget
+    # None: the process's reconciler settings apply (ledger.reconciler.DEFAULT_*, or the config file).
+    assert (kind.pending_ttl, kind.poison_threshold, kind.lock_key, kind.on_transition) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert reg_module.DEFAULT_SLICE_FACTOR * reg_module.DEFAULT_SLICE_BUDGET == kind.max_slice
+
+
+def test_every_setting_is_settable_per_kind_through_the_decorator() -> None:
+    registry = Registry()
+
+    async def hook(conn: Any, transition: Any) -> None:
+        return None
+
+    registry.effect(
+        source="stripe",
+        events="charge.succeeded",
+        name="custom",
+        orphan_policy="redrive",
+        max_attempts=2,
+        lease_ttl=5,
+        slice_budget=1,
+        max_slice=None,
+        pending_ttl=30,
+        poison_threshold=7,
+        lock_key=lambda ev: f"order:{ev.payload['order']}",
+        on_transition=hook,
+    )(handler)
+    kind = registry.get("custom")
+    assert kind is not None
+    assert (kind.events, kind.orphan_policy, kind.max_attempts, kind.lease_ttl, kind.slice_budget) == (
+        ("charge.succeeded",),
+        "redrive",
+        2,
+        5,
+        1,
+    )
+    assert (kind.max_slice, kind.pending_ttl, kind.poison_threshold, kind.on_transition) == (
+        None,
+        30,
+        7,
+        hook,
+    )
+    assert kind.lock_key_for(EVENT) == "order:o-1"
+
+
+def test_max_slice_defaults_to_three_budgets_and_may_not_go_below_two() -> None:
+    assert make(slice_budget=10).max_slice == 30
+    assert make(slice_budget=10, max_slice=20).max_slice == 20
+    with pytest.raises(ValueError, match=r"at least 2 x slice_budget \(20 s\)"):
+        make(slice_budget=10, max_slice=19.9)
+    assert make(slice_budget=10, max_slice=None).max_slice is None
+    with pytest.raises(ValueError, match="2\\*\\*31 - 1 ms"):
+        make(slice_budget=10, max_slice=3e6)
+    with pytest.raises(ValueError, match="2\\*\\*31 - 1 ms"):
+        make(slice_budget=2e6)  # the default 3 x budget would overflow the limit too
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("lease_ttl", 0),
+        ("lease_ttl", -1),
+        ("lease_ttl", math.nan),
+        ("lease_ttl", math.inf),
+        ("lease_ttl", "60"),
+        ("slice_budget", 0),
+        ("slice_budget", math.nan),
+        ("max_slice", math.nan),
+        ("pending_ttl", 0),
+        ("pending_ttl", math.inf),
+        ("max_attempts", 0),
+        ("max_attempts", 1.5),
+        ("max_attempts", True),
+        ("poison_threshold", 0),
+        ("orphan_policy", "retry"),
+        ("lock_key", "order"),
+        ("on_transition", 42),
+        ("key", "static"),
+    ],
+)
+def test_a_bad_setting_is_refused_at_registration(setting: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=setting):
+        Registry().effect(source="stripe", events=["x"], name="k", **{setting: value})(handler)
+
+
+def test_a_kind_needs_a_name_a_source_events_and_a_function() -> None:
+    with pytest.raises(ValueError, match="name and a source"):
+        EffectKind(name="", source="s", events=("x",), fn=handler)
+    with pytest.raises(ValueError, match="events"):
+        EffectKind(name="k", source="s", events=(), fn=handler)
+    with pytest.raises(ValueError, match="async function"):
+        EffectKind(name="k", source="s", events=("x",), fn="handler")  # type: ignore[arg-type]
+
+
+def test_registering_a_kind_or_a_sweep_twice_is_an_error() -> None:
+    registry = Registry()
+    registry.register(make())
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(make())
+
+    async def sweep(conn: Any) -> int:
+        return 0
+
+    registry.register_sweep("orphans", sweep)
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_sweep("orphans", sweep)
+    with pytest.raises(ValueError, match="needs an id"):
+        registry.register_sweep("", sweep)
+    with pytest.raises(ValueError, match="async function"):
+        registry.register_sweep("other", "not callable")  # type: ignore[arg-type]
+    assert registry.sweeps() == {"orphans": sweep}
+    registry.clear()
+    assert (registry.kinds(), registry.sweeps()) == ([], {})
+
+
+def test_the_lock_key_is_optional_and_checked() -> None:
+    assert make().lock_key_for(EVENT) is None
+    assert make(lock_key=lambda ev: None).lock_key_for(EVENT) is None
+    for bad in ("", 42, "x" * 513):
+        with pytest.raises(ValueError, match="lock_key function returned"):
+            make(lock_key=lambda ev, bad=bad: bad).lock_key_for(EVENT)
+
+
+def test_the_effect_key_defaults_to_source_event_and_kind() -> None:
+    assert make().effect_key(EVENT) == "stripe:evt_1:k"
+    assert make(key=lambda ev: f"order:{ev.payload['order']}").effect_key(EVENT) == "order:o-1"
+    with pytest.raises(ValueError, match="not a non-empty string"):
+        make(key=lambda ev: "").effect_key(EVENT)
