@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,11 +12,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from handlers.registry import Registry
+from handlers.worker import reconcile_forever
 from ledger import db
-from ledger.migrate import pending
+from ledger.migrate import unapplied
 
 from .config import Config
 from .ingress import error, receive
+from .operator.routes import operator_routes
 
 
 async def healthz(request: Request) -> Response:
@@ -27,11 +30,11 @@ async def readyz(request: Request) -> Response:
     """The ledger database answers and every migration is applied."""
     try:
         async with db.connection(request.app.state.pool) as conn:
-            todo = await pending(conn)
+            todo = await unapplied(conn)
     except Exception as exc:
         return error(503, "ledger_unavailable", f"{type(exc).__name__}: {exc}")
     if todo:
-        return error(503, "migrations_pending", "pending migrations: " + ", ".join(m.name for m in todo))
+        return error(503, "migrations_pending", "pending migrations: " + ", ".join(todo))
     return JSONResponse({"status": "ready"})
 
 
@@ -51,9 +54,16 @@ def create_app(
         # answers 503, rather than crash-looping behind its load balancer.
         await pool.open(wait=False)
         app.state.pool = pool
+        # Gateways tick the reconciler too, so jobs are repaired even while no worker runs.
+        stopping = asyncio.Event()
+        reconciler = asyncio.create_task(
+            reconcile_forever(pool, registry, config.worker.reconciler, stopping)
+        )
         try:
             yield
         finally:
+            stopping.set()
+            await reconciler
             await pool.close()
 
     app = Starlette(
@@ -61,6 +71,7 @@ def create_app(
             Route("/webhooks/{source}", receive, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
+            *operator_routes(),
         ],
         lifespan=lifespan,
     )

@@ -33,12 +33,12 @@ from handlers.context import Services
 from handlers.payments import PaymentsClient
 from handlers.registry import REGISTRY
 from handlers.shipping import ShippingClient
-from handlers.worker import Worker
+from handlers.worker import Worker, make_reconciler
 from ledger import db
 from ledger.errors import LedgerError, MigrationError
 from ledger.migrate import migrate
 
-from . import demo, embedded, logs
+from . import demo, embedded, logs, operator_cli
 from .config import DEFAULT_CONFIG_FILE, Config, ConfigError, import_handlers, load
 
 EXIT_OK = 0
@@ -154,14 +154,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from ledger.reconciler import Reconciler
-
     config = _load_config(args)
 
     async def once() -> Any:
         conn = await db.connect(database_url())
         async with conn:
-            return await Reconciler(config.worker.reconciler, REGISTRY.sweeps()).run_once(conn)
+            return await make_reconciler(REGISTRY, config.worker.reconciler).run_once(conn)
 
     result = asyncio.run(once())
     if not result.owned:
@@ -376,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     dd.add_argument("--url", default="http://127.0.0.1:8000")
     dd.add_argument("--order", default="1234")
     dd.set_defaults(func=cmd_demo_delivery)
+    operator_cli.register(sub)
     return parser
 
 

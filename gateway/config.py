@@ -18,6 +18,7 @@ from handlers.downstream import DownstreamConfig
 from handlers.worker import WorkerConfig
 from ledger.reconciler import ReconcilerConfig
 
+from .operator.auth import OperatorToken, read_operators
 from .signatures import Scheme, SchemeConfigError, build_scheme
 
 DEFAULT_CONFIG_FILE = "effectgate.toml"
@@ -64,6 +65,8 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     payments: DownstreamConfig | None = None
     shipping: DownstreamConfig | None = None
+    # Bearer tokens for the operator API and dashboard ([[operators]]); none configured, none let in.
+    operators: tuple[OperatorToken, ...] = ()
 
 
 class _Reader:
@@ -242,6 +245,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     shipping = _downstream(ds.table_of("shipping"), env)
     ds.no_unknown_keys()
 
+    operators = read_operators(root, env)
     root.no_unknown_keys()
     return Config(
         path=path,
@@ -251,6 +255,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         worker=worker,
         payments=payments,
         shipping=shipping,
+        operators=operators,
     )
 
 

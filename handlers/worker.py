@@ -105,6 +105,26 @@ def make_reconciler(registry: Registry, config: ReconcilerConfig | None = None) 
     return Reconciler(config, registry.sweeps(), kinds=policies, on_transition=on_transition)
 
 
+async def reconcile_forever(
+    pool: db.Pool, registry: Registry, config: ReconcilerConfig, stopping: asyncio.Event
+) -> None:
+    """Run a reconciler pass every ``config.tick`` until ``stopping`` is set; logs only what it repaired.
+
+    Workers and gateways both run it: each pass takes an advisory lock, so however many processes
+    tick, one owns each pass, and a process that dies takes no repair with it.
+    """
+    while not stopping.is_set():
+        try:
+            async with db.connection(pool) as conn:
+                result = await make_reconciler(registry, config).run_once(conn)
+            if result.changed:
+                log.info("reconciler.repaired", extra={"result": str(result)})
+        except Exception as exc:
+            log.warning("reconciler.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), config.tick)
+
+
 class Worker:
     """Runs registered effect handlers for leased jobs until stopped."""
 
@@ -211,15 +231,7 @@ class Worker:
             delay = min(delay * 2, self.config.poll_interval)
 
     async def _reconcile_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                result = await self.reconcile_once()
-                if result.changed:
-                    log.info("reconciler.repaired", extra={"result": str(result)})
-            except Exception as exc:
-                log.warning("reconciler.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.config.reconciler.tick)
+        await reconcile_forever(self.pool, self.registry, self.config.reconciler, self._stopping)
 
     async def reconcile_once(self) -> ReconcileResult:
         """One reconciler pass on a pooled connection, with the registry's current kinds and sweeps."""

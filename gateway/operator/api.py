@@ -1,0 +1,258 @@
+"""The operator HTTP API under ``/api/``: the ledger reports as JSON, and job control.
+
+    GET  /api/duplicates              ?source&tenant&event_type&since&until&sort&limit&cursor   view
+    GET  /api/rejects/conflicts       ?source&tenant&event_type&since&until&sort&limit&cursor   view
+    GET  /api/rejects/auth            ?source&since&until&limit&cursor                          view
+    GET  /api/effects/{key}           ?tenant                                                   view
+    GET  /api/jobs                    ?state&kind&source&since&until&sort&limit&cursor          view
+    GET  /api/jobs/{id}                                                                         view
+    POST /api/jobs/{id}/redrive       ?force                                                    operate
+    POST /api/jobs/{id}/cancel        ?reason                                                   operate
+    GET  /api/openapi.json            (no token: the description of this API)
+
+Every answer that is not a 2xx has the shape ``{"error": CODE, "detail": …}``: 401 ``missing_token`` or
+``invalid_token``, 403 ``insufficient_scope``, 400 ``invalid_<parameter>`` or ``unknown_parameter``
+(with ``"parameter"`` naming it), 404 ``not_found``, 409 with the refusal code of a job action, 503
+``ledger_unavailable``. The token is checked before any parameter, so a caller without one learns nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypedDict
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ledger import db, reports
+from ledger import jobs as ledger_jobs
+from ledger.errors import LedgerError, LedgerUnavailable
+from ledger.reports import InvalidParameter
+
+from . import documents, openapi
+from .auth import AuthFailure, OperatorToken, authenticate
+
+log = logging.getLogger("effectgate.operator")
+
+MAX_REASON_LENGTH = 500
+_WINDOW = ("since", "until", "limit", "cursor")
+
+
+def json_response(document: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON answer; datetimes become RFC 3339 strings."""
+    return Response(
+        documents.dumps(document), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+def error(
+    status: int, code: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
+    """An error answer: ``{"error": CODE, "detail": …}`` plus any extra fields."""
+    return json_response({"error": code, "detail": detail, **extra}, status, headers)
+
+
+Query = dict[str, str]
+Handler = Callable[[Request, db.Conn, OperatorToken, Query], Awaitable[Response]]
+
+
+def _query(request: Request, allowed: tuple[str, ...]) -> Query:
+    query: Query = {}
+    for name, value in request.query_params.multi_items():
+        if name not in allowed:
+            raise InvalidParameter(
+                name[:100],
+                f"unknown parameter; this endpoint takes {', '.join(allowed) or 'none'}",
+                code="unknown_parameter",
+            )
+        if name in query:
+            raise InvalidParameter(name, "given more than once")
+        query[name] = value
+    return query
+
+
+class _Window(TypedDict):
+    since: str | None
+    until: str | None
+    limit: str | None
+    cursor: str | None
+
+
+def _window(query: Query) -> _Window:
+    return _Window(
+        since=query.get("since"),
+        until=query.get("until"),
+        limit=query.get("limit"),
+        cursor=query.get("cursor"),
+    )
+
+
+def endpoint(
+    scope: str, allowed: tuple[str, ...] = ()
+) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
+    """Wrap a handler: authenticate for ``scope``, validate the query names, open a connection, and turn
+    the ledger's errors into answers."""
+
+    def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            who = authenticate(
+                request.headers.get("authorization"), request.app.state.config.operators, scope
+            )
+            if isinstance(who, AuthFailure):
+                return error(who.status, who.code, who.detail, {"WWW-Authenticate": who.www_authenticate})
+            try:
+                query = _query(request, allowed)
+                async with db.connection(request.app.state.pool) as conn:
+                    return await handler(request, conn, who, query)
+            except InvalidParameter as exc:
+                return error(400, exc.code, exc.detail, parameter=exc.parameter)
+            except LedgerUnavailable as exc:
+                return error(503, "ledger_unavailable", str(exc))
+            except LedgerError as exc:
+                log.error("operator.ledger_error", extra={"path": request.url.path, "error": str(exc)})
+                return error(500, "ledger_error", "the ledger could not answer; see the gateway log")
+
+        run.__doc__ = handler.__doc__
+        return run
+
+    return wrap
+
+
+@endpoint("view", ("source", "tenant", "event_type", "sort", *_WINDOW))
+async def duplicates(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Effects delivered more than once."""
+    report = await reports.duplicates(
+        conn,
+        source=query.get("source"),
+        tenant=query.get("tenant"),
+        event_type=query.get("event_type"),
+        sort=query.get("sort"),
+        **_window(query),
+    )
+    return json_response(documents.duplicates(report))
+
+
+@endpoint("view", ("source", "tenant", "event_type", "sort", *_WINDOW))
+async def conflicts(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Deliveries rejected because another payload held their key."""
+    report = await reports.key_conflicts(
+        conn,
+        source=query.get("source"),
+        tenant=query.get("tenant"),
+        event_type=query.get("event_type"),
+        sort=query.get("sort"),
+        **_window(query),
+    )
+    return json_response(documents.conflicts(report))
+
+
+@endpoint("view", ("source", *_WINDOW))
+async def auth_failures(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Deliveries whose signature check failed."""
+    report = await reports.auth_failures(conn, source=query.get("source"), **_window(query))
+    return json_response(documents.auth_failures(report))
+
+
+@endpoint("view", ("tenant",))
+async def effect(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """One effect's lineage."""
+    key = request.path_params["key"]
+    view = await reports.effect_view(conn, key, tenant=query.get("tenant"))
+    if view is None:
+        return error(404, "not_found", f"no effect with key {key!r}")
+    return json_response(documents.effect(view))
+
+
+@endpoint("view", ("state", "kind", "source", "sort", *_WINDOW))
+async def job_list(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Jobs by state, kind, source and age."""
+    report = await reports.jobs(
+        conn,
+        state=query.get("state"),
+        kind=query.get("kind"),
+        source=query.get("source"),
+        sort=query.get("sort"),
+        **_window(query),
+    )
+    return json_response(documents.jobs(report))
+
+
+@endpoint("view")
+async def job_show(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """One job with its attempts and steps."""
+    view = await reports.job_view(conn, request.path_params["job_id"])
+    if view is None:
+        return error(404, "not_found", f"no job {request.path_params['job_id']}")
+    return json_response(documents.job(view))
+
+
+def _flag(value: str | None, parameter: str) -> bool:
+    if value is None or value in ("false", "0"):
+        return False
+    if value in ("true", "1"):
+        return True
+    raise InvalidParameter(parameter, f"expected true or false, got {value!r}")
+
+
+def _refused(refusal: ledger_jobs.Refused) -> Response:
+    return error(404 if refusal.code == "not_found" else 409, refusal.code, refusal.detail)
+
+
+@endpoint("operate", ("force",))
+async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Put a failed or parked job back to pending (``force=true`` for an unrecoverable one)."""
+    job_id = reports.parse_id(request.path_params["job_id"], "job_id")
+    force = _flag(query.get("force"), "force")
+    refusal = await ledger_jobs.redrive(conn, job_id, force=force)
+    log.info(
+        "operator.redrive",
+        extra={
+            "operator": who.name,
+            "job_id": job_id,
+            "force": force,
+            "refused": refusal.code if refusal else None,
+        },
+    )
+    if refusal is not None:
+        return _refused(refusal)
+    return json_response({"job_id": job_id, "state": "pending"})
+
+
+@endpoint("operate", ("reason",))
+async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Cancel a job: at once if pending, at its next heartbeat if running."""
+    job_id = reports.parse_id(request.path_params["job_id"], "job_id")
+    reason = query.get("reason") or f"cancelled by operator {who.name}"
+    if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
+        raise InvalidParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+    outcome = await ledger_jobs.cancel(conn, job_id, by=f"operator:{who.name}", reason=reason)
+    refused = outcome if isinstance(outcome, ledger_jobs.Refused) else None
+    log.info(
+        "operator.cancel",
+        extra={"operator": who.name, "job_id": job_id, "refused": refused.code if refused else None},
+    )
+    if refused is not None:
+        return _refused(refused)
+    return json_response({"job_id": job_id, "state": outcome, "cancel_requested": True})
+
+
+async def openapi_document(request: Request) -> Response:
+    """The OpenAPI 3.1 description of this API."""
+    return json_response(openapi.DOCUMENT)
+
+
+def routes() -> list[BaseRoute]:
+    """The routes of ``/api``, relative to the mount."""
+    return [
+        Route("/openapi.json", openapi_document, methods=["GET"]),
+        Route("/duplicates", duplicates, methods=["GET"]),
+        Route("/rejects/conflicts", conflicts, methods=["GET"]),
+        Route("/rejects/auth", auth_failures, methods=["GET"]),
+        Route("/effects/{key:path}", effect, methods=["GET"]),
+        Route("/jobs", job_list, methods=["GET"]),
+        Route("/jobs/{job_id}", job_show, methods=["GET"]),
+        Route("/jobs/{job_id}/redrive", redrive, methods=["POST"]),
+        Route("/jobs/{job_id}/cancel", cancel, methods=["POST"]),
+    ]

@@ -1,0 +1,423 @@
+"""The OpenAPI 3.1 document of the operator API, served at ``/api/openapi.json``.
+
+Written by hand next to the documents it describes (``documents.py``) rather than generated: the
+schemas are strict (``additionalProperties: false``, every field required), and a test validates real
+answers of every operation against them, so the two cannot drift apart unnoticed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger import reports
+
+from . import documents
+
+_STRING = {"type": "string"}
+_INTEGER = {"type": "integer"}
+_BOOLEAN = {"type": "boolean"}
+_TIME = {"type": "string", "format": "date-time"}
+_ANY: dict[str, Any] = {}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "type": [schema["type"], "null"]}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def _object(
+    properties: dict[str, Any], *, optional: tuple[str, ...] = (), description: str = ""
+) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "required": [p for p in properties if p not in optional],
+        "additionalProperties": False,
+    }
+    if description:
+        schema["description"] = description
+    return schema
+
+
+def _fields(names: tuple[str, ...], types: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    # The field lists come from documents.py, so a field added there without a schema fails here.
+    return {name: types[name] for name in names}
+
+
+_FIELD_TYPES: dict[str, dict[str, Any]] = {
+    "tenant": _STRING,
+    "effect_key": _STRING,
+    "source": _STRING,
+    "event_type": _STRING,
+    "event_id": _STRING,
+    "handler": _STRING,
+    "fingerprint": _STRING,
+    "payload": _ANY,
+    "delivery_count": _INTEGER,
+    "reject_count": _INTEGER,
+    "first_seen_at": _TIME,
+    "last_seen_at": _TIME,
+    "received_at": _TIME,
+    "held_event_id": _STRING,
+    "held_event_type": _STRING,
+    "held_fingerprint": _STRING,
+    "rejected_fingerprint": _STRING,
+    "diff": _array(_ref("DiffEntry")),
+    "diff_truncated": _BOOLEAN,
+    "reason": _STRING,
+    "count": _INTEGER,
+    "bytes_total": _INTEGER,
+    "first_minute": _TIME,
+    "minute": _TIME,
+    "last_detail": _STRING,
+    "id": _INTEGER,
+    "kind": _STRING,
+    "state": {"type": "string", "enum": list(reports.JOB_STATES)},
+    "attempt": _INTEGER,
+    "max_attempts": _INTEGER,
+    "run_at": _TIME,
+    "lease_token": _INTEGER,
+    "lease_owner": _nullable(_STRING),
+    "lease_expires_at": _nullable(_TIME),
+    "cancel_requested": _BOOLEAN,
+    "unrecoverable": _BOOLEAN,
+    "terminal_reason": _nullable(_STRING),
+    "terminal_by": _nullable(_STRING),
+    "created_at": _TIME,
+    "updated_at": _TIME,
+    "finished_at": _nullable(_TIME),
+    "orphan_policy": {"type": "string", "enum": ["redrive", "park"]},
+    "last_error": _ANY,
+    "checkpoint": _ANY,
+    "lock_key": _nullable(_STRING),
+    "lock_key_held_by": _nullable(_INTEGER),
+    "worker": _STRING,
+    "started_at": _TIME,
+    "outcome": _nullable(_STRING),
+    "error_type": _nullable(_STRING),
+    "error_message": _nullable(_STRING),
+    "traceback": _nullable(_STRING),
+    "name": _STRING,
+    "idempotency_key": {
+        "type": "string",
+        "description": "The Idempotency-Key sent downstream for this step.",
+    },
+    "status": {"type": "string", "enum": ["succeeded", "failed"]},
+    "result": {"description": "The downstream answer the step recorded."},
+    "error": _ANY,
+    "job_id": _INTEGER,
+    "recorded_at": _TIME,
+    "request_id": _STRING,
+    "secret_index": _nullable(_INTEGER),
+}
+_DELIVERY_TYPES = {
+    **_FIELD_TYPES,
+    "outcome": {"type": "string", "enum": ["accepted", "duplicate", "rejected"]},
+}
+_ATTEMPT_TYPES = {**_FIELD_TYPES, "finished_at": _nullable(_TIME)}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": _object(
+        {"error": _STRING, "detail": _STRING, "parameter": _STRING},
+        optional=("parameter",),
+        description="Every answer that is not a 2xx; `parameter` names the query parameter a 400 is about.",
+    ),
+    "DiffEntry": _object(
+        {
+            "path": {"type": "string", "description": "A JSON Pointer (RFC 6901) into both payloads."},
+            "change": {"type": "string", "enum": ["changed", "added", "removed"]},
+            "held": {"description": "The value in the payload that holds the key (absent when added)."},
+            "rejected": {"description": "The value in the rejected payload (absent when removed)."},
+        },
+        optional=("held", "rejected"),
+    ),
+    "Duplicate": _object(_fields(documents.DUPLICATE_FIELDS, _FIELD_TYPES)),
+    "DuplicateTotal": _object(
+        {
+            "source": _STRING,
+            "event_type": _STRING,
+            "effects": _INTEGER,
+            "deliveries": _INTEGER,
+            "duplicate_deliveries": _INTEGER,
+        }
+    ),
+    "DuplicatesReport": _object(
+        {
+            "since": _TIME,
+            "until": _TIME,
+            "sort": {"type": "string", "enum": list(reports.DUPLICATE_SORTS)},
+            "items": _array(_ref("Duplicate")),
+            "next_cursor": _nullable(_STRING),
+            "totals": _array(_ref("DuplicateTotal")),
+        }
+    ),
+    "Conflict": _object(_fields(documents.CONFLICT_FIELDS, _FIELD_TYPES)),
+    "ConflictTotal": _object(
+        {"source": _STRING, "event_type": _STRING, "rejects": _INTEGER, "effects": _INTEGER}
+    ),
+    "ConflictsReport": _object(
+        {
+            "since": _TIME,
+            "until": _TIME,
+            "sort": {"type": "string", "enum": list(reports.CONFLICT_SORTS)},
+            "items": _array(_ref("Conflict")),
+            "next_cursor": _nullable(_STRING),
+            "totals": _array(_ref("ConflictTotal")),
+        }
+    ),
+    "AuthFailureReason": _object(_fields(documents.AUTH_REASON_FIELDS, _FIELD_TYPES)),
+    "AuthFailureMinute": _object(_fields(documents.AUTH_MINUTE_FIELDS, _FIELD_TYPES)),
+    "AuthFailuresReport": _object(
+        {
+            "since": _TIME,
+            "until": _TIME,
+            "by_reason": _array(_ref("AuthFailureReason")),
+            "per_minute": _array(_ref("AuthFailureMinute")),
+            "next_cursor": _nullable(_STRING),
+        }
+    ),
+    "Job": _object(_fields(documents.JOB_FIELDS, _FIELD_TYPES)),
+    "JobDetail": _object(_fields(documents.JOB_DETAIL_FIELDS, _FIELD_TYPES)),
+    "Attempt": _object(_fields(documents.ATTEMPT_FIELDS, _ATTEMPT_TYPES)),
+    "Step": _object(_fields(documents.STEP_FIELDS, _FIELD_TYPES)),
+    "JobsReport": _object(
+        {
+            "since": _nullable(_TIME),
+            "until": _nullable(_TIME),
+            "sort": {"type": "string", "enum": list(reports.JOB_SORTS)},
+            "items": _array(_ref("Job")),
+            "next_cursor": _nullable(_STRING),
+        }
+    ),
+    "JobView": _object(
+        {"job": _ref("JobDetail"), "attempts": _array(_ref("Attempt")), "steps": _array(_ref("Step"))}
+    ),
+    "Effect": _object(_fields(documents.EFFECT_FIELDS, _FIELD_TYPES)),
+    "Delivery": _object(_fields(documents.DELIVERY_FIELDS, _DELIVERY_TYPES)),
+    "EffectReject": _object(_fields(documents.EFFECT_REJECT_FIELDS, _FIELD_TYPES)),
+    "EffectLineage": _object(
+        {
+            "effect": _ref("Effect"),
+            "job": {"oneOf": [_ref("JobDetail"), {"type": "null"}]},
+            "deliveries": _array(_ref("Delivery")),
+            "rejects": _array(_ref("EffectReject")),
+            "attempts": _array(_ref("Attempt")),
+            "steps": _array(_ref("Step")),
+        },
+        description="One effect from delivery to outcome.",
+    ),
+    "JobAction": _object(
+        {
+            "job_id": _INTEGER,
+            "state": {"type": "string", "enum": list(reports.JOB_STATES)},
+            "cancel_requested": _BOOLEAN,
+        },
+        optional=("cancel_requested",),
+        description="The state a redrive or cancel left the job in (`running` with `cancel_requested` when "
+        "the cancel waits for the worker's next heartbeat).",
+    ),
+}
+
+
+def _query(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema or _STRING,
+    }
+
+
+_TIME_TEXT = "An ISO 8601 time (UTC if it names no zone) or a duration back from now: 30m, 24h, 7d, 2w."
+PARAMETERS: dict[str, Any] = {
+    "source": _query("source", "Only this webhook source."),
+    "tenant": _query("tenant", "Only this tenant."),
+    "event_type": _query("event_type", "Only this event type."),
+    "since": _query("since", f"Start of the window (inclusive). {_TIME_TEXT}"),
+    "until": _query("until", f"End of the window (exclusive). {_TIME_TEXT}"),
+    "limit": _query(
+        "limit",
+        f"Page size, 1..{reports.MAX_LIMIT} (default {reports.DEFAULT_LIMIT}).",
+        {"type": "integer", "minimum": 1, "maximum": reports.MAX_LIMIT},
+    ),
+    "cursor": _query("cursor", "The next_cursor of the previous page, unchanged."),
+    "job_id": {"name": "job_id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}},
+}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+_COMMON_ERRORS = {
+    "400": _error("A parameter is invalid (`invalid_<parameter>`, `unknown_parameter`)."),
+    "401": _error("No token (`missing_token`) or an unknown one (`invalid_token`)."),
+    "503": _error("The ledger database is unreachable (`ledger_unavailable`)."),
+}
+# Every token has `view` (`operate` includes it), so only operate endpoints can answer 403.
+_FORBIDDEN = {"403": _error("The token lacks the `operate` scope (`insufficient_scope`).")}
+
+
+def _operation(
+    summary: str,
+    scope: str,
+    schema: str,
+    parameters: list[dict[str, Any]],
+    *,
+    extra: dict[str, Any] | None = None,
+    description: str = "",
+) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "description": (description + f"\n\nScope: `{scope}`.").strip(),
+        "security": [{"bearer": []}],
+        "parameters": parameters,
+        "responses": {
+            "200": {"description": "OK", "content": {"application/json": {"schema": _ref(schema)}}},
+            **_COMMON_ERRORS,
+            **(_FORBIDDEN if scope == "operate" else {}),
+            **(extra or {}),
+        },
+    }
+
+
+def _p(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/parameters/{name}"}
+
+
+def _sort(sorts: dict[str, Any], default: str) -> dict[str, Any]:
+    return _query(
+        "sort",
+        f"Order; a leading '-' is descending. Default {default}.",
+        {"type": "string", "enum": list(sorts)},
+    )
+
+
+_WINDOW = [_p("since"), _p("until"), _p("limit"), _p("cursor")]
+_FILTERS = [_p("source"), _p("tenant"), _p("event_type")]
+_NOT_FOUND = {"404": _error("No such thing (`not_found`).")}
+
+DOCUMENT: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "effectgate operator API",
+        "version": "1",
+        "description": "Duplicate and reject reports, effect lineage and job control over the effect ledger. "
+        "Authenticate with `Authorization: Bearer <operator token>`; tokens have the scopes `view` "
+        "(read) and `operate` (redrive, cancel; includes view). Pages are keyset-paginated: pass "
+        "`next_cursor` back as `cursor` until it is null.",
+    },
+    "paths": {
+        "/api/duplicates": {
+            "get": _operation(
+                "Effects delivered more than once",
+                "view",
+                "DuplicatesReport",
+                [*_FILTERS, _sort(reports.DUPLICATE_SORTS, "-last_seen"), *_WINDOW],
+                description="Effects whose last delivery fell in [since, until) (default: the last 24 hours), "
+                "with totals over the whole window by source and event type.",
+            )
+        },
+        "/api/rejects/conflicts": {
+            "get": _operation(
+                "Deliveries rejected because another payload held their effect key",
+                "view",
+                "ConflictsReport",
+                [*_FILTERS, _sort(reports.CONFLICT_SORTS, "-received"), *_WINDOW],
+                description="Each with both fingerprints, both events and a field-level diff of the payloads.",
+            )
+        },
+        "/api/rejects/auth": {
+            "get": _operation(
+                "Deliveries whose signature verification failed",
+                "view",
+                "AuthFailuresReport",
+                [_p("source"), *_WINDOW],
+                description="Totals by (source, reason) and counts per minute, newest first.",
+            )
+        },
+        "/api/effects/{key}": {
+            "get": _operation(
+                "One effect's lineage, from delivery to outcome",
+                "view",
+                "EffectLineage",
+                [
+                    {"name": "key", "in": "path", "required": True, "schema": _STRING},
+                    _query(
+                        "tenant",
+                        "The tenant holding the key; needed only when several do (`tenant_required`).",
+                    ),
+                ],
+                extra=_NOT_FOUND,
+            )
+        },
+        "/api/jobs": {
+            "get": _operation(
+                "Jobs by state, kind, source and age",
+                "view",
+                "JobsReport",
+                [
+                    _query(
+                        "state", "One state or several, comma-separated: " + ", ".join(reports.JOB_STATES)
+                    ),
+                    _query("kind", "Only this handler kind."),
+                    _p("source"),
+                    _sort(reports.JOB_SORTS, "-created"),
+                    *_WINDOW,
+                ],
+                description="Jobs created in [since, until), both open unless given: `until=1h` lists jobs "
+                "older than an hour.",
+            )
+        },
+        "/api/jobs/{job_id}": {
+            "get": _operation(
+                "One job with its attempts and steps", "view", "JobView", [_p("job_id")], extra=_NOT_FOUND
+            )
+        },
+        "/api/jobs/{job_id}/redrive": {
+            "post": _operation(
+                "Put a failed or parked job back to pending",
+                "operate",
+                "JobAction",
+                [_p("job_id"), _query("force", "Redrive an unrecoverable failure too.", {"type": "boolean"})],
+                extra={
+                    **_NOT_FOUND,
+                    "409": _error(
+                        "Refused: `not_redrivable`, `unrecoverable_requires_force` or `lock_key_held`."
+                    ),
+                },
+            )
+        },
+        "/api/jobs/{job_id}/cancel": {
+            "post": _operation(
+                "Cancel a job",
+                "operate",
+                "JobAction",
+                [_p("job_id"), _query("reason", "Why, for the job's record.")],
+                extra={**_NOT_FOUND, "409": _error("Refused: `not_cancellable` (the job is done already).")},
+                description="A pending job is cancelled at once; a running one at its worker's next "
+                "heartbeat, and it can then never be reported succeeded.",
+            )
+        },
+        "/api/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {}}}}},
+            }
+        },
+    },
+    "components": {
+        "schemas": SCHEMAS,
+        "parameters": PARAMETERS,
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+    },
+}

@@ -1,0 +1,630 @@
+"""``effectgate ledger …`` and ``effectgate jobs …``: the operator reports and job control on the command line.
+
+    effectgate ledger duplicates  [filters] [--sort -last_seen|last_seen|-first_seen|first_seen|-deliveries]
+    effectgate ledger rejects     [filters] [--kind all|conflicts|auth] [--sort -received|received]
+    effectgate ledger show KEY    [--tenant T]
+    effectgate jobs list          [--state S[,S…]] [--kind K] [--source S] [--since …] [--until …] [--sort -created|created]
+    effectgate jobs show JOB_ID
+    effectgate jobs redrive JOB_ID [--force]
+    effectgate jobs cancel JOB_ID  [--reason TEXT]
+
+Filters: ``--source``, ``--tenant``, ``--event-type``, ``--since`` and ``--until`` (ISO 8601, or a duration
+back from now: ``30m``, ``24h``, ``7d``; reports default to the last 24 hours), ``--limit`` (1..1000) and
+``--cursor`` (printed under a page that has more). Output is a table by default; ``--format json`` prints
+the same document as the HTTP API, ``--format csv`` the rows (``ledger show``: a timeline).
+
+Exit codes scripts can rely on:
+    0  done
+    1  runtime failure (the database is unreachable)
+    2  usage mistake: a bad flag or filter (the message names it and its code, e.g. invalid_since)
+    3  not found (no such effect key or job)
+    4  refused: the job action was not carried out; the refusal code is printed (not_redrivable,
+       unrecoverable_requires_force, lock_key_held, not_cancellable)
+
+These commands read and act on the ledger directly (``DATABASE_URL``, or the embedded Postgres); they
+need no configuration file and no running gateway. Like ``gateway/cli.py``, this module is part of the
+composition root, so it runs the async ledger calls itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import getpass
+import io
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from ledger import db, reports
+from ledger import jobs as ledger_jobs
+from ledger.reports import InvalidParameter
+
+from .operator import documents
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_REFUSED = 4
+# How a parameter is called on the command line, where it is not --the-same-name.
+_FLAGS = {"job_id": "JOB_ID", "key": "KEY"}
+MAX_CELL = 72
+
+
+class NotFound(Exception):
+    """The effect or job asked for does not exist."""
+
+
+class Refused(Exception):
+    """A job action was refused by the ledger, with its code."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+Command = Callable[[db.Conn, argparse.Namespace, TextIO], Awaitable[None]]
+
+
+def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        # Imported here: gateway.cli imports this module to register its commands.
+        from .cli import database_url
+
+        out = sys.stdout
+
+        async def main() -> None:
+            conn = await db.connect(database_url())
+            async with conn:
+                await command(conn, args, out)
+
+        try:
+            asyncio.run(main())
+        except InvalidParameter as exc:
+            flag = _FLAGS.get(exc.parameter, "--" + exc.parameter.replace("_", "-"))
+            print(f"effectgate: {flag}: {exc.detail} [{exc.code}]", file=sys.stderr)
+            return EXIT_USAGE
+        except NotFound as exc:
+            print(f"effectgate: not found: {exc}", file=sys.stderr)
+            if args.format == "json":
+                print(json.dumps({"error": "not_found", "detail": str(exc)}), file=out)
+            return EXIT_NOT_FOUND
+        except Refused as exc:
+            print(f"effectgate: refused: {exc.code}: {exc.detail}", file=sys.stderr)
+            if args.format == "json":
+                print(json.dumps({"error": exc.code, "detail": exc.detail}), file=out)
+            return EXIT_REFUSED
+        return EXIT_OK
+
+    return run
+
+
+def _operator() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):
+        return "cli"
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = text.replace("\n", " ")
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def print_table(out: TextIO, rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
+    """Rows as an aligned text table with the given (header, field) columns."""
+    cells = [[h for h, _ in columns]] + [[_cell(r.get(f)) for _, f in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    if not rows:
+        print("(none)", file=out)
+
+
+def print_csv(out: TextIO, rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> None:
+    """Rows as CSV with a header; nested values as compact JSON."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(fields)
+    for row in rows:
+        writer.writerow(
+            [
+                ""
+                if row.get(f) is None
+                else row[f]
+                if isinstance(row.get(f), str | int | float)
+                else json.dumps(row[f], separators=(",", ":"))
+                for f in fields
+            ]
+        )
+    out.write(buffer.getvalue())
+
+
+def _json(out: TextIO, document: Any) -> None:
+    print(json.dumps(documents.jsonable(document), indent=2, ensure_ascii=False), file=out)
+
+
+def _more(out: TextIO, document: dict[str, Any]) -> None:
+    if document.get("next_cursor"):
+        print(f"\nmore: add --cursor {document['next_cursor']}", file=out)
+
+
+def _window_line(out: TextIO, document: dict[str, Any]) -> None:
+    print(f"window: {document.get('since') or '…'} to {document.get('until') or 'now'}\n", file=out)
+
+
+def _age(value: str | None, now: datetime) -> str:
+    if not value:
+        return ""
+    seconds = max(0, int((now - datetime.fromisoformat(value)).total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes}m"
+    return f"{minutes}m{seconds}s" if minutes else f"{seconds}s"
+
+
+def _diff_summary(diff: Sequence[dict[str, Any]], truncated: bool) -> str:
+    parts = []
+    for entry in diff:
+        if entry["change"] == "changed":
+            parts.append(f"{entry['path'] or '/'}: {_cell(entry['held'])} → {_cell(entry['rejected'])}")
+        else:
+            parts.append(f"{entry['path']}: {entry['change']}")
+    return "; ".join(parts) + (" …" if truncated else "")
+
+
+# -- ledger commands -------------------------------------------------------------------------------
+
+
+async def cmd_duplicates(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    report = await reports.duplicates(
+        conn,
+        source=args.source,
+        tenant=args.tenant,
+        event_type=args.event_type,
+        since=args.since,
+        until=args.until,
+        sort=args.sort,
+        limit=args.limit,
+        cursor=args.cursor,
+    )
+    document = documents.duplicates(report)
+    if args.format == "json":
+        _json(out, document)
+    elif args.format == "csv":
+        print_csv(out, document["items"], documents.DUPLICATE_FIELDS)
+    else:
+        _window_line(out, document)
+        print_table(
+            out,
+            document["items"],
+            [
+                ("LAST SEEN", "last_seen_at"),
+                ("DELIVERIES", "delivery_count"),
+                ("SOURCE", "source"),
+                ("EVENT TYPE", "event_type"),
+                ("TENANT", "tenant"),
+                ("KEY", "effect_key"),
+                ("FIRST SEEN", "first_seen_at"),
+            ],
+        )
+        _more(out, document)
+        print("\ntotals over the window:", file=out)
+        print_table(
+            out,
+            document["totals"],
+            [
+                ("SOURCE", "source"),
+                ("EVENT TYPE", "event_type"),
+                ("EFFECTS", "effects"),
+                ("DELIVERIES", "deliveries"),
+                ("DUPLICATES", "duplicate_deliveries"),
+            ],
+        )
+
+
+async def cmd_rejects(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    kind = args.kind
+    if kind == "all" and (args.format == "csv" or args.cursor):
+        raise InvalidParameter(
+            "kind", "--format csv and --cursor need one kind of reject: --kind conflicts or --kind auth"
+        )
+    if kind == "auth" and (args.tenant or args.event_type or args.sort):
+        raise InvalidParameter(
+            "kind",
+            "authentication failures are kept per source and reason only: no --tenant, "
+            "--event-type or --sort",
+        )
+    window = {"since": args.since, "until": args.until, "limit": args.limit, "cursor": args.cursor}
+    conflicts = auth = None
+    if kind in ("all", "conflicts"):
+        conflicts = documents.conflicts(
+            await reports.key_conflicts(
+                conn,
+                source=args.source,
+                tenant=args.tenant,
+                event_type=args.event_type,
+                sort=args.sort,
+                **window,
+            )
+        )
+    if kind in ("all", "auth"):
+        auth = documents.auth_failures(await reports.auth_failures(conn, source=args.source, **window))
+    if args.format == "json":
+        _json(
+            out,
+            conflicts
+            if kind == "conflicts"
+            else auth
+            if kind == "auth"
+            else {"conflicts": conflicts, "auth": auth},
+        )
+        return
+    if args.format == "csv":
+        if conflicts is not None:
+            print_csv(out, conflicts["items"], documents.CONFLICT_FIELDS)
+        elif auth is not None:
+            print_csv(out, auth["per_minute"], documents.AUTH_MINUTE_FIELDS)
+        return
+    _window_line(out, conflicts or auth or {})
+    if conflicts is not None:
+        print("key conflicts (a different payload reused a held effect key; recorded, never run):", file=out)
+        rows = [{**i, "changes": _diff_summary(i["diff"], i["diff_truncated"])} for i in conflicts["items"]]
+        print_table(
+            out,
+            rows,
+            [
+                ("RECEIVED", "received_at"),
+                ("SOURCE", "source"),
+                ("EVENT", "event_id"),
+                ("EVENT TYPE", "event_type"),
+                ("KEY", "effect_key"),
+                ("HELD BY", "held_event_id"),
+                ("CHANGES (held → rejected)", "changes"),
+            ],
+        )
+        _more(out, conflicts)
+    if auth is not None:
+        if conflicts is not None:
+            print(file=out)
+        print("authentication failures (signature checks that failed; bodies are never kept):", file=out)
+        print_table(
+            out,
+            auth["by_reason"],
+            [("SOURCE", "source"), ("REASON", "reason"), ("COUNT", "count"), ("LAST SEEN", "last_seen_at")],
+        )
+        if kind == "auth":
+            print("\nper minute:", file=out)
+            print_table(
+                out,
+                auth["per_minute"],
+                [("MINUTE", "minute"), ("SOURCE", "source"), ("REASON", "reason"), ("COUNT", "count")],
+            )
+            _more(out, auth)
+
+
+def _timeline(document: dict[str, Any]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for d in document["deliveries"]:
+        events.append(
+            {
+                "at": d["received_at"],
+                "what": f"delivery {d['outcome']}",
+                "detail": f"event {d['event_id']} request {d['request_id']}",
+            }
+        )
+    for a in document["attempts"]:
+        events.append(
+            {
+                "at": a["started_at"],
+                "what": f"attempt {a['attempt']} started",
+                "detail": f"worker {a['worker']} lease token {a['lease_token']}",
+            }
+        )
+        if a["finished_at"]:
+            error = f": {a['error_type']}: {a['error_message']}" if a["error_type"] else ""
+            events.append(
+                {
+                    "at": a["finished_at"],
+                    "what": f"attempt {a['attempt']} ended",
+                    "detail": f"{a['outcome']}{error}",
+                }
+            )
+    for s in document["steps"]:
+        answer = json.dumps(s["result"] if s["status"] == "succeeded" else s["error"], separators=(",", ":"))
+        events.append(
+            {
+                "at": s["recorded_at"],
+                "what": f"step {s['name']} {s['status']}",
+                "detail": f"idempotency key {s['idempotency_key']}; answer {answer}",
+            }
+        )
+    for r in document["rejects"]:
+        events.append(
+            {
+                "at": r["received_at"],
+                "what": "reject (key conflict)",
+                "detail": f"event {r['event_id']}: {_diff_summary(r['diff'], r['diff_truncated'])}",
+            }
+        )
+    job = document["job"]
+    if job and job["finished_at"]:
+        events.append(
+            {
+                "at": job["finished_at"],
+                "what": f"job {job['state']}",
+                "detail": f"{job['terminal_reason'] or ''} (by {job['terminal_by'] or '?'})",
+            }
+        )
+    return sorted(events, key=lambda e: e["at"])
+
+
+async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    view = await reports.effect_view(conn, args.key, tenant=args.tenant)
+    if view is None:
+        raise NotFound(
+            f"no effect with key {args.key!r}" + (f" in tenant {args.tenant!r}" if args.tenant else "")
+        )
+    document = documents.effect(view)
+    if args.format == "json":
+        _json(out, document)
+        return
+    timeline = _timeline(document)
+    if args.format == "csv":
+        print_csv(out, timeline, ("at", "what", "detail"))
+        return
+    effect, job = document["effect"], document["job"]
+    print(f"effect   {effect['effect_key']}  (tenant {effect['tenant']})", file=out)
+    print(
+        f"event    {effect['source']} {effect['event_type']} {effect['event_id']}  → handler {effect['handler']}",
+        file=out,
+    )
+    print(
+        f"claimed  {effect['first_seen_at']}  deliveries {effect['delivery_count']}, "
+        f"rejects {effect['reject_count']}, fingerprint {effect['fingerprint'][:16]}…",
+        file=out,
+    )
+    if job is None:
+        print("job      none", file=out)
+    else:
+        reason = f" — {job['terminal_reason']}" if job["terminal_reason"] else ""
+        print(
+            f"job      {job['id']} {job['state']}{reason}  (attempt {job['attempt']}/{job['max_attempts']}"
+            f"{', by ' + job['terminal_by'] if job['terminal_by'] else ''})",
+            file=out,
+        )
+    print("\nsteps (what was sent downstream, under which idempotency key, and the answer):", file=out)
+    rows = [
+        {**s, "answer": s["result"] if s["status"] == "succeeded" else s["error"]} for s in document["steps"]
+    ]
+    print_table(
+        out,
+        rows,
+        [
+            ("STEP", "name"),
+            ("STATUS", "status"),
+            ("IDEMPOTENCY KEY", "idempotency_key"),
+            ("RECORDED", "recorded_at"),
+            ("ANSWER", "answer"),
+        ],
+    )
+    print("\ntimeline:", file=out)
+    print_table(out, timeline, [("AT", "at"), ("WHAT", "what"), ("DETAIL", "detail")])
+
+
+# -- jobs commands ---------------------------------------------------------------------------------
+
+
+async def cmd_jobs_list(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    report = await reports.jobs(
+        conn,
+        state=args.state,
+        kind=args.kind,
+        source=args.source,
+        since=args.since,
+        until=args.until,
+        sort=args.sort,
+        limit=args.limit,
+        cursor=args.cursor,
+    )
+    document = documents.jobs(report)
+    if args.format == "json":
+        _json(out, document)
+        return
+    if args.format == "csv":
+        print_csv(out, document["items"], documents.JOB_FIELDS)
+        return
+    now = datetime.now(UTC)
+    rows = [
+        {
+            **j,
+            "tries": f"{j['attempt']}/{j['max_attempts']}",
+            "age": _age(j["created_at"], now),
+            "note": j["terminal_reason"]
+            or ("cancel requested" if j["cancel_requested"] else j["lease_owner"]),
+        }
+        for j in document["items"]
+    ]
+    print_table(
+        out,
+        rows,
+        [
+            ("ID", "id"),
+            ("STATE", "state"),
+            ("KIND", "kind"),
+            ("SOURCE", "source"),
+            ("KEY", "effect_key"),
+            ("TRIES", "tries"),
+            ("AGE", "age"),
+            ("REASON / WORKER", "note"),
+        ],
+    )
+    _more(out, document)
+
+
+async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    view = await reports.job_view(conn, args.job_id)
+    if view is None:
+        raise NotFound(f"no job {args.job_id}")
+    document = documents.job(view)
+    if args.format == "json":
+        _json(out, document)
+        return
+    if args.format == "csv":
+        print_csv(out, document["attempts"], documents.ATTEMPT_FIELDS)
+        return
+    job = document["job"]
+    width = max(len(k) for k in job)
+    for key, value in job.items():
+        print(f"{key.ljust(width)}  {_cell(value)}", file=out)
+    print("\nattempts:", file=out)
+    rows = [
+        {**a, "error": f"{a['error_type']}: {a['error_message']}" if a["error_type"] else ""}
+        for a in document["attempts"]
+    ]
+    print_table(
+        out,
+        rows,
+        [
+            ("#", "attempt"),
+            ("TOKEN", "lease_token"),
+            ("WORKER", "worker"),
+            ("STARTED", "started_at"),
+            ("FINISHED", "finished_at"),
+            ("OUTCOME", "outcome"),
+            ("ERROR", "error"),
+        ],
+    )
+    print("\nsteps:", file=out)
+    print_table(
+        out,
+        document["steps"],
+        [
+            ("STEP", "name"),
+            ("STATUS", "status"),
+            ("IDEMPOTENCY KEY", "idempotency_key"),
+            ("RECORDED", "recorded_at"),
+        ],
+    )
+
+
+def _refusal(refusal: ledger_jobs.Refused) -> Exception:
+    return NotFound(refusal.detail) if refusal.code == "not_found" else Refused(refusal.code, refusal.detail)
+
+
+async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    job_id = reports.parse_id(args.job_id, "job_id")
+    refusal = await ledger_jobs.redrive(conn, job_id, force=args.force)
+    if refusal is not None:
+        raise _refusal(refusal)
+    if args.format == "json":
+        _json(out, {"job_id": job_id, "state": "pending"})
+    else:
+        print(f"job {job_id}: redriven, now pending", file=out)
+
+
+async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    job_id = reports.parse_id(args.job_id, "job_id")
+    outcome = await ledger_jobs.cancel(conn, job_id, by=_operator(), reason=args.reason)
+    if isinstance(outcome, ledger_jobs.Refused):
+        raise _refusal(outcome)
+    if args.format == "json":
+        _json(out, {"job_id": job_id, "state": outcome, "cancel_requested": True})
+    elif outcome == "cancelled":
+        print(f"job {job_id}: cancelled", file=out)
+    else:
+        print(f"job {job_id}: cancel requested; it ends cancelled at its worker's next heartbeat", file=out)
+
+
+# -- parser ----------------------------------------------------------------------------------------
+
+_EPILOG = "exit codes: 0 done, 1 runtime failure, 2 usage mistake, 3 not found, 4 refused (code printed)"
+
+
+def _output(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format", choices=["table", "json", "csv"], default="table", help="output (default: table)"
+    )
+
+
+def _filters(p: argparse.ArgumentParser, *, tenant: bool = True, event_type: bool = True) -> None:
+    p.add_argument("--source", help="only this webhook source")
+    if tenant:
+        p.add_argument("--tenant", help="only this tenant")
+    if event_type:
+        p.add_argument("--event-type", dest="event_type", help="only this event type")
+    p.add_argument("--since", help="window start: ISO 8601 or a duration back from now (30m, 24h, 7d)")
+    p.add_argument("--until", help="window end (exclusive), same forms; default now")
+    p.add_argument("--limit", help=f"rows per page, 1..{reports.MAX_LIMIT} (default {reports.DEFAULT_LIMIT})")
+    p.add_argument("--cursor", help="continue after the page that printed it")
+    _output(p)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``ledger`` and ``jobs`` commands to the ``effectgate`` parser."""
+    ledger = sub.add_parser("ledger", help="duplicate and reject reports, effect lineage", epilog=_EPILOG)
+    reports_sub = ledger.add_subparsers(dest="report", required=True, metavar="REPORT")
+
+    dup = reports_sub.add_parser("duplicates", help="effects delivered more than once", epilog=_EPILOG)
+    _filters(dup)
+    dup.add_argument("--sort", help=f"one of {', '.join(reports.DUPLICATE_SORTS)} (default -last_seen)")
+    dup.set_defaults(func=_run(cmd_duplicates))
+
+    rej = reports_sub.add_parser("rejects", help="key conflicts and authentication failures", epilog=_EPILOG)
+    _filters(rej)
+    rej.add_argument(
+        "--kind", choices=["all", "conflicts", "auth"], default="all", help="which rejects (default: all)"
+    )
+    rej.add_argument(
+        "--sort", help=f"key conflicts: one of {', '.join(reports.CONFLICT_SORTS)} (default -received)"
+    )
+    rej.set_defaults(func=_run(cmd_rejects))
+
+    show = reports_sub.add_parser("show", help="one effect from delivery to outcome", epilog=_EPILOG)
+    show.add_argument("key", metavar="KEY", help="the logical effect key")
+    show.add_argument("--tenant", help="the tenant holding the key (needed only when several do)")
+    _output(show)
+    show.set_defaults(func=_run(cmd_show))
+
+    jobs = sub.add_parser("jobs", help="list, show, redrive and cancel jobs", epilog=_EPILOG)
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+
+    listing = jobs_sub.add_parser("list", help="jobs by state, kind, source and age", epilog=_EPILOG)
+    listing.add_argument("--state", help=f"one or more, comma-separated: {', '.join(reports.JOB_STATES)}")
+    listing.add_argument("--kind", help="only this handler kind")
+    _filters(listing, tenant=False, event_type=False)
+    listing.add_argument("--sort", help="-created (newest first, default) or created (oldest first)")
+    listing.set_defaults(func=_run(cmd_jobs_list))
+
+    show_job = jobs_sub.add_parser("show", help="one job with its attempts and steps", epilog=_EPILOG)
+    show_job.add_argument("job_id", metavar="JOB_ID")
+    _output(show_job)
+    show_job.set_defaults(func=_run(cmd_jobs_show))
+
+    redrive = jobs_sub.add_parser(
+        "redrive", help="put a failed or parked job back to pending", epilog=_EPILOG
+    )
+    redrive.add_argument("job_id", metavar="JOB_ID")
+    redrive.add_argument("--force", action="store_true", help="redrive an unrecoverable failure too")
+    _output(redrive)
+    redrive.set_defaults(func=_run(cmd_jobs_redrive))
+
+    cancel = jobs_sub.add_parser("cancel", help="cancel a pending or running job", epilog=_EPILOG)
+    cancel.add_argument("job_id", metavar="JOB_ID")
+    cancel.add_argument("--reason", default="cancelled by operator", help="recorded with the job")
+    _output(cancel)
+    cancel.set_defaults(func=_run(cmd_jobs_cancel))

@@ -1,0 +1,268 @@
+"""The operator surface over real processes: ``effectgate serve`` answering the API, ``/metrics`` and the
+dashboard, the dashboard driven in headless Chromium over the DevTools protocol.
+
+Chromium is Debian's ``chromium`` package. If it is missing, the fixture installs it with apt-get (as
+root); the browser test is skipped, saying why, only where no browser can be installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from gateway.operator.auth import hash_token
+from tests.integration.test_reports_seed import seeded_database
+
+from .processes import Process, free_port
+
+pytestmark = pytest.mark.anyio
+
+VIEW_TOKEN = "e2e-view-token-0123456789"
+OPERATE_TOKEN = "e2e-operate-token-0123456789"
+INSTALL_SECONDS = 600
+
+
+@dataclass
+class Gateway:
+    url: str
+    db_url: str
+
+
+@pytest.fixture
+def gateway(pg_server_url: str, template_db: str, tmp_path: Path) -> Iterator[Gateway]:
+    """``effectgate serve`` with two operators, over a seeded ledger of its own."""
+    config = tmp_path / "effectgate.toml"
+    config.write_text(
+        f"""
+[sources.stripe]
+scheme = "stripe"
+secrets = ["E2E_STRIPE_SECRET"]
+
+[[operators]]
+name = "viewer"
+token_env = "E2E_VIEW_TOKEN"
+scopes = ["view"]
+
+[[operators]]
+name = "oncall"
+token_sha256 = "{hash_token(OPERATE_TOKEN)}"
+scopes = ["view", "operate"]
+"""
+    )
+    port = free_port()
+    with seeded_database(pg_server_url, template_db) as db_url:
+        env = {"DATABASE_URL": db_url, "E2E_STRIPE_SECRET": "whsec_e2e", "E2E_VIEW_TOKEN": VIEW_TOKEN}
+        process = Process(
+            ["serve", "--config", str(config), "--no-migrate", "--port", str(port)],
+            env,
+            tmp_path / "gateway.log",
+        )
+        try:
+            process.wait_http(f"http://127.0.0.1:{port}/readyz")
+            yield Gateway(f"http://127.0.0.1:{port}", db_url)
+        finally:
+            process.stop()
+        log = process.log_path.read_text(errors="replace")
+        for token in (VIEW_TOKEN, OPERATE_TOKEN):
+            assert token not in log, "an operator token reached the gateway log"
+
+
+async def test_the_api_and_metrics_of_a_real_gateway(gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as client:
+        view = {"Authorization": f"Bearer {VIEW_TOKEN}"}
+        body = (await client.get("/api/effects/order-paid:1234", headers=view)).json()
+        assert [s["idempotency_key"] for s in body["steps"]] == ["eg_capture_key"]
+        failed = (await client.get("/api/jobs?state=failed", headers=view)).json()["items"][0]["id"]
+        forbidden = await client.post(f"/api/jobs/{failed}/redrive", headers=view)
+        assert (forbidden.status_code, forbidden.json()["error"]) == (403, "insufficient_scope")
+        done = await client.post(
+            f"/api/jobs/{failed}/redrive", headers={"Authorization": f"Bearer {OPERATE_TOKEN}"}
+        )
+        assert done.json() == {"job_id": failed, "state": "pending"}
+        metrics = await client.get("/metrics")
+        assert "effectgate_ledger_up 1" in metrics.text
+        assert 'effectgate_jobs{state="pending",kind="fulfil_order"} 1' in metrics.text
+
+
+# -- the browser -----------------------------------------------------------------------------------
+
+
+def find_or_install_chromium() -> str | None:
+    found = shutil.which("chromium")
+    if found or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return found
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        subprocess.run(
+            ["apt-get", "update"], env=env, capture_output=True, timeout=INSTALL_SECONDS, check=False
+        )
+        subprocess.run(
+            ["apt-get", "install", "-y", "chromium"],
+            env=env,
+            capture_output=True,
+            timeout=INSTALL_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    return shutil.which("chromium")
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    path = find_or_install_chromium()
+    if path is None:
+        pytest.skip("no Chromium here and none could be installed (Debian's chromium via apt-get, as root)")
+    return path
+
+
+@pytest.fixture
+def devtools_page(chromium_path: str, tmp_path: Path) -> Iterator[str]:
+    """A headless Chromium; yields the DevTools WebSocket URL of its blank page."""
+    port = free_port()
+    log = (tmp_path / "chromium.log").open("wb")
+    browser = subprocess.Popen(
+        [
+            chromium_path,
+            "--headless=new",
+            "--no-sandbox",  # running as root in a container
+            "--disable-gpu",
+            "--no-first-run",
+            f"--remote-debugging-port={port}",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "about:blank",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=1).json()
+                pages = [t for t in targets if t["type"] == "page"]
+                if pages:
+                    yield pages[0]["webSocketDebuggerUrl"]
+                    break
+            except httpx.TransportError:
+                pass
+            if browser.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    f"Chromium did not start:\n{(tmp_path / 'chromium.log').read_text(errors='replace')}"
+                )
+            time.sleep(0.1)
+    finally:
+        browser.terminate()
+        try:
+            browser.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            browser.kill()
+            browser.wait()
+        log.close()
+
+
+class Page:
+    """The DevTools protocol, just enough of it: run script in the page, wait for navigations."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.next_id = 0
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        my_id = self.next_id
+        await self.ws.send(json.dumps({"id": my_id, "method": method, "params": params}))
+        while True:
+            message = json.loads(await self.ws.recv())
+            if message.get("id") == my_id:
+                if "error" in message:
+                    raise AssertionError(f"{method}: {message['error']}")
+                result: dict[str, Any] = message["result"]
+                return result
+
+    async def eval(self, expression: str) -> Any:
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise AssertionError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    async def settle(self, action: str) -> str:
+        """Run ``action`` (script that navigates) and wait until the next document has loaded."""
+        await self.eval("window.__old_document = true")
+        await self.eval(action)
+        with anyio.fail_after(15):
+            while True:
+                if await self.eval("!window.__old_document && document.readyState === 'complete'"):
+                    return str(await self.eval("location.pathname + location.search"))
+                await anyio.sleep(0.05)
+
+    async def goto(self, url: str) -> str:
+        return await self.settle(f"location.href = {json.dumps(url)}")
+
+    async def text(self) -> str:
+        return str(await self.eval("document.body.innerText"))
+
+
+@pytest.fixture
+async def page(devtools_page: str) -> AsyncIterator[Page]:
+    async with connect(devtools_page, max_size=2**24) as ws:
+        yield Page(ws)
+
+
+async def test_an_operator_answers_the_three_questions_and_redrives_in_the_browser(
+    gateway: Gateway, page: Page
+) -> None:
+    window = "since=2025-03-03T12:00:00Z&until=2025-03-04T12:00:00Z"
+    assert await page.goto(f"{gateway.url}/ui/duplicates?{window}&source=stripe") == (
+        "/ui/login?next=%2Fui%2Fduplicates%3Fsince%3D2025-03-03T12%3A00%3A00Z%26until%3D2025-03-04T12%3A00%3A00Z"
+        "%26source%3Dstripe"
+    )
+    landed = await page.settle(
+        f"document.querySelector('input[name=token]').value = {json.dumps(OPERATE_TOKEN)};"
+        "document.querySelector('form').submit()"
+    )
+    assert landed.startswith("/ui/duplicates?")
+    # Which webhooks did Stripe send twice that day?
+    text = await page.text()
+    assert "order-paid:1234" in text and "ship:9" not in text
+
+    # What was rejected and why?
+    await page.goto(f"{gateway.url}/ui/rejects?{window}")
+    text = await page.text()
+    assert "/data/object/amount changed: 1000 → 999" in text
+    assert "signature_invalid" in text
+
+    # Did order 1234's capture happen, with which key, and what did the provider answer?
+    await page.goto(f"{gateway.url}/ui/")
+    await page.goto(f"{gateway.url}/ui/effects/order-paid%3A1234")
+    steps = await page.eval(
+        "[...document.querySelectorAll('table')[1].rows].slice(1).map(r => [...r.cells].map(c => c.innerText))"
+    )
+    assert steps[0][:3] == ["capture", "succeeded", "eg_capture_key"]
+    assert json.loads(steps[0][3]) == {"id": "pi_1234", "status": "succeeded"}
+
+    # The charts are drawn by the server: three SVGs, one bar per hour.
+    await page.goto(f"{gateway.url}/ui/?{window}")
+    assert await page.eval("document.querySelectorAll('svg').length") == 3
+    assert await page.eval("document.querySelectorAll('svg rect').length") == 72
+
+    # Redrive the failed job with its button.
+    await page.goto(f"{gateway.url}/ui/jobs?state=failed")
+    landed = await page.settle("document.querySelector('button[name=redrive]').click()")
+    assert landed.endswith("?done=redriven")
+    assert "Redriven: the job is pending again." in await page.text()
+    assert "pending" in await page.eval(
+        "document.querySelector('table:not(:first-of-type), table').innerText"
+    )

@@ -1,0 +1,313 @@
+"""The operator API over the real app and a real ledger: auth, every answer validated against the
+OpenAPI document it serves, job control, and the JSON error shape for every bad parameter."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate as validate_openapi
+from referencing import Registry as SchemaRegistry
+from referencing import Resource
+from referencing.jsonschema import DRAFT202012
+
+from gateway.app import create_app
+from gateway.config import parse
+from gateway.operator import documents
+from gateway.operator.auth import hash_token
+from gateway.operator.openapi import DOCUMENT
+from handlers.registry import Registry
+from ledger import db, jobs, reports
+
+from .test_reports_seed import NOW, seed, seeded_database
+
+pytestmark = pytest.mark.anyio
+
+VIEW_TOKEN = "view-token-0123456789abcdef"
+OPERATE_TOKEN = "operate-token-0123456789abcdef"
+CONFIG = f"""
+[sources.stripe]
+scheme = "stripe"
+secrets = ["STRIPE_SECRET"]
+
+[[operators]]
+name = "viewer"
+token_env = "VIEW_TOKEN"
+scopes = ["view"]
+
+[[operators]]
+name = "admin"
+token_sha256 = "{hash_token(OPERATE_TOKEN)}"
+scopes = ["operate"]
+"""
+VIEW = {"Authorization": f"Bearer {VIEW_TOKEN}"}
+OPERATE = {"Authorization": f"Bearer {OPERATE_TOKEN}"}
+WINDOW = f"since={quote((NOW - timedelta(hours=24)).isoformat())}&until={quote(NOW.isoformat())}"
+
+_URN = "urn:effectgate:openapi"
+_SCHEMAS = SchemaRegistry().with_resource(
+    _URN, Resource.from_contents(DOCUMENT, default_specification=DRAFT202012)
+)
+
+
+def check(response: httpx.Response, template: str, method: str = "get") -> Any:
+    """Validate an answer against the schema the document gives for its path, method and status."""
+    status = str(response.status_code)
+    responses = DOCUMENT["paths"][template][method]["responses"]
+    assert status in responses, f"{method.upper()} {template} answered {status}, which is not documented"
+    pointer = "/paths/{}/{}/responses/{}/content/application~1json/schema".format(
+        template.replace("~", "~0").replace("/", "~1"), method, status
+    )
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    Draft202012Validator(
+        {"$ref": f"{_URN}#{pointer}"}, registry=_SCHEMAS, format_checker=Draft202012Validator.FORMAT_CHECKER
+    ).validate(body)
+    return body
+
+
+@asynccontextmanager
+async def gateway(url: str, *, keep_open: bool = True) -> AsyncIterator[httpx.AsyncClient]:
+    config = parse(CONFIG, env={"STRIPE_SECRET": "whsec_test", "VIEW_TOKEN": VIEW_TOKEN})
+    app = create_app(config, Registry(), url)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        if keep_open:
+            async with app.router.lifespan_context(app):
+                yield client
+        else:
+            # The lifespan has run and closed the pool: every ledger read now fails as unavailable.
+            async with app.router.lifespan_context(app):
+                pass
+            yield client
+
+
+@pytest.fixture(scope="module")
+def seeded_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    with seeded_database(pg_server_url, template_db) as url:
+        yield url
+
+
+@pytest.fixture
+async def api(seeded_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The app over the module's seeded ledger; tests using it only read."""
+    async with gateway(seeded_url) as client:
+        yield client
+
+
+def test_the_document_is_valid_openapi_3_1() -> None:
+    validate_openapi(DOCUMENT)
+    assert DOCUMENT["openapi"].startswith("3.1")
+
+
+def test_every_route_is_documented_and_every_documented_path_is_routed() -> None:
+    app = create_app(parse(CONFIG, env={"STRIPE_SECRET": "x", "VIEW_TOKEN": VIEW_TOKEN}), Registry(), "")
+    mount = next(r for r in app.routes if getattr(r, "path", "") == "/api")
+    routed = {
+        ("/api" + r.path.replace("{key:path}", "{key}"), method.lower())
+        for r in mount.routes  # type: ignore[attr-defined]
+        for method in r.methods - {"HEAD"}
+    }
+    documented = {(path, method) for path, ops in DOCUMENT["paths"].items() for method in ops}
+    assert routed == documented
+
+
+async def test_every_documented_answer_is_real_and_matches_the_document(db_url: str, conn: db.Conn) -> None:
+    ids = await seed(conn)
+    done, failed = ids["order-paid:1234"], ids["order-paid:1"]
+    seen: set[tuple[str, str, str]] = set()
+    cases: list[tuple[str, str, str, dict[str, str] | None, int]] = [
+        ("get", "/api/openapi.json", "/api/openapi.json", None, 200),
+        ("get", f"/api/duplicates?{WINDOW}", "/api/duplicates", VIEW, 200),
+        ("get", "/api/duplicates?limit=0", "/api/duplicates", VIEW, 400),
+        ("get", "/api/duplicates", "/api/duplicates", None, 401),
+        ("get", f"/api/rejects/conflicts?{WINDOW}", "/api/rejects/conflicts", VIEW, 200),
+        ("get", "/api/rejects/conflicts?sort=amount", "/api/rejects/conflicts", VIEW, 400),
+        ("get", "/api/rejects/conflicts", "/api/rejects/conflicts", {"Authorization": "Bearer nope"}, 401),
+        ("get", f"/api/rejects/auth?{WINDOW}", "/api/rejects/auth", OPERATE, 200),
+        ("get", "/api/rejects/auth?tenant=acme", "/api/rejects/auth", VIEW, 400),
+        ("get", "/api/rejects/auth", "/api/rejects/auth", {"Authorization": "Basic eDp5"}, 401),
+        ("get", "/api/effects/order-paid:1234", "/api/effects/{key}", VIEW, 200),
+        ("get", "/api/effects/order-paid:9", "/api/effects/{key}", VIEW, 404),
+        ("get", "/api/effects/order-paid:1234?tenant=", "/api/effects/{key}", VIEW, 400),
+        ("get", "/api/effects/order-paid:1234", "/api/effects/{key}", None, 401),
+        ("get", "/api/jobs?state=failed,parked", "/api/jobs", VIEW, 200),
+        ("get", "/api/jobs?state=done", "/api/jobs", VIEW, 400),
+        ("get", "/api/jobs", "/api/jobs", None, 401),
+        ("get", f"/api/jobs/{done}", "/api/jobs/{job_id}", VIEW, 200),
+        ("get", "/api/jobs/999999", "/api/jobs/{job_id}", VIEW, 404),
+        ("get", "/api/jobs/abc", "/api/jobs/{job_id}", VIEW, 400),
+        ("get", f"/api/jobs/{done}", "/api/jobs/{job_id}", None, 401),
+        ("post", f"/api/jobs/{failed}/redrive", "/api/jobs/{job_id}/redrive", OPERATE, 200),
+        ("post", f"/api/jobs/{done}/redrive", "/api/jobs/{job_id}/redrive", OPERATE, 409),
+        ("post", "/api/jobs/999999/redrive", "/api/jobs/{job_id}/redrive", OPERATE, 404),
+        ("post", f"/api/jobs/{failed}/redrive?force=maybe", "/api/jobs/{job_id}/redrive", OPERATE, 400),
+        ("post", f"/api/jobs/{failed}/redrive", "/api/jobs/{job_id}/redrive", None, 401),
+        ("post", f"/api/jobs/{failed}/redrive", "/api/jobs/{job_id}/redrive", VIEW, 403),
+        ("post", f"/api/jobs/{failed}/cancel", "/api/jobs/{job_id}/cancel", OPERATE, 200),
+        ("post", f"/api/jobs/{done}/cancel", "/api/jobs/{job_id}/cancel", OPERATE, 409),
+        ("post", "/api/jobs/999999/cancel", "/api/jobs/{job_id}/cancel", OPERATE, 404),
+        ("post", "/api/jobs/0/cancel", "/api/jobs/{job_id}/cancel", OPERATE, 400),
+        ("post", f"/api/jobs/{failed}/cancel", "/api/jobs/{job_id}/cancel", None, 401),
+        ("post", f"/api/jobs/{failed}/cancel", "/api/jobs/{job_id}/cancel", VIEW, 403),
+    ]
+    async with gateway(db_url) as client:
+        for method, url, template, headers, status in cases:
+            response = await client.request(method, url, headers=headers)
+            assert response.status_code == status, (method, url, response.text)
+            check(response, template, method)
+            seen.add((template, method, str(status)))
+    async with gateway(db_url, keep_open=False) as client:
+        for template, ops in DOCUMENT["paths"].items():
+            for method, op in ops.items():
+                if "503" in op["responses"]:
+                    url = template.replace("{key}", "k").replace("{job_id}", "1")
+                    response = await client.request(method, url, headers=OPERATE)
+                    assert response.status_code == 503
+                    assert check(response, template, method)["error"] == "ledger_unavailable"
+                    seen.add((template, method, "503"))
+    documented = {
+        (template, method, status)
+        for template, ops in DOCUMENT["paths"].items()
+        for method, op in ops.items()
+        for status in op["responses"]
+    }
+    assert documented - seen == set(), "documented answers no test produced"
+
+
+async def test_the_api_answers_exactly_what_the_report_says(api: httpx.AsyncClient, seeded: db.Conn) -> None:
+    body = check(await api.get(f"/api/duplicates?{WINDOW}&source=stripe", headers=VIEW), "/api/duplicates")
+    report = await reports.duplicates(seeded, source="stripe", since=NOW - timedelta(hours=24), until=NOW)
+    assert body == documents.jsonable(documents.duplicates(report))
+    assert [i["effect_key"] for i in body["items"]] == ["order-paid:1234"]
+    assert body["items"][0]["last_seen_at"] == "2025-03-04T11:00:00Z"
+
+
+async def test_pages_follow_the_cursor(api: httpx.AsyncClient) -> None:
+    url = f"/api/duplicates?{WINDOW}&limit=1"
+    first = check(await api.get(url, headers=VIEW), "/api/duplicates")
+    second = check(await api.get(f"{url}&cursor={first['next_cursor']}", headers=VIEW), "/api/duplicates")
+    assert [i["effect_key"] for i in first["items"] + second["items"]] == ["order-paid:1234", "ship:9"]
+    assert second["next_cursor"] is None
+
+
+async def test_conflicts_carry_the_field_diff(api: httpx.AsyncClient) -> None:
+    body = check(await api.get(f"/api/rejects/conflicts?{WINDOW}", headers=VIEW), "/api/rejects/conflicts")
+    [item] = body["items"]
+    assert item["diff"] == [
+        {"path": "/coupon", "change": "added", "rejected": "X"},
+        {"path": "/data/object/amount", "change": "changed", "held": 1000, "rejected": 999},
+    ]
+
+
+async def test_lineage_answers_did_the_capture_happen_with_which_key(api: httpx.AsyncClient) -> None:
+    body = check(await api.get("/api/effects/order-paid%3A1234", headers=VIEW), "/api/effects/{key}")
+    assert body["job"]["state"] == "succeeded"
+    assert [d["outcome"] for d in body["deliveries"]] == ["accepted", "duplicate", "duplicate", "rejected"]
+    [step] = body["steps"]
+    assert (step["name"], step["idempotency_key"], step["result"]["status"]) == (
+        "capture",
+        "eg_capture_key",
+        "succeeded",
+    )
+    acme = check(await api.get("/api/effects/ship:9?tenant=acme", headers=VIEW), "/api/effects/{key}")
+    assert acme["effect"]["tenant"] == "acme"
+
+
+@pytest.mark.parametrize(
+    ("url", "code", "parameter"),
+    [
+        ("/api/duplicates?sorce=stripe", "unknown_parameter", "sorce"),
+        ("/api/duplicates?source=a&source=b", "invalid_source", "source"),
+        ("/api/duplicates?since=yesterday", "invalid_since", "since"),
+        ("/api/duplicates?since=1h&until=2h", "invalid_until", "until"),
+        ("/api/duplicates?limit=5000", "invalid_limit", "limit"),
+        ("/api/duplicates?cursor=abc", "invalid_cursor", "cursor"),
+        ("/api/duplicates?event_type=", "invalid_event_type", "event_type"),
+        ("/api/rejects/conflicts?tenant=%00", "invalid_tenant", "tenant"),
+        ("/api/rejects/auth?limit=x", "invalid_limit", "limit"),
+        ("/api/jobs?sort=-last_seen", "invalid_sort", "sort"),
+        ("/api/jobs?kind=", "invalid_kind", "kind"),
+        ("/api/jobs/-1", "invalid_job_id", "job_id"),
+    ],
+)
+async def test_every_bad_parameter_is_a_400_naming_it(
+    api: httpx.AsyncClient, url: str, code: str, parameter: str
+) -> None:
+    response = await api.get(url, headers=VIEW)
+    assert response.status_code == 400
+    assert response.json()["error"] == code
+    assert response.json()["parameter"] == parameter
+
+
+async def test_authentication_comes_before_parameters(api: httpx.AsyncClient) -> None:
+    response = await api.get("/api/duplicates?limit=nonsense")
+    assert response.status_code == 401
+    assert response.json()["error"] == "missing_token"
+    assert response.headers["www-authenticate"] == 'Bearer realm="effectgate"'
+    response = await api.get("/api/duplicates", headers={"Authorization": f"Bearer {VIEW_TOKEN}x"})
+    assert (response.status_code, response.json()["error"]) == (401, "invalid_token")
+    assert 'error="invalid_token"' in response.headers["www-authenticate"]
+
+
+async def test_tokens_never_reach_the_logs(
+    db_url: str, conn: db.Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = await seed(conn)
+    caplog.set_level(logging.DEBUG)
+    async with gateway(db_url) as client:
+        await client.post(f"/api/jobs/{ids['order-paid:1']}/redrive", headers=OPERATE)
+        await client.post(f"/api/jobs/{ids['order-paid:1']}/cancel", headers=VIEW)
+        await client.get("/api/duplicates", headers={"Authorization": "Bearer wrong-token-guess"})
+    logged = "\n".join(f"{r.getMessage()} {vars(r)}" for r in caplog.records)
+    assert "operator.redrive" in logged and "admin" in logged
+    for secret in (OPERATE_TOKEN, VIEW_TOKEN, "wrong-token-guess"):
+        assert secret not in logged
+
+
+async def test_redrive_and_cancel_act_on_the_ledger(db_url: str, conn: db.Conn) -> None:
+    ids = await seed(conn)
+    failed, pending = ids["order-paid:1"], ids["ship:9"]
+    async with gateway(db_url) as client:
+        response = await client.post(f"/api/jobs/{failed}/redrive?force=false", headers=OPERATE)
+        assert check(response, "/api/jobs/{job_id}/redrive", "post") == {"job_id": failed, "state": "pending"}
+        job = await jobs.get(conn, failed)
+        assert job is not None and job["state"] == "pending"
+        again = await client.post(f"/api/jobs/{failed}/redrive", headers=OPERATE)
+        assert (again.status_code, again.json()["error"]) == (409, "not_redrivable")
+
+        response = await client.post(f"/api/jobs/{pending}/cancel?reason=duplicate%20order", headers=OPERATE)
+        assert check(response, "/api/jobs/{job_id}/cancel", "post")["state"] == "cancelled"
+        job = await jobs.get(conn, pending)
+        assert job is not None
+        assert (job["state"], job["terminal_reason"], job["terminal_by"]) == (
+            "cancelled",
+            "duplicate order",
+            "operator:admin",
+        )
+
+
+async def test_an_unrecoverable_failure_needs_force(db_url: str, conn: db.Conn) -> None:
+    ids = await seed(conn)
+    [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={"ship_order": 30}, limit=1)
+    await jobs.finish(conn, lease.job_id, lease.lease_token, state="failed", by="w", unrecoverable=True)
+    async with gateway(db_url) as client:
+        url = f"/api/jobs/{ids['ship:9']}/redrive"
+        refused = await client.post(url, headers=OPERATE)
+        assert (refused.status_code, refused.json()["error"]) == (409, "unrecoverable_requires_force")
+        forced = await client.post(f"{url}?force=true", headers=OPERATE)
+        assert forced.status_code == 200
+
+
+@pytest.fixture
+async def seeded(seeded_url: str) -> AsyncIterator[db.Conn]:
+    conn = await db.connect(seeded_url)
+    async with conn:
+        yield conn

@@ -1,0 +1,211 @@
+"""``effectgate ledger …`` and ``effectgate jobs …`` against a real ledger: output formats and exit codes."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from gateway import cli, operator_cli
+from gateway.operator import documents
+
+from .test_reports_seed import NOW, seeded_database
+
+WINDOW = ["--since", (NOW - timedelta(hours=24)).isoformat(), "--until", NOW.isoformat()]
+
+
+@pytest.fixture(scope="module")
+def seeded_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    with seeded_database(pg_server_url, template_db) as url:
+        yield url
+
+
+@pytest.fixture
+def ledger(seeded_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The module's seeded ledger as DATABASE_URL; tests using it only read."""
+    monkeypatch.setenv("DATABASE_URL", seeded_url)
+    return seeded_url
+
+
+@pytest.fixture
+def own_ledger(pg_server_url: str, template_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A seeded ledger of this test's own, for commands that change it."""
+    with seeded_database(pg_server_url, template_db) as url:
+        monkeypatch.setenv("DATABASE_URL", url)
+        yield url
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    # main() points the root logger at the stderr of the moment, which capsys swaps out: put it back,
+    # or later log lines go to a closed stream.
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = cli.main(list(argv))
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_duplicates_as_a_table_with_totals(ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "ledger", "duplicates", *WINDOW)
+    assert code == operator_cli.EXIT_OK
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("LAST SEEN"))
+    assert "order-paid:1234" in lines[header + 1] and "2025-03-04T11:00:00Z" in lines[header + 1]
+    assert "ship:9" in lines[header + 2]
+    assert "totals over the window:" in out
+    assert any(line.split()[:4] == ["stripe", "payment_intent.succeeded", "1", "3"] for line in lines)
+
+
+def test_duplicates_as_json_is_the_api_document(ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "ledger", "duplicates", *WINDOW, "--source", "shopify", "--format", "json")
+    assert code == 0
+    document = json.loads(out)
+    assert set(document) == {"since", "until", "sort", "items", "next_cursor", "totals"}
+    assert [i["effect_key"] for i in document["items"]] == ["ship:9"]
+    assert document["items"][0]["tenant"] == "acme"
+
+
+def test_duplicates_as_csv_and_pages(ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "ledger", "duplicates", *WINDOW, "--format", "csv", "--limit", "1")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert tuple(rows[0]) == documents.DUPLICATE_FIELDS
+    assert [r["effect_key"] for r in rows] == ["order-paid:1234"]
+    code, out, _ = run(capsys, "ledger", "duplicates", *WINDOW, "--limit", "1")
+    cursor = out.split("--cursor ")[1].split()[0]
+    code, out, _ = run(
+        capsys, "ledger", "duplicates", *WINDOW, "--limit", "1", "--cursor", cursor, "--format", "csv"
+    )
+    assert [r["effect_key"] for r in csv.DictReader(io.StringIO(out))] == ["ship:9"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "code"),
+    [
+        (["ledger", "duplicates", "--since", "yesterday"], "--since", "invalid_since"),
+        (["ledger", "duplicates", "--limit", "0"], "--limit", "invalid_limit"),
+        (["ledger", "duplicates", "--event-type", ""], "--event-type", "invalid_event_type"),
+        (["ledger", "rejects", "--format", "csv"], "--kind", "invalid_kind"),
+        (["ledger", "rejects", "--kind", "auth", "--tenant", "acme"], "--kind", "invalid_kind"),
+        (["jobs", "list", "--state", "done"], "--state", "invalid_state"),
+        (["jobs", "show", "abc"], "JOB_ID", "invalid_job_id"),
+        (["jobs", "redrive", "0"], "JOB_ID", "invalid_job_id"),
+    ],
+)
+def test_usage_mistakes_exit_2_naming_the_flag(
+    ledger: str, capsys: pytest.CaptureFixture[str], argv: list[str], flag: str, code: str
+) -> None:
+    exit_code, out, err = run(capsys, *argv)
+    assert exit_code == 2
+    assert err.startswith(f"effectgate: {flag}: ") and f"[{code}]" in err
+    assert out == ""
+
+
+def test_a_bad_choice_is_refused_by_the_parser(ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        run(capsys, "ledger", "duplicates", "--format", "xml")
+    assert info.value.code == 2
+    assert "--format" in capsys.readouterr().err
+
+
+def test_rejects_show_conflicts_with_their_diff_and_auth_failures(
+    ledger: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "ledger", "rejects", *WINDOW)
+    assert code == 0
+    assert "evt_forged" in out and "/data/object/amount: 1000 → 999" in out and "/coupon: added" in out
+    assert "signature_invalid" in out and "signature_missing" in out
+    code, out, _ = run(capsys, "ledger", "rejects", *WINDOW, "--format", "json")
+    assert set(json.loads(out)) == {"conflicts", "auth"}
+    code, out, _ = run(capsys, "ledger", "rejects", *WINDOW, "--kind", "auth", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [(r["source"], r["reason"], r["count"]) for r in rows] == [
+        ("stripe", "signature_invalid", "1"),
+        ("shopify", "signature_missing", "1"),
+        ("stripe", "signature_invalid", "3"),
+    ]
+
+
+def test_show_answers_did_the_capture_happen_with_which_key(
+    ledger: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "ledger", "show", "order-paid:1234")
+    assert code == 0
+    assert "job      1 succeeded — done" in out
+    [step] = [line for line in out.splitlines() if line.startswith("capture")]
+    assert step.split()[:3] == ["capture", "succeeded", "eg_capture_key"]
+    assert '{"id":"pi_1234","status":"succeeded"}' in step
+    code, out, _ = run(capsys, "ledger", "show", "order-paid:1234", "--format", "csv")
+    timeline = list(csv.DictReader(io.StringIO(out)))
+    assert [t["what"] for t in timeline] == [
+        "delivery accepted",
+        "attempt 1 started",
+        "step capture succeeded",
+        "attempt 1 ended",
+        "job succeeded",
+        "delivery duplicate",
+        "delivery duplicate",
+        "delivery rejected",
+        "reject (key conflict)",
+    ]
+    code, out, _ = run(capsys, "ledger", "show", "ship:9", "--format", "json")
+    assert json.loads(out)["effect"]["tenant"] == "acme"
+
+
+def test_not_found_exits_3(ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "ledger", "show", "order-paid:404")
+    assert (code, out) == (3, "")
+    assert "not found" in err
+    code, out, _ = run(capsys, "jobs", "show", "99999", "--format", "json")
+    assert code == 3
+    assert json.loads(out)["error"] == "not_found"
+
+
+def test_jobs_list_and_show(ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "jobs", "list", "--state", "failed,parked")
+    assert code == 0
+    [row] = [line for line in out.splitlines() if "order-paid:1" in line]
+    assert row.split()[1:5] == ["failed", "fulfil_order", "stripe", "order-paid:1"]
+    assert "card declined" in row
+    code, out, _ = run(capsys, "jobs", "list", "--kind", "ship_order", "--format", "csv")
+    assert [r["effect_key"] for r in csv.DictReader(io.StringIO(out))] == ["ship:9"]
+    job_id = row.split()[0]
+    code, out, _ = run(capsys, "jobs", "show", job_id)
+    assert code == 0
+    assert "TransientError: 502 from provider" in out and "TerminalError: card declined" in out
+
+
+def test_redrive_and_cancel_with_exit_codes_for_refusals(
+    own_ledger: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "jobs", "list", "--format", "json")
+    ids = {j["effect_key"]: j["id"] for j in json.loads(out)["items"]}
+    failed, done, pending = ids["order-paid:1"], ids["order-paid:1234"], ids["ship:9"]
+
+    assert run(capsys, "jobs", "redrive", str(failed)) == (0, f"job {failed}: redriven, now pending\n", "")
+    code, out, err = run(capsys, "jobs", "redrive", str(failed))
+    assert code == operator_cli.EXIT_REFUSED
+    assert err.startswith("effectgate: refused: not_redrivable: ")
+    code, out, _ = run(capsys, "jobs", "redrive", str(done), "--format", "json")
+    assert (code, json.loads(out)["error"]) == (4, "not_redrivable")
+    assert run(capsys, "jobs", "redrive", "99999")[0] == operator_cli.EXIT_NOT_FOUND
+
+    assert run(capsys, "jobs", "cancel", str(pending), "--reason", "customer asked")[:2] == (
+        0,
+        f"job {pending}: cancelled\n",
+    )
+    code, _, err = run(capsys, "jobs", "cancel", str(done))
+    assert code == 4 and "not_cancellable" in err
+    code, out, _ = run(capsys, "jobs", "show", str(pending), "--format", "json")
+    job = json.loads(out)["job"]
+    assert (job["state"], job["terminal_reason"]) == ("cancelled", "customer asked")
+    assert job["terminal_by"].startswith("cli")

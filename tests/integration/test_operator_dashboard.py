@@ -1,0 +1,147 @@
+"""The dashboard over the real app and ledger, without a browser: sign-in, pages, actions, escaping."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.config import parse
+from handlers.registry import Registry
+from ledger import db, jobs
+
+from .test_operator_api import CONFIG, OPERATE_TOKEN, VIEW_TOKEN
+from .test_reports_seed import NOW, deliver, seed, seeded_database
+
+pytestmark = pytest.mark.anyio
+
+WINDOW = "since=2025-03-03T12:00:00Z&until=2025-03-04T12:00:00Z"
+
+
+@asynccontextmanager
+async def dashboard(url: str, token: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(
+        parse(CONFIG, env={"STRIPE_SECRET": "whsec_test", "VIEW_TOKEN": VIEW_TOKEN}), Registry(), url
+    )
+    async with (
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client,
+        app.router.lifespan_context(app),
+    ):
+        if token is not None:
+            response = await client.post("/ui/login", data={"token": token, "next": "/ui/"})
+            assert response.status_code == 303
+        yield client
+
+
+@pytest.fixture(scope="module")
+def seeded_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    with seeded_database(pg_server_url, template_db) as url:
+        yield url
+
+
+def text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+async def test_pages_need_a_sign_in_and_it_keeps_the_token_in_a_strict_cookie(seeded_url: str) -> None:
+    async with dashboard(seeded_url) as client:
+        response = await client.get("/ui/jobs?state=failed")
+        assert response.status_code == 303
+        assert response.headers["location"] == "/ui/login?next=%2Fui%2Fjobs%3Fstate%3Dfailed"
+        form = await client.get(response.headers["location"])
+        assert 'name="next" value="/ui/jobs?state=failed"' in form.text
+        refused = await client.post("/ui/login", data={"token": "not-a-token", "next": "/ui/jobs"})
+        assert refused.status_code == 401 and "not a configured operator token" in refused.text
+        signed = await client.post("/ui/login", data={"token": VIEW_TOKEN, "next": "/ui/jobs?state=failed"})
+        assert (signed.status_code, signed.headers["location"]) == (303, "/ui/jobs?state=failed")
+        cookie = signed.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+        assert (await client.get("/ui/jobs?state=failed")).status_code == 200
+        assert (await client.get("/ui/logout")).status_code == 303
+        assert (await client.get("/ui/")).status_code == 303
+
+
+@pytest.mark.parametrize("target", ["//evil.example/ui/", "https://evil.example/", "/api/jobs", "/ui//x"])
+async def test_sign_in_never_redirects_off_the_dashboard(seeded_url: str, target: str) -> None:
+    async with dashboard(seeded_url) as client:
+        response = await client.post("/ui/login", data={"token": VIEW_TOKEN, "next": target})
+        assert response.headers["location"] == "/ui/"
+
+
+async def test_overview_charts_and_tables(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        response = await client.get(f"/ui/?{WINDOW}")
+        assert response.status_code == 200
+        assert "default-src 'none'" in response.headers["content-security-policy"]
+        assert response.text.count("<svg") == 3
+        # 24 hourly buckets, each a bar, in each of the three charts.
+        assert response.text.count("<rect") == 3 * 24
+        body = text(response.text)
+        assert "Duplicate deliveries — 3 in all" in body
+        assert "Key conflicts — 1 in all" in body
+        assert "Authentication failures — 5 in all" in body
+        assert "order-paid:1234" in body and "signature_invalid" in body
+
+
+async def test_reports_pages_with_filters(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        body = text((await client.get(f"/ui/duplicates?{WINDOW}&source=shopify")).text)
+        assert "ship:9" in body and "order-paid:1234" not in body
+        rejects = (await client.get(f"/ui/rejects?{WINDOW}")).text
+        assert "<code>/data/object/amount</code> changed: 1000 → 999" in rejects
+        assert "signature_missing" in rejects
+        bad = await client.get("/ui/duplicates?since=yesterday")
+        assert bad.status_code == 400 and "invalid_since" in bad.text
+
+
+async def test_lineage_page_shows_the_idempotency_key_and_the_answer(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        page = await client.get("/ui/effects/order-paid%3A1234")
+        assert page.status_code == 200
+        body = text(page.text)
+        assert "capture succeeded eg_capture_key" in body
+        assert "{&quot;id&quot;:&quot;pi_1234&quot;,&quot;status&quot;:&quot;succeeded&quot;}" in page.text
+        assert (await client.get("/ui/effects/nope")).status_code == 404
+
+
+async def test_only_operate_tokens_see_and_use_the_buttons(db_url: str, conn: db.Conn) -> None:
+    ids = await seed(conn)
+    failed = ids["order-paid:1"]
+    async with dashboard(db_url, VIEW_TOKEN) as viewer:
+        page = await viewer.get(f"/ui/jobs/{failed}")
+        assert "Redrive" not in page.text
+        assert (await viewer.post(f"/ui/jobs/{failed}/redrive", data={"csrf": "x"})).status_code == 403
+    async with dashboard(db_url, OPERATE_TOKEN) as operator:
+        page = await operator.get(f"/ui/jobs/{failed}")
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+        assert csrf is not None and "Redrive" in page.text
+        forged = await operator.post(f"/ui/jobs/{failed}/redrive", data={"csrf": "0" * 64})
+        assert forged.status_code == 403
+        done = await operator.post(f"/ui/jobs/{failed}/redrive", data={"csrf": csrf[1]})
+        assert (done.status_code, done.headers["location"]) == (303, f"/ui/jobs/{failed}?done=redriven")
+        job = await jobs.get(conn, failed)
+        assert job is not None and job["state"] == "pending"
+        again = await operator.post(f"/ui/jobs/{failed}/redrive", data={"csrf": csrf[1]})
+        assert again.headers["location"] == f"/ui/jobs/{failed}?refused=not_redrivable"
+        assert "Refused: not_redrivable" in (await operator.get(again.headers["location"])).text
+        cancel = await operator.post(f"/ui/jobs/{ids['ship:9']}/cancel", data={"csrf": csrf[1]})
+        assert cancel.headers["location"] == f"/ui/jobs/{ids['ship:9']}?done=cancelled"
+
+
+async def test_everything_from_the_ledger_is_escaped(db_url: str, conn: db.Conn) -> None:
+    evil = '<script>alert("x")</script>'
+    await deliver(conn, {"id": evil}, f"k:{evil}", NOW, source="stripe", event_id=evil)
+    await deliver(conn, {"id": evil}, f"k:{evil}", NOW, source="stripe", event_id=evil)
+    async with dashboard(db_url, VIEW_TOKEN) as client:
+        for url in (
+            "/ui/duplicates?since=2025-03-01",
+            "/ui/jobs",
+            "/ui/effects/k:%3Cscript%3Ealert(%22x%22)%3C%2Fscript%3E",
+        ):
+            page = await client.get(url)
+            assert page.status_code == 200, url
+            assert "<script>" not in page.text and "&lt;script&gt;" in page.text

@@ -1,0 +1,59 @@
+"""``/metrics`` over the real app: process counters plus the ledger's job gauges, read at scrape time."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.config import parse
+from gateway.operator import metrics
+from handlers.registry import Registry
+from ledger import db
+
+from .test_reports_seed import seed
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = """
+[sources.stripe]
+scheme = "stripe"
+secrets = ["STRIPE_SECRET"]
+"""
+
+
+async def scrape(url: str, *, open_pool: bool = True) -> httpx.Response:
+    app = create_app(parse(CONFIG, env={"STRIPE_SECRET": "whsec_test"}), Registry(), url)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        async with app.router.lifespan_context(app):
+            if open_pool:
+                return await client.get("/metrics")
+        return await client.get("/metrics")
+
+
+async def test_metrics_carry_process_counters_and_job_gauges(db_url: str, conn: db.Conn) -> None:
+    await seed(conn)
+    metrics.delivery("stripe", "duplicate")
+    response = await scrape(db_url)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == metrics.CONTENT_TYPE
+    lines = response.text.splitlines()
+    assert "effectgate_ledger_up 1" in lines
+    # The seed leaves one failed job and two pending ones; succeeded jobs are history, not a gauge.
+    assert 'effectgate_jobs{state="failed",kind="fulfil_order"} 1' in lines
+    assert 'effectgate_jobs{state="pending",kind="ship_order"} 1' in lines
+    assert 'effectgate_jobs{state="pending",kind="audit_order"} 1' in lines
+    assert not any(line.startswith('effectgate_jobs{state="succeeded"') for line in lines)
+    # The seeded jobs became due in 2025, so the oldest has waited a long time.
+    [oldest] = [line for line in lines if line.startswith("effectgate_oldest_due_job_seconds ")]
+    assert float(oldest.split()[1]) > 86400
+    assert any(
+        line.startswith('effectgate_deliveries_total{source="stripe",outcome="duplicate"}') for line in lines
+    )
+
+
+async def test_metrics_answer_without_the_ledger(db_url: str) -> None:
+    response = await scrape(db_url, open_pool=False)
+    assert response.status_code == 200
+    assert "effectgate_ledger_up 0" in response.text.splitlines()
+    assert "effectgate_deliveries_total" in response.text

@@ -1,0 +1,308 @@
+"""The operator reports against a real ledger: filters, sorts, keyset pages, lineage, and every bad input."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from ledger import db, reports
+from ledger.reports import InvalidParameter
+
+from .test_reports_seed import NOW, deliver, paid, seed, seeded_database
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def seeded_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    with seeded_database(pg_server_url, template_db) as url:
+        yield url
+
+
+@pytest.fixture
+async def seeded(seeded_url: str) -> AsyncIterator[db.Conn]:
+    """The module's seeded ledger, shared: tests using it only read."""
+    conn = await db.connect(seeded_url)
+    async with conn:
+        yield conn
+
+
+def keys(items: list[dict[str, Any]]) -> list[str]:
+    return [i["effect_key"] for i in items]
+
+
+async def test_duplicates_in_the_default_window_newest_first_with_totals(seeded: db.Conn) -> None:
+    report = await reports.duplicates(seeded, now=NOW)
+    assert (report.since, report.until) == (NOW - timedelta(hours=24), NOW)
+    assert keys(report.items) == ["order-paid:1234", "ship:9"]
+    assert report.items[0]["delivery_count"] == 3
+    assert report.items[0]["first_seen_at"] == NOW - timedelta(hours=5)
+    assert report.items[0]["last_seen_at"] == NOW - timedelta(hours=1)
+    assert report.next_cursor is None
+    assert report.totals == [
+        {
+            "source": "shopify",
+            "event_type": "orders/create",
+            "effects": 1,
+            "deliveries": 2,
+            "duplicate_deliveries": 1,
+        },
+        {
+            "source": "stripe",
+            "event_type": "payment_intent.succeeded",
+            "effects": 1,
+            "deliveries": 3,
+            "duplicate_deliveries": 2,
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected"),
+    [
+        ({"source": "shopify"}, ["ship:9"]),
+        ({"tenant": "default"}, ["order-paid:1234"]),
+        ({"event_type": "orders/create"}, ["ship:9"]),
+        ({"source": "stripe", "since": "4d"}, ["order-paid:1234", "order-paid:old"]),
+        ({"since": "4d", "until": "2d"}, ["order-paid:old"]),
+        ({"since": "2025-03-01", "until": "2025-03-02T00:00:00Z"}, ["order-paid:old"]),
+        ({"since": "90m"}, ["order-paid:1234"]),
+        ({"source": "github"}, []),
+        ({"sort": "last_seen"}, ["ship:9", "order-paid:1234"]),
+        ({"sort": "-first_seen"}, ["ship:9", "order-paid:1234"]),
+        ({"sort": "first_seen"}, ["order-paid:1234", "ship:9"]),
+        # Equal counts: the later claim (higher id) first.
+        ({"sort": "-deliveries", "since": "7d"}, ["order-paid:1234", "order-paid:old", "ship:9"]),
+    ],
+)
+async def test_duplicates_filters_and_sorts(
+    seeded: db.Conn, filters: dict[str, Any], expected: list[str]
+) -> None:
+    report = await reports.duplicates(seeded, now=NOW, **filters)
+    assert keys(report.items) == expected
+    assert sum(t["effects"] for t in report.totals) == len(expected)
+
+
+@pytest.mark.parametrize("sort", list(reports.DUPLICATE_SORTS))
+async def test_duplicate_pages_walk_every_row_once_in_order(conn: db.Conn, sort: str) -> None:
+    # Equal sort values across rows: the id tie-break must keep pages from repeating or skipping a row.
+    for i in range(7):
+        at = NOW - timedelta(hours=1 + i % 2)
+        await deliver(conn, paid(str(i)), f"k:{i}", at)
+        for _ in range(1 + i % 3):
+            await deliver(conn, paid(str(i)), f"k:{i}", at)
+    whole = await reports.duplicates(conn, sort=sort, now=NOW)
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = await reports.duplicates(conn, sort=sort, limit=3, cursor=cursor, now=NOW)
+        seen += keys(page.items)
+        pages += 1
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == keys(whole.items)
+    assert sorted(seen) == [f"k:{i}" for i in range(7)]
+    assert pages == 3
+
+
+async def test_a_cursor_is_refused_by_another_sort_and_when_tampered(seeded: db.Conn) -> None:
+    page = await reports.duplicates(seeded, limit=1, now=NOW)
+    assert page.next_cursor is not None
+    with pytest.raises(InvalidParameter) as info:
+        await reports.duplicates(seeded, sort="-deliveries", cursor=page.next_cursor, now=NOW)
+    assert info.value.code == "invalid_cursor"
+    with pytest.raises(InvalidParameter, match="cursor"):
+        await reports.key_conflicts(seeded, cursor=page.next_cursor, now=NOW)
+    for bad in ["%%%", "bm90IGpzb24", page.next_cursor[:-3], "W10", "x" * 2000]:
+        with pytest.raises(InvalidParameter) as info:
+            await reports.duplicates(seeded, cursor=bad, now=NOW)
+        assert info.value.code == "invalid_cursor", bad
+
+
+@pytest.mark.parametrize(
+    ("filters", "code"),
+    [
+        ({"since": "yesterday"}, "invalid_since"),
+        ({"since": ""}, "invalid_since"),
+        ({"since": "24x"}, "invalid_since"),
+        ({"since": "9999999w"}, "invalid_since"),
+        ({"until": "2025-13-01"}, "invalid_until"),
+        ({"since": "1h", "until": "2h"}, "invalid_until"),
+        ({"limit": 0}, "invalid_limit"),
+        ({"limit": "1001"}, "invalid_limit"),
+        ({"limit": "ten"}, "invalid_limit"),
+        ({"limit": "-1"}, "invalid_limit"),
+        ({"limit": True}, "invalid_limit"),
+        ({"sort": "amount"}, "invalid_sort"),
+        ({"source": ""}, "invalid_source"),
+        ({"tenant": "x" * 201}, "invalid_tenant"),
+        ({"event_type": "a\nb"}, "invalid_event_type"),
+    ],
+)
+async def test_every_bad_duplicate_filter_names_its_parameter(
+    seeded: db.Conn, filters: dict[str, Any], code: str
+) -> None:
+    with pytest.raises(InvalidParameter) as info:
+        await reports.duplicates(seeded, now=NOW, **filters)
+    assert info.value.code == code
+    assert info.value.parameter == code.removeprefix("invalid_")
+
+
+async def test_key_conflicts_show_both_fingerprints_both_events_and_a_field_diff(seeded: db.Conn) -> None:
+    report = await reports.key_conflicts(seeded, now=NOW)
+    [item] = report.items
+    assert item["effect_key"] == "order-paid:1234"
+    assert (item["held_event_id"], item["event_id"]) == ("evt_1234", "evt_forged")
+    assert item["held_fingerprint"] != item["rejected_fingerprint"]
+    assert item["diff"] == [
+        {"path": "/coupon", "change": "added", "rejected": "X"},
+        {"path": "/data/object/amount", "change": "changed", "held": 1000, "rejected": 999},
+    ]
+    assert item["diff_truncated"] is False
+    assert report.totals == [
+        {"source": "stripe", "event_type": "payment_intent.succeeded", "rejects": 1, "effects": 1}
+    ]
+    assert (await reports.key_conflicts(seeded, tenant="acme", now=NOW)).items == []
+    assert (await reports.key_conflicts(seeded, since="20m", now=NOW)).items == []
+
+
+async def test_key_conflict_pages(conn: db.Conn) -> None:
+    await deliver(conn, paid("1"), "k", NOW - timedelta(hours=2))
+    for i in range(5):
+        await deliver(conn, paid("1", amount=i), "k", NOW - timedelta(minutes=50 - i), event_id=f"evt_{i}")
+    for sort, expected in [("-received", [4, 3, 2, 1, 0]), ("received", [0, 1, 2, 3, 4])]:
+        seen, cursor = [], None
+        while True:
+            page = await reports.key_conflicts(conn, sort=sort, limit=2, cursor=cursor, now=NOW)
+            seen += [i["event_id"] for i in page.items]
+            if (cursor := page.next_cursor) is None:
+                break
+        assert seen == [f"evt_{i}" for i in expected]
+
+
+async def test_auth_failures_by_reason_and_per_minute(seeded: db.Conn) -> None:
+    report = await reports.auth_failures(seeded, now=NOW)
+    assert [(r["source"], r["reason"], r["count"]) for r in report.by_reason] == [
+        ("stripe", "signature_invalid", 4),
+        ("shopify", "signature_missing", 1),
+    ]
+    assert [(r["minute"], r["source"], r["count"]) for r in report.per_minute] == [
+        (NOW - timedelta(minutes=5), "stripe", 1),
+        (NOW - timedelta(minutes=5), "shopify", 1),
+        (NOW - timedelta(minutes=10), "stripe", 3),
+    ]
+    wider = await reports.auth_failures(seeded, source="stripe", since="2d", now=NOW)
+    assert [r["reason"] for r in wider.by_reason] == ["signature_invalid", "timestamp_out_of_tolerance"]
+    rows, cursor = [], None
+    while True:
+        page = await reports.auth_failures(seeded, since="2d", limit=1, cursor=cursor, now=NOW)
+        rows += page.per_minute
+        if (cursor := page.next_cursor) is None:
+            break
+    assert len(rows) == 4
+    with pytest.raises(InvalidParameter, match="source"):
+        await reports.auth_failures(seeded, source="\x00", now=NOW)
+
+
+async def test_effect_lineage_from_delivery_to_outcome(seeded: db.Conn) -> None:
+    view = await reports.effect_view(seeded, "order-paid:1234")
+    assert view is not None
+    assert view.effect["tenant"] == "default"
+    assert [d["outcome"] for d in view.deliveries] == ["accepted", "duplicate", "duplicate", "rejected"]
+    assert view.job is not None
+    assert (view.job["state"], view.job["terminal_reason"]) == ("succeeded", "done")
+    [attempt] = view.attempts
+    assert (attempt["worker"], attempt["lease_token"], attempt["outcome"]) == ("worker-a", 1, "succeeded")
+    [step] = view.steps
+    assert step["idempotency_key"] == "eg_capture_key"
+    assert step["result"] == {"id": "pi_1234", "status": "succeeded"}
+    [reject] = view.rejects
+    assert reject["event_id"] == "evt_forged"
+    assert {d["path"] for d in reject["diff"]} == {"/coupon", "/data/object/amount"}
+
+
+async def test_effect_lookup_by_tenant(conn: db.Conn) -> None:
+    await seed(conn)
+    assert await reports.effect_view(conn, "ship:9", tenant="default") is None
+    view = await reports.effect_view(conn, "ship:9")
+    assert view is not None and view.effect["tenant"] == "acme"
+    assert await reports.effect_view(conn, "no-such-key") is None
+    await deliver(conn, paid("1234"), "order-paid:1234", NOW, tenant="acme")
+    with pytest.raises(InvalidParameter) as info:
+        await reports.effect_view(conn, "order-paid:1234")
+    assert (info.value.code, info.value.parameter) == ("tenant_required", "tenant")
+    view = await reports.effect_view(conn, "order-paid:1234", tenant="acme")
+    assert view is not None and view.deliveries[0]["outcome"] == "accepted"
+    with pytest.raises(InvalidParameter, match="key"):
+        await reports.effect_view(conn, "")
+
+
+async def test_jobs_by_state_kind_source_and_age(conn: db.Conn) -> None:
+    ids = await seed(conn)
+    every = await reports.jobs(conn, now=NOW)
+    assert [j["effect_key"] for j in every.items] == [
+        "order-paid:1",
+        "ship:9",
+        "order-paid:1234",
+        "order-paid:old",
+    ]
+    assert [j["id"] for j in (await reports.jobs(conn, state="failed,parked", now=NOW)).items] == [
+        ids["order-paid:1"]
+    ]
+    assert [j["state"] for j in (await reports.jobs(conn, state=["pending"], now=NOW)).items] == [
+        "pending",
+        "pending",
+    ]
+    assert [j["kind"] for j in (await reports.jobs(conn, kind="ship_order", now=NOW)).items] == ["ship_order"]
+    assert [j["source"] for j in (await reports.jobs(conn, source="shopify", now=NOW)).items] == ["shopify"]
+    older = await reports.jobs(conn, until="3h", sort="created", now=NOW)
+    assert [j["effect_key"] for j in older.items] == ["order-paid:old", "order-paid:1234", "ship:9"]
+    seen, cursor = [], None
+    while True:
+        page = await reports.jobs(conn, limit=3, cursor=cursor, now=NOW)
+        seen += [j["id"] for j in page.items]
+        if (cursor := page.next_cursor) is None:
+            break
+    assert seen == [j["id"] for j in every.items]
+
+
+@pytest.mark.parametrize(
+    ("filters", "code"),
+    [
+        ({"state": "done"}, "invalid_state"),
+        ({"state": "failed,"}, "invalid_state"),
+        ({"state": []}, "invalid_state"),
+        ({"kind": ""}, "invalid_kind"),
+        ({"sort": "-last_seen"}, "invalid_sort"),
+        ({"since": "1h", "until": "2h"}, "invalid_until"),
+        ({"cursor": "nope"}, "invalid_cursor"),
+    ],
+)
+async def test_every_bad_job_filter_names_its_parameter(
+    seeded: db.Conn, filters: dict[str, Any], code: str
+) -> None:
+    with pytest.raises(InvalidParameter) as info:
+        await reports.jobs(seeded, now=NOW, **filters)
+    assert info.value.code == code
+
+
+async def test_job_view_shows_every_attempt_and_step(conn: db.Conn) -> None:
+    ids = await seed(conn)
+    view = await reports.job_view(conn, str(ids["order-paid:1"]))
+    assert view is not None
+    assert (view.job["state"], view.job["terminal_reason"]) == ("failed", "card declined")
+    assert [(a["lease_token"], a["outcome"], a["error_message"]) for a in view.attempts] == [
+        (1, "retry", "502 from provider"),
+        (2, "failed", "card declined"),
+    ]
+    assert view.steps == []
+    assert await reports.job_view(conn, 999_999) is None
+    for bad in ["0", "x", "-3", 2**63]:
+        with pytest.raises(InvalidParameter) as info:
+            await reports.job_view(conn, bad)
+        assert info.value.code == "invalid_job_id"

@@ -1,0 +1,107 @@
+"""The report parameter parsers and the payload diff, without a database."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from ledger import reports
+from ledger.queries import SQL_DIR, parse
+from ledger.reports import InvalidParameter, payload_diff
+
+NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("24h", NOW - timedelta(hours=24)),
+        ("30m", NOW - timedelta(minutes=30)),
+        ("90s", NOW - timedelta(seconds=90)),
+        ("7d", NOW - timedelta(days=7)),
+        ("2w", NOW - timedelta(weeks=2)),
+        (" 1h ", NOW - timedelta(hours=1)),
+        ("2025-03-01", datetime(2025, 3, 1, tzinfo=UTC)),
+        ("2025-03-01T10:30:00Z", datetime(2025, 3, 1, 10, 30, tzinfo=UTC)),
+        ("2025-03-01T10:30:00+02:00", datetime(2025, 3, 1, 8, 30, tzinfo=UTC)),
+    ],
+)
+def test_times_are_durations_back_from_now_or_iso_8601(text: str, expected: datetime) -> None:
+    assert reports.parse_time(text, "since", now=NOW) == expected
+
+
+def test_a_naive_datetime_is_utc() -> None:
+    assert reports.parse_time(datetime(2025, 1, 1), "since", now=NOW) == datetime(2025, 1, 1, tzinfo=UTC)
+    aware = datetime(2025, 1, 1, tzinfo=timezone(timedelta(hours=3)))
+    assert reports.parse_time(aware, "since", now=NOW) == aware
+
+
+@pytest.mark.parametrize(
+    "text", ["", "  ", "24", "h", "1.5h", "24 h", "-1h", "1y", "tomorrow", "٣h", "9999999d"]
+)
+def test_bad_times_name_the_parameter(text: str) -> None:
+    with pytest.raises(InvalidParameter) as info:
+        reports.parse_time(text, "until", now=NOW)
+    assert (info.value.code, info.value.parameter) == ("invalid_until", "until")
+
+
+def test_limits_are_whole_numbers_up_to_the_cap() -> None:
+    assert reports.parse_limit(None) == reports.DEFAULT_LIMIT
+    assert reports.parse_limit("7") == 7
+    assert reports.parse_limit(reports.MAX_LIMIT) == reports.MAX_LIMIT
+    for bad in [0, reports.MAX_LIMIT + 1, "0", "1e3", "٣", "", " ", 2.0, False]:
+        with pytest.raises(InvalidParameter, match="limit"):
+            reports.parse_limit(bad)  # type: ignore[arg-type]
+
+
+def test_states_are_validated_and_deduplicated() -> None:
+    assert reports.parse_states("parked,failed,parked") == ["failed", "parked"]
+    assert reports.parse_states(None) is None
+    for bad in ["", "done", "failed,,parked", ["failed", 3]]:
+        with pytest.raises(InvalidParameter) as info:
+            reports.parse_states(bad)  # type: ignore[arg-type]
+        assert info.value.code == "invalid_state"
+
+
+def test_the_diff_walks_objects_and_arrays_with_json_pointers() -> None:
+    held = {"a": 1, "b": {"c": [1, 2, 3], "d": "x"}, "e/f": 1, "g~h": 1, "gone": None}
+    rejected = {"a": 1, "b": {"c": [1, 5], "d": "x"}, "e/f": 2, "g~h": True, "new": {"k": 1}}
+    entries, truncated = payload_diff(held, rejected)
+    assert truncated is False
+    assert entries == [
+        {"path": "/b/c/1", "change": "changed", "held": 2, "rejected": 5},
+        {"path": "/b/c/2", "change": "removed", "held": 3},
+        {"path": "/e~1f", "change": "changed", "held": 1, "rejected": 2},
+        {"path": "/gone", "change": "removed", "held": None},
+        # 1 and true are equal to Python, not to JSON.
+        {"path": "/g~0h", "change": "changed", "held": 1, "rejected": True},
+        {"path": "/new", "change": "added", "rejected": {"k": 1}},
+    ]
+
+
+def test_the_diff_of_equal_payloads_is_empty_and_of_different_types_is_the_root() -> None:
+    assert payload_diff({"a": [1, {"b": 2}]}, {"a": [1, {"b": 2}]}) == ([], False)
+    assert payload_diff([1], {"a": 1}) == (
+        [{"path": "", "change": "changed", "held": [1], "rejected": {"a": 1}}],
+        False,
+    )
+
+
+def test_a_long_diff_is_cut_and_says_so() -> None:
+    held = {f"k{i:04}": i for i in range(500)}
+    rejected = {f"k{i:04}": -i - 1 for i in range(500)}
+    entries, truncated = payload_diff(held, rejected)
+    assert truncated is True
+    assert len(entries) == reports.MAX_DIFF_ENTRIES
+    entries, truncated = payload_diff(list(range(300)), [])
+    assert truncated is True and len(entries) == reports.MAX_DIFF_ENTRIES
+
+
+def test_every_report_query_is_used_by_the_reports() -> None:
+    names = parse((SQL_DIR / "reports.sql").read_text(encoding="utf-8"))
+    source = Path(reports.__file__).read_text(encoding="utf-8")
+    used = set(re.findall(r'"((?:report|effect|metrics)_[a-z0-9_]+)"', source))
+    assert set(names) - used == set(), "queries in reports.sql that no report runs"
