@@ -66,7 +66,7 @@ def payment_succeeded_event(
         "id": event_id or f"evt_{uuid.uuid4().hex[:24]}",
         "object": "event",
         "type": "payment_intent.succeeded",
-        "created": int(time.time()),
+        "created": 1_700_000_000 + int(hashlib.sha256(order_id.encode()).hexdigest()[:6], 16),
         "data": {
             "object": {
                 "id": f"pi_{hashlib.sha256(order_id.encode()).hexdigest()[:24]}",

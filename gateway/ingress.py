@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -24,6 +25,7 @@ from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.fingerprints import fingerprint
 
 from .config import Config, Source
+from .operator import metrics
 from .signatures import PayloadError, SignatureError, Verified
 
 log = logging.getLogger("effectgate.gateway")
@@ -81,12 +83,14 @@ async def receive(request: Request) -> Response:
     try:
         verified = source.scheme.verify(body, request.headers)
     except SignatureError as exc:
+        metrics.verification_failure(name, exc.code)
         await _count_signature_failure(pool, source, exc, body)
         log.info(
             "delivery.unauthenticated", extra={"source": name, "reason": exc.code, "request_id": request_id}
         )
         return error(401, exc.code, exc.detail)
     except PayloadError as exc:
+        metrics.delivery(name, exc.code)
         return error(400, exc.code, exc.detail)
 
     if verified.challenge is not None:
@@ -95,12 +99,15 @@ async def receive(request: Request) -> Response:
     try:
         planned = _plan(source, registry, verified, request_id)
     except KeyFunctionFailed as exc:
+        metrics.delivery(name, "effect_key_failed")
         return error(422, "effect_key_failed", str(exc))
 
+    started = time.perf_counter()
     try:
         async with db.connection(pool) as conn:
             outcomes = await claims.claim_deliveries(conn, planned)
     except LedgerUnavailable as exc:
+        metrics.delivery(name, "ledger_unavailable")
         log.warning("delivery.ledger_unavailable", extra={"source": name, "request_id": request_id})
         return error(503, "ledger_unavailable", str(exc))
     except LedgerError as exc:
@@ -108,9 +115,12 @@ async def receive(request: Request) -> Response:
         log.error(
             "delivery.ledger_error", extra={"source": name, "request_id": request_id, "error": str(exc)}
         )
+        metrics.delivery(name, "ledger_error")
         return error(500, "ledger_error", "the delivery could not be recorded; nothing was claimed")
+    metrics.claim_latency(time.perf_counter() - started)
 
     flat = [o for per_event in outcomes for o in per_event]
+    metrics.claimed(name, [o.outcome for o in flat])
     effects_json = [_outcome_json(o) for o in flat]
     event_ids = [d.event_id for d, _ in planned]
     log.info(
@@ -151,12 +161,13 @@ def _plan(
         for kind in registry.match(source.name, event.type):
             try:
                 key = kind.effect_key(handler_event)
+                lock_key = kind.lock_key_for(handler_event)
             except Exception as exc:
                 raise KeyFunctionFailed(
-                    f"handler {kind.name!r} could not compute an effect key for event {event.id!r}: "
+                    f"handler {kind.name!r} could not compute an effect or lock key for event {event.id!r}: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            effects.append(EffectRequest(key, kind.name, kind.max_attempts, kind.orphan_policy))
+            effects.append(EffectRequest(key, kind.name, kind.max_attempts, kind.orphan_policy, lock_key))
         delivery = Delivery(
             request_id=request_id,
             tenant=source.tenant,

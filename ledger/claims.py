@@ -27,6 +27,7 @@ class EffectRequest:
     handler: str
     max_attempts: int
     orphan_policy: str
+    lock_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,7 @@ async def claim_deliveries(
                 "payload": payload,
                 "max_attempts": effect.max_attempts,
                 "orphan_policy": effect.orphan_policy,
+                "lock_key": effect.lock_key,
             }
             planned.append((d_index, e_index, effect, params))
     # Claim in (tenant, key) order: two requests sharing several keys then lock them in the same order

@@ -23,8 +23,9 @@ outcome AS (
     FROM claim
 ),
 job AS (
-    INSERT INTO jobs (effect_id, tenant, kind, max_attempts, orphan_policy, run_at, created_at, updated_at)
-    SELECT effect_id, %(tenant)s, %(handler)s, %(max_attempts)s, %(orphan_policy)s,
+    INSERT INTO jobs (effect_id, tenant, kind, max_attempts, orphan_policy, lock_key, run_at, created_at,
+                      updated_at)
+    SELECT effect_id, %(tenant)s, %(handler)s, %(max_attempts)s, %(orphan_policy)s, %(lock_key)s,
            coalesce(%(now)s, now()), coalesce(%(now)s, now()), coalesce(%(now)s, now())
     FROM outcome WHERE outcome = 'accepted'
     RETURNING id

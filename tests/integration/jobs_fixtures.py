@@ -47,6 +47,7 @@ async def claim(
     orphan_policy: str = "redrive",
     payload: Any = None,
     now: datetime | None = None,
+    lock_key: str | None = None,
 ) -> int:
     """Claim one effect as the gateway does and return its job id."""
     key = key or f"key-{uuid.uuid4().hex[:10]}"
@@ -61,19 +62,10 @@ async def claim(
         fingerprint=fingerprint(payload),
     )
     [outcome] = await claim_delivery(
-        conn, delivery, [EffectRequest(key, kind, max_attempts, orphan_policy)], now=now
+        conn, delivery, [EffectRequest(key, kind, max_attempts, orphan_policy, lock_key)], now=now
     )
     assert isinstance(outcome, Accepted)
     return outcome.job_id
-
-
-async def set_lock_key(conn: db.Conn, job_id: int, lock_key: str) -> None:
-    """Give a claimed job a lock key.
-
-    Stands in for the claim itself writing ``lock_key`` (``EffectRequest.lock_key``), which lives in
-    ``ledger/claims.py``; everything after the claim is the code under test.
-    """
-    await conn.execute("UPDATE jobs SET lock_key = %s WHERE id = %s", (lock_key, job_id))
 
 
 async def lease_one(

@@ -56,7 +56,12 @@ def make_registry() -> Registry:
             key=lambda ev: order.format(ev.payload["data"]["object"]["metadata"]["order_id"]),
             name=f"{source}.fulfil",
         )(_noop)
-    registry.effect(source="stripe", events=["payment_intent.succeeded"], name="stripe.notify")(_noop)
+    registry.effect(
+        source="stripe",
+        events=["payment_intent.succeeded"],
+        name="stripe.notify",
+        lock_key=lambda ev: f"intent:{ev.payload['data']['object']['id']}",
+    )(_noop)
     registry.effect(source="standard", events=["invoice.*"], name="standard.invoice")(_noop)
     return registry
 
@@ -126,6 +131,11 @@ async def test_new_event_is_accepted_then_a_duplicate(client: httpx.AsyncClient,
     assert effects["stripe.fulfil"]["key"] == "order-paid:1"
     assert effects["stripe.fulfil"]["outcome"] == "accepted"
     assert effects["stripe.notify"]["key"] == "stripe:evt_1:stripe.notify"
+    locks = await rows(conn, "SELECT kind, lock_key FROM jobs ORDER BY kind")
+    assert locks == [
+        {"kind": "stripe.fulfil", "lock_key": None},
+        {"kind": "stripe.notify", "lock_key": "intent:pi_1"},
+    ]
 
     again = await post(client, "stripe", body, stripe_headers(body))
     assert again.status_code == 200
@@ -253,3 +263,24 @@ async def test_an_unreachable_ledger_is_503_and_nothing_is_acknowledged() -> Non
             r = await post(c, "stripe", body, stripe_headers(body))
             assert r.status_code == 503
             assert r.json()["error"] == "ledger_unavailable"
+
+
+async def test_deliveries_and_failures_are_counted_in_the_metrics(client: httpx.AsyncClient) -> None:
+    from gateway.operator import metrics
+
+    def count(text: str, line_start: str) -> float:
+        lines = [line for line in text.splitlines() if line.startswith(line_start)]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    before = metrics.REGISTRY.render()
+    body = stripe_event(order_id="m1", event_id="evt_m1")
+    await post(client, "stripe", body, stripe_headers(body))
+    await post(client, "stripe", body, stripe_headers(body))
+    await post(client, "stripe", body, {})
+    after = metrics.REGISTRY.render()
+    accepted = 'effectgate_deliveries_total{source="stripe",outcome="accepted"}'
+    duplicate = 'effectgate_deliveries_total{source="stripe",outcome="duplicate"}'
+    missing = 'effectgate_verification_failures_total{source="stripe",reason="signature_missing"}'
+    assert count(after, accepted) - count(before, accepted) == 2  # two effects of one delivery
+    assert count(after, duplicate) - count(before, duplicate) == 2
+    assert count(after, missing) - count(before, missing) == 1

@@ -22,16 +22,13 @@ from tests.integration.jobs_fixtures import (
     lease_one,
     module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
     rolled_back_conn,  # noqa: F401   on one database per module)
-    set_lock_key,
 )
 
 pytestmark = pytest.mark.anyio
 
 
 async def keyed(conn: db.Conn, lock_key: str, *, tenant: str = "default", now_s: float = 0) -> int:
-    job_id = await claim(conn, tenant=tenant, now=at(now_s))
-    await set_lock_key(conn, job_id, lock_key)
-    return job_id
+    return await claim(conn, tenant=tenant, now=at(now_s), lock_key=lock_key)
 
 
 async def fetch(conn: db.Conn, now_s: float, limit: int = 10) -> list[int]:
