@@ -277,7 +277,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         if use_demo:
             print("\nTry a signed Stripe delivery (the signature is valid for five minutes):\n")
             print("  " + demo.curl_command(base) + "\n")
-            print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234\n", flush=True)
+            print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234\n")
+            token = env["EFFECTGATE_DEMO_OPERATOR_TOKEN"]
+            print(f"Dashboard: {base}/ui/  (operator token: {token})", flush=True)
     exit_code = EXIT_OK
     while not stopping:
         dead = [p for p in procs if p.poll() is not None]

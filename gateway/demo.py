@@ -18,6 +18,8 @@ DEMO_ENV = {
     "EFFECTGATE_DEMO_GITHUB_SECRET": "effectgate-demo-only",
     # base64 of 24 bytes, in Standard Webhooks' whsec_ form.
     "EFFECTGATE_DEMO_STANDARD_SECRET": "whsec_ZWZmZWN0Z2F0ZS1kZW1vLW9ubHktc2VjcmV0",
+    # Bearer token of the demo's operator (view and operate) for /api/ and /ui/.
+    "EFFECTGATE_DEMO_OPERATOR_TOKEN": "demo-operator-token-not-for-production",
 }
 
 
@@ -49,6 +51,11 @@ secrets = ["EFFECTGATE_DEMO_STANDARD_SECRET"]
 concurrency = 4
 backoff_base = 0.5
 backoff_cap = 30
+
+[[operators]]
+name = "demo"
+token_env = "EFFECTGATE_DEMO_OPERATOR_TOKEN"
+scopes = ["view", "operate"]
 
 [downstream.payments]
 base_url = "http://127.0.0.1:{fake_port}"

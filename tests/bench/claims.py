@@ -62,6 +62,7 @@ def pgbench_script() -> str:
         "now": "NULL::timestamptz",
         "max_attempts": "5",
         "orphan_policy": "'park'",
+        "lock_key": "NULL",
         "request_id": "'r:' || :key",
         "secret_index": "0",
     }
