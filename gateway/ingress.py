@@ -23,6 +23,7 @@ from ledger import claims, db
 from ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
 from ledger.errors import LedgerError, LedgerUnavailable
 from ledger.fingerprints import fingerprint
+from ledger.storable import jsonb_problem
 
 from .config import Config, Source
 from .operator import metrics
@@ -95,6 +96,13 @@ async def receive(request: Request) -> Response:
 
     if verified.challenge is not None:
         return JSONResponse(verified.challenge)
+    for event in verified.events:
+        # Authentic but unstorable (a NUL or a lone surrogate in a string): refused now with a 400, not
+        # a 5xx on every one of the provider's retries.
+        problem = jsonb_problem(event.payload)
+        if problem is not None:
+            metrics.delivery(name, "malformed_payload")
+            return error(400, "malformed_payload", f"event {event.id!r}: {problem}")
 
     try:
         planned = _plan(source, registry, verified, request_id)

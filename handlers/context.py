@@ -6,7 +6,6 @@ lease is lost (or the slice abandoned), every later write raises ``LeaseLost`` a
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ledger import db, jobs, steps
 from ledger.errors import LeaseLost
 from ledger.steps import RecordedStep
+from ledger.storable import jsonb_problem
 
 from .errors import StepAlreadyRun, TerminalError, UnrecoverableError
 from .idempotency import idempotency_key
@@ -151,11 +151,10 @@ class EffectContext:
         except TerminalError as exc:
             await self._record(name, key, "failed", error=_error_record(exc))
             raise
-        try:
-            json.dumps(result)
-        except (TypeError, ValueError) as exc:
+        problem = jsonb_problem(result)
+        if problem is not None:
             # The call happened; a result we cannot record would re-run it on every retry. A bug to fix.
-            raise UnrecoverableError(f"step {name!r} returned a value that is not JSON: {exc}") from exc
+            raise UnrecoverableError(f"step {name!r} returned a value the ledger cannot record: {problem}")
         await self._record(name, key, "succeeded", result=result)
         return result
 

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 from .db import Conn
 from .errors import LeaseLost
 from .queries import Q
+from .storable import storable_error, storable_text
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "parked"})
 LIVE_STATES = frozenset({"pending", "running"})
@@ -195,8 +196,8 @@ async def finish(
                 "lease_token": lease_token,
                 "state": state,
                 "by": by,
-                "reason": reason,
-                "error": Jsonb(error) if error is not None else None,
+                "reason": storable_text(reason) if reason is not None else None,
+                "error": Jsonb(storable_error(error)) if error is not None else None,
                 "unrecoverable": unrecoverable,
                 "now": now,
             },
@@ -223,7 +224,7 @@ async def retry(
                 "job_id": job_id,
                 "lease_token": lease_token,
                 "delay": float(delay),
-                "error": Jsonb(error),
+                "error": Jsonb(storable_error(error)),
                 "now": now,
             },
         )
@@ -288,7 +289,10 @@ async def cancel(
     its worker sees the flag at the next heartbeat and the job ends ``cancelled``, never ``succeeded``).
     """
     row = await (
-        await conn.execute(Q["job_cancel"], {"job_id": job_id, "by": by, "reason": reason, "now": now})
+        await conn.execute(
+            Q["job_cancel"],
+            {"job_id": job_id, "by": storable_text(by), "reason": storable_text(reason), "now": now},
+        )
     ).fetchone()
     if row is not None:
         return str(row["state"])

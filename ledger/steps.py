@@ -11,6 +11,7 @@ from psycopg.types.json import Jsonb
 from .db import Conn
 from .errors import LeaseLost, StepAlreadyRecorded
 from .queries import Q
+from .storable import storable_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ async def record(
                 "idempotency_key": idempotency_key,
                 "status": status,
                 "result": Jsonb(result) if result is not None else None,
-                "error": Jsonb(error) if error is not None else None,
+                "error": Jsonb(storable_error(error)) if error is not None else None,
                 "now": now,
             },
         )

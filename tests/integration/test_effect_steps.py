@@ -120,10 +120,19 @@ async def test_a_step_name_used_twice_in_one_run_fails_the_job_as_a_bug(pool: db
     assert StepAlreadyRun.__name__ in (job["terminal_reason"] or "")
 
 
-async def test_a_result_that_is_not_json_fails_unrecoverably(pool: db.Pool) -> None:
+@pytest.mark.parametrize(
+    "result", [object(), {"amount": float("nan")}, {"note": "nul\x00inside"}, ["\ud800"]], ids=repr
+)
+async def test_a_result_the_ledger_cannot_record_fails_unrecoverably_without_a_second_call(
+    pool: db.Pool, result: object
+) -> None:
+    calls = 0
+
     async def handler(ctx: EffectContext, ev: Event) -> None:
         async def weird(key: str) -> object:
-            return object()
+            nonlocal calls
+            calls += 1
+            return result
 
         await ctx.step("weird", weird)
 
@@ -133,6 +142,21 @@ async def test_a_result_that_is_not_json_fails_unrecoverably(pool: db.Pool) -> N
     async with pool.connection() as conn:
         job = await jobs.get(conn, job_id)
     assert job is not None and (job["state"], job["unrecoverable"]) == ("failed", True)
+    # Retrying could only call the downstream again and fail to record again.
+    assert calls == 1
+
+
+async def test_an_error_message_holding_a_nul_still_reaches_a_terminal_state(pool: db.Pool) -> None:
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        raise TerminalError("downstream said: \x00\ud800 garbage")
+
+    async with pool.connection() as conn:
+        job_id = await claim(conn, "order:7")
+    await make_worker(pool, registry(kind(handler))).run_until_idle()
+    async with pool.connection() as conn:
+        job = await jobs.get(conn, job_id)
+    assert job is not None and job["state"] == "failed"
+    assert "\\x00" in job["last_error"]["message"]
 
 
 async def test_a_handler_reads_a_steps_key_without_running_it(pool: db.Pool) -> None:

@@ -284,3 +284,16 @@ async def test_deliveries_and_failures_are_counted_in_the_metrics(client: httpx.
     assert count(after, accepted) - count(before, accepted) == 2  # two effects of one delivery
     assert count(after, duplicate) - count(before, duplicate) == 2
     assert count(after, missing) - count(before, missing) == 1
+
+
+@pytest.mark.parametrize("text", ["nul \\u0000 inside", "lone \\ud800 surrogate"])
+async def test_an_authentic_payload_postgres_cannot_store_is_400_and_leaves_nothing(
+    client: httpx.AsyncClient, conn: db.Conn, text: str
+) -> None:
+    body = (
+        '{"id": "evt_bad", "type": "payment_intent.succeeded", "note": "' + text + '", '
+        '"data": {"object": {"id": "pi_1", "metadata": {"order_id": "9"}}}}'
+    ).encode()
+    r = await post(client, "stripe", body, stripe_headers(body))
+    assert (r.status_code, r.json()["error"]) == (400, "malformed_payload")
+    assert await rows(conn, "SELECT * FROM deliveries") == []
