@@ -59,9 +59,17 @@ async def pending(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[Migratio
         row["name"]: row["checksum"] for row in await (await conn.execute(Q["migrations_applied"])).fetchall()
     }
     todo = []
+    last_applied = max(applied, default="")
     for migration in discover(directory):
         checksum = applied.get(migration.name)
         if checksum is None:
+            if migration.name < last_applied:
+                # A file slipped in below what is applied (a merge of two branches, say): applying it
+                # now would run it in an order no other database ran it in.
+                raise MigrationError(
+                    f"migration {migration.name} is numbered before {last_applied}, which is already "
+                    "applied; renumber it after the last applied migration"
+                )
             todo.append(migration)
         elif checksum != migration.checksum:
             raise MigrationError(
@@ -73,12 +81,20 @@ async def pending(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[Migratio
 
 
 async def unapplied(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Names of migrations this database lacks, read-only (for readiness checks)."""
+    """Migrations this database lacks, or whose applied checksum differs, read-only (readiness checks)."""
     row = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
     if row is None or not row["present"]:
         return [m.name for m in discover(directory)]
-    applied = {r["name"] for r in await (await conn.execute(Q["migrations_applied"])).fetchall()}
-    return [m.name for m in discover(directory) if m.name not in applied]
+    applied = {
+        r["name"]: r["checksum"] for r in await (await conn.execute(Q["migrations_applied"])).fetchall()
+    }
+    problems = []
+    for m in discover(directory):
+        if m.name not in applied:
+            problems.append(m.name)
+        elif applied[m.name] != m.checksum:
+            problems.append(f"{m.name} (changed after it was applied)")
+    return problems
 
 
 async def migrate(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[str]:

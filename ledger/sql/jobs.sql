@@ -120,7 +120,7 @@ WITH done AS (
 closed AS (
     UPDATE job_attempts a SET
         finished_at = coalesce(%(now)s, now()),
-        outcome = 'retry',
+        outcome = CASE WHEN done.state = 'pending' THEN 'retry' ELSE done.state::text END,
         error_type = %(error)s::jsonb ->> 'type',
         error_message = %(error)s::jsonb ->> 'message',
         traceback = %(error)s::jsonb ->> 'traceback'
@@ -172,7 +172,9 @@ done AS (
     RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token
 ),
 closed AS (
-    UPDATE job_attempts a SET finished_at = coalesce(%(now)s, now()), outcome = 'handed_back'
+    UPDATE job_attempts a SET
+        finished_at = coalesce(%(now)s, now()),
+        outcome = CASE WHEN done.state = 'pending' THEN 'handed_back' ELSE done.state::text END
     FROM done
     WHERE a.job_id = done.id AND a.lease_token = done.lease_token
 ),

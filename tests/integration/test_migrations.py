@@ -61,3 +61,25 @@ async def test_unapplied_reads_without_writing(empty_db_url: str) -> None:
         assert present is not None and present["t"] is None
         await migrate(conn)
         assert await unapplied(conn) == []
+
+
+async def test_a_new_migration_numbered_below_an_applied_one_is_refused(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "0002_second.sql").write_text("CREATE TABLE b (id int);\n")
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        await migrate(conn, tmp_path)
+        (tmp_path / "0001_first.sql").write_text("CREATE TABLE a (id int);\n")
+        with pytest.raises(MigrationError, match=r"0001_first\.sql is numbered before 0002_second\.sql"):
+            await migrate(conn, tmp_path)
+
+
+async def test_readiness_reports_a_changed_applied_migration(empty_db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "0001_first.sql").write_text("CREATE TABLE a (id int);\n")
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        await migrate(conn, tmp_path)
+        assert await unapplied(conn, tmp_path) == []
+        (tmp_path / "0001_first.sql").write_text("CREATE TABLE a (id bigint);\n")
+        assert await unapplied(conn, tmp_path) == ["0001_first.sql (changed after it was applied)"]
