@@ -18,6 +18,7 @@ from ledger.migrate import unapplied
 
 from .config import Config
 from .ingress import error, receive
+from .operator import metrics
 from .operator.routes import operator_routes
 
 
@@ -57,7 +58,9 @@ def create_app(
         # Gateways tick the reconciler too, so jobs are repaired even while no worker runs.
         stopping = asyncio.Event()
         reconciler = asyncio.create_task(
-            reconcile_forever(pool, registry, config.worker.reconciler, stopping)
+            reconcile_forever(
+                pool, registry, config.worker.reconciler, stopping, observer=metrics.WORKER_OBSERVER
+            )
         )
         try:
             yield

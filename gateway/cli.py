@@ -20,10 +20,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from ledger.migrate import migrate
 
 from . import demo, embedded, logs, operator_cli
 from .config import DEFAULT_CONFIG_FILE, Config, ConfigError, import_handlers, load
+from .operator import metrics
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -109,7 +111,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # -- worker ---------------------------------------------------------------------------------------
 
 
-async def _run_worker(config: Config, url: str, concurrency: int | None) -> None:
+def _listen_metrics(host: str, port: int) -> socket.socket:
+    # Bound before the database is touched, so a port taken is a message and exit 2, not a worker that
+    # starts, leases jobs and then dies.
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as exc:
+        raise UsageError(f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+@contextlib.asynccontextmanager
+async def _serving_metrics(pool: db.Pool, sock: socket.socket | None) -> AsyncIterator[None]:
+    """``GET /metrics`` on ``sock`` in this event loop while the block runs; nothing when ``sock`` is None."""
+    if sock is None:
+        yield
+        return
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        # Signals belong to the worker, which drains on SIGTERM; this server stops after it has.
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server = Server(uvicorn.Config(metrics.app(pool), lifespan="off", log_config=None, access_log=False))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def _run_worker(
+    config: Config, url: str, concurrency: int | None, metrics_socket: socket.socket | None = None
+) -> None:
     worker_config = config.worker
     if concurrency is not None:
         from dataclasses import replace
@@ -117,18 +153,22 @@ async def _run_worker(config: Config, url: str, concurrency: int | None) -> None
         worker_config = replace(worker_config, concurrency=concurrency)
     pool = db.make_pool(url, max_size=worker_config.concurrency * 2 + 2, name="effectgate-worker")
     await pool.open(wait=False)
+    counted = metrics.downstream_call
     async with httpx.AsyncClient() as http:
         services = Services(
             http=http,
-            payments=PaymentsClient(http, config.payments) if config.payments else None,
-            shipping=ShippingClient(http, config.shipping) if config.shipping else None,
+            payments=PaymentsClient(http, config.payments, on_call=counted) if config.payments else None,
+            shipping=ShippingClient(http, config.shipping, on_call=counted) if config.shipping else None,
         )
-        worker = Worker(pool, REGISTRY, url=url, config=worker_config, services=services)
+        worker = Worker(
+            pool, REGISTRY, url=url, config=worker_config, services=services, observer=metrics.WORKER_OBSERVER
+        )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         try:
-            await worker.run()
+            async with _serving_metrics(pool, metrics_socket):
+                await worker.run()
         finally:
             await pool.close()
 
@@ -137,10 +177,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = _load_config(args)
     if not REGISTRY.kinds():
         raise ConfigError(f"{config.path}: handlers.modules: no effect handlers registered; nothing to run")
+    sock = None if args.metrics_port is None else _listen_metrics(args.metrics_host, args.metrics_port)
     url = database_url()
     if not args.no_migrate:
         asyncio.run(_migrate(url))
-    asyncio.run(_run_worker(config, url, args.concurrency))
+    asyncio.run(_run_worker(config, url, args.concurrency, sock))
     return EXIT_OK
 
 
@@ -362,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker = with_config(sub.add_parser("worker", help="run a worker"))
     worker.add_argument("--concurrency", type=_positive_int)
     worker.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
+    worker.add_argument("--metrics-port", type=_port, help="serve GET /metrics on this port (default: none)")
+    worker.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     worker.set_defaults(func=cmd_worker)
 
     sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from handlers.errors import TerminalError, TransientError, UnrecoverableError
+from handlers.observe import CallObserver, report_call
 
 __all__ = ["MAX_IDEMPOTENCY_KEY_LENGTH", "DownstreamConfig", "classify_response", "send_idempotent"]
 
@@ -80,6 +81,8 @@ async def send_idempotent(
     method: str = "POST",
     form: Mapping[str, str] | None = None,
     json: Any = None,
+    service: str = "downstream",
+    on_call: CallObserver | None = None,
 ) -> dict[str, Any]:
     """Send one mutating request carrying `Idempotency-Key` and return the provider's JSON object.
 
@@ -87,6 +90,8 @@ async def send_idempotent(
     Failures are raised as `TransientError`, `TerminalError` or `UnrecoverableError` as the module docstring
     lays out, with transport errors chained as the cause. Nothing is retried here: a retry must come from the
     caller, with the same `idempotency_key`, so the provider can replay instead of acting twice.
+    `on_call(service, status)`, when given, hears of every request sent: the HTTP status, or the transport
+    error's class name (`ConnectError`, `ReadTimeout`, …) when no answer came.
     """
     _check_idempotency_key(idempotency_key)
     if form is not None and json is not None:
@@ -107,8 +112,10 @@ async def send_idempotent(
         # Connect errors, timeouts and connections dropped mid-response all look the same from here: the
         # provider may or may not have acted. Only a replay with the same key can tell, so retry.
         logger.debug("downstream %s %s key=%s failed: %s", method, path, idempotency_key, type(exc).__name__)
+        report_call(on_call, service, type(exc).__name__)
         raise TransientError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
     logger.debug("downstream %s %s key=%s -> %d", method, path, idempotency_key, response.status_code)
+    report_call(on_call, service, response.status_code)
     return classify_response(response)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from handlers.downstream import DownstreamConfig, send_idempotent
+from handlers.observe import CallObserver
 
 __all__ = ["PaymentsClient"]
 
@@ -30,9 +31,12 @@ class PaymentsClient:
     and a bad one raises `ValueError`.
     """
 
-    def __init__(self, http: httpx.AsyncClient, config: DownstreamConfig) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, config: DownstreamConfig, *, on_call: CallObserver | None = None
+    ) -> None:
         self._http = http
         self._config = config
+        self._on_call = on_call
 
     async def capture_payment_intent(
         self,
@@ -57,6 +61,8 @@ class PaymentsClient:
             f"/v1/payment_intents/{payment_intent_id}/capture",
             idempotency_key=idempotency_key,
             form=form,
+            service="payments",
+            on_call=self._on_call,
         )
 
     async def create_refund(
@@ -81,7 +87,13 @@ class PaymentsClient:
                 raise ValueError("reason must be a non-empty string when given")
             form["reason"] = reason
         return await send_idempotent(
-            self._http, self._config, "/v1/refunds", idempotency_key=idempotency_key, form=form
+            self._http,
+            self._config,
+            "/v1/refunds",
+            idempotency_key=idempotency_key,
+            form=form,
+            service="payments",
+            on_call=self._on_call,
         )
 
 

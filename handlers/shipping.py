@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from handlers.downstream import DownstreamConfig, send_idempotent
+from handlers.observe import CallObserver
 
 __all__ = ["ShippingClient"]
 
@@ -24,9 +25,12 @@ class ShippingClient:
     arguments raise `ValueError` before any request is sent.
     """
 
-    def __init__(self, http: httpx.AsyncClient, config: DownstreamConfig) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, config: DownstreamConfig, *, on_call: CallObserver | None = None
+    ) -> None:
         self._http = http
         self._config = config
+        self._on_call = on_call
 
     async def create_shipment(
         self,
@@ -60,5 +64,11 @@ class ShippingClient:
             "service": service,
         }
         return await send_idempotent(
-            self._http, self._config, "/v1/shipments", idempotency_key=idempotency_key, json=body
+            self._http,
+            self._config,
+            "/v1/shipments",
+            idempotency_key=idempotency_key,
+            json=body,
+            service="shipping",
+            on_call=self._on_call,
         )

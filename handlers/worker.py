@@ -16,10 +16,12 @@ import logging
 import os
 import random
 import socket
+import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from ledger import db, jobs, steps
@@ -28,6 +30,7 @@ from ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfig, Reconcil
 
 from .context import EffectContext, Services
 from .errors import TerminalError, TransientError, UnrecoverableError
+from .observe import WorkerObserver
 from .registry import EffectKind, Event, Registry, Transition
 
 log = logging.getLogger("effectgate.worker")
@@ -106,17 +109,25 @@ def make_reconciler(registry: Registry, config: ReconcilerConfig | None = None) 
 
 
 async def reconcile_forever(
-    pool: db.Pool, registry: Registry, config: ReconcilerConfig, stopping: asyncio.Event
+    pool: db.Pool,
+    registry: Registry,
+    config: ReconcilerConfig,
+    stopping: asyncio.Event,
+    *,
+    observer: WorkerObserver | None = None,
 ) -> None:
     """Run a reconciler pass every ``config.tick`` until ``stopping`` is set; logs only what it repaired.
 
     Workers and gateways both run it: each pass takes an advisory lock, so however many processes
-    tick, one owns each pass, and a process that dies takes no repair with it.
+    tick, one owns each pass, and a process that dies takes no repair with it. ``observer`` hears of
+    each job a pass of this process reclaimed.
     """
     while not stopping.is_set():
         try:
             async with db.connection(pool) as conn:
                 result = await make_reconciler(registry, config).run_once(conn)
+            if observer is not None:
+                observer.reconciled(result)
             if result.changed:
                 log.info("reconciler.repaired", extra={"result": str(result)})
         except Exception as exc:
@@ -126,7 +137,11 @@ async def reconcile_forever(
 
 
 class Worker:
-    """Runs registered effect handlers for leased jobs until stopped."""
+    """Runs registered effect handlers for leased jobs until stopped.
+
+    ``observer``, when given, hears of every slice's end, every retry and every reclaim by this worker's
+    reconciler (metrics); without one the worker reports nothing.
+    """
 
     def __init__(
         self,
@@ -137,6 +152,7 @@ class Worker:
         config: WorkerConfig | None = None,
         services: Services | None = None,
         owner: str | None = None,
+        observer: WorkerObserver | None = None,
     ) -> None:
         self.pool = pool
         self.registry = registry
@@ -144,6 +160,7 @@ class Worker:
         self.config = config or WorkerConfig()
         self.services = services or Services()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.observer = observer
         # Set while the LISTEN connection is subscribed (readiness checks, tests).
         self.listening = asyncio.Event()
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -231,12 +248,18 @@ class Worker:
             delay = min(delay * 2, self.config.poll_interval)
 
     async def _reconcile_loop(self) -> None:
-        await reconcile_forever(self.pool, self.registry, self.config.reconciler, self._stopping)
+        await reconcile_forever(
+            self.pool, self.registry, self.config.reconciler, self._stopping, observer=self.observer
+        )
 
-    async def reconcile_once(self) -> ReconcileResult:
-        """One reconciler pass on a pooled connection, with the registry's current kinds and sweeps."""
+    async def reconcile_once(self, *, now: datetime | None = None) -> ReconcileResult:
+        """One reconciler pass on a pooled connection, with the registry's current kinds and sweeps;
+        ``now`` moves its clock (tests), as in ``Reconciler.run_once``."""
         async with db.connection(self.pool) as conn:
-            return await make_reconciler(self.registry, self.config.reconciler).run_once(conn)
+            result = await make_reconciler(self.registry, self.config.reconciler).run_once(conn, now=now)
+        if self.observer is not None:
+            self.observer.reconciled(result)
+        return result
 
     # -- running jobs ----------------------------------------------------------------------------
 
@@ -280,21 +303,33 @@ class Worker:
         Never raises but for cancellation: whatever goes wrong here (a lost lease, a database outage)
         leaves the job to lease expiry, which is where the reconciler picks it up.
         """
+        started = time.monotonic()
+        outcome: str | None = None
         try:
-            await self._run_job(lease)
+            outcome = await self._run_job(lease)
+        except asyncio.CancelledError:
+            outcome = "abandoned"  # the drain gave up on it: left to lease expiry
+            raise
         except LeaseLost:
+            outcome = "lease_lost"
             log.warning("worker.lease_lost", extra={"job_id": lease.job_id, "lease_token": lease.lease_token})
         except Exception as exc:
+            outcome = "crashed"
             log.error(
                 "worker.job_crashed",
                 extra={"job_id": lease.job_id, "error": f"{type(exc).__name__}: {exc}"},
             )
+        finally:
+            if self.observer is not None and outcome is not None:
+                self.observer.slice_ended(lease.kind, outcome, time.monotonic() - started)
 
-    async def _run_job(self, lease: jobs.Lease) -> None:
+    async def _run_job(self, lease: jobs.Lease) -> str | None:
+        """Run the slice and record it; returns how it ended (``observe.SLICE_OUTCOMES``), ``None`` if it
+        never ran."""
         kind = self.registry.get(lease.kind)
         if kind is None:  # fetch only asks for registered kinds; a registry changed under us
             log.error("worker.unknown_kind", extra={"job_id": lease.job_id, "kind": lease.kind})
-            return
+            return None
         async with db.connection(self.pool) as conn:
             recorded = await steps.for_effect(conn, lease.effect_id)
         event = Event(lease.source, lease.event_id, lease.event_type, lease.payload, lease.tenant)
@@ -321,9 +356,11 @@ class Worker:
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
-        if outcome == "abandoned" or ctx.fenced_off:
-            return
-        await self._record_outcome(lease, kind, outcome, exc)
+        if outcome == "abandoned":
+            return "abandoned"
+        if ctx.fenced_off:
+            return "lease_lost"
+        return await self._record_outcome(lease, kind, outcome, exc)
 
     async def _heartbeat(
         self, ctx: EffectContext, lease: jobs.Lease, kind: EffectKind, handler: asyncio.Task[Any]
@@ -373,7 +410,7 @@ class Worker:
 
     async def _record_outcome(
         self, lease: jobs.Lease, kind: EffectKind, outcome: str, exc: BaseException | None
-    ) -> None:
+    ) -> str:
         job_id, token = lease.job_id, lease.lease_token
         if outcome == "handed_back":
             threshold = kind.poison_threshold or self.config.reconciler.poison_threshold
@@ -383,13 +420,13 @@ class Worker:
                 lambda conn: jobs.hand_back(conn, job_id, token, poison_threshold=threshold, by=self.owner),
             )
             log.info("worker.handed_back", extra={"job_id": job_id, "state": reached.state})
-            return
+            return _ended(reached, requeued="handed_back")
         if outcome == "returned":
             reached = await self._transition(
                 lease, kind, lambda conn: jobs.finish(conn, job_id, token, state="succeeded", by=self.owner)
             )
             log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
-            return
+            return reached.state
         assert exc is not None
         if isinstance(exc, LeaseLost):
             raise exc
@@ -418,7 +455,7 @@ class Worker:
                 ),
             )
             log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
-            return
+            return reached.state
         delay = backoff_delay(lease.attempt, self.config.backoff_base, self.config.backoff_cap)
         retry_after = getattr(exc, "retry_after", None)
         if isinstance(retry_after, int | float) and retry_after > delay:
@@ -430,6 +467,9 @@ class Worker:
             "worker.retry",
             extra={"job_id": job_id, "attempt": lease.attempt, "delay": delay, "state": reached.state},
         )
+        if reached.state == "pending" and self.observer is not None:
+            self.observer.retry_scheduled(lease.kind)
+        return _ended(reached, requeued="retry")
 
     async def _transition(
         self,
@@ -458,6 +498,12 @@ class Worker:
                 )
             async with conn.transaction():
                 return await apply(conn)
+
+
+def _ended(reached: jobs.Reached, *, requeued: str) -> str:
+    # Back to pending is the outcome the caller asked for; anything else (a cancel that won, a poison
+    # park) is the state the job reached instead.
+    return requeued if reached.state == "pending" else reached.state
 
 
 async def _call(kind: EffectKind, ctx: EffectContext, event: Event) -> Any:

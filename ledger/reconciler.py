@@ -86,6 +86,9 @@ class ReconcileResult:
     sweep_errors: dict[str, str] = field(default_factory=dict)
     sweeps_skipped: list[str] = field(default_factory=list)
     hook_errors: dict[int, str] = field(default_factory=dict)
+    # Every job this pass took off ``running``, with its kind (what metrics count reclaims by); kept out of
+    # the repr, which the reconciler loop logs and which the id lists above already tell.
+    repaired: list[Repaired] = field(default_factory=list, repr=False)
 
     @property
     def errors(self) -> int:
@@ -203,6 +206,7 @@ class Reconciler:
             async with conn.transaction():
                 repaired = await self._rescue_one(conn, params)
         if repaired is not None:
+            result.repaired.append(repaired)
             {"pending": result.redriven, "parked": result.parked, "cancelled": result.cancelled}[
                 repaired.state
             ].append(repaired.job_id)

@@ -4,6 +4,9 @@ The ingress and the worker count what happens in their process through the modul
 (``delivery``, ``verification_failure``, ``claim_latency``, ``job_run``, ``job_retry``, ``job_reclaim``,
 ``downstream_call``); a scrape of ``/metrics`` renders those counters and adds what only the ledger knows
 for every process at once — jobs not yet done by state and kind, and the wait of the oldest due job.
+Workers count through ``WORKER_OBSERVER`` and the downstream clients' ``on_call``, both handed in by
+``gateway.cli`` (``handlers`` cannot import this module), and serve the same page from ``app`` when run
+with ``--metrics-port``.
 
 The registry is module-level, like a logger: counting is a side channel every layer reaches without
 being handed a resource, and a counter costs one dict update. Each process counts its own; with several
@@ -19,9 +22,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
+from handlers.observe import WorkerObserver
 from ledger import db, reports
 
 log = logging.getLogger("effectgate.metrics")
@@ -251,6 +257,10 @@ def downstream_call(service: str, status: int | str) -> None:
     DOWNSTREAM_CALLS.inc(service, str(status))
 
 
+#: What a worker (and a gateway's reconciler loop) reports, counted into this process's registry.
+WORKER_OBSERVER = WorkerObserver(on_slice=job_run, on_retry=job_retry, on_reclaim=job_reclaim)
+
+
 def render_job_gauges(gauges: reports.JobGauges | None) -> str:
     """The ledger's gauges in the text format; ``effectgate_ledger_up 0`` when it could not be read."""
     lines = [
@@ -285,3 +295,11 @@ async def endpoint(request: Request) -> Response:
         log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})
         gauges = None
     return Response(REGISTRY.render() + render_job_gauges(gauges), media_type=CONTENT_TYPE)
+
+
+def app(pool: db.Pool) -> Starlette:
+    """``GET /metrics`` alone, for a process that serves nothing else (``effectgate worker --metrics-port``);
+    the job gauges are read through ``pool``, which the caller owns."""
+    metrics_app = Starlette(routes=[Route("/metrics", endpoint, methods=["GET"])])
+    metrics_app.state.pool = pool
+    return metrics_app

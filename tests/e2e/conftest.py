@@ -29,9 +29,10 @@ class Stack:
     config: Path
     processes: list[Process]
 
-    def worker(self, name: str, **env: str) -> Process:
+    def worker(self, name: str, *args: str, **env: str) -> Process:
+        """Start ``effectgate worker`` with extra command-line ``args`` and ``env``; wait until it runs."""
         proc = Process(
-            ["worker", "--config", str(self.config), "--no-migrate"],
+            ["worker", "--config", str(self.config), "--no-migrate", *args],
             {**self.env, **env},
             self.tmp / f"{name}.log",
         )

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from handlers.observe import WorkerObserver
 from handlers.registry import EffectKind, Registry
 from handlers.worker import Worker, WorkerConfig
 from ledger import db, jobs
@@ -146,9 +147,23 @@ async def pool(db_url: str) -> AsyncIterator[db.Pool]:
         await p.close()
 
 
-def make_worker(pool: db.Pool, reg: Registry, *, url: str | None = None, **config: Any) -> Worker:
+def make_worker(
+    pool: db.Pool,
+    reg: Registry,
+    *,
+    url: str | None = None,
+    observer: WorkerObserver | None = None,
+    **config: Any,
+) -> Worker:
     """A worker on ``pool`` running ``reg``'s kinds with test defaults."""
-    return Worker(pool, reg, url=url, config=worker_config(**config), owner=f"test-{uuid.uuid4().hex[:6]}")
+    return Worker(
+        pool,
+        reg,
+        url=url,
+        config=worker_config(**config),
+        owner=f"test-{uuid.uuid4().hex[:6]}",
+        observer=observer,
+    )
 
 
 @pytest.fixture(scope="module")

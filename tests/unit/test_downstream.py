@@ -11,8 +11,11 @@ import httpx
 import pytest
 import respx
 
+from gateway.operator import metrics
 from handlers.downstream import DownstreamConfig, classify_response, send_idempotent
 from handlers.errors import TerminalError, TransientError, UnrecoverableError
+from handlers.payments import PaymentsClient
+from handlers.shipping import ShippingClient
 
 pytestmark = pytest.mark.anyio
 
@@ -239,3 +242,69 @@ def test_retry_after_http_date() -> None:
 
 def test_a_2xx_json_object_is_returned() -> None:
     assert classify_response(httpx.Response(200, json={"ok": True})) == {"ok": True}
+
+
+# -- observing calls ------------------------------------------------------------------------------
+
+
+async def test_every_call_sent_is_reported_with_its_status_or_transport_error(
+    http: httpx.AsyncClient, config: DownstreamConfig
+) -> None:
+    seen: list[tuple[str, int | str]] = []
+
+    def on_call(service: str, status: int | str) -> None:
+        seen.append((service, status))
+
+    with respx.mock(base_url=BASE) as router:
+        router.post(PATH).mock(
+            side_effect=[
+                httpx.Response(200, json={"id": "th_1"}),
+                httpx.Response(503),
+                httpx.Response(402, json=CARD_DECLINED),
+                httpx.ConnectError("connection refused"),
+            ]
+        )
+        await send_idempotent(http, config, PATH, idempotency_key="k-1", service="things", on_call=on_call)
+        for error in (TransientError, TerminalError, TransientError):
+            with pytest.raises(error):
+                await send_idempotent(
+                    http, config, PATH, idempotency_key="k-1", service="things", on_call=on_call
+                )
+        # Refused before sending: no call, nothing to report.
+        with pytest.raises(ValueError):
+            await send_idempotent(http, config, PATH, idempotency_key="", service="things", on_call=on_call)
+    assert seen == [("things", 200), ("things", 503), ("things", 402), ("things", "ConnectError")]
+
+
+async def test_the_clients_count_their_calls_into_the_process_metrics(
+    http: httpx.AsyncClient, config: DownstreamConfig
+) -> None:
+    def calls(service: str, status: str) -> float:
+        return metrics.DOWNSTREAM_CALLS.values.get((service, status), 0.0)
+
+    keys = [
+        ("payments", "200"),
+        ("payments", "ConnectError"),
+        ("shipping", "503"),
+        ("shipping", "ReadTimeout"),
+    ]
+    before = {key: calls(*key) for key in keys}
+    payments = PaymentsClient(http, config, on_call=metrics.downstream_call)
+    shipping = ShippingClient(http, config, on_call=metrics.downstream_call)
+    with respx.mock(base_url=BASE) as router:
+        router.post("/v1/payment_intents/pi_1/capture").mock(
+            side_effect=[httpx.Response(200, json={"id": "pi_1"}), httpx.ConnectError("refused")]
+        )
+        router.post("/v1/shipments").mock(side_effect=[httpx.Response(503), httpx.ReadTimeout("no answer")])
+        await payments.capture_payment_intent("pi_1", idempotency_key="k-capture")
+        with pytest.raises(TransientError):
+            await payments.capture_payment_intent("pi_1", idempotency_key="k-capture")
+        for _ in range(2):
+            with pytest.raises(TransientError):
+                await shipping.create_shipment(
+                    order_id="o1", address={}, items=[{"sku": "x"}], idempotency_key="k-ship"
+                )
+    assert {key: calls(*key) - before[key] for key in keys} == dict.fromkeys(keys, 1.0)
+    assert 'effectgate_downstream_calls_total{service="payments",status="ConnectError"}' in (
+        metrics.REGISTRY.render()
+    )

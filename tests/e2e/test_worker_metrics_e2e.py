@@ -1,0 +1,55 @@
+"""``effectgate worker --metrics-port``: a real worker process serves its own counters over loopback HTTP,
+and stops serving when it stops."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+
+from gateway.operator.metrics import CONTENT_TYPE
+
+from .conftest import Stack, event
+from .processes import Process, free_port, wait_until
+
+
+def test_a_worker_serves_metrics_with_the_jobs_it_ran_until_it_stops(stack: Stack) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    worker = stack.worker("worker", "--metrics-port", str(port))
+    worker.wait_http(url)
+    assert stack.deliver(event("6006", "evt_6006")).status_code == 202
+    stack.wait_state("order-paid:6006", "succeeded")
+
+    succeeded = 'effectgate_job_run_seconds_count{kind="e2e.fulfil",outcome="succeeded"} 1'
+    # The slice is counted just after its transition commits: poll rather than race it.
+    wait_until(lambda: succeeded in httpx.get(url, timeout=5).text, 10, "the slice to be counted")
+    response = httpx.get(url, timeout=5)
+    assert (response.status_code, response.headers["content-type"]) == (200, CONTENT_TYPE)
+    lines = response.text.splitlines()
+    assert 'effectgate_downstream_calls_total{service="payments",status="200"} 1' in lines
+    assert 'effectgate_downstream_calls_total{service="shipping",status="201"} 1' in lines
+    # The ledger's gauges come along, read through the worker's own pool.
+    assert "effectgate_ledger_up 1" in lines
+
+    assert worker.stop() == 0
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url, timeout=2)
+
+
+def test_a_metrics_port_already_taken_is_a_usage_error_before_any_job_runs(stack: Stack) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = Process(
+            ["worker", "--config", str(stack.config), "--no-migrate", "--metrics-port", str(port)],
+            stack.env,
+            stack.tmp / "refused.log",
+        )
+        stack.processes.append(proc)
+        assert proc.popen.wait(timeout=30) == 2
+    log = proc.log()
+    assert f"--metrics-port: cannot listen on 127.0.0.1:{port}" in log
+    assert "worker.started" not in log
