@@ -28,11 +28,13 @@ bench:
 	$(PYTHON) -m tests.bench.claims
 	$(PYTHON) -m tests.bench.worker
 	$(PYTHON) -m tests.bench.ingress
+	$(PYTHON) -m tests.bench.reports
 
 bench-short:
 	$(PYTHON) -m tests.bench.claims --seconds 1 --clients 4
 	$(PYTHON) -m tests.bench.worker --jobs 200 --latency-samples 10
 	$(PYTHON) -m tests.bench.ingress --seconds 1 --connections 8 --requests 2000
+	$(PYTHON) -m tests.bench.reports --effects 20000
 
 up:
 	$(PYTHON) -m pip install -q -e .
