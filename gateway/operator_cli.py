@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import csv
 import getpass
+import importlib
 import io
 import json
 import sys
@@ -39,6 +40,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from handlers import control
+from handlers.registry import REGISTRY
 from ledger import db, reports
 from ledger import jobs as ledger_jobs
 from ledger.reports import InvalidParameter
@@ -539,7 +542,14 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
 
 async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     job_id = reports.parse_id(args.job_id, "job_id")
-    outcome = await ledger_jobs.cancel(conn, job_id, by=_operator(), reason=args.reason)
+    for module in args.handlers or ():
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise InvalidParameter(
+                "handlers", f"cannot import {module!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+    outcome = await control.cancel(conn, REGISTRY, job_id, by=_operator(), reason=args.reason)
     if isinstance(outcome, ledger_jobs.Refused):
         raise _refusal(outcome)
     if args.format == "json":
@@ -626,5 +636,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cancel = jobs_sub.add_parser("cancel", help="cancel a pending or running job", epilog=_EPILOG)
     cancel.add_argument("job_id", metavar="JOB_ID")
     cancel.add_argument("--reason", default="cancelled by operator", help="recorded with the job")
+    cancel.add_argument(
+        "--handlers",
+        action="append",
+        metavar="MODULE",
+        help="import this handler module so its kind's on_transition mirrors the cancel (repeatable)",
+    )
     _output(cancel)
     cancel.set_defaults(func=_run(cmd_jobs_cancel))

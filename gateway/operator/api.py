@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from handlers import control
 from ledger import db, reports
 from ledger import jobs as ledger_jobs
 from ledger.errors import LedgerError, LedgerUnavailable
@@ -227,7 +228,8 @@ async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Que
     reason = query.get("reason") or f"cancelled by operator {who.name}"
     if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
         raise InvalidParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
-    outcome = await ledger_jobs.cancel(conn, job_id, by=f"operator:{who.name}", reason=reason)
+    registry = request.app.state.registry
+    outcome = await control.cancel(conn, registry, job_id, by=f"operator:{who.name}", reason=reason)
     refused = outcome if isinstance(outcome, ledger_jobs.Refused) else None
     log.info(
         "operator.cancel",

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from handlers import control
 from ledger import db, reports
 from ledger import jobs as ledger_jobs
 from ledger.errors import LedgerError, LedgerUnavailable
@@ -686,7 +687,9 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
                     refusal = await ledger_jobs.redrive(conn, job_id, force=form.get("force") == "true")
                     outcome = "redriven"
                 else:
-                    result = await ledger_jobs.cancel(conn, job_id, by=f"operator:{operator.name}")
+                    result = await control.cancel(
+                        conn, request.app.state.registry, job_id, by=f"operator:{operator.name}"
+                    )
                     refusal = result if isinstance(result, ledger_jobs.Refused) else None
                     outcome = "cancelled" if result == "cancelled" else "cancel_requested"
         except InvalidParameter as exc:
