@@ -79,6 +79,20 @@ async def _migrate(url: str) -> list[str]:
 # -- serve ----------------------------------------------------------------------------------------
 
 
+def serve_app() -> Any:
+    """The gateway app built from the environment: the factory each ``serve --workers N`` process calls.
+
+    ``cmd_serve`` puts the configuration path and the database URL in the environment before uvicorn
+    starts its processes, so every process builds the same app and imports the same handler modules.
+    """
+    from .app import create_app
+
+    logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
+    config = load(os.environ["EFFECTGATE_CONFIG"])
+    import_handlers(config)
+    return create_app(config, REGISTRY, os.environ["DATABASE_URL"])
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -90,21 +104,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         asyncio.run(_migrate(url))
     host = args.host or config.gateway.host
     port = config.gateway.port if args.port is None else args.port
-    app = create_app(config, REGISTRY, url)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            loop="uvloop",
-            http="httptools",
-            lifespan="on",
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=10,
-        )
-    )
-    asyncio.run(server.serve())
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "log_config": None,
+        "access_log": False,
+        "timeout_graceful_shutdown": 10,
+    }
+    if args.workers > 1:
+        # Several processes share the listening socket; each builds its app from the environment.
+        os.environ["EFFECTGATE_CONFIG"] = str(Path(config.path).resolve())
+        os.environ["DATABASE_URL"] = url
+        os.environ["EFFECTGATE_LOG_LEVEL"] = args.log_level
+        uvicorn.run("gateway.cli:serve_app", factory=True, workers=args.workers, **options)
+        return EXIT_OK
+    # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
+    # options ask for; the latter would silently run on the stdlib loop.
+    uvicorn.Server(uvicorn.Config(create_app(config, REGISTRY, url), **options)).run()
     return EXIT_OK
 
 
@@ -398,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=_port)
     serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
+    serve.add_argument(
+        "--workers", type=_positive_int, default=1, help="gateway processes sharing the port (default: 1)"
+    )
     serve.set_defaults(func=cmd_serve)
 
     worker = with_config(sub.add_parser("worker", help="run a worker"))

@@ -103,9 +103,9 @@ async def claim_deliveries(
 ) -> list[list[ClaimOutcome]]:
     """Claim the effects of several deliveries (one request's batch) in one transaction.
 
-    The statements are pipelined: BEGIN, every claim and COMMIT reach Postgres together, so a
-    delivery costs one round trip whatever its number of effects. Returns, per delivery, one outcome
-    per effect in input order.
+    One effect is one statement, atomic on its own; several are pipelined in one transaction (BEGIN,
+    every claim and COMMIT reach Postgres together), so a delivery costs one round trip whatever its
+    number of effects. Returns, per delivery, one outcome per effect in input order.
     """
     planned: list[tuple[int, int, EffectRequest, dict[str, Any]]] = []
     unmatched: list[dict[str, Any]] = []
@@ -139,14 +139,25 @@ async def claim_deliveries(
     # and cannot deadlock each other.
     planned.sort(key=lambda item: (items[item[0]][0].tenant, item[2].effect_key))
 
-    async with conn.pipeline():
-        async with conn.transaction():
-            for base in unmatched:
-                await conn.execute(Q["delivery_record_unmatched"], base)
-            cursors = [
-                (d, e, eff, await conn.execute(Q["effect_claim"], params)) for d, e, eff, params in planned
-            ]
-        rows = [(d, e, eff, await cursor.fetchone()) for d, e, eff, cursor in cursors]
+    if len(planned) + len(unmatched) == 1 and not conn.info.transaction_status:
+        # The common case, one effect: a single statement on an autocommit connection is its own
+        # transaction, so it needs neither BEGIN/COMMIT nor the pipeline's bookkeeping.
+        if unmatched:
+            await conn.execute(Q["delivery_record_unmatched"], unmatched[0])
+            rows = []
+        else:
+            d, e, eff, params = planned[0]
+            rows = [(d, e, eff, await (await conn.execute(Q["effect_claim"], params)).fetchone())]
+    else:
+        async with conn.pipeline():
+            async with conn.transaction():
+                for base in unmatched:
+                    await conn.execute(Q["delivery_record_unmatched"], base)
+                cursors = [
+                    (d, e, eff, await conn.execute(Q["effect_claim"], params))
+                    for d, e, eff, params in planned
+                ]
+            rows = [(d, e, eff, await cursor.fetchone()) for d, e, eff, cursor in cursors]
 
     results: list[list[ClaimOutcome | None]] = [[None] * len(effects) for _, effects in items]
     for d, e, eff, row in rows:

@@ -1,6 +1,6 @@
 """Benchmark: verified and claimed deliveries per second through a real gateway process.
 
-    python -m tests.bench.ingress [--seconds 10] [--connections 64] [--requests 30000]
+    python -m tests.bench.ingress [--seconds 10] [--connections 64] [--requests 30000] [--gateway-workers 1]
 
 Starts ``effectgate serve`` (uvloop + httptools) on a loopback port against a fresh database and
 drives it with wrk (Debian's ``wrk`` package) replaying ``--requests`` distinct Stripe-signed 2 KB
@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--requests", type=int, default=30000, help="distinct signed deliveries to replay")
+    parser.add_argument("--gateway-workers", type=int, default=1, help="effectgate serve --workers")
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -103,6 +104,8 @@ def main() -> None:
                 "--no-migrate",
                 "--port",
                 str(port),
+                "--workers",
+                str(args.gateway_workers),
             ],
             cwd=ROOT,
             env=env,
@@ -145,7 +148,7 @@ def main() -> None:
     p99 = re.search(r"99%\s+(\S+)", result.stdout)
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", result.stdout)
     print(
-        f"ingress, {args.connections} connections, {args.seconds} s: "
+        f"ingress, {args.gateway_workers} gateway process(es), {args.connections} connections, {args.seconds} s: "
         f"{float(rate.group(1)) if rate else float('nan'):.0f} deliveries/s, "
         f"p50 {p50.group(1) if p50 else '?'}, p99 {p99.group(1) if p99 else '?'}, "
         f"non-2xx {errors.group(1) if errors else 0}, ledger outcomes {outcomes}"
