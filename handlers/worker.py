@@ -479,6 +479,9 @@ class Worker:
     ) -> jobs.Reached:
         """Make one fenced transition; a terminal one runs the kind's ``on_transition`` in its transaction."""
         async with db.connection(self.pool) as conn:
+            if kind.on_transition is None:
+                # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
+                return await apply(conn)
             reached: jobs.Reached | None = None
             try:
                 async with conn.transaction():
