@@ -4,7 +4,8 @@ LedgerError
 ├── LedgerUnavailable    Postgres could not be reached or the pool ran dry
 ├── LeaseLost            a fenced write found a newer lease token (or no live lease)
 ├── StepAlreadyRecorded  a step name was recorded already for this effect
-└── MigrationError       a migration could not be applied, or an applied one changed
+├── MigrationError       a migration could not be applied, or an applied one changed
+└── InvalidParameter     a report filter or parameter is invalid (ledger/reports.py; .code names it)
 """
 
 from __future__ import annotations
