@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from ledger import db, jobs, steps
-from ledger.errors import LeaseLost, LedgerError
+from ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
 from ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfig, ReconcileResult, Repaired
 
 from .context import EffectContext, Services
@@ -43,6 +43,8 @@ DEFAULT_BACKOFF_CAP = 600.0
 # How long a step that ignored its cancellation may keep the slot before it is abandoned; never longer
 # than the lease TTL, since past that the reconciler may hand the job to someone else anyway.
 ABANDON_GRACE = 5.0
+# Waits between tries of a terminal transition whose connection was lost (then one last try).
+TRANSITION_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
 # A lost LISTEN connection is re-opened after this, doubling up to the poll interval: a server restart
 # should not cost a full poll interval of latency, a server that stays down should not be hammered.
 LISTEN_RETRY_MIN = 0.05
@@ -477,7 +479,30 @@ class Worker:
         kind: EffectKind,
         apply: Callable[[db.Conn], Awaitable[jobs.Reached]],
     ) -> jobs.Reached:
-        """Make one fenced transition; a terminal one runs the kind's ``on_transition`` in its transaction."""
+        """Make one fenced transition; a terminal one runs the kind's ``on_transition`` in its transaction.
+
+        A lost connection is retried a few times: the slice's work is done, and leaving its outcome to
+        lease expiry would re-run or park a job that only failed to say it finished. If an earlier try
+        did commit before its connection dropped, the retry finds the lease gone (``LeaseLost``) and
+        changes nothing.
+        """
+        for delay in TRANSITION_RETRY_DELAYS:
+            try:
+                return await self._transition_once(lease, kind, apply)
+            except LedgerUnavailable as exc:
+                log.warning(
+                    "worker.transition_retry",
+                    extra={"job_id": lease.job_id, "delay": delay, "error": str(exc)},
+                )
+                await asyncio.sleep(delay)
+        return await self._transition_once(lease, kind, apply)
+
+    async def _transition_once(
+        self,
+        lease: jobs.Lease,
+        kind: EffectKind,
+        apply: Callable[[db.Conn], Awaitable[jobs.Reached]],
+    ) -> jobs.Reached:
         async with db.connection(self.pool) as conn:
             if kind.on_transition is None:
                 # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.

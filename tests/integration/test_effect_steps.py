@@ -192,3 +192,24 @@ async def test_the_effect_view_shows_each_step_with_the_key_sent(pool: db.Pool) 
     assert step["result"] == {"id": "pi_1", "status": "succeeded"}
     assert [a["outcome"] for a in view.attempts] == ["succeeded"]
     assert len(view.deliveries) == 1
+
+
+async def test_a_connection_lost_before_the_terminal_transition_is_retried_not_left_to_expiry(
+    db_url: str, pool: db.Pool
+) -> None:
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        # Every other session on this database dies: the pooled connection the worker is about to
+        # use for the terminal transition is gone when it tries.
+        killer = await db.connect(db_url)
+        async with killer:
+            await killer.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+
+    async with pool.connection() as conn:
+        job_id = await claim(conn, "order:8")
+    await make_worker(pool, registry(kind(handler))).run_until_idle()
+    async with pool.connection() as conn:
+        job = await jobs.get(conn, job_id)
+    assert job is not None and job["state"] == "succeeded"
