@@ -203,6 +203,8 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
             tick=rc.number("tick", 15.0, minimum=0.001),
             pending_ttl=rc.number("pending_ttl", 900.0, minimum=0.001),
             poison_threshold=rc.number("poison_threshold", 3, minimum=1, integer=True),
+            signature_failure_retention=86400.0
+            * rc.number("signature_failure_retention_days", 30, minimum=0.001),
         )
     except ValueError as exc:
         raise rc.error("tick", str(exc)) from exc

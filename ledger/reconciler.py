@@ -25,6 +25,7 @@ DEFAULT_TICK = 15.0
 DEFAULT_PENDING_TTL = 900.0
 DEFAULT_POISON_THRESHOLD = 3
 DEFAULT_BATCH = 1000
+DEFAULT_SIGNATURE_FAILURE_RETENTION = 30 * 24 * 3600.0
 # Fixed, arbitrary: the advisory lock that makes one process the owner of a pass.
 RECONCILER_LOCK_ID = 0x6566_6765_7265_636F  # "efgereco"
 
@@ -61,6 +62,8 @@ class ReconcilerConfig:
     pending_ttl: float = DEFAULT_PENDING_TTL
     poison_threshold: int = DEFAULT_POISON_THRESHOLD
     batch: int = DEFAULT_BATCH
+    # How long failed-verification counters are kept: they are bounded per minute, this bounds them in time.
+    signature_failure_retention: float = DEFAULT_SIGNATURE_FAILURE_RETENTION
 
     def __post_init__(self) -> None:
         if not self.tick > 0:
@@ -71,6 +74,8 @@ class ReconcilerConfig:
             raise ValueError("poison_threshold must be >= 1")
         if self.batch < 1:
             raise ValueError("reconciler batch must be >= 1")
+        if not self.signature_failure_retention > 0:
+            raise ValueError("signature_failure_retention must be > 0 seconds")
 
 
 @dataclass(slots=True)
@@ -82,6 +87,7 @@ class ReconcileResult:
     parked: list[int] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
     woken: int = 0
+    expired_signature_failures: int = 0
     sweep_acted: dict[str, int] = field(default_factory=dict)
     sweep_errors: dict[str, str] = field(default_factory=dict)
     sweeps_skipped: list[str] = field(default_factory=list)
@@ -98,9 +104,14 @@ class ReconcileResult:
     @property
     def changed(self) -> bool:
         """Whether the pass did anything worth logging."""
-        return bool(self.redriven or self.parked or self.cancelled or self.woken or self.errors) or any(
-            self.sweep_acted.values()
-        )
+        return bool(
+            self.redriven
+            or self.parked
+            or self.cancelled
+            or self.woken
+            or self.expired_signature_failures
+            or self.errors
+        ) or any(self.sweep_acted.values())
 
 
 def sweep_lock_id(sweep_id: str) -> int:
@@ -169,6 +180,15 @@ class Reconciler:
                 )
             ).fetchone()
             result.woken = int(woken["woken"]) if woken else 0
+            deleted = await conn.execute(
+                Q["signature_failures_delete_expired"],
+                {
+                    "now": now,
+                    "retention": self.config.signature_failure_retention,
+                    "limit": self.config.batch,
+                },
+            )
+            result.expired_signature_failures = deleted.rowcount
         # Sweeps run after the job repairs have committed, each in a transaction of its own under a lock of
         # its own: one that throws counts as one error and stops nothing else, and two processes never run
         # the same sweep at once.
