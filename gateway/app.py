@@ -57,16 +57,21 @@ def create_app(
         app.state.pool = pool
         # Gateways tick the reconciler too, so jobs are repaired even while no worker runs.
         stopping = asyncio.Event()
-        reconciler = asyncio.create_task(
-            reconcile_forever(
-                pool, registry, config.worker.reconciler, stopping, observer=metrics.WORKER_OBSERVER
+        reconciler = (
+            asyncio.create_task(
+                reconcile_forever(
+                    pool, registry, config.worker.reconciler, stopping, observer=metrics.WORKER_OBSERVER
+                )
             )
+            if config.gateway.run_reconciler
+            else None
         )
         try:
             yield
         finally:
             stopping.set()
-            await reconciler
+            if reconciler is not None:
+                await reconciler
             await pool.close()
 
     app = Starlette(

@@ -52,6 +52,9 @@ class GatewayConfig:
     port: int = DEFAULT_PORT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     pool_max: int = DEFAULT_POOL_MAX
+    # Gateways tick the reconciler too, so jobs are repaired while no worker runs; off for a gateway
+    # that should only answer (or a test over a ledger frozen in the past).
+    run_reconciler: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +195,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         port=gw.number("port", DEFAULT_PORT, minimum=0, integer=True),
         max_body_bytes=gw.number("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1, integer=True),
         pool_max=gw.number("pool_max", DEFAULT_POOL_MAX, minimum=1, integer=True),
+        run_reconciler=gw.get("run_reconciler", bool, True),
     )
     if gateway.port > 65535:
         raise gw.error("port", f"must be <= 65535, got {gateway.port}")

@@ -44,8 +44,12 @@ class Gateway:
 def gateway(pg_server_url: str, template_db: str, tmp_path: Path) -> Iterator[Gateway]:
     """``effectgate serve`` with two operators, over a seeded ledger of its own."""
     config = tmp_path / "effectgate.toml"
+    # The seeded ledger lies in 2025: a reconciler on the real clock would repair it under the test.
     config.write_text(
         f"""
+[gateway]
+run_reconciler = false
+
 [sources.stripe]
 scheme = "stripe"
 secrets = ["E2E_STRIPE_SECRET"]

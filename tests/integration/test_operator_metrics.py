@@ -16,6 +16,9 @@ from .test_reports_seed import seed
 pytestmark = pytest.mark.anyio
 
 CONFIG = """
+[gateway]
+run_reconciler = false
+
 [sources.stripe]
 scheme = "stripe"
 secrets = ["STRIPE_SECRET"]

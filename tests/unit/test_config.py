@@ -95,3 +95,10 @@ def test_scheme_options_are_validated_at_start() -> None:
     text = '[sources.g]\nscheme = "github"\nsecrets = ["S1"]\noptions = { allow_sha2 = true }'
     with pytest.raises(ConfigError, match=r"sources\.g\.scheme: allow_sha2: unknown option"):
         parse(text, env=ENV)
+
+
+def test_a_gateway_can_leave_the_reconciler_to_the_workers() -> None:
+    assert parse(MINIMAL, env=ENV).gateway.run_reconciler is True
+    assert parse(MINIMAL + "[gateway]\nrun_reconciler = false", env=ENV).gateway.run_reconciler is False
+    with pytest.raises(ConfigError, match=r"gateway\.run_reconciler: must be a boolean"):
+        parse(MINIMAL + '[gateway]\nrun_reconciler = "no"', env=ENV)
