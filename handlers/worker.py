@@ -332,8 +332,10 @@ class Worker:
         if kind is None:  # fetch only asks for registered kinds; a registry changed under us
             log.error("worker.unknown_kind", extra={"job_id": lease.job_id, "kind": lease.kind})
             return None
-        async with db.connection(self.pool) as conn:
-            recorded = await steps.for_effect(conn, lease.effect_id)
+        recorded: dict[str, steps.RecordedStep] = {}
+        if lease.has_steps:
+            async with db.connection(self.pool) as conn:
+                recorded = await steps.for_effect(conn, lease.effect_id)
         event = Event(lease.source, lease.event_id, lease.event_type, lease.payload, lease.tenant)
         ctx = EffectContext(
             pool=self.pool,

@@ -50,6 +50,8 @@ class Lease:
     event_type: str
     payload: Any
     lock_key: str | None = None
+    # Whether an earlier attempt recorded any step: a first attempt need not ask for them.
+    has_steps: bool = True
 
 
 async def fetch_and_lease(
@@ -100,6 +102,7 @@ async def fetch_and_lease(
             event_type=r["event_type"],
             payload=r["payload"],
             lock_key=r["lock_key"],
+            has_steps=r["has_steps"],
         )
         for r in rows
     ]

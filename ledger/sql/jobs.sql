@@ -43,7 +43,8 @@ attempt AS (
     INSERT INTO job_attempts (job_id, attempt, lease_token, worker, started_at)
     SELECT id, attempt, lease_token, %(owner)s, coalesce(%(now)s, now()) FROM leased
 )
-SELECT l.*, e.effect_key, e.source, e.event_id, e.event_type, e.payload
+SELECT l.*, e.effect_key, e.source, e.event_id, e.event_type, e.payload,
+       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id) AS has_steps
 FROM leased l JOIN effects e ON e.id = l.effect_id
 ORDER BY l.id;
 
