@@ -49,10 +49,24 @@ async def drain(url: str, jobs: int, concurrency: int) -> float:
         await claim_jobs(conn, jobs)
     pool = db.make_pool(url, max_size=concurrency + 4)
     await pool.open(wait=True)
+    done = 0
+    all_done = asyncio.Event()
+
+    def count(ev: Event) -> None:
+        nonlocal done
+        done += 1
+        if done == jobs:
+            all_done.set()
+
     config = WorkerConfig(concurrency=concurrency, backoff_base=0, run_reconciler=False)
-    worker = Worker(pool, make_registry(), url=url, config=config)
+    # The production loop (Worker.run), not run_until_idle: a finished job wakes a fetch for the
+    # free slots, as it does in `effectgate worker`.
+    worker = Worker(pool, make_registry(count), url=url, config=config)
     started = time.monotonic()
-    await worker.run_until_idle()
+    runner = asyncio.create_task(worker.run())
+    await asyncio.wait_for(all_done.wait(), 600)
+    worker.stop()
+    await runner
     elapsed = time.monotonic() - started
     await pool.close()
     return jobs / elapsed
