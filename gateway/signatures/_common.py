@@ -33,6 +33,10 @@ DEFAULT_TOLERANCE = 300
 # The re-encoding hint costs a JSON parse and about ten re-serialisations on a request that already
 # failed; past this size an attacker could make rejected requests expensive, so the hint is skipped.
 DIAGNOSE_MAX_BYTES = 256 * 1024
+# Providers send one signature, or a few during a key rotation. Each presented signature costs a full
+# verification (an Ed25519 check hashes the whole body), so an unauthenticated sender must not be able
+# to present thousands of them and stall the event loop.
+MAX_PRESENTED_SIGNATURES = 8
 
 # Seconds since 1970 fit in 11 digits for the next 1,000 years; the cap keeps int() away from
 # arbitrarily long digit strings (which it refuses past 4,300 digits with a ValueError).
@@ -265,7 +269,13 @@ def hmac_index(
 
 
 def require_match(body: bytes, match: Matcher, *, secrets: int, signatures: int) -> int:
-    """The index of the secret that authenticates ``body``; SignatureInvalid when none does."""
+    """The index of the secret that authenticates ``body``; SignatureInvalid when none does.
+
+    More than ``MAX_PRESENTED_SIGNATURES`` signatures are refused before any is checked."""
+    if signatures > MAX_PRESENTED_SIGNATURES:
+        raise SignatureMalformed(
+            f"{signatures} signatures presented; at most {MAX_PRESENTED_SIGNATURES} are accepted"
+        )
     index = match(body)
     if index is not None:
         return index
