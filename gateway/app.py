@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,6 +22,8 @@ from .ingress import error, receive
 from .operator import metrics
 from .operator.routes import operator_routes
 
+log = logging.getLogger("effectgate.gateway")
+
 
 async def healthz(request: Request) -> Response:
     """The process is alive."""
@@ -33,7 +36,11 @@ async def readyz(request: Request) -> Response:
         async with db.connection(request.app.state.pool) as conn:
             todo = await unapplied(conn)
     except Exception as exc:
-        return error(503, "ledger_unavailable", f"{type(exc).__name__}: {exc}")
+        # The exception's text can name the database host and user: the log gets it, the answer not.
+        log.warning("readyz.ledger_unavailable", extra={"error": f"{type(exc).__name__}: {exc}"})
+        return error(
+            503, "ledger_unavailable", f"the ledger database cannot be reached ({type(exc).__name__})"
+        )
     if todo:
         return error(503, "migrations_pending", "pending migrations: " + ", ".join(todo))
     return JSONResponse({"status": "ready"})

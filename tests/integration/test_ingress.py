@@ -297,3 +297,19 @@ async def test_an_authentic_payload_postgres_cannot_store_is_400_and_leaves_noth
     r = await post(client, "stripe", body, stripe_headers(body))
     assert (r.status_code, r.json()["error"]) == (400, "malformed_payload")
     assert await rows(conn, "SELECT * FROM deliveries") == []
+
+
+async def test_health_and_readiness(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    assert (await client.get("/readyz")).json() == {"status": "ready"}
+
+
+async def test_readiness_without_a_database_is_503_and_names_no_host() -> None:
+    unreachable = "postgresql://secretuser@127.0.0.1:1/none?connect_timeout=1"
+    app = create_app(parse(CONFIG, env=ENV), make_registry(), unreachable, pool_timeout=1.0)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            r = await c.get("/readyz")
+    assert (r.status_code, r.json()["error"]) == (503, "ledger_unavailable")
+    assert "secretuser" not in r.text and "127.0.0.1" not in r.text
