@@ -8,7 +8,6 @@ step result) — and error text, which must be stored whatever it contains, is m
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -16,32 +15,41 @@ _MAX_DEPTH = 500
 
 
 def jsonb_problem(value: Any) -> str | None:
-    """Why ``value`` cannot be stored as ``jsonb``, or ``None`` when it can."""
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return f"not JSON: {exc}"
-    except RecursionError:
-        return "nested too deeply"
+    """Why ``value`` cannot be stored as ``jsonb``, or ``None`` when it can.
+
+    One walk over the value (it runs on every delivery): JSON types only, finite numbers, and text
+    without NUL or lone surrogates, in keys and values alike.
+    """
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if depth > _MAX_DEPTH:
             return "nested too deeply"
+        if item is None or isinstance(item, bool | int):
+            continue
         if isinstance(item, str):
             problem = _text_problem(item)
             if problem:
                 return problem
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "not JSON: contains NaN or Infinity"
         elif isinstance(item, dict):
             for key, child in item.items():
-                problem = _text_problem(str(key))
-                if problem:
-                    return problem
+                # As json.dumps does: non-string scalar keys become strings; anything else is refused.
+                if isinstance(key, str):
+                    problem = _text_problem(key)
+                    if problem:
+                        return problem
+                elif isinstance(key, float) and not math.isfinite(key):
+                    return "not JSON: contains NaN or Infinity"
+                elif not (key is None or isinstance(key, int | float)):
+                    return f"not JSON: a key of type {type(key).__name__}"
                 stack.append((child, depth + 1))
         elif isinstance(item, list | tuple):
             stack.extend((child, depth + 1) for child in item)
-        elif isinstance(item, float) and not math.isfinite(item):
-            return "contains NaN or Infinity"
+        else:
+            return f"not JSON: a value of type {type(item).__name__}"
     return None
 
 
