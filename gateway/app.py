@@ -12,10 +12,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from handlers.registry import Registry
-from handlers.worker import reconcile_forever
-from ledger import db
-from ledger.migrate import unapplied
+from effectgate.handlers.registry import Registry
+from effectgate.handlers.worker import reconcile_forever
+from effectgate.ledger import db
+from effectgate.ledger.migrate import unapplied
 
 from .config import Config
 from .ingress import error, receive

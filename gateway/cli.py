@@ -30,14 +30,14 @@ from typing import Any
 
 import httpx
 
-from handlers.context import Services
-from handlers.payments import PaymentsClient
-from handlers.registry import REGISTRY
-from handlers.shipping import ShippingClient
-from handlers.worker import Worker, make_reconciler
-from ledger import db
-from ledger.errors import LedgerError, MigrationError
-from ledger.migrate import migrate
+from effectgate.handlers.context import Services
+from effectgate.handlers.payments import PaymentsClient
+from effectgate.handlers.registry import REGISTRY
+from effectgate.handlers.shipping import ShippingClient
+from effectgate.handlers.worker import Worker, make_reconciler
+from effectgate.ledger import db
+from effectgate.ledger.errors import LedgerError, MigrationError
+from effectgate.ledger.migrate import migrate
 
 from . import demo, embedded, logs, operator_cli
 from .config import DEFAULT_CONFIG_FILE, Config, ConfigError, import_handlers, load
@@ -119,7 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["EFFECTGATE_CONFIG"] = str(Path(config.path).resolve())
         os.environ["DATABASE_URL"] = url
         os.environ["EFFECTGATE_LOG_LEVEL"] = args.log_level
-        uvicorn.run("gateway.cli:serve_app", factory=True, workers=args.workers, **options)
+        uvicorn.run("effectgate.gateway.cli:serve_app", factory=True, workers=args.workers, **options)
         return EXIT_OK
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
@@ -244,7 +244,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_fake_providers(args: argparse.Namespace) -> int:
-    from handlers.fake_providers import serve
+    from effectgate.handlers.fake_providers import serve
 
     serve(args.host, args.port)
     return EXIT_OK
@@ -305,7 +305,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if applied:
         print(f"effectgate: applied migrations {', '.join(applied)}", flush=True)
 
-    me = [sys.executable, "-m", "gateway.cli"]
+    me = [sys.executable, "-m", "effectgate.gateway.cli"]
     commands = []
     if use_demo:
         commands.append([*me, "fake-providers", "--host", "127.0.0.1", "--port", str(fake_port)])

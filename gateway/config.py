@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from handlers.downstream import DownstreamConfig
-from handlers.worker import WorkerConfig
-from ledger.reconciler import ReconcilerConfig
+from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.worker import WorkerConfig
+from effectgate.ledger.reconciler import ReconcilerConfig
 
 from .operator.auth import OperatorToken, read_operators
 from .signatures import Scheme, SchemeConfigError, build_scheme

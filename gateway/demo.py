@@ -33,7 +33,7 @@ host = "{host}"
 port = {port}
 
 [handlers]
-modules = ["handlers.examples.commerce", "handlers.examples.audit"]
+modules = ["effectgate.handlers.examples.commerce", "effectgate.handlers.examples.audit"]
 
 [sources.stripe]
 scheme = "stripe"

@@ -17,13 +17,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from handlers.registry import Event as HandlerEvent
-from handlers.registry import Registry
-from ledger import claims, db
-from ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
-from ledger.errors import LedgerError, LedgerUnavailable
-from ledger.fingerprints import fingerprint
-from ledger.storable import jsonb_problem
+from effectgate.handlers.registry import Event as HandlerEvent
+from effectgate.handlers.registry import Registry
+from effectgate.ledger import claims, db
+from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
+from effectgate.ledger.errors import LedgerError, LedgerUnavailable
+from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.storable import jsonb_problem
 
 from .config import Config, Source
 from .operator import metrics

@@ -40,11 +40,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from handlers import control
-from handlers.registry import REGISTRY
-from ledger import db, reports
-from ledger import jobs as ledger_jobs
-from ledger.reports import InvalidParameter
+from effectgate.handlers import control
+from effectgate.handlers.registry import REGISTRY
+from effectgate.ledger import db, reports
+from effectgate.ledger import jobs as ledger_jobs
+from effectgate.ledger.reports import InvalidParameter
 
 from .operator import documents
 

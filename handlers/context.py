@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ledger import db, jobs, steps
-from ledger.errors import LeaseLost
-from ledger.steps import RecordedStep
-from ledger.storable import jsonb_problem
+from effectgate.ledger import db, jobs, steps
+from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.steps import RecordedStep
+from effectgate.ledger.storable import jsonb_problem
 
 from .errors import StepAlreadyRun, TerminalError, UnrecoverableError
 from .idempotency import idempotency_key

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from ledger import db, jobs
+from effectgate.ledger import db, jobs
 
 from .registry import Registry, Transition
 

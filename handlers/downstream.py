@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from handlers.errors import TerminalError, TransientError, UnrecoverableError
-from handlers.observe import CallObserver, report_call
+from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
+from effectgate.handlers.observe import CallObserver, report_call
 
 __all__ = ["MAX_IDEMPOTENCY_KEY_LENGTH", "DownstreamConfig", "classify_response", "send_idempotent"]
 

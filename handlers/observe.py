@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ledger.reconciler import ReconcileResult
+from effectgate.ledger.reconciler import ReconcileResult
 
 log = logging.getLogger("effectgate.observe")
 

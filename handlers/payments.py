@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from handlers.downstream import DownstreamConfig, send_idempotent
-from handlers.observe import CallObserver
+from effectgate.handlers.downstream import DownstreamConfig, send_idempotent
+from effectgate.handlers.observe import CallObserver
 
 __all__ = ["PaymentsClient"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from ledger.db import Conn
+    from effectgate.ledger.db import Conn
 
     from .context import EffectContext
 

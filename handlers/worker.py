@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ledger import db, jobs, steps
-from ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
-from ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfig, ReconcileResult, Repaired
+from effectgate.ledger import db, jobs, steps
+from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
+from effectgate.ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfig, ReconcileResult, Repaired
 
 from .context import EffectContext, Services
 from .errors import TerminalError, TransientError, UnrecoverableError

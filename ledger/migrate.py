@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 import psycopg
 from psycopg import sql
@@ -19,7 +20,8 @@ from .db import Conn
 from .errors import MigrationError
 from .queries import Q
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# Shipped inside the package (effectgate.migrations), so an installed wheel finds them from any directory.
+MIGRATIONS_DIR: Traversable = files("effectgate.migrations")
 _FILE_NAME = re.compile(r"^\d{4}_[a-z0-9_]+\.sql$")
 # Fixed, arbitrary: the same number in every process of every version.
 MIGRATION_LOCK_ID = 0x6566_6765_6D69_6772  # "efgemigr"
@@ -34,13 +36,13 @@ class Migration:
     checksum: str
 
 
-def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+def discover(directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
     """Every ``NNNN_snake_case.sql`` in ``directory``, in order; any other ``.sql`` name is an error."""
     if not directory.is_dir():
         raise MigrationError(f"migrations directory not found: {directory}")
     migrations: list[Migration] = []
     numbers: set[str] = set()
-    for path in sorted(directory.glob("*.sql")):
+    for path in sorted((p for p in directory.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name):
         if not _FILE_NAME.match(path.name):
             raise MigrationError(f"{path}: migration names must look like 0001_snake_case.sql")
         number = path.name[:4]
@@ -52,7 +54,7 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return migrations
 
 
-async def pending(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+async def pending(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
     """Migrations not yet applied to this database (raises if an applied one changed)."""
     await conn.execute(Q["migrations_table_ensure"])
     applied = {
@@ -80,7 +82,7 @@ async def pending(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[Migratio
     return todo
 
 
-async def unapplied(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[str]:
+async def unapplied(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[str]:
     """Migrations this database lacks, or whose applied checksum differs, read-only (readiness checks)."""
     row = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
     if row is None or not row["present"]:
@@ -97,7 +99,7 @@ async def unapplied(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[str]:
     return problems
 
 
-async def migrate(conn: Conn, directory: Path = MIGRATIONS_DIR) -> list[str]:
+async def migrate(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[str]:
     """Apply every pending migration; returns the names applied (empty when up to date)."""
     await conn.execute(Q["migrations_lock"], {"lock_id": MIGRATION_LOCK_ID})
     try:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from typing import LiteralString
 
-SQL_DIR = Path(__file__).parent / "sql"
+# Read as package data, so an installed wheel finds them wherever it is installed.
+SQL_DIR: Traversable = files("effectgate.ledger").joinpath("sql")
 _NAME = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
@@ -29,10 +31,10 @@ def parse(text: str, origin: str = "<sql>") -> dict[str, str]:
     return blocks
 
 
-def load(directory: Path = SQL_DIR) -> dict[str, str]:
+def load(directory: Traversable = SQL_DIR) -> dict[str, str]:
     """Load every named block of every ``*.sql`` file in ``directory``; names are unique across files."""
     queries: dict[str, str] = {}
-    for path in sorted(directory.glob("*.sql")):
+    for path in sorted((p for p in directory.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name):
         for name, query in parse(path.read_text(encoding="utf-8"), str(path)).items():
             if name in queries:
                 raise ValueError(f"{path}: query name {name!r} is already defined in another file")

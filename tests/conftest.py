@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from gateway import embedded
-from ledger import db
-from ledger.migrate import migrate
+from effectgate.gateway import embedded
+from effectgate.ledger import db
+from effectgate.ledger.migrate import migrate
 
 
 @pytest.fixture

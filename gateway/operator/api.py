@@ -26,11 +26,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from handlers import control
-from ledger import db, reports
-from ledger import jobs as ledger_jobs
-from ledger.errors import LedgerError, LedgerUnavailable
-from ledger.reports import InvalidParameter
+from effectgate.handlers import control
+from effectgate.ledger import db, reports
+from effectgate.ledger import jobs as ledger_jobs
+from effectgate.ledger.errors import LedgerError, LedgerUnavailable
+from effectgate.ledger.reports import InvalidParameter
 
 from . import documents, openapi
 from .auth import AuthFailure, OperatorToken, authenticate

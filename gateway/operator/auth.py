@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.config import _Reader
+    from effectgate.gateway.config import _Reader
 
 SCOPES = ("view", "operate")
 MIN_TOKEN_LENGTH = 16
@@ -90,7 +90,7 @@ def authenticate(
 def read_operators(root: _Reader, env: Mapping[str, str]) -> tuple[OperatorToken, ...]:
     """The ``[[operators]]`` tables of a configuration; a mistake names the file and the key."""
     # Imported here: gateway.config imports this module while it loads.
-    from gateway.config import _Reader
+    from effectgate.gateway.config import _Reader
 
     items = root.get("operators", list, [])
     operators: list[OperatorToken] = []

@@ -13,7 +13,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from ledger import reports
+from effectgate.ledger import reports
 
 DUPLICATE_FIELDS = (
     "tenant",

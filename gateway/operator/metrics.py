@@ -27,8 +27,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from handlers.observe import WorkerObserver
-from ledger import db, reports
+from effectgate.handlers.observe import WorkerObserver
+from effectgate.ledger import db, reports
 
 log = logging.getLogger("effectgate.metrics")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger import reports
+from effectgate.ledger import reports
 
 from . import documents
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers import EffectContext, Event, effect
+from effectgate.handlers import EffectContext, Event, effect
 
 
 async def _audit(ctx: EffectContext, ev: Event) -> None:

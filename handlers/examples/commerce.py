@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers import EffectContext, Event, TerminalError, effect
+from effectgate.handlers import EffectContext, Event, TerminalError, effect
 
 
 def order_key(ev: Event) -> str:

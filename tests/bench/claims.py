@@ -18,10 +18,10 @@ import time
 import uuid
 from pathlib import Path
 
-from ledger import db
-from ledger.claims import Delivery, EffectRequest, claim_delivery
-from ledger.fingerprints import fingerprint
-from ledger.queries import Q
+from effectgate.ledger import db
+from effectgate.ledger.claims import Delivery, EffectRequest, claim_delivery
+from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.queries import Q
 
 from .common import drop_database, fresh_database, pgbench_binary, server_url
 

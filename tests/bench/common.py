@@ -12,9 +12,9 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from gateway import embedded
-from ledger import db
-from ledger.migrate import migrate
+from effectgate.gateway import embedded
+from effectgate.ledger import db
+from effectgate.ledger.migrate import migrate
 
 
 def server_url() -> str:

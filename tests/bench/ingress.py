@@ -99,7 +99,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "gateway.cli",
+                "effectgate.gateway.cli",
                 "serve",
                 "--config",
                 str(config),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers import Event, effect
+from effectgate.handlers import Event, effect
 
 
 @effect(source="bench", events=["*"], name="bench.any")

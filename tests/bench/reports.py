@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ledger import db, reports
+from effectgate.ledger import db, reports
 
 from .common import drop_database, fresh_database, server_url
 

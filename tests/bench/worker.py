@@ -16,11 +16,11 @@ import time
 import uuid
 from typing import Any
 
-from handlers.registry import EffectKind, Event, Registry
-from handlers.worker import Worker, WorkerConfig
-from ledger import db
-from ledger.claims import Delivery, EffectRequest, claim_delivery
-from ledger.fingerprints import fingerprint
+from effectgate.handlers.registry import EffectKind, Event, Registry
+from effectgate.handlers.worker import Worker, WorkerConfig
+from effectgate.ledger import db
+from effectgate.ledger.claims import Delivery, EffectRequest, claim_delivery
+from effectgate.ledger.fingerprints import fingerprint
 
 from .common import drop_database, fresh_database, percentile, server_url
 

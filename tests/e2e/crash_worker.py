@@ -13,10 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from handlers import EffectContext, Event, Registry
-from handlers.registry import EffectKind
-from handlers.worker import Worker, WorkerConfig
-from ledger import db
+from effectgate.handlers import EffectContext, Event, Registry
+from effectgate.handlers.registry import EffectKind
+from effectgate.handlers.worker import Worker, WorkerConfig
+from effectgate.ledger import db
 
 KIND = "crash.count"
 ITEMS = 10

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from handlers import EffectContext, Event, effect
+from effectgate.handlers import EffectContext, Event, effect
 
 LEASE_TTL = float(os.environ.get("E2E_LEASE_TTL", "60"))
 MAX_ATTEMPTS = int(os.environ.get("E2E_MAX_ATTEMPTS", "8"))

@@ -33,7 +33,7 @@ class Process:
         self._log = log_path.open("wb")
         full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", *args],
+            [sys.executable, "-m", "effectgate.gateway.cli", *args],
             cwd=ROOT,
             env=full_env,
             stdout=self._log,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from handlers import EffectContext, Event, effect
+from effectgate.handlers import EffectContext, Event, effect
 
 SOURCES = ("stripe", "github", "standard", "shopify", "slack", "hmac", "twilio", "paypal", "adyen")
 

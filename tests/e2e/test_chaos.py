@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from ledger import db, jobs
+from effectgate.ledger import db, jobs
 
 from .conftest import Stack, event, headers
 from .processes import Process, wait_until

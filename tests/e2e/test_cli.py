@@ -16,7 +16,7 @@ from .processes import ROOT, free_port, wait_until
 
 def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
+        [sys.executable, "-m", "effectgate.gateway.cli", *args],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         capture_output=True,
@@ -76,7 +76,7 @@ def test_the_quick_start_up_command_runs_the_demo_on_an_embedded_postgres(tmp_pa
     env.pop("DATABASE_URL", None)
     log = (tmp_path / "up.log").open("w")
     up = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "up", "--port", str(port)],
+        [sys.executable, "-m", "effectgate.gateway.cli", "up", "--port", str(port)],
         cwd=tmp_path,
         env=env,
         stdout=log,

@@ -18,10 +18,10 @@ import anyio
 import httpx
 import pytest
 
-from handlers.downstream import DownstreamConfig
-from handlers.errors import TransientError
-from handlers.payments import PaymentsClient
-from handlers.shipping import ShippingClient
+from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.errors import TransientError
+from effectgate.handlers.payments import PaymentsClient
+from effectgate.handlers.shipping import ShippingClient
 
 pytestmark = pytest.mark.anyio
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from gateway.operator.auth import hash_token
+from effectgate.gateway.operator.auth import hash_token
 from tests.integration.test_reports_seed import seeded_database
 
 from .processes import Process, free_port

@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 
-from gateway.operator.metrics import CONTENT_TYPE
+from effectgate.gateway.operator.metrics import CONTENT_TYPE
 
 from .conftest import Stack, event
 from .processes import Process, free_port, wait_until

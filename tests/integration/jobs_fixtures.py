@@ -16,13 +16,13 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from handlers.observe import WorkerObserver
-from handlers.registry import EffectKind, Registry
-from handlers.worker import Worker, WorkerConfig
-from ledger import db, jobs
-from ledger.claims import Accepted, Delivery, EffectRequest, claim_delivery
-from ledger.fingerprints import fingerprint
-from ledger.reconciler import ReconcilerConfig
+from effectgate.handlers.observe import WorkerObserver
+from effectgate.handlers.registry import EffectKind, Registry
+from effectgate.handlers.worker import Worker, WorkerConfig
+from effectgate.ledger import db, jobs
+from effectgate.ledger.claims import Accepted, Delivery, EffectRequest, claim_delivery
+from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.reconciler import ReconcilerConfig
 
 # A fixed clock for ledger-level tests; worker tests run on the database's own clock.
 T0 = datetime(2031, 3, 4, 12, 0, tzinfo=UTC)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ledger import db
-from ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, Rejected, claim_delivery
-from ledger.fingerprints import fingerprint
+from effectgate.ledger import db
+from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, Rejected, claim_delivery
+from effectgate.ledger.fingerprints import fingerprint
 
 pytestmark = pytest.mark.anyio
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from handlers import control
-from handlers.registry import Transition
-from ledger import db, jobs
+from effectgate.handlers import control
+from effectgate.handlers.registry import Transition
+from effectgate.ledger import db, jobs
 
 from .jobs_fixtures import claim, kind, registry
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from handlers import EffectContext, Event, StepAlreadyRun, TerminalError, TransientError
-from handlers.idempotency import idempotency_key
-from ledger import db, jobs, reports
+from effectgate.handlers import EffectContext, Event, StepAlreadyRun, TerminalError, TransientError
+from effectgate.handlers.idempotency import idempotency_key
+from effectgate.ledger import db, jobs, reports
 
 from .jobs_fixtures import claim, kind, make_worker, pool, registry
 

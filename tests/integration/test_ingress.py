@@ -12,10 +12,10 @@ import pytest
 import standardwebhooks
 import stripe
 
-from gateway.app import create_app
-from gateway.config import parse
-from handlers.registry import Event, Registry
-from ledger import db
+from effectgate.gateway.app import create_app
+from effectgate.gateway.config import parse
+from effectgate.handlers.registry import Event, Registry
+from effectgate.ledger import db
 
 pytestmark = pytest.mark.anyio
 
@@ -266,7 +266,7 @@ async def test_an_unreachable_ledger_is_503_and_nothing_is_acknowledged() -> Non
 
 
 async def test_deliveries_and_failures_are_counted_in_the_metrics(client: httpx.AsyncClient) -> None:
-    from gateway.operator import metrics
+    from effectgate.gateway.operator import metrics
 
     def count(text: str, line_start: str) -> float:
         lines = [line for line in text.splitlines() if line.startswith(line_start)]

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from psycopg import errors as pg_errors
 
-from ledger import db, jobs, steps
-from ledger.errors import LeaseLost
-from ledger.reconciler import Reconciler
+from effectgate.ledger import db, jobs, steps
+from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.reconciler import Reconciler
 from tests.integration.jobs_fixtures import (
     at,
     claim,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ledger import db, jobs
-from ledger.jobs import Refused
+from effectgate.ledger import db, jobs
+from effectgate.ledger.jobs import Refused
 from tests.integration.jobs_fixtures import (
     at,
     claim,

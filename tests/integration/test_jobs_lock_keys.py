@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-from ledger import db, jobs
-from ledger.jobs import Refused
-from ledger.reconciler import Reconciler
+from effectgate.ledger import db, jobs
+from effectgate.ledger.jobs import Refused
+from effectgate.ledger.reconciler import Reconciler
 from tests.integration.jobs_fixtures import (
     at,
     claim,

@@ -23,9 +23,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ledger import db, jobs
-from ledger.errors import LeaseLost
-from ledger.reconciler import Reconciler, ReconcilerConfig
+from effectgate.ledger import db, jobs
+from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig
 from tests.integration.jobs_fixtures import T0, claim
 
 TTL = 10

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger import db
-from ledger.errors import MigrationError
-from ledger.migrate import discover, migrate, unapplied
+from effectgate.ledger import db
+from effectgate.ledger.errors import MigrationError
+from effectgate.ledger.migrate import discover, migrate, unapplied
 
 pytestmark = pytest.mark.anyio
 

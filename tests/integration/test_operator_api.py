@@ -18,13 +18,13 @@ from referencing import Registry as SchemaRegistry
 from referencing import Resource
 from referencing.jsonschema import DRAFT202012
 
-from gateway.app import create_app
-from gateway.config import parse
-from gateway.operator import documents
-from gateway.operator.auth import hash_token
-from gateway.operator.openapi import DOCUMENT
-from handlers.registry import Registry
-from ledger import db, jobs, reports
+from effectgate.gateway.app import create_app
+from effectgate.gateway.config import parse
+from effectgate.gateway.operator import documents
+from effectgate.gateway.operator.auth import hash_token
+from effectgate.gateway.operator.openapi import DOCUMENT
+from effectgate.handlers.registry import Registry
+from effectgate.ledger import db, jobs, reports
 
 from .test_reports_seed import NOW, seed, seeded_database
 

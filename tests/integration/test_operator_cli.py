@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from gateway import cli, operator_cli
-from gateway.operator import documents
+from effectgate.gateway import cli, operator_cli
+from effectgate.gateway.operator import documents
 
 from .test_reports_seed import NOW, seeded_database
 

@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.config import parse
-from handlers.registry import Registry
-from ledger import db, jobs
+from effectgate.gateway.app import create_app
+from effectgate.gateway.config import parse
+from effectgate.handlers.registry import Registry
+from effectgate.ledger import db, jobs
 
 from .test_operator_api import CONFIG, OPERATE_TOKEN, VIEW_TOKEN
 from .test_reports_seed import NOW, deliver, seed, seeded_database

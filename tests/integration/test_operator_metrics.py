@@ -5,11 +5,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.config import parse
-from gateway.operator import metrics
-from handlers.registry import Registry
-from ledger import db
+from effectgate.gateway.app import create_app
+from effectgate.gateway.config import parse
+from effectgate.gateway.operator import metrics
+from effectgate.handlers.registry import Registry
+from effectgate.ledger import db
 
 from .test_reports_seed import seed
 

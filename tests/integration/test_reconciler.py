@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ledger import db, jobs
-from ledger.reconciler import (
+from effectgate.ledger import db, jobs
+from effectgate.ledger.reconciler import (
     RECONCILER_LOCK_ID,
     KindPolicy,
     Reconciler,
@@ -152,8 +152,8 @@ async def test_reconcilers_on_many_connections_at_once_repair_each_job_once(db_u
 RECONCILE_PROCESS = """
 import asyncio, json, os, sys, time
 from datetime import datetime
-from ledger import db
-from ledger.reconciler import Reconciler, ReconcilerConfig
+from effectgate.ledger import db
+from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig
 
 async def main(url, now, go):
     conn = await db.connect(url)

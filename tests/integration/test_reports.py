@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ledger import db, reports
-from ledger.reports import InvalidParameter
+from effectgate.ledger import db, reports
+from effectgate.ledger.reports import InvalidParameter
 
 from .test_reports_seed import NOW, deliver, paid, seed, seeded_database
 

@@ -15,9 +15,15 @@ from typing import Any
 
 import psycopg
 
-from ledger import db, jobs, steps
-from ledger.claims import Accepted, Delivery, EffectRequest, claim_delivery, record_signature_failure
-from ledger.fingerprints import fingerprint
+from effectgate.ledger import db, jobs, steps
+from effectgate.ledger.claims import (
+    Accepted,
+    Delivery,
+    EffectRequest,
+    claim_delivery,
+    record_signature_failure,
+)
+from effectgate.ledger.fingerprints import fingerprint
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 

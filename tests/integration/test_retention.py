@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ledger import db
-from ledger.claims import record_signature_failure
-from ledger.reconciler import Reconciler, ReconcilerConfig
+from effectgate.ledger import db
+from effectgate.ledger.claims import record_signature_failure
+from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig
 
 pytestmark = pytest.mark.anyio
 

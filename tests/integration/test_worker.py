@@ -9,11 +9,18 @@ from typing import Any
 
 import pytest
 
-from handlers import EffectContext, Event, TerminalError, TransientError, Transition, UnrecoverableError
-from handlers.worker import HANDED_BACK
-from ledger import db, jobs
-from ledger.errors import LeaseLost
-from ledger.reconciler import Reconciler
+from effectgate.handlers import (
+    EffectContext,
+    Event,
+    TerminalError,
+    TransientError,
+    Transition,
+    UnrecoverableError,
+)
+from effectgate.handlers.worker import HANDED_BACK
+from effectgate.ledger import db, jobs
+from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.reconciler import Reconciler
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import (
     claim,

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gateway.operator import metrics
-from handlers import EffectContext, Event, TerminalError, TransientError
-from handlers.observe import WorkerObserver
-from handlers.worker import reconcile_forever
-from ledger import db, jobs
-from ledger.reconciler import ReconcilerConfig
+from effectgate.gateway.operator import metrics
+from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
+from effectgate.handlers.observe import WorkerObserver
+from effectgate.handlers.worker import reconcile_forever
+from effectgate.ledger import db, jobs
+from effectgate.ledger.reconciler import ReconcilerConfig
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import claim, job, kind, later, make_worker, registry, wait_for
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from handlers import EffectContext, Event
-from handlers.worker import HANDED_BACK, LISTEN_APPLICATION_NAME
-from ledger import db, jobs
-from ledger.errors import LeaseLost
-from ledger.reconciler import Reconciler
+from effectgate.handlers import EffectContext, Event
+from effectgate.handlers.worker import HANDED_BACK, LISTEN_APPLICATION_NAME
+from effectgate.ledger import db, jobs
+from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.reconciler import Reconciler
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import (
     claim,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, load, parse
+from effectgate.gateway.config import ConfigError, load, parse
 
 ENV = {"S1": "whsec_one", "S2": "whsec_two"}
 MINIMAL = """

@@ -11,11 +11,11 @@ import httpx
 import pytest
 import respx
 
-from gateway.operator import metrics
-from handlers.downstream import DownstreamConfig, classify_response, send_idempotent
-from handlers.errors import TerminalError, TransientError, UnrecoverableError
-from handlers.payments import PaymentsClient
-from handlers.shipping import ShippingClient
+from effectgate.gateway.operator import metrics
+from effectgate.handlers.downstream import DownstreamConfig, classify_response, send_idempotent
+from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
+from effectgate.handlers.payments import PaymentsClient
+from effectgate.handlers.shipping import ShippingClient
 
 pytestmark = pytest.mark.anyio
 

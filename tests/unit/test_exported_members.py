@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import handlers
-import ledger
+import types
+
+import pytest
+
+import effectgate
+import effectgate.handlers as handlers
+import effectgate.ledger as ledger
 
 
 def test_handlers_exports_the_documented_names() -> None:
@@ -35,3 +40,37 @@ def test_ledger_exports_its_error_tree() -> None:
         "StepAlreadyRecorded",
     ]
     assert all(issubclass(getattr(ledger, name), ledger.LedgerError) for name in ledger.__all__)
+
+
+def test_effectgate_exports_the_public_handler_api() -> None:
+    assert effectgate.__all__ == [
+        "EffectContext",
+        "EffectKind",
+        "Event",
+        "HandlerError",
+        "Services",
+        "StepAlreadyRun",
+        "TerminalError",
+        "TransientError",
+        "Transition",
+        "UnrecoverableError",
+        "__version__",
+        "effect",
+        "register_sweep",
+    ]
+    # Every public attribute but the subpackages is exported, and each is the handler side's own object.
+    public = {
+        name
+        for name in dir(effectgate)
+        if not name.startswith("_") and not isinstance(getattr(effectgate, name), types.ModuleType)
+    }
+    assert public == {name for name in effectgate.__all__ if not name.startswith("_")}
+    for name in effectgate.__all__:
+        if name != "__version__":
+            assert getattr(effectgate, name) is getattr(handlers, name), name
+    assert isinstance(effectgate.__version__, str) and effectgate.__version__[0].isdigit()
+
+
+def test_unknown_names_are_attribute_errors() -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        effectgate.no_such_name  # noqa: B018

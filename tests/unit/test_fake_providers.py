@@ -13,11 +13,11 @@ import pytest
 from starlette.applications import Starlette
 from starlette.types import Message
 
-from handlers.downstream import DownstreamConfig
-from handlers.errors import TerminalError, TransientError, UnrecoverableError
-from handlers.fake_providers import FaultConfig, create_app
-from handlers.payments import PaymentsClient
-from handlers.shipping import ShippingClient
+from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
+from effectgate.handlers.fake_providers import FaultConfig, create_app
+from effectgate.handlers.payments import PaymentsClient
+from effectgate.handlers.shipping import ShippingClient
 
 pytestmark = pytest.mark.anyio
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from handlers.idempotency import idempotency_key
+from effectgate.handlers.idempotency import idempotency_key
 
 
 def test_the_key_is_stable_and_short_enough_for_every_provider() -> None:

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from gateway.config import ConfigError, parse
-from gateway.operator.auth import AuthFailure, OperatorToken, authenticate, hash_token
+from effectgate.gateway.config import ConfigError, parse
+from effectgate.gateway.operator.auth import AuthFailure, OperatorToken, authenticate, hash_token
 
 SOURCE = """
 [sources.stripe]

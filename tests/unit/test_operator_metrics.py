@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from gateway.operator import metrics
-from gateway.operator.metrics import Registry
-from ledger.reports import JobGauges
+from effectgate.gateway.operator import metrics
+from effectgate.gateway.operator.metrics import Registry
+from effectgate.ledger.reports import JobGauges
 
 # One sample line of the text format: name, optional {labels}, value.
 _SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? \S+$')

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger import reports
-from ledger.queries import SQL_DIR, parse
-from ledger.reports import InvalidParameter, payload_diff
+from effectgate.ledger import reports
+from effectgate.ledger.queries import SQL_DIR, parse
+from effectgate.ledger.reports import InvalidParameter, payload_diff
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.queries import SQL_DIR, Q, parse
+from effectgate.ledger.queries import SQL_DIR, Q, parse
 
 LEDGER = Path(__file__).resolve().parents[2] / "ledger"
 # A query is reached as Q["name"], or by name through a helper such as reports._fetch(conn, "name", …).
@@ -31,14 +31,14 @@ def test_names_are_unique_within_and_across_files() -> None:
     with pytest.raises(ValueError, match="appears twice"):
         parse("-- name: a_get\nSELECT 1;\n-- name: a_get\nSELECT 2;\n", "x.sql")
     seen: dict[str, str] = {}
-    for path in sorted(SQL_DIR.glob("*.sql")):
+    for path in sorted((p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name):
         for name in parse(path.read_text(), str(path)):
             assert name not in seen, f"{name} in {path.name} and {seen[name]}"
             seen[name] = path.name
 
 
 def test_every_block_says_what_it_does() -> None:
-    for path in sorted(SQL_DIR.glob("*.sql")):
+    for path in sorted((p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name):
         text = path.read_text()
         for match in re.finditer(r"^-- name: (\w+)\n(.*)$", text, re.MULTILINE):
             assert match.group(2).startswith("-- "), f"{path.name}: {match.group(1)} has no comment line"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from handlers import registry as reg_module
-from handlers.registry import EffectKind, Event, Registry
+from effectgate.handlers import registry as reg_module
+from effectgate.handlers.registry import EffectKind, Event, Registry
 
 
 async def handler(ctx: Any, ev: Event) -> None:

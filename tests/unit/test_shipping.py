@@ -10,9 +10,9 @@ import httpx
 import pytest
 import respx
 
-from handlers.downstream import DownstreamConfig
-from handlers.errors import TerminalError, TransientError, UnrecoverableError
-from handlers.shipping import ShippingClient
+from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
+from effectgate.handlers.shipping import ShippingClient
 
 pytestmark = pytest.mark.anyio
 

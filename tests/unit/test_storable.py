@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.storable import jsonb_problem, storable_text
+from effectgate.ledger.storable import jsonb_problem, storable_text
 
 
 @pytest.mark.parametrize(

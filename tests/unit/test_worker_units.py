@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from handlers import EffectContext, Event, Registry, Services, TerminalError, UnrecoverableError
-from handlers.worker import WorkerConfig, backoff_delay, error_record, make_reconciler
-from ledger import jobs
-from ledger.errors import LeaseLost
-from ledger.reconciler import KindPolicy, ReconcilerConfig
-from ledger.steps import RecordedStep
+from effectgate.handlers import EffectContext, Event, Registry, Services, TerminalError, UnrecoverableError
+from effectgate.handlers.worker import WorkerConfig, backoff_delay, error_record, make_reconciler
+from effectgate.ledger import jobs
+from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.reconciler import KindPolicy, ReconcilerConfig
+from effectgate.ledger.steps import RecordedStep
 
 pytestmark = pytest.mark.anyio
 

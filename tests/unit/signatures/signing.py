@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.signatures import Scheme, build_scheme
+from effectgate.gateway.signatures import Scheme, build_scheme
 
 from .paypal_pki import CERT_URL, MemoryFetcher, Pki, iso
 

@@ -14,7 +14,7 @@ from Adyen.util import generate_notification_sig, is_valid_hmac_notification
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     PayloadError,
     SchemeConfigError,
     SignatureError,

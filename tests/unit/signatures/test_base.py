@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     CertificateUntrusted,
     Event,
     PayloadError,

@@ -5,8 +5,13 @@ import json
 import pytest
 from starlette.datastructures import Headers
 
-from gateway.signatures import PayloadError, SignatureMalformed, SignatureMissing, TimestampOutOfTolerance
-from gateway.signatures._common import (
+from effectgate.gateway.signatures import (
+    PayloadError,
+    SignatureMalformed,
+    SignatureMissing,
+    TimestampOutOfTolerance,
+)
+from effectgate.gateway.signatures._common import (
     DIAGNOSE_MAX_BYTES,
     check_timestamp,
     decode_digest,

@@ -1,4 +1,4 @@
-import gateway.signatures as signatures
+import effectgate.gateway.signatures as signatures
 
 DOCUMENTED = [
     "SCHEMES",
@@ -26,8 +26,8 @@ def test_all_is_exactly_the_documented_names() -> None:
 def test_every_exported_name_exists_and_belongs_to_the_package() -> None:
     for name in signatures.__all__:
         member = getattr(signatures, name)
-        module = getattr(member, "__module__", "gateway.signatures")
-        assert module.startswith("gateway.signatures"), name
+        module = getattr(member, "__module__", "effectgate.gateway.signatures")
+        assert module.startswith("effectgate.gateway.signatures"), name
 
 
 def test_scheme_registry_names_are_the_documented_schemes() -> None:

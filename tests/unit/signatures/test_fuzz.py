@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.signatures import SignatureError, VerificationError, Verified
+from effectgate.gateway.signatures import SignatureError, VerificationError, Verified
 
 from .signing import CASE_IDS, CASES, NOW, Case
 

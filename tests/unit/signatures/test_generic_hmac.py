@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     PayloadError,
     SchemeConfigError,
     SignatureInvalid,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     PayloadError,
     SchemeConfigError,
     SignatureInvalid,

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     CertificateUntrusted,
     PayloadError,
     Scheme,
@@ -30,7 +30,7 @@ from gateway.signatures import (
     Verified,
     build_scheme,
 )
-from gateway.signatures.paypal import FAILURE_TTL
+from effectgate.gateway.signatures.paypal import FAILURE_TTL
 
 from .paypal_pki import CERT_URL, MemoryFetcher, Pki, iso, issue, pem
 from .signing import NOW, PAYPAL_CA_FILE, PAYPAL_PKI, PAYPAL_WEBHOOK_ID

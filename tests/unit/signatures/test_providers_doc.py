@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import parse
-from gateway.signatures import SCHEMES
+from effectgate.gateway.config import parse
+from effectgate.gateway.signatures import SCHEMES
 
 DOC = (Path(__file__).parents[3] / "docs" / "providers.md").read_text()
 EXAMPLES = re.findall(r"```toml\n(.*?)```", DOC, flags=re.DOTALL)

@@ -2,7 +2,7 @@ from typing import Any
 
 import pytest
 
-from gateway.signatures import SCHEMES, SchemeConfigError, build_scheme
+from effectgate.gateway.signatures import SCHEMES, SchemeConfigError, build_scheme
 
 from .signing import CASE_IDS, CASES, EVENT_BODY, NOW, Case
 

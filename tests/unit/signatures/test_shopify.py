@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     PayloadError,
     SignatureInvalid,
     SignatureMalformed,

@@ -10,7 +10,7 @@ import standardwebhooks
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     PayloadError,
     SchemeConfigError,
     SignatureInvalid,

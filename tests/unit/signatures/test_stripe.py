@@ -7,7 +7,7 @@ import pytest
 import stripe
 from starlette.datastructures import Headers
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     PayloadError,
     SignatureInvalid,
     SignatureMalformed,

@@ -13,7 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from svix.webhooks import Webhook, WebhookVerificationError
 
-from gateway.signatures import SignatureInvalid, TimestampOutOfTolerance, VerificationError, build_scheme
+from effectgate.gateway.signatures import (
+    SignatureInvalid,
+    TimestampOutOfTolerance,
+    VerificationError,
+    build_scheme,
+)
 
 SECRET = "whsec_" + base64.b64encode(b"svix test secret, 32 bytes long!").decode()
 OTHER = "whsec_" + base64.b64encode(b"another svix secret, also 32 b!!").decode()

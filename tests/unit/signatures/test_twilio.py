@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     PayloadError,
     SchemeConfigError,
     SignatureInvalid,

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twilio.request_validator import RequestValidator
 
-from gateway.signatures import (
+from effectgate.gateway.signatures import (
     SignatureInvalid,
     SignatureMalformed,
     UnsupportedSignatureVersion,
