@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: install check lint typecheck test chaos bench bench-short up
+.PHONY: install check lint typecheck test test-lowest chaos bench bench-short up
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -24,6 +24,15 @@ typecheck:
 
 test:
 	$(PYTHON) -m pytest -q
+
+# Every declared lower bound must work: a fresh venv resolved with uv's lowest-direct strategy (each
+# direct dependency at the lowest version pyproject allows) runs the unit tests.
+test-lowest:
+	$(PYTHON) -m pip install -q uv
+	rm -rf build/lowest
+	$(PYTHON) -m uv venv -q -p $(PYTHON) build/lowest
+	$(PYTHON) -m uv pip install -q --python build/lowest/bin/python --resolution lowest-direct -e '.[dev]'
+	build/lowest/bin/python -m pytest -q -p no:cacheprovider tests/unit
 
 # The long chaos run (the suite runs a short one): CHAOS_ORDERS, CHAOS_KILLS, CHAOS_SEED to vary it.
 chaos:

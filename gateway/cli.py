@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -93,6 +94,16 @@ def serve_app() -> Any:
     return create_app(config, REGISTRY, os.environ["DATABASE_URL"])
 
 
+def server_implementation() -> dict[str, str]:
+    """uvloop and httptools where they are installed (the production default), else asyncio and h11.
+
+    uvloop has no wheel for Windows or PyPy; there the gateway still runs, slower, rather than failing.
+    """
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return {"loop": loop, "http": http}
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -107,8 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "host": host,
         "port": port,
-        "loop": "uvloop",
-        "http": "httptools",
+        **server_implementation(),
         "lifespan": "on",
         "log_config": None,
         "access_log": False,
@@ -387,11 +397,21 @@ def _port(text: str) -> int:
     return value
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("effectgate")
+    except PackageNotFoundError:  # pragma: no cover - only from an uninstalled tree
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``effectgate`` argument parser."""
     parser = argparse.ArgumentParser(
         prog="effectgate", description="Webhook gateway with an idempotent effect ledger."
     )
+    parser.add_argument("--version", action="version", version=f"effectgate {_version()}")
     parser.add_argument(
         "--log-level",
         default=os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"),
