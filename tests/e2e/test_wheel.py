@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 import venv
 import zipfile
@@ -79,6 +80,21 @@ def test_the_wheel_carries_one_namespace_its_migrations_sql_and_types(installed:
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(installed.wheel).read(metadata).decode()
     assert "License-Expression: MIT" in text and "Classifier: Typing :: Typed" in text
+
+
+def test_the_sdist_carries_every_migration_and_sql_file(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (sdist,) = tmp_path.glob("effectgate-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    wanted = [p.relative_to(ROOT).as_posix() for p in (ROOT / "migrations").glob("*.sql")]
+    wanted += [p.relative_to(ROOT).as_posix() for p in (ROOT / "ledger" / "sql").glob("*.sql")]
+    assert wanted and set(wanted) <= names, sorted(set(wanted) - names)
+    assert {"LICENSE", "README.md", "pyproject.toml", "handlers/_effectgate/py.typed"} <= names
 
 
 def test_the_installed_cli_answers_version_and_help_from_anywhere(
