@@ -10,6 +10,8 @@ import pytest
 
 from effectgate.gateway.operator.metrics import CONTENT_TYPE
 
+from tests.prometheus import value
+
 from .conftest import Stack, event
 from .processes import Process, free_port, wait_until
 
@@ -22,16 +24,18 @@ def test_a_worker_serves_metrics_with_the_jobs_it_ran_until_it_stops(stack: Stac
     assert stack.deliver(event("6006", "evt_6006")).status_code == 202
     stack.wait_state("order-paid:6006", "succeeded")
 
-    succeeded = 'effectgate_job_run_seconds_count{kind="e2e.fulfil",outcome="succeeded"} 1'
+    def succeeded(text: str) -> float:
+        return value(text, "effectgate_job_run_seconds_count", kind="e2e.fulfil", outcome="succeeded")
+
     # The slice is counted just after its transition commits: poll rather than race it.
-    wait_until(lambda: succeeded in httpx.get(url, timeout=5).text, 10, "the slice to be counted")
+    wait_until(lambda: succeeded(httpx.get(url, timeout=5).text) == 1, 10, "the slice to be counted")
     response = httpx.get(url, timeout=5)
     assert (response.status_code, response.headers["content-type"]) == (200, CONTENT_TYPE)
-    lines = response.text.splitlines()
-    assert 'effectgate_downstream_calls_total{service="payments",status="200"} 1' in lines
-    assert 'effectgate_downstream_calls_total{service="shipping",status="201"} 1' in lines
+    text = response.text
+    assert value(text, "effectgate_downstream_calls_total", service="payments", status="200") == 1
+    assert value(text, "effectgate_downstream_calls_total", service="shipping", status="201") == 1
     # The ledger's gauges come along, read through the worker's own pool.
-    assert "effectgate_ledger_up 1" in lines
+    assert value(text, "effectgate_ledger_up") == 1
 
     assert worker.stop() == 0
     with pytest.raises(httpx.TransportError):
