@@ -9,7 +9,6 @@ import httpx
 import pytest
 
 from effectgate.gateway.operator.metrics import CONTENT_TYPE
-
 from tests.prometheus import value
 
 from .conftest import Stack, event
