@@ -134,9 +134,30 @@ def test_every_scrape_of_two_processes_reads_the_sum_of_both(serve: Serve) -> No
         for _ in range(8)
     ]
     assert readings == [10.0] * 8
-    # Both processes count into the supervisor's private directory, which goes when it stops.
+    # Both processes count into the supervisor's private directory.
     pids = {int(name.rsplit("_", 1)[1].split(".")[0]) for name in os.listdir(metrics_dir)}
     assert pids == set(serve.children())
+
+    # A child killed and replaced takes none of its counts with it: the counter does not go backwards.
+    victim = serve.children()[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_until(
+        lambda: len(serve.children()) == 2 and victim not in serve.children(), 60, "a replacement process"
+    )
+    serve.process.wait_http(f"{serve.url}/readyz")
+    for n in range(10, 12):
+        assert deliver(serve.url, n).status_code == 200
+    after = [
+        value(
+            httpx.get(f"{serve.url}/metrics", timeout=10).text,
+            "effectgate_deliveries_total",
+            source="shop",
+            outcome="unmatched",
+        )
+        for _ in range(4)
+    ]
+    assert after == [12.0] * 4
+    # The directory goes when the supervisor stops.
     assert serve.process.stop() == 0
     assert not Path(metrics_dir).exists()
 
