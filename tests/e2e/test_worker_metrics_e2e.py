@@ -56,3 +56,23 @@ def test_a_metrics_port_already_taken_is_a_usage_error_before_any_job_runs(stack
     log = proc.log()
     assert f"--metrics-port: cannot listen on 127.0.0.1:{port}" in log
     assert "worker.started" not in log
+
+
+def test_a_worker_asks_for_the_configured_metrics_token(stack: Stack) -> None:
+    token = "e2e-metrics-token-0123456789"
+    config = stack.tmp / "with-token.toml"
+    config.write_text(stack.config.read_text() + '\n[metrics]\ntoken_env = "E2E_METRICS_TOKEN"\n')
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    proc = Process(
+        ["worker", "--config", str(config), "--no-migrate", "--metrics-port", str(port)],
+        {**stack.env, "E2E_METRICS_TOKEN": token},
+        stack.tmp / "token-worker.log",
+    )
+    stack.processes.append(proc)
+    proc.wait_log("worker.started")
+    assert httpx.get(url, timeout=5).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer nope"}, timeout=5).status_code == 401
+    scraped = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    assert scraped.status_code == 200 and value(scraped.text, "effectgate_ledger_up") == 1
+    assert token not in proc.log()
