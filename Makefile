@@ -2,7 +2,11 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
+<<<<<<< HEAD
 .PHONY: install check lint typecheck test test-lowest chaos bench bench-short up
+=======
+.PHONY: install check lint typecheck test chaos bench bench-short up metrics-check
+>>>>>>> ops
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -50,6 +54,12 @@ bench-short:
 	$(PYTHON) -m tests.bench.worker --jobs 200 --latency-samples 10
 	$(PYTHON) -m tests.bench.ingress --seconds 1 --connections 8 --requests 2000
 	$(PYTHON) -m tests.bench.reports --effects 20000
+
+# The shipped Prometheus alert rules: syntax, then behaviour on the series in alerts_test.yml. promtool is
+# Debian's `prometheus` package (apt-get install --no-install-recommends prometheus).
+metrics-check:
+	promtool check rules deploy/prometheus/alerts.yml
+	cd deploy/prometheus && promtool test rules alerts_test.yml
 
 up:
 	$(PYTHON) -m pip install -q -e .

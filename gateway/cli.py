@@ -83,15 +83,24 @@ async def _migrate(url: str) -> list[str]:
 def serve_app() -> Any:
     """The gateway app built from the environment: the factory each ``serve --workers N`` process calls.
 
-    ``cmd_serve`` puts the configuration path and the database URL in the environment before uvicorn
-    starts its processes, so every process builds the same app and imports the same handler modules.
+    ``cmd_serve`` puts the configuration path, the database URL and the dashboard's session key in the
+    environment before uvicorn starts its processes, so every process builds the same app, imports the
+    same handler modules and accepts the same sessions.
     """
+    from . import guard, serving
     from .app import create_app
 
+    serving.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
     config = load(os.environ["EFFECTGATE_CONFIG"])
     import_handlers(config)
-    return create_app(config, REGISTRY, os.environ["DATABASE_URL"])
+    guard.configure(config.gateway.limits)
+    session_key = bytes.fromhex(os.environ.pop(_SESSION_KEY_ENV))
+    return create_app(config, REGISTRY, os.environ["DATABASE_URL"], session_key=session_key)
+
+
+# The dashboard's signing key when no secret is configured: made by the supervisor, shared by its children.
+_SESSION_KEY_ENV = "EFFECTGATE_SESSION_KEY"
 
 
 def server_implementation() -> dict[str, str]:
@@ -107,6 +116,7 @@ def server_implementation() -> dict[str, str]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from . import guard, serving
     from .app import create_app
 
     config = _load_config(args)
@@ -118,22 +128,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "host": host,
         "port": port,
+<<<<<<< HEAD
         **server_implementation(),
+=======
+        "loop": "uvloop",
+>>>>>>> ops
         "lifespan": "on",
         "log_config": None,
         "access_log": False,
         "timeout_graceful_shutdown": 10,
     }
+    session_key = os.urandom(32)
     if args.workers > 1:
-        # Several processes share the listening socket; each builds its app from the environment.
+        # Several processes share the listening socket; each builds its app from the environment and
+        # imports the guarded protocol by name.
         os.environ["EFFECTGATE_CONFIG"] = str(Path(config.path).resolve())
         os.environ["DATABASE_URL"] = url
         os.environ["EFFECTGATE_LOG_LEVEL"] = args.log_level
-        uvicorn.run("effectgate.gateway.cli:serve_app", factory=True, workers=args.workers, **options)
+        os.environ[_SESSION_KEY_ENV] = session_key.hex()
+        serving.run(
+            uvicorn.Config(
+                "effectgate.gateway.cli:serve_app",
+                factory=True,
+                workers=args.workers,
+                http=guard.PROTOCOL_PATH,
+                **options,
+            )
+        )
         return EXIT_OK
+    protocol = guard.configure(config.gateway.limits)
+    app = create_app(config, REGISTRY, url, session_key=session_key)
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
-    uvicorn.Server(uvicorn.Config(create_app(config, REGISTRY, url), **options)).run()
+    uvicorn.Server(uvicorn.Config(app, http=protocol, **options)).run()
     return EXIT_OK
 
 
@@ -150,7 +177,9 @@ def _listen_metrics(host: str, port: int) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def _serving_metrics(pool: db.Pool, sock: socket.socket | None) -> AsyncIterator[None]:
+async def _serving_metrics(
+    pool: db.Pool, sock: socket.socket | None, token_sha256: bytes | None = None
+) -> AsyncIterator[None]:
     """``GET /metrics`` on ``sock`` in this event loop while the block runs; nothing when ``sock`` is None."""
     if sock is None:
         yield
@@ -163,7 +192,11 @@ async def _serving_metrics(pool: db.Pool, sock: socket.socket | None) -> AsyncIt
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    server = Server(uvicorn.Config(metrics.app(pool), lifespan="off", log_config=None, access_log=False))
+    server = Server(
+        uvicorn.Config(
+            metrics.app(pool, token_sha256=token_sha256), lifespan="off", log_config=None, access_log=False
+        )
+    )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         yield
@@ -196,7 +229,7 @@ async def _run_worker(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         try:
-            async with _serving_metrics(pool, metrics_socket):
+            async with _serving_metrics(pool, metrics_socket, config.metrics_token_sha256):
                 await worker.run()
         finally:
             await pool.close()
