@@ -275,9 +275,25 @@ def cmd_demo_delivery(args: argparse.Namespace) -> int:
     return EXIT_OK if response.status_code < 300 else EXIT_FAILURE
 
 
+def _send_config(args: argparse.Namespace) -> Config:
+    # Only the configuration is needed, not the handler modules: sending runs no user code. Where
+    # `up` would run its demo (no configuration anywhere), send to the demo it wrote, with its secrets.
+    if (
+        args.config is None
+        and "EFFECTGATE_CONFIG" not in os.environ
+        and not Path(DEFAULT_CONFIG_FILE).exists()
+    ):
+        demo_config = embedded.home_dir() / "demo.toml"
+        if demo_config.exists():
+            print(
+                f"effectgate: using the demo configuration of `effectgate up`: {demo_config}", file=sys.stderr
+            )
+            return load(demo_config, env={**demo.DEMO_ENV, **os.environ})
+    return load(_config_path(args))
+
+
 def cmd_send(args: argparse.Namespace) -> int:
-    # Only the configuration is needed, not the handler modules: sending runs no user code.
-    config = load(_config_path(args))
+    config = _send_config(args)
     source = send.find_source(config, args.source)
     url = send.check_url(args.url) if args.url is not None else send.default_url(config.gateway)
     signing_key = send.signing_key_from(args.signing_key_env)
@@ -380,7 +396,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if use_demo:
             print("\nTry a signed Stripe delivery (the signature is valid for five minutes):\n")
             print("  " + demo.curl_command(base) + "\n")
-            print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234\n")
+            print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234")
+            print("or any example:   effectgate send --source stripe --example payment_intent.succeeded\n")
             token = env["EFFECTGATE_DEMO_OPERATOR_TOKEN"]
             print(f"Dashboard: {base}/ui/  (operator token: {token})", flush=True)
     exit_code = EXIT_OK
