@@ -297,15 +297,17 @@ def cmd_send(args: argparse.Namespace) -> int:
     source = send.find_source(config, args.source)
     url = send.check_url(args.url) if args.url is not None else send.default_url(config.gateway)
     signing_key = send.signing_key_from(args.signing_key_env)
+    event_id = send.check_token("--event-id", args.event_id)
+    event_type = send.check_token("--event-type", args.event_type)
+    if args.example:
+        send.check_token("--example", args.example)
     if args.event_file is not None:
-        delivery = send.file_delivery(
-            source, args.event_file, event_type=args.event_type, event_id=args.event_id
-        )
+        delivery = send.file_delivery(source, args.event_file, event_type=event_type, event_id=event_id)
         where = f"--event-file {args.event_file}"
     else:
-        if args.event_type is not None:
+        if event_type is not None:
             raise UsageError("--event-type: with --example the type is its argument (--example TYPE)")
-        delivery = send.example_delivery(source, args.example or None, args.event_id)
+        delivery = send.example_delivery(source, args.example or None, event_id)
         where = f"--example {delivery.event_type}"
     outgoing = send.sign(source, delivery, url=url, signing_key=signing_key, where=where)
     print(
@@ -315,6 +317,8 @@ def cmd_send(args: argparse.Namespace) -> int:
     )
     try:
         response = send.post(outgoing)
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"--url: {exc}") from exc
     except httpx.HTTPError as exc:
         print(f"effectgate: cannot reach {outgoing.url}: {exc}", file=sys.stderr)
         return EXIT_FAILURE

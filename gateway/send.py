@@ -70,6 +70,17 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def check_token(flag: str, value: str | None) -> str | None:
+    """``value`` if it can travel in a header as providers send ids and types: printable ASCII, no spaces."""
+    if value is not None and not _is_token(value):
+        raise SendError(f"{flag}: expected 1-200 printable ASCII characters without spaces, got {value!r}")
+    return value
+
+
+def _is_token(value: str) -> bool:
+    return 0 < len(value) <= 200 and all("!" <= c <= "~" for c in value)
+
+
 def find_source(config: Config, name: str) -> Source:
     """The configured source ``name``; SendError listing the configured ones otherwise."""
     source = config.sources.get(name)
@@ -106,8 +117,9 @@ def file_delivery(source: Source, path: str, *, event_type: str | None, event_id
         document = None
     else:
         content_type = JSON_CONTENT_TYPE
-    if event_type is None and isinstance(document, dict) and isinstance(document.get("type"), str):
-        event_type = document["type"]
+    body_type = document.get("type") if isinstance(document, dict) else None
+    if event_type is None and isinstance(body_type, str) and _is_token(body_type):
+        event_type = body_type
     return Unsigned(body, content_type, event_id, event_type)
 
 

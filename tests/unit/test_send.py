@@ -237,3 +237,16 @@ def test_the_signing_key_comes_from_the_named_variable() -> None:
     assert send.signing_key_from("K", {"K": SIGNING_KEY + "\n"}) == SIGNING_KEY
     with pytest.raises(send.SendError, match=r"^--signing-key-env: environment variable K is not set"):
         send.signing_key_from("K", {})
+
+
+@pytest.mark.parametrize("value", ["", "évt", "a b", "a\nb", "x" * 201])
+def test_an_id_or_type_that_cannot_travel_in_a_header_names_the_flag(value: str) -> None:
+    with pytest.raises(send.SendError, match=r"^--event-id: expected 1-200 printable ASCII characters"):
+        send.check_token("--event-id", value)
+
+
+def test_a_body_type_that_cannot_travel_in_a_header_is_not_used(tmp_path: Path) -> None:
+    path = tmp_path / "event.json"
+    path.write_text('{"type": "line\\nbreak"}')
+    delivery = send.file_delivery(CONFIG.sources["github"], str(path), event_type=None, event_id=None)
+    assert delivery.event_type is None
