@@ -89,6 +89,10 @@ class SchemeBase:
         clock = time.time() if now is None else now
         if not math.isfinite(clock):
             raise SigningError("now: the clock reading is not a finite number")
+        for name, value in (("event_id", event_id), ("event_type", event_type)):
+            # Both may travel in a header, which carries printable ASCII only: refused here, not by HTTP.
+            if value is not None and not (value and value.isascii() and value.isprintable()):
+                raise SigningError(f"{name}: expected non-empty printable ASCII text")
         request = SigningRequest(body, event_id, event_type, content_type, signing_key, int(clock))
         if signing_key is not None and not self._takes_signing_key(request):
             raise SigningError(

@@ -114,7 +114,10 @@ class AdyenScheme(SchemeBase):
 def item_signature(item: Mapping[str, Any], hmac_key: str | bytes) -> str:
     """The ``additionalData.hmacSignature`` Adyen puts in a ``NotificationRequestItem``, for the HMAC
     key as the Customer Area shows it (hex) or as raw bytes; as Adyen's ``generate_notification_sig``."""
-    key = binascii.a2b_hex(hmac_key) if isinstance(hmac_key, str) else hmac_key
+    try:
+        key = binascii.a2b_hex(hmac_key) if isinstance(hmac_key, str) else hmac_key
+    except (binascii.Error, ValueError):
+        raise SigningError("hmac_key: an Adyen HMAC key is hex") from None
     try:
         return _item_signature(item, key, "item")
     except SignatureError as exc:

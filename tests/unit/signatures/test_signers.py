@@ -351,3 +351,95 @@ def test_paypal_says_plainly_that_it_cannot_be_signed_locally() -> None:
 def test_signed_is_what_is_sent() -> None:
     signed = scheme("slack", "s").sign(b"{}", content_type="application/json; charset=utf-8", now=NOW)
     assert signed == Signed(b"{}", {**signed.headers, "Content-Type": "application/json; charset=utf-8"})
+
+
+# --- whatever is asked, sign returns Signed or raises SigningError -------------------------------
+
+ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=40)
+BODIES = st.one_of(
+    st.binary(max_size=200),
+    st.builds(
+        lambda items: json.dumps({"notificationItems": items}).encode(),
+        st.lists(
+            st.one_of(
+                st.dictionaries(st.sampled_from(["NotificationRequestItem", "x"]), st.none() | st.integers()),
+                st.fixed_dictionaries(
+                    {
+                        "NotificationRequestItem": st.dictionaries(
+                            st.sampled_from(
+                                ["pspReference", "amount", "eventCode", "success", "additionalData"]
+                            ),
+                            st.none()
+                            | st.integers()
+                            | st.text(max_size=5)
+                            | st.lists(st.integers(), max_size=2)
+                            | st.dictionaries(
+                                st.sampled_from(["value", "currency"]), st.integers() | st.text(max_size=3)
+                            ),
+                        )
+                    }
+                ),
+            ),
+            max_size=3,
+        ),
+    ),
+)
+SIGNERS = [*SIGNABLE, ("adyen", ADYEN_KEY, {}, {})]
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(
+    body=BODIES,
+    event_id=st.none() | ANY_TEXT,
+    event_type=st.none() | ANY_TEXT,
+    content_type=st.sampled_from(["application/json", "application/x-www-form-urlencoded", "text/plain"]),
+    # Mostly the key the scheme expects (none, or the Ed25519 one), so the rest gets past that check.
+    signing_key=st.sampled_from(["expected"] * 3 + ["any"]),
+    any_key=ANY_TEXT | st.sampled_from(["whsk_" + "A" * 43, "whsk_\udc80", SIGNING_KEY]),
+    now=st.none()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers(min_value=-(10**12), max_value=10**12),
+)
+@pytest.mark.parametrize(("name", "secret", "options", "extra"), SIGNERS, ids=[*IDS, "adyen"])
+def test_sign_returns_signed_or_raises_signing_error_and_nothing_else(
+    name: str,
+    secret: str,
+    options: dict[str, Any],
+    extra: dict[str, Any],
+    body: bytes,
+    event_id: str | None,
+    event_type: str | None,
+    content_type: str,
+    signing_key: str,
+    any_key: str,
+    now: float | None,
+) -> None:
+    built = scheme(name, secret, **options)
+    key = extra.get("signing_key") if signing_key == "expected" else any_key
+    try:
+        signed = built.sign(
+            body,
+            event_id=event_id,
+            event_type=event_type,
+            content_type=content_type,
+            signing_key=key,
+            now=now,
+        )
+    except SigningError:
+        return
+    assert isinstance(signed, Signed)
+    for name_, value in signed.headers.items():
+        assert value.isascii() and value.isprintable(), (name_, value)
+
+
+@pytest.mark.parametrize("value", ["", "caf\u00e9", "a\nb", "\udc80"])
+def test_an_event_id_or_type_that_cannot_be_a_header_is_refused(value: str) -> None:
+    with pytest.raises(SigningError, match=r"^event_id: expected non-empty printable ASCII text$"):
+        scheme("github", "s").sign(b"{}", event_id=value, event_type="push")
+    with pytest.raises(SigningError, match=r"^event_type: expected non-empty printable ASCII text$"):
+        scheme("github", "s").sign(b"{}", event_id="d", event_type=value)
+
+
+def test_adyen_item_signature_names_a_key_that_is_not_hex() -> None:
+    with pytest.raises(SigningError, match=r"^hmac_key: an Adyen HMAC key is hex$"):
+        adyen_scheme.item_signature({"pspReference": "1"}, "not hex")
