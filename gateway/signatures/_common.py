@@ -94,7 +94,7 @@ class SchemeBase:
             if value is not None and not (value and value.isascii() and value.isprintable()):
                 raise SigningError(f"{name}: expected non-empty printable ASCII text")
         request = SigningRequest(body, event_id, event_type, content_type, signing_key, int(clock))
-        if signing_key is not None and not self._takes_signing_key(request):
+        if signing_key is not None and not self._takes_signing_key():
             raise SigningError(
                 f"signing_key: scheme {self.name!r} signs with its configured secret; a separate signing "
                 "key is only for a standard-webhooks source configured with a whpk_ public key"
@@ -102,7 +102,7 @@ class SchemeBase:
         body, headers = self._sign(request)
         return Signed(body=body, headers={**headers, "Content-Type": content_type})
 
-    def _takes_signing_key(self, request: SigningRequest) -> bool:
+    def _takes_signing_key(self) -> bool:
         return False
 
     def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:

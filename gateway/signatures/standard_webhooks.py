@@ -117,7 +117,7 @@ class StandardWebhooksScheme(SchemeBase):
         )
         return Verified(events=(event,), secret_index=index)
 
-    def _takes_signing_key(self, request: SigningRequest) -> bool:
+    def _takes_signing_key(self) -> bool:
         return self._public_keys[0] is not None
 
     def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
@@ -127,7 +127,7 @@ class StandardWebhooksScheme(SchemeBase):
             signature = hmac_signature(request.body, hmac_key, msg_id=msg_id, timestamp=request.timestamp)
         else:
             # Only the public half is configured: the sender's private key must be given, and match it.
-            assert public_key is not None
+            assert public_key is not None  # each configured secret is exactly one of the two kinds
             if request.signing_key is None:
                 raise SigningError(
                     "signing_key: required, the first secret is a whpk_ public key; give the matching whsk_ key"
