@@ -6,6 +6,7 @@
     effectgate migrate         apply pending migrations
     effectgate reconcile       one reconciler pass, printing what it repaired
     effectgate fake-providers  the fake payment and shipping APIs, for tests and demos
+    effectgate send            sign an example event or a file as a source's provider would, and post it
     effectgate demo-delivery   post a freshly signed demo delivery to a running gateway
 
 Exit codes: 0 success, 1 a runtime failure (database unreachable, a child process died), 2 a usage
@@ -40,8 +41,9 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate
 
-from . import demo, embedded, logs, operator_cli
+from . import demo, embedded, logs, operator_cli, send
 from .config import DEFAULT_CONFIG_FILE, Config, ConfigError, import_handlers, load
+from .examples import EXAMPLE_TYPES
 from .operator import metrics
 
 EXIT_OK = 0
@@ -306,6 +308,57 @@ def cmd_demo_delivery(args: argparse.Namespace) -> int:
     return EXIT_OK if response.status_code < 300 else EXIT_FAILURE
 
 
+def _send_config(args: argparse.Namespace) -> Config:
+    # Only the configuration is needed, not the handler modules: sending runs no user code. Where
+    # `up` would run its demo (no configuration anywhere), send to the demo it wrote, with its secrets.
+    if (
+        args.config is None
+        and "EFFECTGATE_CONFIG" not in os.environ
+        and not Path(DEFAULT_CONFIG_FILE).exists()
+    ):
+        demo_config = embedded.home_dir() / "demo.toml"
+        if demo_config.exists():
+            print(
+                f"effectgate: using the demo configuration of `effectgate up`: {demo_config}", file=sys.stderr
+            )
+            return load(demo_config, env={**demo.DEMO_ENV, **os.environ})
+    return load(_config_path(args))
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    config = _send_config(args)
+    source = send.find_source(config, args.source)
+    url = send.check_url(args.url) if args.url is not None else send.default_url(config.gateway)
+    signing_key = send.signing_key_from(args.signing_key_env)
+    event_id = send.check_token("--event-id", args.event_id)
+    event_type = send.check_token("--event-type", args.event_type)
+    if args.example:
+        send.check_token("--example", args.example)
+    if args.event_file is not None:
+        delivery = send.file_delivery(source, args.event_file, event_type=event_type, event_id=event_id)
+        where = f"--event-file {args.event_file}"
+    else:
+        if event_type is not None:
+            raise UsageError("--event-type: with --example the type is its argument (--example TYPE)")
+        delivery = send.example_delivery(source, args.example or None, event_id)
+        where = f"--example {delivery.event_type}"
+    outgoing = send.sign(source, delivery, url=url, signing_key=signing_key, where=where)
+    print(
+        f"effectgate: POST {outgoing.url}  source {source.name} ({source.scheme_name}), "
+        f"type {outgoing.event_type or '-'}, event id {outgoing.event_id or 'in the body'}",
+        file=sys.stderr,
+    )
+    try:
+        response = send.post(outgoing)
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"--url: {exc}") from exc
+    except httpx.HTTPError as exc:
+        print(f"effectgate: cannot reach {outgoing.url}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"{response.status_code} {response.text}")
+    return EXIT_OK if 200 <= response.status_code < 300 else EXIT_FAILURE
+
+
 # -- up -------------------------------------------------------------------------------------------
 
 
@@ -380,7 +433,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if use_demo:
             print("\nTry a signed Stripe delivery (the signature is valid for five minutes):\n")
             print("  " + demo.curl_command(base) + "\n")
-            print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234\n")
+            print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234")
+            print("or any example:   effectgate send --source stripe --example payment_intent.succeeded\n")
             token = env["EFFECTGATE_DEMO_OPERATOR_TOKEN"]
             print(f"Dashboard: {base}/ui/  (operator token: {token})", flush=True)
     exit_code = EXIT_OK
@@ -490,6 +544,48 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--port", type=_port, required=True)
     fake.set_defaults(func=cmd_fake_providers)
 
+    sd = with_config(
+        sub.add_parser(
+            "send",
+            help="sign an example event or a file as a source's provider would, and post it to the gateway",
+            description=(
+                "Sign a delivery with the source's scheme and first secret, post it to "
+                "URL/webhooks/SOURCE and print the answer (exit 0 on 2xx, 1 otherwise). "
+                "Examples (any other TYPE gets a generic body): "
+                + "; ".join(f"{scheme}: {', '.join(types)}" for scheme, types in EXAMPLE_TYPES.items())
+                + ". PayPal cannot be signed locally."
+            ),
+        )
+    )
+    sd.add_argument("--source", required=True, help="the configured source to send to ([sources.NAME])")
+    body = sd.add_mutually_exclusive_group(required=True)
+    body.add_argument(
+        "--example",
+        nargs="?",
+        const="",
+        metavar="TYPE",
+        help="send an example event of TYPE (default: the scheme's first example type)",
+    )
+    body.add_argument(
+        "--event-file", metavar="FILE", help="send this file's body (JSON; for Twilio JSON or a form)"
+    )
+    sd.add_argument(
+        "--event-id",
+        help="the event id (default: a fresh one each run); send the same id again to see a duplicate",
+    )
+    sd.add_argument(
+        "--event-type",
+        help="with --event-file: the type for schemes that send it in a header (GitHub, Shopify)",
+    )
+    sd.add_argument("--url", help="the gateway's base URL (default: from [gateway] host and port)")
+    sd.add_argument(
+        "--signing-key-env",
+        metavar="VAR",
+        help="environment variable holding the whsk_ private key, for a standard-webhooks source "
+        "configured with a whpk_ public key (Ed25519)",
+    )
+    sd.set_defaults(func=cmd_send)
+
     dd = sub.add_parser("demo-delivery", help="post a signed demo Stripe delivery to a running gateway")
     dd.add_argument("--url", default="http://127.0.0.1:8000")
     dd.add_argument("--order", default="1234")
@@ -505,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, send.SendError) as exc:
         print(f"effectgate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except MigrationError as exc:
