@@ -2,11 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-<<<<<<< HEAD
-.PHONY: install check lint typecheck test test-lowest chaos bench bench-short up
-=======
-.PHONY: install check lint typecheck test chaos bench bench-short up metrics-check
->>>>>>> ops
+.PHONY: install check lint typecheck test test-lowest chaos bench bench-short up metrics-check
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'

@@ -105,14 +105,13 @@ def serve_app() -> Any:
 _SESSION_KEY_ENV = "EFFECTGATE_SESSION_KEY"
 
 
-def server_implementation() -> dict[str, str]:
-    """uvloop and httptools where they are installed (the production default), else asyncio and h11.
+def event_loop() -> str:
+    """uvloop where it is installed (the production default), else asyncio's own loop.
 
     uvloop has no wheel for Windows or PyPy; there the gateway still runs, slower, rather than failing.
+    (The HTTP parser is always httptools, under the guarded protocol in ``guard.py``.)
     """
-    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    return {"loop": loop, "http": http}
+    return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -130,11 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "host": host,
         "port": port,
-<<<<<<< HEAD
-        **server_implementation(),
-=======
-        "loop": "uvloop",
->>>>>>> ops
+        "loop": event_loop(),
         "lifespan": "on",
         "log_config": None,
         "access_log": False,
