@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from html import escape
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -30,10 +30,12 @@ from effectgate.handlers import control
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
-from effectgate.ledger.reports import InvalidParameter
+from effectgate.ledger.report_spec import Column, ColumnType, ReportSpec
+from effectgate.ledger.reports import AUTH_FAILURES, DUPLICATES, JOBS, KEY_CONFLICTS, REPORTS
 
-from . import documents
+from . import documents, reporting
 from .auth import OperatorToken, authenticate
+from .params import PARAMETER_ERRORS, parse_id, parse_name, parse_window
 
 COOKIE = "effectgate_operator"
 MAX_FORM_BYTES = 4096
@@ -43,6 +45,7 @@ NAV = [
     ("/ui/rejects", "Rejects"),
     ("/ui/jobs", "Jobs"),
 ]
+# Every other report is listed after these, by its spec (see report_page).
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
 header{background:#1d2330;color:#fff;padding:.6em 1.2em;display:flex;gap:1.2em;align-items:center}
@@ -103,7 +106,12 @@ def h(value: Any) -> str:
 
 def page(title: str, body: str, operator: OperatorToken | None, *, status: int = 200) -> HTMLResponse:
     """A whole dashboard page."""
-    nav = "".join(f'<a href="{href}">{label}</a>' for href, label in NAV)
+    extra = [
+        ("/ui/" + reporting.slug(spec), spec.name.replace("_", " ").capitalize())
+        for spec in REPORTS
+        if spec.name not in _OWN_PAGES
+    ]
+    nav = "".join(f'<a href="{href}">{h(label)}</a>' for href, label in [*NAV, *extra])
     who = (
         f'<span style="margin-left:auto">{h(operator.name)} · <a href="/ui/logout">log out</a></span>'
         if operator
@@ -174,12 +182,29 @@ def chart(title: str, rows: Sequence[dict[str, Any]], field: str, color: str) ->
     )
 
 
-def _filters_form(action: str, query: dict[str, str], fields: Sequence[str]) -> str:
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _filters_form(action: str, query: dict[str, str], fields: Sequence[str], spec: ReportSpec) -> str:
     inputs = "".join(
-        f'<label>{h(name)} <input name="{h(name)}" value="{h(query.get(name, ""))}"></label> '
+        f'<label title="{h(reporting.describe(spec, name))}">{h(name)} '
+        f'<input name="{h(name)}" value="{h(query.get(name, ""))}"></label> '
         for name in fields
     )
     return f'<form class="filters" method="get" action="{action}">{inputs}<button>Apply</button></form>'
+
+
+def _spec_form(action: str, query: dict[str, str], spec: ReportSpec) -> str:
+    """The filter form of a report: its filters, its sort when it has a choice, and the window."""
+    names = [n for n in reporting.parameters(spec) if n not in ("limit", "cursor")]
+    return _filters_form(action, query, names, spec)
+
+
+async def _report(conn: db.Conn, spec: ReportSpec, query: dict[str, str]) -> dict[str, Any]:
+    # A page's own parameters (done=, refused=) are not the report's.
+    raw = {k: v for k, v in query.items() if k in reporting.parameters(spec)}
+    return reporting.document(await reporting.fetch(conn, spec, raw))
 
 
 def _next_link(path: str, query: dict[str, str], cursor: str | None) -> str:
@@ -237,7 +262,7 @@ def view(scope: str = "view") -> Callable[[View], Callable[[Request], Awaitable[
             try:
                 async with db.connection(request.app.state.pool) as conn:
                     return await fn(request, conn, operator, query)
-            except InvalidParameter as exc:
+            except PARAMETER_ERRORS as exc:
                 return page(
                     "Bad filter",
                     f'<p class="error">{h(exc.parameter)}: {h(exc.detail)} ({h(exc.code)})</p>',
@@ -308,14 +333,19 @@ async def overview(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
     """Duplicates and rejects over time, and the latest of each."""
-    source, since, until = query.get("source"), query.get("since"), query.get("until")
+    window = {k: v for k, v in query.items() if k in ("source", "since", "until")}
+    since, until = parse_window(
+        window.get("since"), window.get("until"), now=_now(), default=reports.DEFAULT_WINDOW
+    )
+    assert since is not None and until is not None
+    source = parse_name(window.get("source"), "source")
     act = await reports.activity(conn, source=source, since=since, until=until)
-    dups = await reports.duplicates(conn, source=source, since=since, until=until, limit=10)
-    conflicts = await reports.key_conflicts(conn, source=source, since=since, until=until, limit=10)
-    auth = await reports.auth_failures(conn, source=source, since=since, until=until, limit=1)
+    dups = await reporting.fetch(conn, DUPLICATES, {**window, "limit": "10"})
+    conflicts = await reporting.fetch(conn, KEY_CONFLICTS, {**window, "limit": "10"})
+    auth = await reporting.fetch(conn, AUTH_FAILURES, {**window, "limit": "1"})
     per = "hour" if act.bucket.total_seconds() == 3600 else "day"
     body = (
-        _filters_form("/ui/", query, ("source", "since", "until"))
+        _filters_form("/ui/", query, ("source", "since", "until"), DUPLICATES)
         + f"<p>{h(act.since)} to {h(act.until)}, per {per}</p>"
         + '<div class="charts">'
         + chart("Duplicate deliveries", act.rows, "duplicates", "#3f6fd8")
@@ -345,7 +375,7 @@ async def overview(
         )
         + "<h2>Authentication failures by reason</h2>"
         + table(
-            [documents.pick(r, documents.AUTH_REASON_FIELDS) for r in auth.by_reason],
+            reporting.document(auth)["by_reason"],
             [("source", "source"), ("reason", "reason"), ("count", "count"), ("last seen", "last_seen_at")],
         )
     )
@@ -357,20 +387,10 @@ async def duplicates(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
     """The duplicates report with its filters."""
-    report = await reports.duplicates(
-        conn,
-        source=query.get("source"),
-        tenant=query.get("tenant"),
-        event_type=query.get("event_type"),
-        since=query.get("since"),
-        until=query.get("until"),
-        sort=query.get("sort"),
-        limit=query.get("limit"),
-        cursor=query.get("cursor"),
-    )
-    document = documents.duplicates(report)
+    document = await _report(conn, DUPLICATES, query)
+
     body = (
-        _filters_form("/ui/duplicates", query, ("source", "tenant", "event_type", "since", "until", "sort"))
+        _spec_form("/ui/duplicates", query, DUPLICATES)
         + f"<p>{h(document['since'])} to {h(document['until'])}, sorted {h(document['sort'])}</p>"
         + table(
             document["items"],
@@ -407,23 +427,11 @@ async def rejects(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
     """Key conflicts with their diffs, and authentication failures."""
-    report = await reports.key_conflicts(
-        conn,
-        source=query.get("source"),
-        tenant=query.get("tenant"),
-        event_type=query.get("event_type"),
-        since=query.get("since"),
-        until=query.get("until"),
-        limit=query.get("limit"),
-        cursor=query.get("cursor"),
-    )
-    auth = await reports.auth_failures(
-        conn, source=query.get("source"), since=query.get("since"), until=query.get("until")
-    )
-    document = documents.conflicts(report)
-    auth_document = documents.auth_failures(auth)
+    document = await _report(conn, KEY_CONFLICTS, query)
+    auth_document = await _report(conn, AUTH_FAILURES, {k: v for k, v in query.items() if k != "cursor"})
+
     body = (
-        _filters_form("/ui/rejects", query, ("source", "tenant", "event_type", "since", "until"))
+        _spec_form("/ui/rejects", query, KEY_CONFLICTS)
         + f"<p>{h(document['since'])} to {h(document['until'])}</p>"
         + "<h2>Key conflicts</h2><p>A different payload reused an effect key already held: recorded, never run.</p>"
         + table(
@@ -463,6 +471,46 @@ async def rejects(
     return page("Rejects", body, operator)
 
 
+def _cell(column: Column) -> str | Callable[[dict[str, Any]], str]:
+    if column.name == "effect_key":
+        return _key_link
+    if column.type is ColumnType.DIFF:
+        return _diff
+    if column.type is ColumnType.STATE:
+        return _state
+    return column.name
+
+
+def report_page(spec: ReportSpec) -> Callable[[Request], Awaitable[Response]]:
+    """The page of any report: its filter form, one page of rows and its summary, all from its spec."""
+    path = "/ui/" + reporting.slug(spec)
+
+    async def render(
+        request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
+    ) -> Response:
+        document = await _report(conn, spec, query)
+        window = f"<p>{h(document['since'] or '…')} to {h(document['until'] or 'now')}</p>"
+        body = (
+            _spec_form(path, query, spec)
+            + f"<p>{h(spec.description)}</p>"
+            + window
+            + table(document[spec.items_key], [(c.title, _cell(c)) for c in spec.table_columns])
+            + _next_link(path, {k: v for k, v in query.items() if k != "cursor"}, document["next_cursor"])
+        )
+        if spec.summary is not None:
+            body += f"<h2>{h(spec.summary.title.capitalize())}</h2>" + table(
+                document[spec.summary.key], [(c.title, _cell(c)) for c in spec.summary.columns]
+            )
+        return page(spec.title, body, operator)
+
+    render.__doc__ = spec.title
+    return view()(render)
+
+
+# The reports with a page of their own; every other report gets report_page at /ui/<name>.
+_OWN_PAGES = {DUPLICATES.name, KEY_CONFLICTS.name, AUTH_FAILURES.name, JOBS.name}
+
+
 def _actions(operator: OperatorToken, job: dict[str, Any]) -> str:
     if not operator.allows("operate"):
         return ""
@@ -491,20 +539,10 @@ async def job_list(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
     """Jobs by state, kind, source and age, with actions for operate tokens."""
-    report = await reports.jobs(
-        conn,
-        state=query.get("state"),
-        kind=query.get("kind"),
-        source=query.get("source"),
-        since=query.get("since"),
-        until=query.get("until"),
-        sort=query.get("sort"),
-        limit=query.get("limit"),
-        cursor=query.get("cursor"),
-    )
-    document = documents.jobs(report)
+    document = await _report(conn, JOBS, query)
+
     body = (
-        _filters_form("/ui/jobs", query, ("state", "kind", "source", "since", "until", "sort"))
+        _spec_form("/ui/jobs", query, JOBS)
         + table(
             document["items"],
             [
@@ -544,7 +582,7 @@ async def job_show(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
     """One job with its attempts and steps."""
-    result = await reports.job_view(conn, request.path_params["job_id"])
+    result = await reports.job_view(conn, parse_id(request.path_params["job_id"], "job_id"))
     if result is None:
         return page("Not found", f"<p>No job {h(request.path_params['job_id'])}.</p>", operator, status=404)
     document = documents.job(result)
@@ -587,7 +625,11 @@ async def job_show(
 async def effect(request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]) -> Response:
     """One effect from delivery to outcome."""
     key = request.path_params["key"]
-    result = await reports.effect_view(conn, key, tenant=query.get("tenant"))
+    result = await reports.effect_view(
+        conn,
+        parse_name(key, "key", max_length=reports.MAX_KEY_LENGTH) or "",
+        tenant=parse_name(query.get("tenant"), "tenant"),
+    )
     if result is None:
         return page("Not found", f"<p>No effect with key <code>{h(key)}</code>.</p>", operator, status=404)
     document = documents.effect(result)
@@ -681,7 +723,7 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
                 status=403,
             )
         try:
-            job_id = reports.parse_id(request.path_params["job_id"], "job_id")
+            job_id = parse_id(request.path_params["job_id"], "job_id")
             async with db.connection(request.app.state.pool) as conn:
                 if kind == "redrive":
                     refusal = await ledger_jobs.redrive(conn, job_id, force=form.get("force") == "true")
@@ -692,7 +734,7 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
                     )
                     refusal = result if isinstance(result, ledger_jobs.Refused) else None
                     outcome = "cancelled" if result == "cancelled" else "cancel_requested"
-        except InvalidParameter as exc:
+        except PARAMETER_ERRORS as exc:
             return page("Bad request", f'<p class="error">{h(exc.detail)}</p>', operator, status=400)
         except LedgerError:
             return page(
@@ -722,4 +764,9 @@ def routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}/redrive", _action("redrive"), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", _action("cancel"), methods=["POST"]),
         Route("/effects/{key:path}", effect, methods=["GET"]),
+        *(
+            Route("/" + reporting.slug(spec), report_page(spec), methods=["GET"])
+            for spec in REPORTS
+            if spec.name not in _OWN_PAGES
+        ),
     ]
