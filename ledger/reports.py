@@ -79,8 +79,66 @@ _EVENT_TYPE = Filter("event_type", FilterType.NAME, "Only this event type.")
 
 
 def _sorts(*named: tuple[str, tuple[LiteralString, ...], str]) -> tuple[Sort, ...]:
-    # Every order is offered both ways unless named once; "-x" is descending.
+    # (name, keyset columns, help); a name starting with "-" is descending.
     return tuple(Sort(name, columns, name.startswith("-"), help) for name, columns, help in named)
+
+
+# -- the vocabulary: every column any report shows, declared once ---------------------------------
+
+FIELDS: dict[str, Column] = {
+    c.name: c
+    for c in (
+        Column("tenant", T.TEXT, "tenant"),
+        Column("effect_key", T.TEXT, "key"),
+        Column("source", T.TEXT, "source"),
+        Column("event_type", T.TEXT, "event type"),
+        Column("delivery_count", T.INTEGER, "deliveries"),
+        Column("first_seen_at", T.TIME, "first seen"),
+        Column("last_seen_at", T.TIME, "last seen"),
+        Column("effects", T.INTEGER, "effects"),
+        Column("deliveries", T.INTEGER, "deliveries"),
+        Column("duplicate_deliveries", T.INTEGER, "duplicates"),
+        Column("event_id", T.TEXT, "event"),
+        Column("received_at", T.TIME, "received"),
+        Column("held_event_id", T.TEXT, "held by"),
+        Column("held_event_type", T.TEXT, "held event type"),
+        Column("held_fingerprint", T.TEXT, "held fingerprint"),
+        Column("rejected_fingerprint", T.TEXT, "rejected fingerprint"),
+        Column("diff", T.DIFF, "changes (held → rejected)"),
+        Column("diff_truncated", T.BOOLEAN, "diff cut short"),
+        Column("rejects", T.INTEGER, "rejects"),
+        Column("minute", T.TIME, "minute"),
+        Column("reason", T.TEXT, "reason"),
+        Column("count", T.INTEGER, "count"),
+        Column("bytes_total", T.INTEGER, "bytes"),
+        Column("last_detail", T.TEXT, "last detail"),
+        Column("first_minute", T.TIME, "first minute"),
+        Column("id", T.INTEGER, "id"),
+        Column("kind", T.TEXT, "kind"),
+        Column("state", T.STATE, "state"),
+        Column("attempt", T.INTEGER, "attempt"),
+        Column("max_attempts", T.INTEGER, "max attempts"),
+        Column("run_at", T.TIME, "run at"),
+        Column("lease_token", T.INTEGER, "lease token"),
+        Column("lease_owner", T.TEXT, "worker", nullable=True),
+        Column("lease_expires_at", T.TIME, "lease expires", nullable=True),
+        Column("cancel_requested", T.BOOLEAN, "cancel requested"),
+        Column("unrecoverable", T.BOOLEAN, "unrecoverable"),
+        Column("terminal_reason", T.TEXT, "reason", nullable=True),
+        Column("terminal_by", T.TEXT, "ended by", nullable=True),
+        Column("created_at", T.TIME, "created"),
+        Column("updated_at", T.TIME, "updated"),
+        Column("finished_at", T.TIME, "finished", nullable=True),
+    )
+}
+
+
+def _names(names: str) -> tuple[str, ...]:
+    return tuple(names.split())
+
+
+def _columns(names: str) -> tuple[Column, ...]:
+    return tuple(FIELDS[name] for name in names.split())
 
 
 # -- the reports -----------------------------------------------------------------------------------
@@ -99,34 +157,12 @@ DUPLICATES = ReportSpec(
         ("first_seen", ("first_seen_at", "id"), "claimed longest ago first"),
         ("-deliveries", ("delivery_count", "id"), "most deliveries first"),
     ),
-    columns=(
-        Column("tenant", T.TEXT, "tenant"),
-        Column("effect_key", T.TEXT, "key"),
-        Column("source", T.TEXT, "source"),
-        Column("event_type", T.TEXT, "event type"),
-        Column("delivery_count", T.INTEGER, "deliveries"),
-        Column("first_seen_at", T.TIME, "first seen"),
-        Column("last_seen_at", T.TIME, "last seen"),
-    ),
-    table=(
-        "last_seen_at",
-        "delivery_count",
-        "source",
-        "event_type",
-        "tenant",
-        "effect_key",
-        "first_seen_at",
-    ),
+    columns=_columns("tenant effect_key source event_type delivery_count first_seen_at last_seen_at"),
+    table=_names("last_seen_at delivery_count source event_type tenant effect_key first_seen_at"),
     summary=Summary(
         "totals",
         "report_duplicate_totals",
-        (
-            Column("source", T.TEXT, "source"),
-            Column("event_type", T.TEXT, "event type"),
-            Column("effects", T.INTEGER, "effects"),
-            Column("deliveries", T.INTEGER, "deliveries"),
-            Column("duplicate_deliveries", T.INTEGER, "duplicates"),
-        ),
+        _columns("source event_type effects deliveries duplicate_deliveries"),
         "totals over the window",
     ),
 )
@@ -149,40 +185,18 @@ KEY_CONFLICTS = ReportSpec(
         ("-received", ("r.received_at", "r.id"), "newest first"),
         ("received", ("r.received_at", "r.id"), "oldest first"),
     ),
-    columns=(
-        Column("tenant", T.TEXT, "tenant"),
-        Column("effect_key", T.TEXT, "key"),
-        Column("source", T.TEXT, "source"),
-        Column("event_id", T.TEXT, "event"),
-        Column("event_type", T.TEXT, "type"),
-        Column("received_at", T.TIME, "received"),
-        Column("held_event_id", T.TEXT, "held by"),
-        Column("held_event_type", T.TEXT, "held event type"),
-        Column("held_fingerprint", T.TEXT, "held fingerprint"),
-        Column("rejected_fingerprint", T.TEXT, "rejected fingerprint"),
-        Column("diff", T.DIFF, "changes (held → rejected)"),
-        Column("diff_truncated", T.BOOLEAN, "diff cut short"),
+    columns=_columns(
+        "tenant effect_key source event_id event_type received_at held_event_id held_event_type "
+        "held_fingerprint rejected_fingerprint diff diff_truncated"
     ),
-    table=(
-        "received_at",
-        "source",
-        "event_id",
-        "event_type",
-        "effect_key",
-        "held_event_id",
-        "held_fingerprint",
-        "rejected_fingerprint",
-        "diff",
+    table=_names(
+        "received_at source event_id event_type effect_key held_event_id held_fingerprint "
+        "rejected_fingerprint diff"
     ),
     summary=Summary(
         "totals",
         "report_key_conflict_totals",
-        (
-            Column("source", T.TEXT, "source"),
-            Column("event_type", T.TEXT, "event type"),
-            Column("rejects", T.INTEGER, "rejects"),
-            Column("effects", T.INTEGER, "effects"),
-        ),
+        _columns("source event_type rejects effects"),
         "totals over the window",
     ),
     shape=_with_diff,
@@ -196,28 +210,13 @@ AUTH_FAILURES = ReportSpec(
     query="report_auth_failures_per_minute",
     filters=(_SOURCE,),
     sorts=_sorts(("-minute", ("minute", "source", "reason"), "newest minute first")),
-    columns=(
-        Column("minute", T.TIME, "minute"),
-        Column("source", T.TEXT, "source"),
-        Column("reason", T.TEXT, "reason"),
-        Column("count", T.INTEGER, "count"),
-        Column("bytes_total", T.INTEGER, "bytes"),
-        Column("last_detail", T.TEXT, "last detail"),
-        Column("last_seen_at", T.TIME, "last seen"),
-    ),
-    table=("minute", "source", "reason", "count", "last_detail"),
+    columns=_columns("minute source reason count bytes_total last_detail last_seen_at"),
+    table=_names("minute source reason count last_detail"),
     items_key="per_minute",
     summary=Summary(
         "by_reason",
         "report_auth_failures_by_reason",
-        (
-            Column("source", T.TEXT, "source"),
-            Column("reason", T.TEXT, "reason"),
-            Column("count", T.INTEGER, "count"),
-            Column("bytes_total", T.INTEGER, "bytes"),
-            Column("first_minute", T.TIME, "first minute"),
-            Column("last_seen_at", T.TIME, "last seen"),
-        ),
+        _columns("source reason count bytes_total first_minute last_seen_at"),
         "by reason",
     ),
 )
@@ -238,29 +237,12 @@ JOBS = ReportSpec(
         ("created", ("j.created_at", "j.id"), "oldest first"),
     ),
     window=None,
-    columns=(
-        Column("id", T.INTEGER, "id"),
-        Column("tenant", T.TEXT, "tenant"),
-        Column("kind", T.TEXT, "kind"),
-        Column("state", T.STATE, "state"),
-        Column("effect_key", T.TEXT, "key"),
-        Column("source", T.TEXT, "source"),
-        Column("event_type", T.TEXT, "event type"),
-        Column("attempt", T.INTEGER, "attempt"),
-        Column("max_attempts", T.INTEGER, "max attempts"),
-        Column("run_at", T.TIME, "run at"),
-        Column("lease_token", T.INTEGER, "lease token"),
-        Column("lease_owner", T.TEXT, "worker", nullable=True),
-        Column("lease_expires_at", T.TIME, "lease expires", nullable=True),
-        Column("cancel_requested", T.BOOLEAN, "cancel requested"),
-        Column("unrecoverable", T.BOOLEAN, "unrecoverable"),
-        Column("terminal_reason", T.TEXT, "reason", nullable=True),
-        Column("terminal_by", T.TEXT, "ended by", nullable=True),
-        Column("created_at", T.TIME, "created"),
-        Column("updated_at", T.TIME, "updated"),
-        Column("finished_at", T.TIME, "finished", nullable=True),
+    columns=_columns(
+        "id tenant kind state effect_key source event_type attempt max_attempts run_at lease_token "
+        "lease_owner lease_expires_at cancel_requested unrecoverable terminal_reason terminal_by "
+        "created_at updated_at finished_at"
     ),
-    table=("id", "state", "kind", "source", "effect_key", "attempt", "created_at", "terminal_reason"),
+    table=_names("id state kind source effect_key attempt created_at terminal_reason"),
 )
 
 REPORTS: tuple[ReportSpec, ...] = (DUPLICATES, KEY_CONFLICTS, AUTH_FAILURES, JOBS)
@@ -282,42 +264,49 @@ def payload_diff(held: Any, rejected: Any) -> tuple[list[dict[str, Any]], bool]:
     return entries, truncated
 
 
-def _diff(held: Any, rejected: Any, path: str, out: list[dict[str, Any]]) -> bool:
+_MISSING: Any = object()
+
+
+def _children(held: Any, rejected: Any) -> list[tuple[str, Any, Any]] | None:
+    # (JSON Pointer token, held child, rejected child) of two objects or two arrays; None for anything else.
     if isinstance(held, dict) and isinstance(rejected, dict):
-        for key in sorted(held.keys() | rejected.keys()):
-            child = path + "/" + str(key).replace("~", "~0").replace("/", "~1")
-            if key not in rejected:
-                entry = {"path": child, "change": "removed", "held": held[key]}
-            elif key not in held:
-                entry = {"path": child, "change": "added", "rejected": rejected[key]}
-            else:
-                if _diff(held[key], rejected[key], child, out):
-                    return True
-                continue
-            if len(out) >= MAX_DIFF_ENTRIES:
-                return True
-            out.append(entry)
-        return False
+        return [
+            (str(k).replace("~", "~0").replace("/", "~1"), held.get(k, _MISSING), rejected.get(k, _MISSING))
+            for k in sorted(held.keys() | rejected.keys())
+        ]
     if isinstance(held, list) and isinstance(rejected, list):
-        for i in range(max(len(held), len(rejected))):
-            child = f"{path}/{i}"
-            if i >= len(rejected):
-                entry = {"path": child, "change": "removed", "held": held[i]}
-            elif i >= len(held):
-                entry = {"path": child, "change": "added", "rejected": rejected[i]}
-            else:
-                if _diff(held[i], rejected[i], child, out):
-                    return True
-                continue
-            if len(out) >= MAX_DIFF_ENTRIES:
-                return True
-            out.append(entry)
-        return False
-    if type(held) is type(rejected) and held == rejected:
-        return False
+        return [
+            (str(i), held[i] if i < len(held) else _MISSING, rejected[i] if i < len(rejected) else _MISSING)
+            for i in range(max(len(held), len(rejected)))
+        ]
+    return None
+
+
+def _add(out: list[dict[str, Any]], entry: dict[str, Any]) -> bool:
     if len(out) >= MAX_DIFF_ENTRIES:
         return True
-    out.append({"path": path, "change": "changed", "held": held, "rejected": rejected})
+    out.append(entry)
+    return False
+
+
+def _diff(held: Any, rejected: Any, path: str, out: list[dict[str, Any]]) -> bool:
+    children = _children(held, rejected)
+    if children is None:
+        if type(held) is type(rejected) and held == rejected:
+            return False
+        return _add(out, {"path": path, "change": "changed", "held": held, "rejected": rejected})
+    for token, held_child, rejected_child in children:
+        child = f"{path}/{token}"
+        if rejected_child is _MISSING:
+            entry = {"path": child, "change": "removed", "held": held_child}
+        elif held_child is _MISSING:
+            entry = {"path": child, "change": "added", "rejected": rejected_child}
+        elif _diff(held_child, rejected_child, child, out):
+            return True
+        else:
+            continue
+        if _add(out, entry):
+            return True
     return False
 
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qsl
 
 from psycopg import sql
 
@@ -205,6 +206,22 @@ async def bench(
     return ok
 
 
+# Each report with each filter and order, as the query string an operator would send.
+REPORT_CASES = [
+    *(
+        (reports.DUPLICATES, q)
+        for q in ("", "source=rare", "tenant=tenant-2", "event_type=type.3", "since=30d")
+    ),
+    *((reports.DUPLICATES, f"since=30d&sort={s.name}") for s in reports.DUPLICATES.sorts[1:]),
+    (reports.DUPLICATES, "since=30d&source=rare&limit=1000"),
+    *((reports.KEY_CONFLICTS, q) for q in ("", "since=30d&source=rare", "since=30d&tenant=tenant-1")),
+    (reports.KEY_CONFLICTS, "since=30d&event_type=type.7"),
+    *((reports.AUTH_FAILURES, q) for q in ("", "since=7d&source=shopify")),
+    *((reports.JOBS, q) for q in ("", "state=parked", "state=failed,parked", "kind=kind-3", "source=rare")),
+    *((reports.JOBS, q) for q in ("source=github&state=parked", "since=1h", "until=7d&sort=created")),
+]
+
+
 def report(spec: ReportSpec, **text: str) -> Callable[[Any], Awaitable[Any]]:
     """Run a report the way every face does: from text parameters, through the gateway's reading."""
     return lambda c: reporting.fetch(c, spec, text)
@@ -232,66 +249,19 @@ async def run_reports(url: str) -> bool:
         failed = await reporting.fetch(conn, reports.JOBS, {"state": "failed", "limit": "1"})
         job_id = failed.items[0]["id"]
         cases: list[tuple[str, Callable[[Any], Awaitable[Any]]]] = [
-            ("duplicates (last 24h)", report(reports.DUPLICATES)),
-            ("duplicates source=rare", report(reports.DUPLICATES, source="rare")),
-            ("duplicates tenant=tenant-2", report(reports.DUPLICATES, tenant="tenant-2")),
-            ("duplicates event_type=type.3", report(reports.DUPLICATES, event_type="type.3")),
-            ("duplicates since=30d", report(reports.DUPLICATES, since="30d")),
-            (
-                "duplicates since=30d sort=last_seen",
-                report(reports.DUPLICATES, since="30d", sort="last_seen"),
-            ),
-            (
-                "duplicates since=30d sort=-first_seen",
-                report(reports.DUPLICATES, since="30d", sort="-first_seen"),
-            ),
-            (
-                "duplicates since=30d sort=first_seen",
-                report(reports.DUPLICATES, since="30d", sort="first_seen"),
-            ),
-            (
-                "duplicates since=30d sort=-deliveries",
-                report(reports.DUPLICATES, since="30d", sort="-deliveries"),
-            ),
+            (f"{spec.name} {query or '(default window)'}", report(spec, **dict(parse_qsl(query))))
+            for spec, query in REPORT_CASES
+        ]
+        cases += [
             (
                 "duplicates since=30d page 22 (cursor)",
                 report(reports.DUPLICATES, since="30d", limit="5", cursor=deep_cursor),
-            ),
-            (
-                "duplicates since=30d source=rare limit=1000",
-                report(reports.DUPLICATES, since="30d", source="rare", limit="1000"),
-            ),
-            ("key conflicts (last 24h)", report(reports.KEY_CONFLICTS)),
-            (
-                "key conflicts since=30d source=rare",
-                report(reports.KEY_CONFLICTS, since="30d", source="rare"),
-            ),
-            (
-                "key conflicts since=30d tenant=tenant-1",
-                report(reports.KEY_CONFLICTS, since="30d", tenant="tenant-1"),
-            ),
-            (
-                "key conflicts since=30d event_type=type.7",
-                report(reports.KEY_CONFLICTS, since="30d", event_type="type.7"),
-            ),
-            ("auth failures (last 24h)", report(reports.AUTH_FAILURES)),
-            (
-                "auth failures since=7d source=shopify",
-                report(reports.AUTH_FAILURES, since="7d", source="shopify"),
             ),
             (
                 "effect lineage by key + tenant",
                 lambda c: reports.effect_view(c, some_key, tenant=first.items[0]["tenant"]),
             ),
             ("effect lineage by key, any tenant", lambda c: reports.effect_view(c, some_key)),
-            ("jobs (newest)", report(reports.JOBS)),
-            ("jobs state=parked", report(reports.JOBS, state="parked")),
-            ("jobs state=failed,parked", report(reports.JOBS, state="failed,parked")),
-            ("jobs kind=kind-3", report(reports.JOBS, kind="kind-3")),
-            ("jobs source=rare", report(reports.JOBS, source="rare")),
-            ("jobs source=github state=parked", report(reports.JOBS, source="github", state="parked")),
-            ("jobs since=1h", report(reports.JOBS, since="1h")),
-            ("jobs until=7d sort=created (oldest)", report(reports.JOBS, until="7d", sort="created")),
             ("job view", lambda c: reports.job_view(c, job_id)),
             ("metrics job gauges", lambda c: reports.job_gauges(c)),
             ("dashboard activity (24h, hourly)", activity()),
