@@ -219,6 +219,8 @@ REPORT_CASES = [
     *((reports.AUTH_FAILURES, q) for q in ("", "since=7d&source=shopify")),
     *((reports.JOBS, q) for q in ("", "state=parked", "state=failed,parked", "kind=kind-3", "source=rare")),
     *((reports.JOBS, q) for q in ("source=github&state=parked", "since=1h", "until=7d&sort=created")),
+    # Every report, those added since included, over a month.
+    *((spec, "since=30d") for spec in reports.REPORTS),
 ]
 
 
