@@ -129,6 +129,12 @@ FIELDS: dict[str, Column] = {
         Column("created_at", T.TIME, "created"),
         Column("updated_at", T.TIME, "updated"),
         Column("finished_at", T.TIME, "finished", nullable=True),
+        Column("accepted", T.INTEGER, "accepted"),
+        Column("duplicates", T.INTEGER, "duplicates"),
+        Column("rejected", T.INTEGER, "rejected"),
+        Column("unmatched", T.INTEGER, "unmatched"),
+        Column("duplicate_rate", T.NUMBER, "duplicate rate"),
+        Column("reject_rate", T.NUMBER, "reject rate"),
     )
 }
 
@@ -245,7 +251,22 @@ JOBS = ReportSpec(
     table=_names("id state kind source effect_key attempt created_at terminal_reason"),
 )
 
-REPORTS: tuple[ReportSpec, ...] = (DUPLICATES, KEY_CONFLICTS, AUTH_FAILURES, JOBS)
+DELIVERY_OUTCOMES = ReportSpec(
+    name="delivery_outcomes",
+    title="Deliveries by outcome per source",
+    description="Deliveries received in [since, until) (default: the last 24 hours) per source: how many "
+    "were accepted, duplicates, rejected (key conflicts) or matched no handler, and the duplicate and "
+    "reject rates (of all deliveries). A delivery asking for several effects counts once per effect.",
+    query="report_delivery_outcomes",
+    filters=(_SOURCE, _TENANT),
+    sorts=_sorts(
+        ("-deliveries", ("deliveries", "source"), "busiest source first"),
+        ("source", ("source",), "by source name"),
+    ),
+    columns=_columns("source deliveries accepted duplicates rejected unmatched duplicate_rate reject_rate"),
+)
+
+REPORTS: tuple[ReportSpec, ...] = (DUPLICATES, KEY_CONFLICTS, AUTH_FAILURES, JOBS, DELIVERY_OUTCOMES)
 BY_NAME = by_name(REPORTS)
 
 

@@ -119,6 +119,26 @@ WHERE j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
 ORDER BY {order}
 LIMIT %(limit)s;
 
+-- name: report_delivery_outcomes
+-- Deliveries received in [since, until) per source by outcome, with duplicate and reject rates: one page.
+SELECT * FROM (
+    SELECT source, count(*)::bigint AS deliveries,
+           count(*) FILTER (WHERE outcome = 'accepted')::bigint AS accepted,
+           count(*) FILTER (WHERE outcome = 'duplicate')::bigint AS duplicates,
+           count(*) FILTER (WHERE outcome = 'rejected')::bigint AS rejected,
+           count(*) FILTER (WHERE outcome = 'unmatched')::bigint AS unmatched,
+           (count(*) FILTER (WHERE outcome = 'duplicate'))::float8 / count(*) AS duplicate_rate,
+           (count(*) FILTER (WHERE outcome = 'rejected'))::float8 / count(*) AS reject_rate
+    FROM deliveries
+    WHERE received_at >= %(since)s AND received_at < %(until)s
+      AND (%(source)s::text IS NULL OR source = %(source)s)
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+    GROUP BY source
+) per_source
+WHERE {after}
+ORDER BY {order}
+LIMIT %(limit)s;
+
 -- name: metrics_jobs_not_done_by_state_kind
 -- Jobs waiting, running or needing a human, by state and kind; succeeded and cancelled jobs only grow and are
 -- left out, so a scrape reads the live part of the table, not its history.

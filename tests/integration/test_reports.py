@@ -266,6 +266,22 @@ async def test_auth_failures_by_reason_and_per_minute(seeded: db.Conn) -> None:
         await auth_failures(seeded, source="\x00", now=NOW)
 
 
+async def test_deliveries_by_outcome_per_source_with_rates(seeded: db.Conn) -> None:
+    report = await run(seeded, reports.DELIVERY_OUTCOMES)
+    assert [
+        (r["source"], r["deliveries"], r["accepted"], r["duplicates"], r["rejected"]) for r in report.items
+    ] == [
+        ("stripe", 5, 2, 2, 1),
+        ("shopify", 2, 1, 1, 0),
+    ]
+    assert [(r["duplicate_rate"], r["reject_rate"]) for r in report.items] == [(0.4, 0.2), (0.5, 0.0)]
+    wider = await run(seeded, reports.DELIVERY_OUTCOMES, since="7d", sort="source", limit=1)
+    assert [r["source"] for r in wider.items] == ["shopify"]
+    rest = await run(seeded, reports.DELIVERY_OUTCOMES, since="7d", sort="source", cursor=wider.next_cursor)
+    assert [(r["source"], r["deliveries"]) for r in rest.items] == [("stripe", 7)]
+    assert (await run(seeded, reports.DELIVERY_OUTCOMES, tenant="acme")).items[0]["source"] == "shopify"
+
+
 async def test_effect_lineage_from_delivery_to_outcome(seeded: db.Conn) -> None:
     view = await reports.effect_view(seeded, "order-paid:1234")
     assert view is not None
