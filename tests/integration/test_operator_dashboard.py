@@ -104,7 +104,8 @@ async def test_lineage_page_shows_the_idempotency_key_and_the_answer(seeded_url:
         assert page.status_code == 200
         body = text(page.text)
         assert "capture succeeded eg_capture_key" in body
-        assert "{&quot;id&quot;:&quot;pi_1234&quot;,&quot;status&quot;:&quot;succeeded&quot;}" in page.text
+        # Jinja2 escapes a quote as &#34;.
+        assert "{&#34;id&#34;:&#34;pi_1234&#34;,&#34;status&#34;:&#34;succeeded&#34;}" in page.text
         assert (await client.get("/ui/effects/nope")).status_code == 404
 
 

@@ -85,12 +85,11 @@ def test_the_cli_has_a_command_with_a_flag_for_every_parameter(spec: ReportSpec)
 
 
 @SPECS
-def test_the_dashboard_has_a_filter_form_for_the_spec(spec: ReportSpec) -> None:
-    form = dashboard._spec_form("/ui/x", {}, spec)
-    names = re.findall(r'<input name="(\w+)"', form)
-    assert names == [n for n in reporting.parameters(spec) if n not in ("limit", "cursor")]
-    routed = {getattr(r, "path", "") for r in dashboard.routes()}
-    assert "/" + reporting.slug(spec) in routed or spec.name in ("key_conflicts", "auth_failures")
+def test_the_dashboard_has_a_page_and_a_filter_form_for_the_spec(spec: ReportSpec) -> None:
+    fields = dashboard.form_fields(spec)
+    assert [f.name for f in fields] == [n for n in reporting.parameters(spec) if n not in ("limit", "cursor")]
+    assert all(f.help == reporting.describe(spec, f.name) for f in fields)
+    assert "/" + reporting.slug(spec) in {getattr(r, "path", "") for r in dashboard.routes()}
 
 
 def test_an_unknown_or_bad_parameter_is_refused_before_the_ledger_is_asked() -> None:
