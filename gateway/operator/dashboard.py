@@ -228,9 +228,11 @@ def form_fields(spec: ReportSpec, names: Sequence[str] | None = None) -> list[Fo
         help = reporting.describe(spec, name)
         label = name.replace("_", " ")
         if name == "sort":
-            fields.append(FormField(name, label, help, choices=tuple(s.name for s in spec.sorts)))
+            default = f"default ({spec.sorts[0].name})"
+            fields.append(FormField(name, label, help, default, tuple(s.name for s in spec.sorts)))
         elif name in ("since", "until"):
-            fields.append(FormField(name, label, help, "24h" if name == "since" else "now"))
+            open_end = "any" if spec.window is None else None
+            fields.append(FormField(name, label, help, open_end or ("24h" if name == "since" else "now")))
         else:
             states = any(f.name == name and f.type is FilterType.STATES for f in spec.filters)
             fields.append(FormField(name, label, help, "failed,parked" if states else "any"))
@@ -678,7 +680,7 @@ async def effect(request: Request, conn: db.Conn, operator: OperatorToken, query
             Cell("received", "received_at", "time"),
             Cell("outcome", "outcome"),
             Cell("event", "event_id"),
-            Cell("request", "request_id"),
+            Cell("request", "request_id", "long"),
             Cell("fingerprint", "fingerprint", "fingerprint"),
         ],
         attempts=document["attempts"],
