@@ -53,48 +53,35 @@ def _fields(names: tuple[str, ...], types: dict[str, dict[str, Any]]) -> dict[st
     return {name: types[name] for name in names}
 
 
+_COLUMN_TYPES: dict[ColumnType, dict[str, Any]] = {
+    ColumnType.TEXT: _STRING,
+    ColumnType.INTEGER: _INTEGER,
+    ColumnType.NUMBER: {"type": "number"},
+    ColumnType.TIME: _TIME,
+    ColumnType.BOOLEAN: _BOOLEAN,
+    ColumnType.JSON: _ANY,
+    ColumnType.STATE: {"type": "string", "enum": list(reports.JOB_STATES)},
+    ColumnType.DIFF: _array(_ref("DiffEntry")),
+}
+
+
+def _column_schema(column: Column) -> dict[str, Any]:
+    schema = _COLUMN_TYPES[column.type]
+    return _nullable(schema) if column.nullable else schema
+
+
+def _columns(columns: tuple[Column, ...]) -> dict[str, Any]:
+    return _object({c.name: _column_schema(c) for c in columns})
+
+
+# Every report column's schema comes from the vocabulary (ledger.reports.FIELDS); these are the fields only
+# the lineage and job documents have.
 _FIELD_TYPES: dict[str, dict[str, Any]] = {
-    "tenant": _STRING,
-    "effect_key": _STRING,
-    "source": _STRING,
-    "event_type": _STRING,
-    "event_id": _STRING,
+    **{name: _column_schema(column) for name, column in reports.FIELDS.items()},
     "handler": _STRING,
     "fingerprint": _STRING,
     "payload": _ANY,
-    "delivery_count": _INTEGER,
     "reject_count": _INTEGER,
-    "first_seen_at": _TIME,
-    "last_seen_at": _TIME,
-    "received_at": _TIME,
-    "held_event_id": _STRING,
-    "held_event_type": _STRING,
-    "held_fingerprint": _STRING,
-    "rejected_fingerprint": _STRING,
-    "diff": _array(_ref("DiffEntry")),
-    "diff_truncated": _BOOLEAN,
-    "reason": _STRING,
-    "count": _INTEGER,
-    "bytes_total": _INTEGER,
-    "first_minute": _TIME,
-    "minute": _TIME,
-    "last_detail": _STRING,
-    "id": _INTEGER,
-    "kind": _STRING,
-    "state": {"type": "string", "enum": list(reports.JOB_STATES)},
-    "attempt": _INTEGER,
-    "max_attempts": _INTEGER,
-    "run_at": _TIME,
-    "lease_token": _INTEGER,
-    "lease_owner": _nullable(_STRING),
-    "lease_expires_at": _nullable(_TIME),
-    "cancel_requested": _BOOLEAN,
-    "unrecoverable": _BOOLEAN,
-    "terminal_reason": _nullable(_STRING),
-    "terminal_by": _nullable(_STRING),
-    "created_at": _TIME,
-    "updated_at": _TIME,
-    "finished_at": _nullable(_TIME),
     "orphan_policy": {"type": "string", "enum": ["redrive", "park"]},
     "last_error": _ANY,
     "checkpoint": _ANY,
@@ -226,24 +213,6 @@ def _operation(
 
 def _p(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/parameters/{name}"}
-
-
-_COLUMN_TYPES: dict[ColumnType, dict[str, Any]] = {
-    ColumnType.TEXT: _STRING,
-    ColumnType.INTEGER: _INTEGER,
-    ColumnType.NUMBER: {"type": "number"},
-    ColumnType.TIME: _TIME,
-    ColumnType.BOOLEAN: _BOOLEAN,
-    ColumnType.JSON: _ANY,
-    ColumnType.STATE: {"type": "string", "enum": list(reports.JOB_STATES)},
-    ColumnType.DIFF: _array(_ref("DiffEntry")),
-}
-
-
-def _columns(columns: tuple[Column, ...]) -> dict[str, Any]:
-    return _object(
-        {c.name: _nullable(_COLUMN_TYPES[c.type]) if c.nullable else _COLUMN_TYPES[c.type] for c in columns}
-    )
 
 
 def _camel(name: str) -> str:
