@@ -1,6 +1,8 @@
 """``effectgate ledger …`` and ``effectgate jobs …``: the operator reports and job control on the command line.
 
-    effectgate ledger duplicates  [filters] [--sort -last_seen|last_seen|-first_seen|first_seen|-deliveries]
+    effectgate ledger REPORT      [its filters] [--sort …] [--since …] [--until …] [--limit N] [--cursor C]
+                                  (every report in ledger.reports.REPORTS: duplicates, key-conflicts,
+                                  auth-failures, jobs, …; `effectgate ledger REPORT --help` lists its flags)
     effectgate ledger rejects     [filters] [--kind all|conflicts|auth] [--sort -received|received]
     effectgate ledger show KEY    [--tenant T]
     effectgate jobs list          [--state S[,S…]] [--kind K] [--source S] [--since …] [--until …] [--sort -created|created]
@@ -8,9 +10,10 @@
     effectgate jobs redrive JOB_ID [--force]
     effectgate jobs cancel JOB_ID  [--reason TEXT]
 
-Filters: ``--source``, ``--tenant``, ``--event-type``, ``--since`` and ``--until`` (ISO 8601, or a duration
-back from now: ``30m``, ``24h``, ``7d``; reports default to the last 24 hours), ``--limit`` (1..1000) and
-``--cursor`` (printed under a page that has more). Output is a table by default; ``--format json`` prints
+A report's flags, their help and its table come from its spec (``ReportSpec``), read the way the HTTP
+API reads its query string (``gateway/operator/reporting.py``). ``--since`` and ``--until`` are ISO 8601
+or a duration back from now (``30m``, ``24h``, ``7d``; reports default to the last 24 hours, jobs to no
+bound), ``--limit`` is 1..1000 and ``--cursor`` is printed under a page that has more. Output is a table by default; ``--format json`` prints
 the same document as the HTTP API, ``--format csv`` the rows (``ledger show``: a timeline).
 
 Exit codes scripts can rely on:
@@ -44,9 +47,10 @@ from effectgate.handlers import control
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
-from effectgate.ledger.reports import InvalidParameter
+from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS, REPORTS, ReportSpec
 
-from .operator import documents
+from .operator import documents, reporting
+from .operator.params import PARAMETER_ERRORS, BadParameter, parse_id, parse_name
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -87,7 +91,7 @@ def _run(command: Command) -> Callable[[argparse.Namespace], int]:
 
         try:
             asyncio.run(main())
-        except InvalidParameter as exc:
+        except PARAMETER_ERRORS as exc:
             flag = _FLAGS.get(exc.parameter, "--" + exc.parameter.replace("_", "-"))
             print(f"effectgate: {flag}: {exc.detail} [{exc.code}]", file=sys.stderr)
             return EXIT_USAGE
@@ -193,80 +197,54 @@ def _diff_summary(diff: Sequence[dict[str, Any]], truncated: bool) -> str:
 # -- ledger commands -------------------------------------------------------------------------------
 
 
-async def cmd_duplicates(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    report = await reports.duplicates(
-        conn,
-        source=args.source,
-        tenant=args.tenant,
-        event_type=args.event_type,
-        since=args.since,
-        until=args.until,
-        sort=args.sort,
-        limit=args.limit,
-        cursor=args.cursor,
-    )
-    document = documents.duplicates(report)
-    if args.format == "json":
-        _json(out, document)
-    elif args.format == "csv":
-        print_csv(out, document["items"], documents.DUPLICATE_FIELDS)
-    else:
-        _window_line(out, document)
-        print_table(
-            out,
-            document["items"],
-            [
-                ("LAST SEEN", "last_seen_at"),
-                ("DELIVERIES", "delivery_count"),
-                ("SOURCE", "source"),
-                ("EVENT TYPE", "event_type"),
-                ("TENANT", "tenant"),
-                ("KEY", "effect_key"),
-                ("FIRST SEEN", "first_seen_at"),
-            ],
-        )
+def _raw(spec: ReportSpec, args: argparse.Namespace) -> dict[str, str]:
+    return {
+        name: value for name in reporting.parameters(spec) if (value := getattr(args, name, None)) is not None
+    }
+
+
+def report_command(spec: ReportSpec) -> Command:
+    """``effectgate ledger <report>``: any report as a table (with its summary), JSON or CSV."""
+
+    async def command(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+        document = reporting.document(await reporting.fetch(conn, spec, _raw(spec, args)))
+        if args.format == "json":
+            _json(out, document)
+            return
+        if args.format == "csv":
+            print_csv(out, document[spec.items_key], [c.name for c in spec.columns])
+            return
+        if spec.window is not None:
+            _window_line(out, document)
+        print_table(out, document[spec.items_key], [(c.title.upper(), c.name) for c in spec.table_columns])
         _more(out, document)
-        print("\ntotals over the window:", file=out)
-        print_table(
-            out,
-            document["totals"],
-            [
-                ("SOURCE", "source"),
-                ("EVENT TYPE", "event_type"),
-                ("EFFECTS", "effects"),
-                ("DELIVERIES", "deliveries"),
-                ("DUPLICATES", "duplicate_deliveries"),
-            ],
-        )
+        if spec.summary is not None:
+            print(f"\n{spec.summary.title}:", file=out)
+            print_table(
+                out, document[spec.summary.key], [(c.title.upper(), c.name) for c in spec.summary.columns]
+            )
+
+    return command
 
 
 async def cmd_rejects(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     kind = args.kind
     if kind == "all" and (args.format == "csv" or args.cursor):
-        raise InvalidParameter(
+        raise BadParameter(
             "kind", "--format csv and --cursor need one kind of reject: --kind conflicts or --kind auth"
         )
-    if kind == "auth" and (args.tenant or args.event_type or args.sort):
-        raise InvalidParameter(
+    conflicts_only = [p for p in _raw(KEY_CONFLICTS, args) if p not in reporting.parameters(AUTH_FAILURES)]
+    if kind == "auth" and conflicts_only:
+        raise BadParameter(
             "kind",
-            "authentication failures are kept per source and reason only: no --tenant, "
-            "--event-type or --sort",
+            "authentication failures are kept per source and reason only: no "
+            + ", ".join("--" + p.replace("_", "-") for p in conflicts_only),
         )
-    window = {"since": args.since, "until": args.until, "limit": args.limit, "cursor": args.cursor}
     conflicts = auth = None
     if kind in ("all", "conflicts"):
-        conflicts = documents.conflicts(
-            await reports.key_conflicts(
-                conn,
-                source=args.source,
-                tenant=args.tenant,
-                event_type=args.event_type,
-                sort=args.sort,
-                **window,
-            )
-        )
+        conflicts = reporting.document(await reporting.fetch(conn, KEY_CONFLICTS, _raw(KEY_CONFLICTS, args)))
     if kind in ("all", "auth"):
-        auth = documents.auth_failures(await reports.auth_failures(conn, source=args.source, **window))
+        auth = reporting.document(await reporting.fetch(conn, AUTH_FAILURES, _raw(AUTH_FAILURES, args)))
     if args.format == "json":
         _json(
             out,
@@ -377,7 +355,11 @@ def _timeline(document: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    view = await reports.effect_view(conn, args.key, tenant=args.tenant)
+    view = await reports.effect_view(
+        conn,
+        parse_name(args.key, "key", max_length=reports.MAX_KEY_LENGTH) or "",
+        tenant=parse_name(args.tenant, "tenant"),
+    )
     if view is None:
         raise NotFound(
             f"no effect with key {args.key!r}" + (f" in tenant {args.tenant!r}" if args.tenant else "")
@@ -433,24 +415,10 @@ async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None
 
 
 async def cmd_jobs_list(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    report = await reports.jobs(
-        conn,
-        state=args.state,
-        kind=args.kind,
-        source=args.source,
-        since=args.since,
-        until=args.until,
-        sort=args.sort,
-        limit=args.limit,
-        cursor=args.cursor,
-    )
-    document = documents.jobs(report)
-    if args.format == "json":
-        _json(out, document)
+    if args.format != "table":
+        await report_command(JOBS)(conn, args, out)
         return
-    if args.format == "csv":
-        print_csv(out, document["items"], documents.JOB_FIELDS)
-        return
+    document = reporting.document(await reporting.fetch(conn, JOBS, _raw(JOBS, args)))
     now = datetime.now(UTC)
     rows = [
         {
@@ -480,7 +448,7 @@ async def cmd_jobs_list(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
 
 
 async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    view = await reports.job_view(conn, args.job_id)
+    view = await reports.job_view(conn, parse_id(args.job_id, "job_id"))
     if view is None:
         raise NotFound(f"no job {args.job_id}")
     document = documents.job(view)
@@ -530,7 +498,7 @@ def _refusal(refusal: ledger_jobs.Refused) -> Exception:
 
 
 async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    job_id = reports.parse_id(args.job_id, "job_id")
+    job_id = parse_id(args.job_id, "job_id")
     refusal = await ledger_jobs.redrive(conn, job_id, force=args.force)
     if refusal is not None:
         raise _refusal(refusal)
@@ -541,14 +509,12 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
 
 
 async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    job_id = reports.parse_id(args.job_id, "job_id")
+    job_id = parse_id(args.job_id, "job_id")
     for module in args.handlers or ():
         try:
             importlib.import_module(module)
         except Exception as exc:
-            raise InvalidParameter(
-                "handlers", f"cannot import {module!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise BadParameter("handlers", f"cannot import {module!r}: {type(exc).__name__}: {exc}") from exc
     outcome = await control.cancel(conn, REGISTRY, job_id, by=_operator(), reason=args.reason)
     if isinstance(outcome, ledger_jobs.Refused):
         raise _refusal(outcome)
@@ -571,16 +537,9 @@ def _output(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _filters(p: argparse.ArgumentParser, *, tenant: bool = True, event_type: bool = True) -> None:
-    p.add_argument("--source", help="only this webhook source")
-    if tenant:
-        p.add_argument("--tenant", help="only this tenant")
-    if event_type:
-        p.add_argument("--event-type", dest="event_type", help="only this event type")
-    p.add_argument("--since", help="window start: ISO 8601 or a duration back from now (30m, 24h, 7d)")
-    p.add_argument("--until", help="window end (exclusive), same forms; default now")
-    p.add_argument("--limit", help=f"rows per page, 1..{reports.MAX_LIMIT} (default {reports.DEFAULT_LIMIT})")
-    p.add_argument("--cursor", help="continue after the page that printed it")
+def _report_flags(p: argparse.ArgumentParser, spec: ReportSpec) -> None:
+    for name in reporting.parameters(spec):
+        p.add_argument("--" + name.replace("_", "-"), dest=name, help=reporting.describe(spec, name))
     _output(p)
 
 
@@ -589,18 +548,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ledger = sub.add_parser("ledger", help="duplicate and reject reports, effect lineage", epilog=_EPILOG)
     reports_sub = ledger.add_subparsers(dest="report", required=True, metavar="REPORT")
 
-    dup = reports_sub.add_parser("duplicates", help="effects delivered more than once", epilog=_EPILOG)
-    _filters(dup)
-    dup.add_argument("--sort", help=f"one of {', '.join(reports.DUPLICATE_SORTS)} (default -last_seen)")
-    dup.set_defaults(func=_run(cmd_duplicates))
+    for spec in REPORTS:
+        command = reports_sub.add_parser(
+            reporting.slug(spec), help=spec.title[:1].lower() + spec.title[1:], epilog=_EPILOG
+        )
+        _report_flags(command, spec)
+        command.set_defaults(func=_run(report_command(spec)))
 
     rej = reports_sub.add_parser("rejects", help="key conflicts and authentication failures", epilog=_EPILOG)
-    _filters(rej)
+    _report_flags(rej, KEY_CONFLICTS)
     rej.add_argument(
         "--kind", choices=["all", "conflicts", "auth"], default="all", help="which rejects (default: all)"
-    )
-    rej.add_argument(
-        "--sort", help=f"key conflicts: one of {', '.join(reports.CONFLICT_SORTS)} (default -received)"
     )
     rej.set_defaults(func=_run(cmd_rejects))
 
@@ -614,10 +572,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
 
     listing = jobs_sub.add_parser("list", help="jobs by state, kind, source and age", epilog=_EPILOG)
-    listing.add_argument("--state", help=f"one or more, comma-separated: {', '.join(reports.JOB_STATES)}")
-    listing.add_argument("--kind", help="only this handler kind")
-    _filters(listing, tenant=False, event_type=False)
-    listing.add_argument("--sort", help="-created (newest first, default) or created (oldest first)")
+    _report_flags(listing, JOBS)
     listing.set_defaults(func=_run(cmd_jobs_list))
 
     show_job = jobs_sub.add_parser("show", help="one job with its attempts and steps", epilog=_EPILOG)

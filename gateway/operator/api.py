@@ -1,10 +1,8 @@
 """The operator HTTP API under ``/api/``: the ledger reports as JSON, and job control.
 
-    GET  /api/duplicates              ?source&tenant&event_type&since&until&sort&limit&cursor   view
-    GET  /api/rejects/conflicts       ?source&tenant&event_type&since&until&sort&limit&cursor   view
-    GET  /api/rejects/auth            ?source&since&until&limit&cursor                          view
+    GET  /api/<report>                the filters, sort and window its spec declares           view
+         (/duplicates, /rejects/conflicts, /rejects/auth, /jobs: every spec in ledger.reports.REPORTS)
     GET  /api/effects/{key}           ?tenant                                                   view
-    GET  /api/jobs                    ?state&kind&source&since&until&sort&limit&cursor          view
     GET  /api/jobs/{id}                                                                         view
     POST /api/jobs/{id}/redrive       ?force                                                    operate
     POST /api/jobs/{id}/cancel        ?reason                                                   operate
@@ -26,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypedDict
+from typing import Any
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
@@ -38,15 +36,15 @@ from effectgate.handlers import control
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
-from effectgate.ledger.reports import InvalidParameter
+from effectgate.ledger.reports import REPORTS, ReportSpec
 
-from . import documents, openapi
+from . import documents, openapi, reporting
 from .auth import AuthFailure, OperatorToken, authenticate
+from .params import PARAMETER_ERRORS, BadParameter, parse_flag, parse_id, parse_name
 
 log = logging.getLogger("effectgate.operator")
 
 MAX_REASON_LENGTH = 500
-_WINDOW = ("since", "until", "limit", "cursor")
 
 
 def json_response(document: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -71,31 +69,15 @@ def _query(request: Request, allowed: tuple[str, ...]) -> Query:
     query: Query = {}
     for name, value in request.query_params.multi_items():
         if name not in allowed:
-            raise InvalidParameter(
+            raise BadParameter(
                 name[:100],
                 f"unknown parameter; this endpoint takes {', '.join(allowed) or 'none'}",
                 code="unknown_parameter",
             )
         if name in query:
-            raise InvalidParameter(name, "given more than once")
+            raise BadParameter(name, "given more than once")
         query[name] = value
     return query
-
-
-class _Window(TypedDict):
-    since: str | None
-    until: str | None
-    limit: str | None
-    cursor: str | None
-
-
-def _window(query: Query) -> _Window:
-    return _Window(
-        since=query.get("since"),
-        until=query.get("until"),
-        limit=query.get("limit"),
-        cursor=query.get("cursor"),
-    )
 
 
 def endpoint(
@@ -115,7 +97,7 @@ def endpoint(
                 query = _query(request, allowed)
                 async with db.connection(request.app.state.pool) as conn:
                     return await handler(request, conn, who, query)
-            except InvalidParameter as exc:
+            except PARAMETER_ERRORS as exc:
                 return error(400, exc.code, exc.detail, parameter=exc.parameter)
             except LedgerUnavailable as exc:
                 return error(503, "ledger_unavailable", str(exc))
@@ -129,80 +111,37 @@ def endpoint(
     return wrap
 
 
-@endpoint("view", ("source", "tenant", "event_type", "sort", *_WINDOW))
-async def duplicates(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
-    """Effects delivered more than once."""
-    report = await reports.duplicates(
-        conn,
-        source=query.get("source"),
-        tenant=query.get("tenant"),
-        event_type=query.get("event_type"),
-        sort=query.get("sort"),
-        **_window(query),
-    )
-    return json_response(documents.duplicates(report))
+def report(spec: ReportSpec) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint of one report: its parameters and document come from its spec."""
 
+    async def handler(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+        return json_response(await reporting.report_document(conn, spec, query))
 
-@endpoint("view", ("source", "tenant", "event_type", "sort", *_WINDOW))
-async def conflicts(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
-    """Deliveries rejected because another payload held their key."""
-    report = await reports.key_conflicts(
-        conn,
-        source=query.get("source"),
-        tenant=query.get("tenant"),
-        event_type=query.get("event_type"),
-        sort=query.get("sort"),
-        **_window(query),
-    )
-    return json_response(documents.conflicts(report))
-
-
-@endpoint("view", ("source", *_WINDOW))
-async def auth_failures(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
-    """Deliveries whose signature check failed."""
-    report = await reports.auth_failures(conn, source=query.get("source"), **_window(query))
-    return json_response(documents.auth_failures(report))
+    handler.__doc__ = spec.title
+    return endpoint("view", reporting.parameters(spec))(handler)
 
 
 @endpoint("view", ("tenant",))
 async def effect(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """One effect's lineage."""
     key = request.path_params["key"]
-    view = await reports.effect_view(conn, key, tenant=query.get("tenant"))
+    view = await reports.effect_view(
+        conn,
+        parse_name(key, "key", max_length=reports.MAX_KEY_LENGTH) or "",
+        tenant=parse_name(query.get("tenant"), "tenant"),
+    )
     if view is None:
         return error(404, "not_found", f"no effect with key {key!r}")
     return json_response(documents.effect(view))
 
 
-@endpoint("view", ("state", "kind", "source", "sort", *_WINDOW))
-async def job_list(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
-    """Jobs by state, kind, source and age."""
-    report = await reports.jobs(
-        conn,
-        state=query.get("state"),
-        kind=query.get("kind"),
-        source=query.get("source"),
-        sort=query.get("sort"),
-        **_window(query),
-    )
-    return json_response(documents.jobs(report))
-
-
 @endpoint("view")
 async def job_show(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """One job with its attempts and steps."""
-    view = await reports.job_view(conn, request.path_params["job_id"])
+    view = await reports.job_view(conn, parse_id(request.path_params["job_id"], "job_id"))
     if view is None:
         return error(404, "not_found", f"no job {request.path_params['job_id']}")
     return json_response(documents.job(view))
-
-
-def _flag(value: str | None, parameter: str) -> bool:
-    if value is None or value in ("false", "0"):
-        return False
-    if value in ("true", "1"):
-        return True
-    raise InvalidParameter(parameter, f"expected true or false, got {value!r}")
 
 
 def _refused(refusal: ledger_jobs.Refused) -> Response:
@@ -212,8 +151,8 @@ def _refused(refusal: ledger_jobs.Refused) -> Response:
 @endpoint("operate", ("force",))
 async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Put a failed or parked job back to pending (``force=true`` for an unrecoverable one)."""
-    job_id = reports.parse_id(request.path_params["job_id"], "job_id")
-    force = _flag(query.get("force"), "force")
+    job_id = parse_id(request.path_params["job_id"], "job_id")
+    force = parse_flag(query.get("force"), "force")
     refusal = await ledger_jobs.redrive(conn, job_id, force=force)
     log.info(
         "operator.redrive",
@@ -232,10 +171,10 @@ async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
 @endpoint("operate", ("reason",))
 async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Cancel a job: at once if pending, at its next heartbeat if running."""
-    job_id = reports.parse_id(request.path_params["job_id"], "job_id")
+    job_id = parse_id(request.path_params["job_id"], "job_id")
     reason = query.get("reason") or f"cancelled by operator {who.name}"
     if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
-        raise InvalidParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+        raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     registry = request.app.state.registry
     outcome = await control.cancel(conn, registry, job_id, by=f"operator:{who.name}", reason=reason)
     refused = outcome if isinstance(outcome, ledger_jobs.Refused) else None
@@ -285,11 +224,8 @@ def routes() -> list[BaseRoute]:
     """The routes of ``/api``, relative to the mount."""
     return [
         Route("/openapi.json", openapi_document, methods=["GET"]),
-        Route("/duplicates", duplicates, methods=["GET"]),
-        Route("/rejects/conflicts", conflicts, methods=["GET"]),
-        Route("/rejects/auth", auth_failures, methods=["GET"]),
+        *(Route(reporting.api_path(spec), report(spec), methods=["GET"]) for spec in REPORTS),
         Route("/effects/{key:path}", effect, methods=["GET"]),
-        Route("/jobs", job_list, methods=["GET"]),
         Route("/jobs/{job_id}", job_show, methods=["GET"]),
         Route("/jobs/{job_id}/redrive", redrive, methods=["POST"]),
         Route("/jobs/{job_id}/cancel", cancel, methods=["POST"]),

@@ -209,3 +209,21 @@ def test_redrive_and_cancel_with_exit_codes_for_refusals(
     job = json.loads(out)["job"]
     assert (job["state"], job["terminal_reason"]) == ("cancelled", "customer asked")
     assert job["terminal_by"].startswith("cli")
+
+
+def test_every_report_is_a_ledger_command_from_its_spec(
+    ledger: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "ledger", "delivery-outcomes", *WINDOW)
+    assert code == 0
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("SOURCE"))
+    assert lines[header].split()[:3] == ["SOURCE", "DELIVERIES", "ACCEPTED"]
+    assert lines[header + 1].split()[:5] == ["stripe", "5", "2", "2", "1"]
+    code, out, _ = run(capsys, "ledger", "delivery-outcomes", *WINDOW, "--sort", "source", "--format", "json")
+    assert [(r["source"], r["duplicate_rate"]) for r in json.loads(out)["items"]] == [
+        ("shopify", 0.5),
+        ("stripe", 0.4),
+    ]
+    code, _, err = run(capsys, "ledger", "delivery-outcomes", "--sort", "amount")
+    assert code == 2 and err.startswith("effectgate: --sort: ") and "[invalid_sort]" in err

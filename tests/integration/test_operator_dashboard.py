@@ -156,7 +156,8 @@ async def test_lineage_page_shows_the_idempotency_key_and_the_answer(seeded_url:
         assert page.status_code == 200
         body = text(page.text)
         assert "capture succeeded eg_capture_key" in body
-        assert "{&quot;id&quot;:&quot;pi_1234&quot;,&quot;status&quot;:&quot;succeeded&quot;}" in page.text
+        # Jinja2 escapes a quote as &#34;.
+        assert "{&#34;id&#34;:&#34;pi_1234&#34;,&#34;status&#34;:&#34;succeeded&#34;}" in page.text
         assert (await client.get("/ui/effects/nope")).status_code == 404
 
 
@@ -197,3 +198,51 @@ async def test_everything_from_the_ledger_is_escaped(db_url: str, conn: db.Conn)
             page = await client.get(url)
             assert page.status_code == 200, url
             assert "<script>" not in page.text and "&lt;script&gt;" in page.text
+
+
+async def test_root_redirects_and_the_page_needs_no_inline_style(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        root = await client.get("/")
+        assert (root.status_code, root.headers["location"]) == (307, "/ui/")
+        page = await client.get(f"/ui/?{WINDOW}")
+        csp = page.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "style-src 'self'" in csp and "unsafe-inline" not in csp
+        assert "<style" not in page.text and "style=" not in page.text and "<script" not in page.text
+        assert '<link rel="stylesheet" href="/ui/static/dashboard.css">' in page.text
+        css = await client.get("/ui/static/dashboard.css")
+        assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+        assert "overflow-wrap" in css.text
+
+
+async def test_auto_refresh_is_off_unless_asked_for(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        assert 'http-equiv="refresh"' not in (await client.get(f"/ui/?{WINDOW}")).text
+        page = await client.get(f"/ui/rejects?{WINDOW}&refresh=60")
+        assert '<meta http-equiv="refresh" content="60">' in page.text
+        # The choice is kept by the quick ranges and the filter form.
+        assert "refresh=60" in page.text and 'name="refresh" value="60"' in page.text
+        bad = await client.get("/ui/?refresh=1")
+        assert bad.status_code == 400 and "invalid_refresh" in bad.text
+
+
+async def test_overview_puts_jobs_that_need_a_human_first_and_shows_rates(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        body = text((await client.get(f"/ui/?{WINDOW}")).text)
+        assert (
+            body.index("1 failed jobs") < body.index("0 parked jobs") < body.index("oldest due job waiting")
+        )
+        assert body.index("oldest due job waiting") < body.index("duplicate rate")
+        assert "stripe 5 2 2 1 0 40.0 % 20.0 %" in body
+        # Relative times beside timestamps.
+        assert re.search(r"2025-03-04 11:00:00 \d+ d \d+ h ago", body)
+
+
+async def test_a_report_added_to_the_specs_has_a_page(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        page = await client.get(f"/ui/delivery-outcomes?{WINDOW}&sort=source")
+        assert page.status_code == 200
+        body = text(page.text)
+        assert "shopify 2 1 1 0 0 50.0 % 0.0 %" in body
+        assert body.index("shopify") < body.index("stripe 5")
+        assert '<a href="/ui/delivery-outcomes">' in page.text
+        assert (await client.get("/ui/delivery-outcomes?sort=amount")).status_code == 400
