@@ -40,7 +40,14 @@ from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate
 
 from . import demo, embedded, logs, operator_cli
-from .config import DEFAULT_CONFIG_FILE, Config, ConfigError, import_handlers, load
+from .config import (
+    DEFAULT_CONFIG_FILE,
+    Config,
+    ConfigError,
+    import_handlers,
+    load,
+    parse_forwarded_allow_ips,
+)
 from .operator import metrics
 
 EXIT_OK = 0
@@ -114,6 +121,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "access_log": False,
         "timeout_graceful_shutdown": 10,
     }
+    trusted = (
+        config.gateway.forwarded_allow_ips if args.forwarded_allow_ips is None else args.forwarded_allow_ips
+    )
+    # uvicorn believes X-Forwarded-* from 127.0.0.1 unless told otherwise; effectgate believes no one
+    # unless configured, so the middleware is off altogether when the list is empty.
+    options["proxy_headers"] = bool(trusted)
+    if trusted:
+        options["forwarded_allow_ips"] = list(trusted)
     if args.workers > 1:
         # Several processes share the listening socket; each builds its app from the environment.
         os.environ["EFFECTGATE_CONFIG"] = str(Path(config.path).resolve())
@@ -387,6 +402,13 @@ def _port(text: str) -> int:
     return value
 
 
+def _trusted_proxies(text: str) -> tuple[str, ...]:
+    try:
+        return parse_forwarded_allow_ips([p for p in text.split(",") if p.strip()])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``effectgate`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -419,6 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
     serve.add_argument(
         "--workers", type=_positive_int, default=1, help="gateway processes sharing the port (default: 1)"
+    )
+    serve.add_argument(
+        "--forwarded-allow-ips",
+        type=_trusted_proxies,
+        metavar="IPS",
+        help="comma-separated proxy addresses/networks whose X-Forwarded-Proto/-For are trusted, '*' for "
+        "any, '' for none (default: [gateway] forwarded_allow_ips, else none)",
     )
     serve.set_defaults(func=cmd_serve)
 

@@ -7,6 +7,7 @@ by the environment variables that hold them and never read from the file itself.
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -55,6 +56,10 @@ class GatewayConfig:
     # Gateways tick the reconciler too, so jobs are repaired while no worker runs; off for a gateway
     # that should only answer (or a test over a ledger frozen in the past).
     run_reconciler: bool = True
+    # Peers whose X-Forwarded-Proto / X-Forwarded-For are believed (addresses, networks, or "*").
+    # None by default: a client that reaches the port directly must not be able to claim it came over
+    # TLS (the dashboard cookie's Secure flag follows the scheme) or spoof its address in the logs.
+    forwarded_allow_ips: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,31 @@ class Config:
     shipping: DownstreamConfig | None = None
     # Bearer tokens for the operator API and dashboard ([[operators]]); none configured, none let in.
     operators: tuple[OperatorToken, ...] = ()
+
+
+def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
+    """Validate trusted proxy entries: IP addresses, CIDR networks, or ``*`` (trust every peer).
+
+    uvicorn quietly keeps a malformed entry as a literal that never matches, so a typo would turn the
+    proxy's headers off without a word; here it is a ``ValueError`` naming the entry instead.
+    """
+    entries = []
+    for value in values:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"expected IP addresses, CIDR networks or '*', got {value!r}")
+        entry = value.strip()
+        if entry != "*":
+            try:
+                if "/" in entry:
+                    ipaddress.ip_network(entry)
+                else:
+                    ipaddress.ip_address(entry)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address, a CIDR network (host bits zero) or '*'"
+                ) from None
+        entries.append(entry)
+    return tuple(entries)
 
 
 class _Reader:
@@ -159,6 +189,13 @@ def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Sou
     return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs))
 
 
+def _forwarded_allow_ips(gw: _Reader) -> tuple[str, ...]:
+    try:
+        return parse_forwarded_allow_ips(gw.get("forwarded_allow_ips", list, []))
+    except ValueError as exc:
+        raise gw.error("forwarded_allow_ips", str(exc)) from exc
+
+
 def _downstream(reader: _Reader, env: Mapping[str, str]) -> DownstreamConfig | None:
     if not reader.table:
         return None
@@ -196,6 +233,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         max_body_bytes=gw.number("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1, integer=True),
         pool_max=gw.number("pool_max", DEFAULT_POOL_MAX, minimum=1, integer=True),
         run_reconciler=gw.get("run_reconciler", bool, True),
+        forwarded_allow_ips=_forwarded_allow_ips(gw),
     )
     if gateway.port > 65535:
         raise gw.error("port", f"must be <= 65535, got {gateway.port}")
