@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from effectgate.handlers import tracing
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker import reconcile_forever
 from effectgate.ledger import db
@@ -80,6 +81,8 @@ def create_app(
             if reconciler is not None:
                 await reconciler
             await pool.close()
+            if tracing.enabled():
+                await asyncio.to_thread(tracing.flush)
 
     app = Starlette(
         routes=[

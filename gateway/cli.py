@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from effectgate.handlers import tracing
 from effectgate.handlers.context import Services
 from effectgate.handlers.payments import PaymentsClient
 from effectgate.handlers.registry import REGISTRY
@@ -97,6 +98,7 @@ def serve_app() -> Any:
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
     config = load(os.environ["EFFECTGATE_CONFIG"])
     import_handlers(config)
+    tracing.configure(config.tracing, role="gateway")
     return create_app(config, REGISTRY, os.environ["DATABASE_URL"])
 
 
@@ -136,6 +138,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["EFFECTGATE_LOG_LEVEL"] = args.log_level
         uvicorn.run("effectgate.gateway.cli:serve_app", factory=True, workers=args.workers, **options)
         return EXIT_OK
+    tracing.configure(config.tracing, role="gateway")
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
     uvicorn.Server(uvicorn.Config(create_app(config, REGISTRY, url), **options)).run()
@@ -185,6 +188,7 @@ async def _run_worker(
         from dataclasses import replace
 
         worker_config = replace(worker_config, concurrency=concurrency)
+    tracing.configure(config.tracing, role="worker")
     pool = db.make_pool(url, max_size=worker_config.concurrency * 2 + 2, name="effectgate-worker")
     await pool.open(wait=False)
     counted = metrics.downstream_call
@@ -205,6 +209,8 @@ async def _run_worker(
                 await worker.run()
         finally:
             await pool.close()
+            if tracing.enabled():
+                await asyncio.to_thread(tracing.flush)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
 from effectgate.handlers.worker import WorkerConfig
 from effectgate.ledger.reconciler import ReconcilerConfig
 
@@ -75,6 +76,8 @@ class Config:
     shipping: DownstreamConfig | None = None
     # Bearer tokens for the operator API and dashboard ([[operators]]); none configured, none let in.
     operators: tuple[OperatorToken, ...] = ()
+    # OpenTelemetry export ([tracing]); None: no spans, and nothing of OpenTelemetry imported.
+    tracing: TracingConfig | None = None
 
 
 def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -196,6 +199,29 @@ def _forwarded_allow_ips(gw: _Reader) -> tuple[str, ...]:
         raise gw.error("forwarded_allow_ips", str(exc)) from exc
 
 
+def _tracing(reader: _Reader) -> TracingConfig | None:
+    if not reader.table:
+        return None
+    endpoint = reader.get("endpoint", str, required=True)
+    service_name = reader.get("service_name", str, "effectgate")
+    if not service_name:
+        raise reader.error("service_name", "must not be empty")
+    sample_ratio = reader.number("sample_ratio", 1.0, minimum=0)
+    if sample_ratio > 1:
+        raise reader.error("sample_ratio", f"must be <= 1, got {sample_ratio!r}")
+    timeout = reader.number("timeout", 10.0, minimum=0.001)
+    reader.no_unknown_keys()
+    try:
+        config = TracingConfig(endpoint, service_name, float(sample_ratio), float(timeout))
+    except ValueError as exc:
+        raise reader.error("endpoint", str(exc)) from exc
+    try:
+        check_available()
+    except TracingUnavailable as exc:
+        raise ConfigError(f"{reader.path}: {reader.prefix}: {exc}") from exc
+    return config
+
+
 def _downstream(reader: _Reader, env: Mapping[str, str]) -> DownstreamConfig | None:
     if not reader.table:
         return None
@@ -290,6 +316,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     ds.no_unknown_keys()
 
     operators = read_operators(root, env)
+    tracing = _tracing(root.table_of("tracing"))
     root.no_unknown_keys()
     return Config(
         path=path,
@@ -300,6 +327,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         payments=payments,
         shipping=shipping,
         operators=operators,
+        tracing=tracing,
     )
 
 
