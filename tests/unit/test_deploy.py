@@ -209,7 +209,8 @@ def test_compose_runs_two_of_each_and_gives_workers_time_to_drain() -> None:
     services = compose()["services"]
     gateway_args = command_args(services["gateway"]["command"])
     assert gateway_args.workers == 2 or services["gateway"].get("deploy", {}).get("replicas") == 2
-    assert gateway_args.host == "0.0.0.0"
+    # The image's HEALTHCHECK probes 127.0.0.1:8000 inside the container.
+    assert (gateway_args.host, gateway_args.port) == ("0.0.0.0", 8000)
     assert services["worker"]["deploy"]["replicas"] == 2
     # Compose's default stop_grace_period is 10 s: a draining worker would be SIGKILLed.
     assert seconds(services["worker"]["stop_grace_period"]) >= drain_timeout() + STOP_MARGIN_SECONDS
