@@ -386,6 +386,8 @@ SANDBOX = {
     "PrivateTmp": "yes",
     "PrivateDevices": "yes",
     "NoNewPrivileges": "yes",
+    "RemoveIPC": "yes",
+    "PrivateMounts": "yes",
     "CapabilityBoundingSet": "",
     "AmbientCapabilities": "",
     "ProtectKernelTunables": "yes",
