@@ -6,6 +6,7 @@ by the environment variables that hold them and never read from the file itself.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import ipaddress
 import os
@@ -20,7 +21,8 @@ from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check
 from effectgate.handlers.worker import WorkerConfig
 from effectgate.ledger.reconciler import ReconcilerConfig
 
-from .operator.auth import OperatorToken, read_operators
+from . import guard
+from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
 from .signatures import Scheme, SchemeConfigError, build_scheme
 
 DEFAULT_CONFIG_FILE = "effectgate.toml"
@@ -28,6 +30,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_POOL_MAX = 10
+DEFAULT_SESSION_TTL = 8 * 3600.0
 
 
 class ConfigError(Exception):
@@ -61,6 +64,26 @@ class GatewayConfig:
     # None by default: a client that reaches the port directly must not be able to claim it came over
     # TLS (the dashboard cookie's Secure flag follows the scheme) or spoof its address in the logs.
     forwarded_allow_ips: tuple[str, ...] = ()
+    # Slow or lying clients are cut off (gateway.guard): the whole request head within header_timeout
+    # seconds, the whole body within body_timeout seconds of it, a head of at most max_header_bytes.
+    header_timeout: float = guard.DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = guard.DEFAULT_BODY_TIMEOUT
+    max_header_bytes: int = guard.DEFAULT_MAX_HEADER_BYTES
+
+    @property
+    def limits(self) -> guard.Limits:
+        """The connection guard's limits."""
+        return guard.Limits(self.header_timeout, self.body_timeout, self.max_header_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardConfig:
+    """The dashboard's sessions: the secret their cookies are signed with, and how long one lasts."""
+
+    # None: each serve makes a random one at start (sessions end when it restarts, and replicas do not
+    # share them). Set it for several replicas; change it to end every session at once.
+    session_secret: bytes | None = None
+    session_ttl: float = DEFAULT_SESSION_TTL
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +99,9 @@ class Config:
     shipping: DownstreamConfig | None = None
     # Bearer tokens for the operator API and dashboard ([[operators]]); none configured, none let in.
     operators: tuple[OperatorToken, ...] = ()
+    dashboard: DashboardConfig = field(default_factory=DashboardConfig)
+    # The SHA-256 of the bearer token GET /metrics asks for ([metrics] token_env); None: no token.
+    metrics_token_sha256: bytes | None = None
     # OpenTelemetry export ([tracing]); None: no spans, and nothing of OpenTelemetry imported.
     tracing: TracingConfig | None = None
 
@@ -260,6 +286,11 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         pool_max=gw.number("pool_max", DEFAULT_POOL_MAX, minimum=1, integer=True),
         run_reconciler=gw.get("run_reconciler", bool, True),
         forwarded_allow_ips=_forwarded_allow_ips(gw),
+        header_timeout=gw.number("header_timeout", guard.DEFAULT_HEADER_TIMEOUT, minimum=0.001),
+        body_timeout=gw.number("body_timeout", guard.DEFAULT_BODY_TIMEOUT, minimum=0.001),
+        max_header_bytes=gw.number(
+            "max_header_bytes", guard.DEFAULT_MAX_HEADER_BYTES, minimum=1024, integer=True
+        ),
     )
     if gateway.port > 65535:
         raise gw.error("port", f"must be <= 65535, got {gateway.port}")
@@ -316,6 +347,8 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     ds.no_unknown_keys()
 
     operators = read_operators(root, env)
+    dashboard = _dashboard(root.table_of("dashboard"), env)
+    metrics_token_sha256 = _metrics_token(root.table_of("metrics"), env)
     tracing = _tracing(root.table_of("tracing"))
     root.no_unknown_keys()
     return Config(
@@ -327,8 +360,35 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         payments=payments,
         shipping=shipping,
         operators=operators,
+        dashboard=dashboard,
+        metrics_token_sha256=metrics_token_sha256,
         tracing=tracing,
     )
+
+
+def _secret(reader: _Reader, key: str, env: Mapping[str, str]) -> str | None:
+    var = reader.get(key, str)
+    if var is None:
+        return None
+    value = env.get(var, "")
+    if not value:
+        raise reader.error(key, f"environment variable {var} is not set (or empty)")
+    if len(value) < MIN_TOKEN_LENGTH:
+        raise reader.error(key, f"the secret in {var} is shorter than {MIN_TOKEN_LENGTH} characters")
+    return value
+
+
+def _dashboard(reader: _Reader, env: Mapping[str, str]) -> DashboardConfig:
+    secret = _secret(reader, "session_secret_env", env)
+    ttl = reader.number("session_ttl", DEFAULT_SESSION_TTL, minimum=60)
+    reader.no_unknown_keys()
+    return DashboardConfig(None if secret is None else secret.encode("utf-8"), ttl)
+
+
+def _metrics_token(reader: _Reader, env: Mapping[str, str]) -> bytes | None:
+    token = _secret(reader, "token_env", env)
+    reader.no_unknown_keys()
+    return None if token is None else hashlib.sha256(token.encode("utf-8")).digest()
 
 
 def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:
