@@ -32,11 +32,22 @@ STOP_MARGIN_SECONDS = 5
 
 
 def config_env_names() -> set[str]:
-    """Every environment variable deploy/effectgate.toml names for a secret."""
+    """Every environment variable deploy/effectgate.toml names for a secret: each source's ``secrets``
+    and every ``*_env`` key, wherever it is."""
     data = tomllib.loads(CONFIG_TEXT)
     names = {name for source in data["sources"].values() for name in source["secrets"]}
-    names |= {d["api_key_env"] for d in data.get("downstream", {}).values() if "api_key_env" in d}
-    names |= {o["token_env"] for o in data.get("operators", []) if "token_env" in o}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key.endswith("_env") and isinstance(item, str):
+                    names.add(item)
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(data)
     return names
 
 
@@ -69,6 +80,8 @@ def assert_production_command(argv: list[str], command: str) -> None:
 def test_the_deploy_configuration_loads_and_has_the_drain_timeout_the_artefacts_assume() -> None:
     config = load_config(config_env_names())
     assert config.handler_modules
+    # Several gateway processes sign dashboard sessions with one shared secret, and /metrics asks a token.
+    assert config.dashboard.session_secret is not None and config.metrics_token_sha256 is not None
     assert config.worker.drain_timeout == 30
     # The artefacts size their stop budgets for a drain no longer than the worker's own default.
     assert config.worker.drain_timeout <= DEFAULT_DRAIN_TIMEOUT
