@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
 from effectgate.handlers.worker import WorkerConfig
 from effectgate.ledger.reconciler import ReconcilerConfig
 
@@ -58,6 +60,10 @@ class GatewayConfig:
     # Gateways tick the reconciler too, so jobs are repaired while no worker runs; off for a gateway
     # that should only answer (or a test over a ledger frozen in the past).
     run_reconciler: bool = True
+    # Peers whose X-Forwarded-Proto / X-Forwarded-For are believed (addresses, networks, or "*").
+    # None by default: a client that reaches the port directly must not be able to claim it came over
+    # TLS (the dashboard cookie's Secure flag follows the scheme) or spoof its address in the logs.
+    forwarded_allow_ips: tuple[str, ...] = ()
     # Slow or lying clients are cut off (gateway.guard): the whole request head within header_timeout
     # seconds, the whole body within body_timeout seconds of it, a head of at most max_header_bytes.
     header_timeout: float = guard.DEFAULT_HEADER_TIMEOUT
@@ -96,6 +102,33 @@ class Config:
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
     # The SHA-256 of the bearer token GET /metrics asks for ([metrics] token_env); None: no token.
     metrics_token_sha256: bytes | None = None
+    # OpenTelemetry export ([tracing]); None: no spans, and nothing of OpenTelemetry imported.
+    tracing: TracingConfig | None = None
+
+
+def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
+    """Validate trusted proxy entries: IP addresses, CIDR networks, or ``*`` (trust every peer).
+
+    uvicorn quietly keeps a malformed entry as a literal that never matches, so a typo would turn the
+    proxy's headers off without a word; here it is a ``ValueError`` naming the entry instead.
+    """
+    entries = []
+    for value in values:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"expected IP addresses, CIDR networks or '*', got {value!r}")
+        entry = value.strip()
+        if entry != "*":
+            try:
+                if "/" in entry:
+                    ipaddress.ip_network(entry)
+                else:
+                    ipaddress.ip_address(entry)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address, a CIDR network (host bits zero) or '*'"
+                ) from None
+        entries.append(entry)
+    return tuple(entries)
 
 
 class _Reader:
@@ -185,6 +218,36 @@ def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Sou
     return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs))
 
 
+def _forwarded_allow_ips(gw: _Reader) -> tuple[str, ...]:
+    try:
+        return parse_forwarded_allow_ips(gw.get("forwarded_allow_ips", list, []))
+    except ValueError as exc:
+        raise gw.error("forwarded_allow_ips", str(exc)) from exc
+
+
+def _tracing(reader: _Reader) -> TracingConfig | None:
+    if not reader.table:
+        return None
+    endpoint = reader.get("endpoint", str, required=True)
+    service_name = reader.get("service_name", str, "effectgate")
+    if not service_name:
+        raise reader.error("service_name", "must not be empty")
+    sample_ratio = reader.number("sample_ratio", 1.0, minimum=0)
+    if sample_ratio > 1:
+        raise reader.error("sample_ratio", f"must be <= 1, got {sample_ratio!r}")
+    timeout = reader.number("timeout", 10.0, minimum=0.001)
+    reader.no_unknown_keys()
+    try:
+        config = TracingConfig(endpoint, service_name, float(sample_ratio), float(timeout))
+    except ValueError as exc:
+        raise reader.error("endpoint", str(exc)) from exc
+    try:
+        check_available()
+    except TracingUnavailable as exc:
+        raise ConfigError(f"{reader.path}: {reader.prefix}: {exc}") from exc
+    return config
+
+
 def _downstream(reader: _Reader, env: Mapping[str, str]) -> DownstreamConfig | None:
     if not reader.table:
         return None
@@ -222,6 +285,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         max_body_bytes=gw.number("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1, integer=True),
         pool_max=gw.number("pool_max", DEFAULT_POOL_MAX, minimum=1, integer=True),
         run_reconciler=gw.get("run_reconciler", bool, True),
+        forwarded_allow_ips=_forwarded_allow_ips(gw),
         header_timeout=gw.number("header_timeout", guard.DEFAULT_HEADER_TIMEOUT, minimum=0.001),
         body_timeout=gw.number("body_timeout", guard.DEFAULT_BODY_TIMEOUT, minimum=0.001),
         max_header_bytes=gw.number(
@@ -285,6 +349,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     operators = read_operators(root, env)
     dashboard = _dashboard(root.table_of("dashboard"), env)
     metrics_token_sha256 = _metrics_token(root.table_of("metrics"), env)
+    tracing = _tracing(root.table_of("tracing"))
     root.no_unknown_keys()
     return Config(
         path=path,
@@ -297,6 +362,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         operators=operators,
         dashboard=dashboard,
         metrics_token_sha256=metrics_token_sha256,
+        tracing=tracing,
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from effectgate.handlers import tracing
 from effectgate.handlers.registry import Event as HandlerEvent
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import claims, db
@@ -65,6 +66,14 @@ def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
 
 async def receive(request: Request) -> Response:
     """The ingress route."""
+    attributes: dict[str, tracing.AttributeValue] = {"effectgate.source": request.path_params["source"]}
+    with tracing.span("effectgate.delivery", attributes) as span:
+        response = await _receive(request)
+        span.set_attribute("http.response.status_code", response.status_code)
+        return response
+
+
+async def _receive(request: Request) -> Response:
     config: Config = request.app.state.config
     registry: Registry = request.app.state.registry
     pool: db.Pool = request.app.state.pool
@@ -82,7 +91,10 @@ async def receive(request: Request) -> Response:
     # verify; it never raises for a bad request, so the checks and their answers stay in verify.
     await source.scheme.prepare(body, request.headers)
     try:
-        verified = source.scheme.verify(body, request.headers)
+        with tracing.span(
+            "effectgate.verify", {"effectgate.source": name, "effectgate.scheme": source.scheme_name}
+        ):
+            verified = source.scheme.verify(body, request.headers)
     except SignatureError as exc:
         metrics.verification_failure(name, exc.code)
         await _count_signature_failure(pool, source, exc, body)
@@ -112,8 +124,13 @@ async def receive(request: Request) -> Response:
 
     started = time.perf_counter()
     try:
-        async with db.connection(pool) as conn:
+        # The span includes the wait for a pooled connection: a starved pool shows in the trace.
+        async with tracing.span("effectgate.claim") as span, db.connection(pool) as conn:
             outcomes = await claims.claim_deliveries(conn, planned)
+            if tracing.enabled():
+                claimed = [o for per_event in outcomes for o in per_event]
+                span.set_attribute("effectgate.effect_keys", [o.effect_key for o in claimed])
+                span.set_attribute("effectgate.outcomes", [str(o.outcome) for o in claimed])
     except LedgerUnavailable as exc:
         metrics.delivery(name, "ledger_unavailable")
         log.warning("delivery.ledger_unavailable", extra={"source": name, "request_id": request_id})

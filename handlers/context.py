@@ -16,6 +16,7 @@ from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.steps import RecordedStep
 from effectgate.ledger.storable import jsonb_problem
 
+from . import tracing
 from .errors import StepAlreadyRun, TerminalError, UnrecoverableError
 from .idempotency import idempotency_key
 from .registry import Event
@@ -133,6 +134,15 @@ class EffectContext:
         record committing repeats the call — with the same idempotency key, which is what makes the
         downstream answer with the original result instead of acting twice.
         """
+        attributes: dict[str, tracing.AttributeValue] = {
+            "effectgate.effect_key": self.effect_key,
+            "effectgate.step": name,
+            "effectgate.step.replayed": name in self._recorded,
+        }
+        with tracing.span("effectgate.step", attributes):
+            return await self._step(name, fn)
+
+    async def _step(self, name: str, fn: Callable[[str], Awaitable[T]]) -> T:
         if name in self._used:
             raise StepAlreadyRun(f"step {name!r} ran already in this handler run; step names must be unique")
         self._used.add(name)

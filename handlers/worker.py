@@ -28,6 +28,7 @@ from effectgate.ledger import db, jobs, steps
 from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
 from effectgate.ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfig, ReconcileResult, Repaired
 
+from . import tracing
 from .context import EffectContext, Services
 from .errors import TerminalError, TransientError, UnrecoverableError
 from .observe import WorkerObserver
@@ -308,7 +309,7 @@ class Worker:
         started = time.monotonic()
         outcome: str | None = None
         try:
-            outcome = await self._run_job(lease)
+            outcome = await self._run_job_traced(lease)
         except asyncio.CancelledError:
             outcome = "abandoned"  # the drain gave up on it: left to lease expiry
             raise
@@ -324,6 +325,21 @@ class Worker:
         finally:
             if self.observer is not None and outcome is not None:
                 self.observer.slice_ended(lease.kind, outcome, time.monotonic() - started)
+
+    async def _run_job_traced(self, lease: jobs.Lease) -> str | None:
+        # Current while the handler task is created, so its steps (and their downstream calls) are
+        # children of this attempt's span.
+        attributes: dict[str, tracing.AttributeValue] = {
+            "effectgate.job_id": lease.job_id,
+            "effectgate.kind": lease.kind,
+            "effectgate.tenant": lease.tenant,
+            "effectgate.effect_key": lease.effect_key,
+            "effectgate.attempt": lease.attempt,
+        }
+        with tracing.span("effectgate.job", attributes) as span:
+            outcome = await self._run_job(lease)
+            span.set_attribute("effectgate.job.outcome", outcome or "not_run")
+            return outcome
 
     async def _run_job(self, lease: jobs.Lease) -> str | None:
         """Run the slice and record it; returns how it ended (``observe.SLICE_OUTCOMES``), ``None`` if it
