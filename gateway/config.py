@@ -12,7 +12,6 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.worker import WorkerConfig
@@ -20,16 +19,14 @@ from effectgate.ledger.reconciler import ReconcilerConfig
 
 from .operator.auth import OperatorToken, read_operators
 from .signatures import Scheme, SchemeConfigError, build_scheme
+from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
+from .toml_reader import TableReader
 
 DEFAULT_CONFIG_FILE = "effectgate.toml"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_POOL_MAX = 10
-
-
-class ConfigError(Exception):
-    """The configuration is invalid; the message names the file and the key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,65 +69,7 @@ class Config:
     operators: tuple[OperatorToken, ...] = ()
 
 
-class _Reader:
-    """Typed access to one TOML table that remembers where it is, for error messages."""
-
-    def __init__(self, path: str, prefix: str, table: Mapping[str, Any]) -> None:
-        self.path = path
-        self.prefix = prefix
-        self.table = table
-        self.used: set[str] = set()
-
-    def error(self, key: str, what: str) -> ConfigError:
-        where = f"{self.prefix}.{key}" if self.prefix else key
-        return ConfigError(f"{self.path}: {where}: {what}")
-
-    def get(
-        self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False
-    ) -> Any:
-        self.used.add(key)
-        if key not in self.table:
-            if required:
-                raise self.error(key, "is required")
-            return default
-        value = self.table[key]
-        # bool is an int to Python; a port of `true` is still a mistake.
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise self.error(key, f"must be {_kind_name(kind)}, not a boolean")
-        if not isinstance(value, kind):
-            raise self.error(key, f"must be {_kind_name(kind)}, not {type(value).__name__} {value!r}")
-        return value
-
-    def number(self, key: str, default: float, *, minimum: float, integer: bool = False) -> Any:
-        value = self.get(key, int if integer else (int, float), default)
-        if value < minimum:
-            raise self.error(key, f"must be >= {minimum:g}, got {value!r}")
-        return value
-
-    def table_of(self, key: str) -> _Reader:
-        value = self.get(key, dict, {})
-        return _Reader(self.path, f"{self.prefix}.{key}" if self.prefix else key, value)
-
-    def no_unknown_keys(self) -> None:
-        for key in self.table:
-            if key not in self.used:
-                raise self.error(key, "is not a known setting (a typo?)")
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a table",
-        bool: "a boolean",
-    }
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Source:
+def _source(path: str, name: str, table: TableReader, env: Mapping[str, str]) -> Source:
     scheme_name = table.get("scheme", str, required=True)
     secret_envs = table.get("secrets", list, required=True)
     if not secret_envs or not all(isinstance(s, str) and s for s in secret_envs):
@@ -159,7 +98,7 @@ def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Sou
     return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs))
 
 
-def _downstream(reader: _Reader, env: Mapping[str, str]) -> DownstreamConfig | None:
+def _downstream(reader: TableReader, env: Mapping[str, str]) -> DownstreamConfig | None:
     if not reader.table:
         return None
     base_url = reader.get("base_url", str, required=True)
@@ -187,7 +126,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    root = _Reader(path, "", data)
+    root = TableReader(path, "", data)
 
     gw = root.table_of("gateway")
     gateway = GatewayConfig(

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from effectgate.handlers.registry import Event as HandlerEvent
+from effectgate.handlers.event import Event as HandlerEvent
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import claims, db
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected

@@ -6,7 +6,8 @@ runs it with an ``EffectContext`` whose ``step`` makes each downstream call once
 
 from .context import EffectContext, Services
 from .errors import HandlerError, StepAlreadyRun, TerminalError, TransientError, UnrecoverableError
-from .registry import REGISTRY, EffectKind, Event, Registry, Transition, effect, register_sweep
+from .event import Event, Transition
+from .registry import REGISTRY, EffectKind, Registry, effect, register_sweep
 
 __all__ = [
     "REGISTRY",

@@ -17,8 +17,8 @@ from effectgate.ledger.steps import RecordedStep
 from effectgate.ledger.storable import jsonb_problem
 
 from .errors import StepAlreadyRun, TerminalError, UnrecoverableError
+from .event import Event
 from .idempotency import idempotency_key
-from .registry import Event
 
 if TYPE_CHECKING:
     import httpx

@@ -7,7 +7,8 @@ import logging
 
 from effectgate.ledger import db, jobs
 
-from .registry import Registry, Transition
+from .event import Transition
+from .registry import Registry
 
 log = logging.getLogger("effectgate.control")
 

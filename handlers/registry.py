@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .event import Event, Transition
+
 if TYPE_CHECKING:
     from effectgate.ledger.db import Conn
 
@@ -35,27 +37,6 @@ MIN_SLICE_FACTOR = 2.0
 # in a setting, not a deadline: refuse it rather than silently never firing.
 MAX_SLICE_LIMIT = (2**31 - 1) / 1000
 _UNSET: Any = object()
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """A verified event as a handler sees it."""
-
-    source: str
-    id: str
-    type: str
-    payload: Any
-    tenant: str = "default"
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """A terminal transition, as the ``on_transition`` hook sees it (inside the same transaction)."""
-
-    job_id: int
-    effect_key: str
-    state: str
-    reason: str | None
 
 
 Handler = Callable[["EffectContext", Event], Awaitable[Any]]

@@ -30,8 +30,9 @@ from effectgate.ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfi
 
 from .context import EffectContext, Services
 from .errors import TerminalError, TransientError, UnrecoverableError
+from .event import Event, Transition
 from .observe import WorkerObserver
-from .registry import EffectKind, Event, Registry, Transition
+from .registry import EffectKind, Registry
 
 log = logging.getLogger("effectgate.worker")
 

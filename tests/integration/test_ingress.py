@@ -14,7 +14,8 @@ import stripe
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
-from effectgate.handlers.registry import Event, Registry
+from effectgate.handlers.event import Event
+from effectgate.handlers.registry import Registry
 from effectgate.ledger import db
 
 pytestmark = pytest.mark.anyio

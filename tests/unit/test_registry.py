@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import registry as reg_module
-from effectgate.handlers.registry import EffectKind, Event, Registry
+from effectgate.handlers.event import Event
+from effectgate.handlers.registry import EffectKind, Registry
 
 
 async def handler(ctx: Any, ev: Event) -> None:
