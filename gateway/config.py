@@ -15,9 +15,11 @@ from pathlib import Path
 
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.worker import WorkerConfig
+from effectgate.ledger.pointers import JsonPointer
 from effectgate.ledger.reconciler import ReconcilerConfig
 
 from .operator.auth import OperatorToken, read_operators
+from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .signatures import Scheme, SchemeConfigError, build_scheme
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
@@ -31,14 +33,19 @@ DEFAULT_POOL_MAX = 10
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A configured webhook source: its name, verifier, tenant and conflict answer."""
+    """A configured webhook source: its name, verifier, tenant and conflict answer.
+
+    ``tenant_from``, when set, takes each event's tenant from its payload (Stripe Connect's
+    ``/account``) instead of the one static ``tenant``.
+    """
 
     name: str
     scheme_name: str
     scheme: Scheme
     tenant: str
-    conflict_status: int
+    conflict_status: ConflictStatus
     secret_envs: tuple[str, ...]
+    tenant_from: JsonPointer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +93,21 @@ def _source(path: str, name: str, table: TableReader, env: Mapping[str, str]) ->
     tenant = table.get("tenant", str, "default")
     if not tenant:
         raise table.error("tenant", "must not be empty")
-    conflict_status = table.get("on_conflict", int, 409)
-    if conflict_status not in (200, 409):
+    tenant_from = None
+    tenant_pointer = table.get("tenant_from", str)
+    if tenant_pointer is not None:
+        if "tenant" in table.table:
+            raise table.error("tenant_from", "set tenant or tenant_from, not both")
+        try:
+            tenant_from = JsonPointer.parse(tenant_pointer)
+        except ValueError as exc:
+            raise table.error("tenant_from", str(exc)) from None
+        if not tenant_from.tokens:
+            raise table.error(
+                "tenant_from", 'must point inside the payload (e.g. "/account"), not at all of it'
+            )
+    conflict_status = table.get("on_conflict", int, default_conflict_status(scheme_name))
+    if conflict_status not in CONFLICT_STATUSES:
         raise table.error("on_conflict", f"must be 409 or 200, got {conflict_status}")
     options = table.get("options", dict, {})
     table.no_unknown_keys()
@@ -95,7 +115,7 @@ def _source(path: str, name: str, table: TableReader, env: Mapping[str, str]) ->
         scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
     except SchemeConfigError as exc:
         raise table.error("scheme", str(exc)) from exc
-    return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs))
+    return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs), tenant_from)
 
 
 def _downstream(reader: TableReader, env: Mapping[str, str]) -> DownstreamConfig | None:

@@ -28,6 +28,9 @@ class EffectRequest:
     max_attempts: int
     orphan_policy: str
     lock_key: str | None = None
+    # The fingerprint of the fields this effect says make "the same request"; None: the delivery's,
+    # of the whole payload.
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,7 @@ async def claim_deliveries(
                 "max_attempts": effect.max_attempts,
                 "orphan_policy": effect.orphan_policy,
                 "lock_key": effect.lock_key,
+                "fingerprint": effect.fingerprint or delivery.fingerprint,
             }
             planned.append((d_index, e_index, effect, params))
     # Claim in (tenant, key) order: two requests sharing several keys then lock them in the same order

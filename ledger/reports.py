@@ -549,8 +549,9 @@ async def jobs(
     limit: int | str | None = None,
     cursor: str | None = None,
     now: datetime | None = None,
+    tenant: str | None = None,
 ) -> JobsReport:
-    """Jobs by state (one or several), kind and source, created in [since, until) — both open when absent,
+    """Jobs by state (one or several), kind, source and tenant, created in [since, until) — both open when absent,
     so ``until="1h"`` lists jobs older than an hour. Sorts ``-created`` (default) and ``created``."""
     start, end = _optional_window(since, until, now=_now(now))
     order = _sort(sort, JOB_SORTS, "-created")
@@ -568,6 +569,7 @@ async def jobs(
             "states": parse_states(state),
             "kind": parse_name(kind, "kind"),
             "source": parse_name(source, "source"),
+            "tenant": parse_name(tenant, "tenant"),
             "after_ts": after_ts,
             "after_id": after_id,
             "limit": size + 1,

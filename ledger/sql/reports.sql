@@ -166,7 +166,7 @@ ORDER BY minute DESC, source DESC, reason DESC
 LIMIT %(limit)s;
 
 -- name: report_jobs_desc
--- Jobs created in [since, until) by state, kind and source, newest first.
+-- Jobs created in [since, until) by state, kind, source and tenant, newest first.
 SELECT j.id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts, j.run_at, j.lease_token,
        j.lease_owner, j.lease_expires_at, j.cancel_requested, j.unrecoverable, j.terminal_reason,
        j.terminal_by, j.created_at, j.updated_at, j.finished_at, e.effect_key, e.source, e.event_type
@@ -176,12 +176,13 @@ WHERE j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND (%(states)s::job_state[] IS NULL OR j.state = ANY(%(states)s::job_state[]))
   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
   AND (%(source)s::text IS NULL OR e.source = %(source)s)
+  AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
   AND (%(after_id)s::bigint IS NULL OR (j.created_at, j.id) < (%(after_ts)s::timestamptz, %(after_id)s))
 ORDER BY j.created_at DESC, j.id DESC
 LIMIT %(limit)s;
 
 -- name: report_jobs_asc
--- Jobs created in [since, until) by state, kind and source, oldest first.
+-- Jobs created in [since, until) by state, kind, source and tenant, oldest first.
 SELECT j.id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts, j.run_at, j.lease_token,
        j.lease_owner, j.lease_expires_at, j.cancel_requested, j.unrecoverable, j.terminal_reason,
        j.terminal_by, j.created_at, j.updated_at, j.finished_at, e.effect_key, e.source, e.event_type
@@ -191,6 +192,7 @@ WHERE j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND (%(states)s::job_state[] IS NULL OR j.state = ANY(%(states)s::job_state[]))
   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
   AND (%(source)s::text IS NULL OR e.source = %(source)s)
+  AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
   AND (%(after_id)s::bigint IS NULL OR (j.created_at, j.id) > (%(after_ts)s::timestamptz, %(after_id)s))
 ORDER BY j.created_at, j.id
 LIMIT %(limit)s;
