@@ -44,6 +44,7 @@ from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.reports import InvalidParameter
+from effectgate.ledger.vocabulary import JobState, RefusalCode
 
 from .operator import documents
 
@@ -520,7 +521,11 @@ async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
 
 
 def _refusal(refusal: ledger_jobs.Refused) -> Exception:
-    return NotFound(refusal.detail) if refusal.code == "not_found" else Refused(refusal.code, refusal.detail)
+    return (
+        NotFound(refusal.detail)
+        if refusal.code == RefusalCode.NOT_FOUND
+        else Refused(refusal.code, refusal.detail)
+    )
 
 
 async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
@@ -529,7 +534,7 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
     if refusal is not None:
         raise _refusal(refusal)
     if args.format == "json":
-        _json(out, {"job_id": job_id, "state": "pending"})
+        _json(out, {"job_id": job_id, "state": JobState.PENDING})
     else:
         print(f"job {job_id}: redriven, now pending", file=out)
 
@@ -548,7 +553,7 @@ async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
         raise _refusal(outcome)
     if args.format == "json":
         _json(out, {"job_id": job_id, "state": outcome, "cancel_requested": True})
-    elif outcome == "cancelled":
+    elif outcome == JobState.CANCELLED:
         print(f"job {job_id}: cancelled", file=out)
     else:
         print(f"job {job_id}: cancel requested; it ends cancelled at its worker's next heartbeat", file=out)

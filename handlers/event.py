@@ -1,13 +1,15 @@
 """What a handler is given: the verified event, and a terminal transition as ``on_transition`` sees it.
 
-A module of its own, importing nothing, so the context and the registry can both name ``Event``
-without importing each other.
+A module of its own, importing nothing else of the handler side, so the context and the registry can
+both name ``Event`` without importing each other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from effectgate.ledger.vocabulary import JobState
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,5 +29,5 @@ class Transition:
 
     job_id: int
     effect_key: str
-    state: str
+    state: JobState
     reason: str | None

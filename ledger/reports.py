@@ -26,6 +26,7 @@ from . import jobs as ledger_jobs
 from .db import Conn
 from .errors import LedgerError
 from .queries import Q
+from .vocabulary import JobState
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -51,7 +52,7 @@ JOB_SORTS: dict[str, tuple[LiteralString, str]] = {
     "-created": ("report_jobs_desc", "created_at"),
     "created": ("report_jobs_asc", "created_at"),
 }
-JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled", "parked")
+JOB_STATES = tuple(JobState)
 
 
 class InvalidParameter(LedgerError):
@@ -477,10 +478,10 @@ class EffectView:
     downstream and the answer that came back. ``job`` is ``None`` only if no job was ever created."""
 
     effect: dict[str, Any]
-    job: dict[str, Any] | None
+    job: ledger_jobs.JobRow | None
     deliveries: list[dict[str, Any]]
     rejects: list[dict[str, Any]]
-    attempts: list[dict[str, Any]]
+    attempts: list[ledger_jobs.AttemptRow]
     steps: list[dict[str, Any]]
 
 
@@ -584,8 +585,8 @@ async def jobs(
 class JobView:
     """One job with its effect's key, each attempt and each recorded step."""
 
-    job: dict[str, Any]
-    attempts: list[dict[str, Any]]
+    job: ledger_jobs.JobRow
+    attempts: list[ledger_jobs.AttemptRow]
     steps: list[dict[str, Any]]
 
 

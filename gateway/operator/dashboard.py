@@ -31,6 +31,7 @@ from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 from effectgate.ledger.reports import InvalidParameter
+from effectgate.ledger.vocabulary import REDRIVABLE_STATES, JobState
 
 from . import documents
 from .auth import OperatorToken, authenticate
@@ -468,7 +469,7 @@ def _actions(operator: OperatorToken, job: dict[str, Any]) -> str:
         return ""
     csrf = h(_csrf(operator))
     forms = []
-    if job["state"] in ("failed", "parked"):
+    if job["state"] in REDRIVABLE_STATES:
         force = (
             ' <label><input type="checkbox" name="force" value="true"> force (unrecoverable)</label>'
             if job.get("unrecoverable")
@@ -478,7 +479,7 @@ def _actions(operator: OperatorToken, job: dict[str, Any]) -> str:
             f'<form method="post" action="/ui/jobs/{int(job["id"])}/redrive" style="display:inline">'
             f'<input type="hidden" name="csrf" value="{csrf}"><button name="redrive">Redrive</button>{force}</form>'
         )
-    if job["state"] in ("pending", "running") and not job.get("cancel_requested"):
+    if job["state"] in (JobState.PENDING, JobState.RUNNING) and not job.get("cancel_requested"):
         forms.append(
             f'<form method="post" action="/ui/jobs/{int(job["id"])}/cancel" style="display:inline">'
             f'<input type="hidden" name="csrf" value="{csrf}"><button name="cancel">Cancel</button></form>'
@@ -691,7 +692,7 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
                         conn, request.app.state.registry, job_id, by=f"operator:{operator.name}"
                     )
                     refusal = result if isinstance(result, ledger_jobs.Refused) else None
-                    outcome = "cancelled" if result == "cancelled" else "cancel_requested"
+                    outcome = "cancelled" if result == JobState.CANCELLED else "cancel_requested"
         except InvalidParameter as exc:
             return page("Bad request", f'<p class="error">{h(exc.detail)}</p>', operator, status=400)
         except LedgerError:

@@ -28,7 +28,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from effectgate.handlers.observe import WorkerObserver
+from effectgate.handlers.outcomes import SliceOutcome
 from effectgate.ledger import db, reports
+from effectgate.ledger.vocabulary import DeliveryOutcome
 
 log = logging.getLogger("effectgate.metrics")
 
@@ -216,7 +218,7 @@ def delivery(source: str, outcome: str) -> None:
     DELIVERIES.inc(source, outcome)
 
 
-def claimed(source: str, outcomes: Iterable[str]) -> None:
+def claimed(source: str, outcomes: Iterable[DeliveryOutcome]) -> None:
     """Count one claimed delivery of ``source`` per effect outcome (accepted, duplicate, rejected), or as
     ``unmatched`` when no handler asked for an effect."""
     counted = False
@@ -224,7 +226,7 @@ def claimed(source: str, outcomes: Iterable[str]) -> None:
         DELIVERIES.inc(source, outcome)
         counted = True
     if not counted:
-        DELIVERIES.inc(source, "unmatched")
+        DELIVERIES.inc(source, DeliveryOutcome.UNMATCHED)
 
 
 def verification_failure(source: str, reason: str) -> None:
@@ -237,7 +239,7 @@ def claim_latency(seconds: float) -> None:
     CLAIM_LATENCY.observe(seconds)
 
 
-def job_run(kind: str, outcome: str, seconds: float) -> None:
+def job_run(kind: str, outcome: SliceOutcome, seconds: float) -> None:
     """Record how long one job slice of ``kind`` ran and how it ended."""
     JOB_RUN_TIME.observe(seconds, kind, outcome)
 
