@@ -37,6 +37,13 @@ class DeliveryOutcome(StrEnum):
     UNMATCHED = "unmatched"  # no handler asked for the event
 
 
+class StepStatus(StrEnum):
+    """How a recorded step ended (``steps.status``): its result, or the terminal error it raised."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
 class RefusalCode(StrEnum):
     """Why an operator action on a job was not carried out."""
 
