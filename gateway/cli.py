@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,17 @@ def database_url() -> str:
     if url:
         return url
     return embedded.start(embedded.home_dir() / "pgdata")
+
+
+def run_on_ledger(command: Callable[[db.Conn], Awaitable[None]]) -> None:
+    """Run ``command`` with one connection to the ledger (``database_url()``) in a new event loop."""
+
+    async def main() -> None:
+        conn = await db.connect(database_url())
+        async with conn:
+            await command(conn)
+
+    asyncio.run(main())
 
 
 async def _migrate(url: str) -> list[str]:
@@ -305,7 +316,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_fake_providers(args: argparse.Namespace) -> int:
-    from effectgate.handlers.fake_providers import serve
+    from .testing.fake_providers import serve
 
     serve(args.host, args.port)
     return EXIT_OK
@@ -620,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     dd.add_argument("--url", default="http://127.0.0.1:8000")
     dd.add_argument("--order", default="1234")
     dd.set_defaults(func=cmd_demo_delivery)
-    operator_cli.register(sub)
+    operator_cli.register(sub, run_on_ledger)
     return parser
 
 

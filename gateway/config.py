@@ -19,11 +19,15 @@ from typing import Any
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
 from effectgate.handlers.worker import WorkerConfig
+from effectgate.ledger.pointers import JsonPointer
 from effectgate.ledger.reconciler import ReconcilerConfig
 
 from . import guard
 from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
+from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .signatures import Scheme, SchemeConfigError, build_scheme
+from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
+from .toml_reader import TableReader
 
 DEFAULT_CONFIG_FILE = "effectgate.toml"
 DEFAULT_HOST = "127.0.0.1"
@@ -33,20 +37,21 @@ DEFAULT_POOL_MAX = 10
 DEFAULT_SESSION_TTL = 8 * 3600.0
 
 
-class ConfigError(Exception):
-    """The configuration is invalid; the message names the file and the key."""
-
-
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A configured webhook source: its name, verifier, tenant and conflict answer."""
+    """A configured webhook source: its name, verifier, tenant and conflict answer.
+
+    ``tenant_from``, when set, takes each event's tenant from its payload (Stripe Connect's
+    ``/account``) instead of the one static ``tenant``.
+    """
 
     name: str
     scheme_name: str
     scheme: Scheme
     tenant: str
-    conflict_status: int
+    conflict_status: ConflictStatus
     secret_envs: tuple[str, ...]
+    tenant_from: JsonPointer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,65 +136,7 @@ def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str,
     return tuple(entries)
 
 
-class _Reader:
-    """Typed access to one TOML table that remembers where it is, for error messages."""
-
-    def __init__(self, path: str, prefix: str, table: Mapping[str, Any]) -> None:
-        self.path = path
-        self.prefix = prefix
-        self.table = table
-        self.used: set[str] = set()
-
-    def error(self, key: str, what: str) -> ConfigError:
-        where = f"{self.prefix}.{key}" if self.prefix else key
-        return ConfigError(f"{self.path}: {where}: {what}")
-
-    def get(
-        self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False
-    ) -> Any:
-        self.used.add(key)
-        if key not in self.table:
-            if required:
-                raise self.error(key, "is required")
-            return default
-        value = self.table[key]
-        # bool is an int to Python; a port of `true` is still a mistake.
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise self.error(key, f"must be {_kind_name(kind)}, not a boolean")
-        if not isinstance(value, kind):
-            raise self.error(key, f"must be {_kind_name(kind)}, not {type(value).__name__} {value!r}")
-        return value
-
-    def number(self, key: str, default: float, *, minimum: float, integer: bool = False) -> Any:
-        value = self.get(key, int if integer else (int, float), default)
-        if value < minimum:
-            raise self.error(key, f"must be >= {minimum:g}, got {value!r}")
-        return value
-
-    def table_of(self, key: str) -> _Reader:
-        value = self.get(key, dict, {})
-        return _Reader(self.path, f"{self.prefix}.{key}" if self.prefix else key, value)
-
-    def no_unknown_keys(self) -> None:
-        for key in self.table:
-            if key not in self.used:
-                raise self.error(key, "is not a known setting (a typo?)")
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a table",
-        bool: "a boolean",
-    }
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Source:
+def _source(path: str, name: str, table: TableReader, env: Mapping[str, str]) -> Source:
     scheme_name = table.get("scheme", str, required=True)
     secret_envs = table.get("secrets", list, required=True)
     if not secret_envs or not all(isinstance(s, str) and s for s in secret_envs):
@@ -206,8 +153,21 @@ def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Sou
     tenant = table.get("tenant", str, "default")
     if not tenant:
         raise table.error("tenant", "must not be empty")
-    conflict_status = table.get("on_conflict", int, 409)
-    if conflict_status not in (200, 409):
+    tenant_from = None
+    tenant_pointer = table.get("tenant_from", str)
+    if tenant_pointer is not None:
+        if "tenant" in table.table:
+            raise table.error("tenant_from", "set tenant or tenant_from, not both")
+        try:
+            tenant_from = JsonPointer.parse(tenant_pointer)
+        except ValueError as exc:
+            raise table.error("tenant_from", str(exc)) from None
+        if not tenant_from.tokens:
+            raise table.error(
+                "tenant_from", 'must point inside the payload (e.g. "/account"), not at all of it'
+            )
+    conflict_status = table.get("on_conflict", int, default_conflict_status(scheme_name))
+    if conflict_status not in CONFLICT_STATUSES:
         raise table.error("on_conflict", f"must be 409 or 200, got {conflict_status}")
     options = table.get("options", dict, {})
     table.no_unknown_keys()
@@ -215,17 +175,17 @@ def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Sou
         scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
     except SchemeConfigError as exc:
         raise table.error("scheme", str(exc)) from exc
-    return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs))
+    return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs), tenant_from)
 
 
-def _forwarded_allow_ips(gw: _Reader) -> tuple[str, ...]:
+def _forwarded_allow_ips(gw: TableReader) -> tuple[str, ...]:
     try:
         return parse_forwarded_allow_ips(gw.get("forwarded_allow_ips", list, []))
     except ValueError as exc:
         raise gw.error("forwarded_allow_ips", str(exc)) from exc
 
 
-def _tracing(reader: _Reader) -> TracingConfig | None:
+def _tracing(reader: TableReader) -> TracingConfig | None:
     if not reader.table:
         return None
     endpoint = reader.get("endpoint", str, required=True)
@@ -248,7 +208,7 @@ def _tracing(reader: _Reader) -> TracingConfig | None:
     return config
 
 
-def _downstream(reader: _Reader, env: Mapping[str, str]) -> DownstreamConfig | None:
+def _downstream(reader: TableReader, env: Mapping[str, str]) -> DownstreamConfig | None:
     if not reader.table:
         return None
     base_url = reader.get("base_url", str, required=True)
@@ -276,7 +236,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    root = _Reader(path, "", data)
+    root = TableReader(path, "", data)
 
     gw = root.table_of("gateway")
     gateway = GatewayConfig(
@@ -366,7 +326,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     )
 
 
-def _secret(reader: _Reader, key: str, env: Mapping[str, str]) -> str | None:
+def _secret(reader: TableReader, key: str, env: Mapping[str, str]) -> str | None:
     var = reader.get(key, str)
     if var is None:
         return None
@@ -378,14 +338,14 @@ def _secret(reader: _Reader, key: str, env: Mapping[str, str]) -> str | None:
     return value
 
 
-def _dashboard(reader: _Reader, env: Mapping[str, str]) -> DashboardConfig:
+def _dashboard(reader: TableReader, env: Mapping[str, str]) -> DashboardConfig:
     secret = _secret(reader, "session_secret_env", env)
     ttl = reader.number("session_ttl", DEFAULT_SESSION_TTL, minimum=60)
     reader.no_unknown_keys()
     return DashboardConfig(None if secret is None else secret.encode("utf-8"), ttl)
 
 
-def _metrics_token(reader: _Reader, env: Mapping[str, str]) -> bytes | None:
+def _metrics_token(reader: TableReader, env: Mapping[str, str]) -> bytes | None:
     token = _secret(reader, "token_env", env)
     reader.no_unknown_keys()
     return None if token is None else hashlib.sha256(token.encode("utf-8")).digest()

@@ -25,14 +25,13 @@ Exit codes scripts can rely on:
        unrecoverable_requires_force, lock_key_held, not_cancellable)
 
 These commands read and act on the ledger directly (``DATABASE_URL``, or the embedded Postgres); they
-need no configuration file and no running gateway. Like ``gateway/cli.py``, this module is part of the
-composition root, so it runs the async ledger calls itself.
+need no configuration file and no running gateway. The event loop is gateway/cli.py's: it passes in the
+runner that connects and runs each command.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import getpass
 import importlib
@@ -48,6 +47,7 @@ from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS, REPORTS, ReportSpec
+from effectgate.ledger.vocabulary import JobState, RefusalCode
 
 from .operator import documents, reporting
 from .operator.params import PARAMETER_ERRORS, BadParameter, parse_id, parse_name
@@ -75,22 +75,17 @@ class Refused(Exception):
 
 
 Command = Callable[[db.Conn, argparse.Namespace, TextIO], Awaitable[None]]
+# Runs an async function of a ledger connection to completion. The composition root (gateway/cli.py)
+# passes it in, so the event loop and the database URL are chosen in one place and this module does
+# not import the CLI that imports it.
+LedgerRunner = Callable[[Callable[[db.Conn], Awaitable[None]]], None]
 
 
-def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+def _run(command: Command, run_on_ledger: LedgerRunner) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        # Imported here: gateway.cli imports this module to register its commands.
-        from .cli import database_url
-
         out = sys.stdout
-
-        async def main() -> None:
-            conn = await db.connect(database_url())
-            async with conn:
-                await command(conn, args, out)
-
         try:
-            asyncio.run(main())
+            run_on_ledger(lambda conn: command(conn, args, out))
         except PARAMETER_ERRORS as exc:
             flag = _FLAGS.get(exc.parameter, "--" + exc.parameter.replace("_", "-"))
             print(f"effectgate: {flag}: {exc.detail} [{exc.code}]", file=sys.stderr)
@@ -494,7 +489,11 @@ async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
 
 
 def _refusal(refusal: ledger_jobs.Refused) -> Exception:
-    return NotFound(refusal.detail) if refusal.code == "not_found" else Refused(refusal.code, refusal.detail)
+    return (
+        NotFound(refusal.detail)
+        if refusal.code == RefusalCode.NOT_FOUND
+        else Refused(refusal.code, refusal.detail)
+    )
 
 
 async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
@@ -503,7 +502,7 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
     if refusal is not None:
         raise _refusal(refusal)
     if args.format == "json":
-        _json(out, {"job_id": job_id, "state": "pending"})
+        _json(out, {"job_id": job_id, "state": JobState.PENDING})
     else:
         print(f"job {job_id}: redriven, now pending", file=out)
 
@@ -520,7 +519,7 @@ async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
         raise _refusal(outcome)
     if args.format == "json":
         _json(out, {"job_id": job_id, "state": outcome, "cancel_requested": True})
-    elif outcome == "cancelled":
+    elif outcome == JobState.CANCELLED:
         print(f"job {job_id}: cancelled", file=out)
     else:
         print(f"job {job_id}: cancel requested; it ends cancelled at its worker's next heartbeat", file=out)
@@ -543,7 +542,7 @@ def _report_flags(p: argparse.ArgumentParser, spec: ReportSpec) -> None:
     _output(p)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_ledger: LedgerRunner) -> None:
     """Add the ``ledger`` and ``jobs`` commands to the ``effectgate`` parser."""
     ledger = sub.add_parser("ledger", help="duplicate and reject reports, effect lineage", epilog=_EPILOG)
     reports_sub = ledger.add_subparsers(dest="report", required=True, metavar="REPORT")
@@ -553,32 +552,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             reporting.slug(spec), help=spec.title[:1].lower() + spec.title[1:], epilog=_EPILOG
         )
         _report_flags(command, spec)
-        command.set_defaults(func=_run(report_command(spec)))
+        command.set_defaults(func=_run(report_command(spec), run_on_ledger))
 
     rej = reports_sub.add_parser("rejects", help="key conflicts and authentication failures", epilog=_EPILOG)
     _report_flags(rej, KEY_CONFLICTS)
     rej.add_argument(
         "--kind", choices=["all", "conflicts", "auth"], default="all", help="which rejects (default: all)"
     )
-    rej.set_defaults(func=_run(cmd_rejects))
+    rej.set_defaults(func=_run(cmd_rejects, run_on_ledger))
 
     show = reports_sub.add_parser("show", help="one effect from delivery to outcome", epilog=_EPILOG)
     show.add_argument("key", metavar="KEY", help="the logical effect key")
     show.add_argument("--tenant", help="the tenant holding the key (needed only when several do)")
     _output(show)
-    show.set_defaults(func=_run(cmd_show))
+    show.set_defaults(func=_run(cmd_show, run_on_ledger))
 
     jobs = sub.add_parser("jobs", help="list, show, redrive and cancel jobs", epilog=_EPILOG)
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
 
     listing = jobs_sub.add_parser("list", help="jobs by state, kind, source and age", epilog=_EPILOG)
     _report_flags(listing, JOBS)
-    listing.set_defaults(func=_run(cmd_jobs_list))
+    listing.set_defaults(func=_run(cmd_jobs_list, run_on_ledger))
 
     show_job = jobs_sub.add_parser("show", help="one job with its attempts and steps", epilog=_EPILOG)
     show_job.add_argument("job_id", metavar="JOB_ID")
     _output(show_job)
-    show_job.set_defaults(func=_run(cmd_jobs_show))
+    show_job.set_defaults(func=_run(cmd_jobs_show, run_on_ledger))
 
     redrive = jobs_sub.add_parser(
         "redrive", help="put a failed or parked job back to pending", epilog=_EPILOG
@@ -586,7 +585,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     redrive.add_argument("job_id", metavar="JOB_ID")
     redrive.add_argument("--force", action="store_true", help="redrive an unrecoverable failure too")
     _output(redrive)
-    redrive.set_defaults(func=_run(cmd_jobs_redrive))
+    redrive.set_defaults(func=_run(cmd_jobs_redrive, run_on_ledger))
 
     cancel = jobs_sub.add_parser("cancel", help="cancel a pending or running job", epilog=_EPILOG)
     cancel.add_argument("job_id", metavar="JOB_ID")
@@ -598,4 +597,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="import this handler module so its kind's on_transition mirrors the cancel (repeatable)",
     )
     _output(cancel)
-    cancel.set_defaults(func=_run(cmd_jobs_cancel))
+    cancel.set_defaults(func=_run(cmd_jobs_cancel, run_on_ledger))

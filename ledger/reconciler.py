@@ -20,6 +20,7 @@ from datetime import datetime
 
 from .db import Conn
 from .queries import Q
+from .vocabulary import JobState
 
 DEFAULT_TICK = 15.0
 DEFAULT_PENDING_TTL = 900.0
@@ -47,7 +48,7 @@ class Repaired:
     job_id: int
     kind: str
     effect_key: str
-    state: str
+    state: JobState
     reason: str | None
 
 
@@ -215,7 +216,11 @@ class Reconciler:
             # A savepoint per job: the kind's hook commits with the transition or neither does.
             async with conn.transaction():
                 repaired = await self._rescue_one(conn, params)
-                if repaired is not None and repaired.state != "pending" and self.on_transition is not None:
+                if (
+                    repaired is not None
+                    and repaired.state != JobState.PENDING
+                    and self.on_transition is not None
+                ):
                     await self.on_transition(conn, repaired)
         except Exception as exc:
             if repaired is None:
@@ -227,12 +232,16 @@ class Reconciler:
                 repaired = await self._rescue_one(conn, params)
         if repaired is not None:
             result.repaired.append(repaired)
-            {"pending": result.redriven, "parked": result.parked, "cancelled": result.cancelled}[
-                repaired.state
-            ].append(repaired.job_id)
+            {
+                JobState.PENDING: result.redriven,
+                JobState.PARKED: result.parked,
+                JobState.CANCELLED: result.cancelled,
+            }[repaired.state].append(repaired.job_id)
 
     async def _rescue_one(self, conn: Conn, params: Mapping[str, object]) -> Repaired | None:
         row = await (await conn.execute(Q["job_rescue_if_expired"], params)).fetchone()
         if row is None:
             return None
-        return Repaired(row["id"], row["kind"], row["effect_key"], row["state"], row["terminal_reason"])
+        return Repaired(
+            row["id"], row["kind"], row["effect_key"], JobState(row["state"]), row["terminal_reason"]
+        )

@@ -39,6 +39,7 @@ from .report_spec import (
     fetch,
     run,
 )
+from .vocabulary import JobState
 
 __all__ = [
     "AUTH_FAILURES",
@@ -70,7 +71,7 @@ DEFAULT_WINDOW = timedelta(hours=24)
 MAX_KEY_LENGTH = 1000
 # A diff of two large payloads is cut here: the first differences say what went wrong, the hundredth does not.
 MAX_DIFF_ENTRIES = 100
-JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled", "parked")
+JOB_STATES = tuple(JobState)
 
 T = ColumnType
 _SOURCE = Filter("source", FilterType.NAME, "Only this webhook source.")
@@ -237,6 +238,7 @@ JOBS = ReportSpec(
         Filter("state", FilterType.STATES, "One state or several, comma-separated: " + ", ".join(JOB_STATES)),
         Filter("kind", FilterType.NAME, "Only this handler kind."),
         _SOURCE,
+        _TENANT,
     ),
     sorts=_sorts(
         ("-created", ("j.created_at", "j.id"), "newest first"),
@@ -342,10 +344,10 @@ class EffectView:
     downstream and the answer that came back. ``job`` is ``None`` only if no job was ever created."""
 
     effect: dict[str, Any]
-    job: dict[str, Any] | None
+    job: ledger_jobs.JobRow | None
     deliveries: list[dict[str, Any]]
     rejects: list[dict[str, Any]]
-    attempts: list[dict[str, Any]]
+    attempts: list[ledger_jobs.AttemptRow]
     steps: list[dict[str, Any]]
 
 
@@ -392,8 +394,8 @@ async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None)
 class JobView:
     """One job with its effect's key, each attempt and each recorded step."""
 
-    job: dict[str, Any]
-    attempts: list[dict[str, Any]]
+    job: ledger_jobs.JobRow
+    attempts: list[ledger_jobs.AttemptRow]
     steps: list[dict[str, Any]]
 
 

@@ -37,6 +37,7 @@ from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 from effectgate.ledger.reports import REPORTS, ReportSpec
+from effectgate.ledger.vocabulary import JobState, RefusalCode
 
 from . import documents, openapi, reporting
 from .auth import AuthFailure, OperatorToken, authenticate
@@ -145,7 +146,7 @@ async def job_show(request: Request, conn: db.Conn, who: OperatorToken, query: Q
 
 
 def _refused(refusal: ledger_jobs.Refused) -> Response:
-    return error(404 if refusal.code == "not_found" else 409, refusal.code, refusal.detail)
+    return error(404 if refusal.code == RefusalCode.NOT_FOUND else 409, refusal.code, refusal.detail)
 
 
 @endpoint("operate", ("force",))
@@ -165,7 +166,7 @@ async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
     )
     if refusal is not None:
         return _refused(refusal)
-    return json_response({"job_id": job_id, "state": "pending"})
+    return json_response({"job_id": job_id, "state": JobState.PENDING})
 
 
 @endpoint("operate", ("reason",))

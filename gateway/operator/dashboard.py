@@ -47,6 +47,7 @@ from effectgate.ledger.reports import (
     KEY_CONFLICTS,
     REPORTS,
 )
+from effectgate.ledger.vocabulary import JobState
 
 from . import documents, reporting, sessions
 from .auth import OperatorToken, authenticate
@@ -746,7 +747,7 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
                         conn, request.app.state.registry, job_id, by=f"operator:{operator.name}"
                     )
                     refusal = result if isinstance(result, ledger_jobs.Refused) else None
-                    outcome = "cancelled" if result == "cancelled" else "cancel_requested"
+                    outcome = "cancelled" if result == JobState.CANCELLED else "cancel_requested"
         except PARAMETER_ERRORS as exc:
             return message("Bad request", exc.detail, operator, status=400)
         except LedgerError:

@@ -105,7 +105,7 @@ ORDER BY {order}
 LIMIT %(limit)s;
 
 -- name: report_jobs
--- Jobs created in [since, until) (either end open when NULL) by state, kind and source: one keyset page.
+-- Jobs created in [since, until) (either end open when NULL) by state, kind, source and tenant: one keyset page.
 SELECT j.id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts, j.run_at, j.lease_token,
        j.lease_owner, j.lease_expires_at, j.cancel_requested, j.unrecoverable, j.terminal_reason,
        j.terminal_by, j.created_at, j.updated_at, j.finished_at, e.effect_key, e.source, e.event_type
@@ -115,6 +115,7 @@ WHERE j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND (%(state)s::job_state[] IS NULL OR j.state = ANY(%(state)s::job_state[]))
   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
   AND (%(source)s::text IS NULL OR e.source = %(source)s)
+  AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
   AND {after}
 ORDER BY {order}
 LIMIT %(limit)s;

@@ -333,6 +333,8 @@ async def test_jobs_by_state_kind_source_and_age(conn: db.Conn) -> None:
     ]
     assert [j["kind"] for j in (await jobs(conn, kind="ship_order", now=NOW)).items] == ["ship_order"]
     assert [j["source"] for j in (await jobs(conn, source="shopify", now=NOW)).items] == ["shopify"]
+    assert [j["effect_key"] for j in (await jobs(conn, tenant="acme", now=NOW)).items] == ["ship:9"]
+    assert (await jobs(conn, tenant="nobody", now=NOW)).items == []
     older = await jobs(conn, until="3h", sort="created", now=NOW)
     assert [j["effect_key"] for j in older.items] == ["order-paid:old", "order-paid:1234", "ship:9"]
     seen, cursor = [], None
@@ -351,6 +353,7 @@ async def test_jobs_by_state_kind_source_and_age(conn: db.Conn) -> None:
         ({"state": "failed,"}, "invalid_state"),
         ({"state": ""}, "invalid_state"),
         ({"kind": ""}, "invalid_kind"),
+        ({"tenant": ""}, "invalid_tenant"),
         ({"sort": "-last_seen"}, "invalid_sort"),
         ({"since": "1h", "until": "2h"}, "invalid_until"),
         ({"cursor": "nope"}, "invalid_cursor"),
