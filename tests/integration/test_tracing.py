@@ -19,11 +19,11 @@ from opentelemetry.trace import StatusCode
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
+from effectgate.gateway.testing.fake_providers import create_app as create_fake
 from effectgate.handlers import tracing
 from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.examples.commerce import fulfil_order, order_key
-from effectgate.handlers.fake_providers import create_app as create_fake
 from effectgate.handlers.payments import PaymentsClient
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.shipping import ShippingClient
