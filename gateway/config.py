@@ -1,7 +1,8 @@
 """Loading and validating ``effectgate.toml``.
 
-Every mistake is reported at start, naming the file, the key and what is wrong; secrets are named
-by the environment variables that hold them and never read from the file itself.
+Every mistake is reported at start, all of them at once, naming the file, the key and what is wrong
+(with a "did you mean" for a misspelt key); secrets are named by the environment variables that hold
+them and never read from the file itself.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import hashlib
 import importlib
 import ipaddress
 import os
+import sys
 import tomllib
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,9 @@ DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_POOL_MAX = 10
 DEFAULT_SESSION_TTL = 8 * 3600.0
+# How long a process starting while Postgres is unreachable keeps trying before it exits 1: long enough
+# for a database container started alongside it to come up, short enough that a wrong host is noticed.
+DEFAULT_STARTUP_WAIT = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,14 @@ class DashboardConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DatabaseConfig:
+    """How a process meets its database at start ([database]; the URL itself is ``DATABASE_URL``)."""
+
+    # Seconds a starting process retries an unreachable Postgres before it gives up (0: try once).
+    startup_wait: float = DEFAULT_STARTUP_WAIT
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration of one effectgate deployment."""
 
@@ -109,6 +123,7 @@ class Config:
     metrics_token_sha256: bytes | None = None
     # OpenTelemetry export ([tracing]); None: no spans, and nothing of OpenTelemetry imported.
     tracing: TracingConfig | None = None
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
 
 
 def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -136,45 +151,52 @@ def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str,
     return tuple(entries)
 
 
-def _source(path: str, name: str, table: TableReader, env: Mapping[str, str]) -> Source:
+def _source(name: str, table: TableReader, env: Mapping[str, str]) -> Source | None:
     scheme_name = table.get("scheme", str, required=True)
     secret_envs = table.get("secrets", list, required=True)
-    if not secret_envs or not all(isinstance(s, str) and s for s in secret_envs):
-        raise table.error("secrets", "must be a non-empty list of environment variable names")
-    secrets = []
-    for var in secret_envs:
-        value = env.get(var)
-        if not value:
-            raise table.error("secrets", f"environment variable {var} is not set (or empty)")
-        secrets.append(value)
+    secrets: list[str] = []
+    if secret_envs is not None:
+        if not secret_envs or not all(isinstance(s, str) and s for s in secret_envs):
+            table.problem("secrets", "must be a non-empty list of environment variable names")
+        else:
+            for var in secret_envs:
+                value = env.get(var)
+                if not value:
+                    table.problem("secrets", f"environment variable {var} is not set (or empty)")
+                else:
+                    secrets.append(value)
     tolerance = table.get("tolerance", int)
     if tolerance is not None and tolerance < 1:
-        raise table.error("tolerance", f"must be >= 1 second, got {tolerance}")
+        table.problem("tolerance", f"must be >= 1 second, got {tolerance}")
     tenant = table.get("tenant", str, "default")
     if not tenant:
-        raise table.error("tenant", "must not be empty")
+        table.problem("tenant", "must not be empty")
     tenant_from = None
     tenant_pointer = table.get("tenant_from", str)
     if tenant_pointer is not None:
         if "tenant" in table.table:
-            raise table.error("tenant_from", "set tenant or tenant_from, not both")
+            table.problem("tenant_from", "set tenant or tenant_from, not both")
         try:
             tenant_from = JsonPointer.parse(tenant_pointer)
         except ValueError as exc:
-            raise table.error("tenant_from", str(exc)) from None
-        if not tenant_from.tokens:
-            raise table.error(
-                "tenant_from", 'must point inside the payload (e.g. "/account"), not at all of it'
-            )
-    conflict_status = table.get("on_conflict", int, default_conflict_status(scheme_name))
+            table.problem("tenant_from", str(exc))
+        else:
+            if not tenant_from.tokens:
+                table.problem(
+                    "tenant_from", 'must point inside the payload (e.g. "/account"), not at all of it'
+                )
+    conflict_status = table.get("on_conflict", int, default_conflict_status(scheme_name or ""))
     if conflict_status not in CONFLICT_STATUSES:
-        raise table.error("on_conflict", f"must be 409 or 200, got {conflict_status}")
+        table.problem("on_conflict", f"must be 409 or 200, got {conflict_status}")
     options = table.get("options", dict, {})
     table.no_unknown_keys()
+    if table.failed:
+        return None
     try:
         scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
     except SchemeConfigError as exc:
-        raise table.error("scheme", str(exc)) from exc
+        table.problem("scheme", str(exc))
+        return None
     return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs), tenant_from)
 
 
@@ -182,7 +204,8 @@ def _forwarded_allow_ips(gw: TableReader) -> tuple[str, ...]:
     try:
         return parse_forwarded_allow_ips(gw.get("forwarded_allow_ips", list, []))
     except ValueError as exc:
-        raise gw.error("forwarded_allow_ips", str(exc)) from exc
+        gw.problem("forwarded_allow_ips", str(exc))
+        return ()
 
 
 def _tracing(reader: TableReader) -> TracingConfig | None:
@@ -191,20 +214,24 @@ def _tracing(reader: TableReader) -> TracingConfig | None:
     endpoint = reader.get("endpoint", str, required=True)
     service_name = reader.get("service_name", str, "effectgate")
     if not service_name:
-        raise reader.error("service_name", "must not be empty")
+        reader.problem("service_name", "must not be empty")
     sample_ratio = reader.number("sample_ratio", 1.0, minimum=0)
     if sample_ratio > 1:
-        raise reader.error("sample_ratio", f"must be <= 1, got {sample_ratio!r}")
+        reader.problem("sample_ratio", f"must be <= 1, got {sample_ratio!r}")
     timeout = reader.number("timeout", 10.0, minimum=0.001)
     reader.no_unknown_keys()
+    if reader.failed:
+        return None
     try:
         config = TracingConfig(endpoint, service_name, float(sample_ratio), float(timeout))
     except ValueError as exc:
-        raise reader.error("endpoint", str(exc)) from exc
+        reader.problem("endpoint", str(exc))
+        return None
     try:
         check_available()
     except TracingUnavailable as exc:
-        raise ConfigError(f"{reader.path}: {reader.prefix}: {exc}") from exc
+        reader.problems.append(f"{reader.path}: {reader.prefix}: {exc}")
+        return None
     return config
 
 
@@ -217,20 +244,23 @@ def _downstream(reader: TableReader, env: Mapping[str, str]) -> DownstreamConfig
     if api_key_env:
         api_key = env.get(api_key_env)
         if not api_key:
-            raise reader.error("api_key_env", f"environment variable {api_key_env} is not set (or empty)")
+            reader.problem("api_key_env", f"environment variable {api_key_env} is not set (or empty)")
     timeout = reader.number("timeout", 10.0, minimum=0.001)
     connect_timeout = reader.number("connect_timeout", 5.0, minimum=0.001)
     reader.no_unknown_keys()
+    if reader.failed:
+        return None
     try:
         return DownstreamConfig(
             base_url=base_url, api_key=api_key, timeout=timeout, connect_timeout=connect_timeout
         )
     except ValueError as exc:
-        raise reader.error("base_url", str(exc)) from exc
+        reader.problem("base_url", str(exc))
+        return None
 
 
 def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = None) -> Config:
-    """Validate a configuration text; raises ``ConfigError`` naming the file and key."""
+    """Validate a configuration text; raises ``ConfigError`` naming the file and key of every mistake."""
     env = os.environ if env is None else env
     try:
         data = tomllib.loads(text)
@@ -253,8 +283,12 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         ),
     )
     if gateway.port > 65535:
-        raise gw.error("port", f"must be <= 65535, got {gateway.port}")
+        gw.problem("port", f"must be <= 65535, got {gateway.port}")
     gw.no_unknown_keys()
+
+    dbt = root.table_of("database")
+    database = DatabaseConfig(startup_wait=dbt.number("startup_wait", DEFAULT_STARTUP_WAIT, minimum=0))
+    dbt.no_unknown_keys()
 
     rc = root.table_of("reconciler")
     try:
@@ -266,14 +300,16 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
             * rc.number("signature_failure_retention_days", 30, minimum=0.001),
         )
     except ValueError as exc:
-        raise rc.error("tick", str(exc)) from exc
+        rc.problem("tick", str(exc))
+        reconciler = ReconcilerConfig()
     rc.no_unknown_keys()
 
     wk = root.table_of("worker")
     backoff_base = wk.number("backoff_base", 1.0, minimum=0)
     backoff_cap = wk.number("backoff_cap", 600.0, minimum=0)
     if backoff_cap < backoff_base:
-        raise wk.error("backoff_cap", f"must be >= backoff_base ({backoff_base:g}), got {backoff_cap:g}")
+        wk.problem("backoff_cap", f"must be >= backoff_base ({backoff_base:g}), got {backoff_cap:g}")
+        backoff_cap = backoff_base
     worker = WorkerConfig(
         concurrency=wk.number("concurrency", 4, minimum=1, integer=True),
         poll_interval=wk.number("poll_interval", 2.0, minimum=0.001),
@@ -287,19 +323,24 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     hd = root.table_of("handlers")
     modules = hd.get("modules", list, [])
     if not all(isinstance(m, str) and m for m in modules):
-        raise hd.error("modules", "must be a list of importable module names")
+        hd.problem("modules", "must be a list of importable module names")
+        modules = []
     hd.no_unknown_keys()
 
     src = root.table_of("sources")
     sources = {}
     for name in src.table:
         if not isinstance(src.table[name], dict):
-            raise src.error(name, "must be a table ([sources.NAME])")
+            src.problem(name, "must be a table ([sources.NAME])")
+            continue
         if not name.replace("-", "").replace("_", "").isalnum():
-            raise src.error(name, "source names may use letters, digits, '-' and '_' only")
-        sources[name] = _source(path, name, src.table_of(name), env)
-    if not sources:
-        raise ConfigError(f"{path}: sources: at least one [sources.NAME] table is required")
+            src.problem(name, "source names may use letters, digits, '-' and '_' only")
+            continue
+        source = _source(name, src.table_of(name), env)
+        if source is not None:
+            sources[name] = source
+    if not src.table and not src.failed:
+        root.problems.append(f"{path}: sources: at least one [sources.NAME] table is required")
 
     ds = root.table_of("downstream")
     payments = _downstream(ds.table_of("payments"), env)
@@ -311,6 +352,8 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     metrics_token_sha256 = _metrics_token(root.table_of("metrics"), env)
     tracing = _tracing(root.table_of("tracing"))
     root.no_unknown_keys()
+    if root.problems:
+        raise ConfigError(*root.problems)
     return Config(
         path=path,
         sources=sources,
@@ -323,6 +366,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         dashboard=dashboard,
         metrics_token_sha256=metrics_token_sha256,
         tracing=tracing,
+        database=database,
     )
 
 
@@ -332,9 +376,11 @@ def _secret(reader: TableReader, key: str, env: Mapping[str, str]) -> str | None
         return None
     value = env.get(var, "")
     if not value:
-        raise reader.error(key, f"environment variable {var} is not set (or empty)")
+        reader.problem(key, f"environment variable {var} is not set (or empty)")
+        return None
     if len(value) < MIN_TOKEN_LENGTH:
-        raise reader.error(key, f"the secret in {var} is shorter than {MIN_TOKEN_LENGTH} characters")
+        reader.problem(key, f"the secret in {var} is shorter than {MIN_TOKEN_LENGTH} characters")
+        return None
     return value
 
 
@@ -365,12 +411,55 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) 
     return parse(text, path=str(p), env=env)
 
 
+def app_dir(config: Config) -> Path:
+    """Where handler modules are looked for first: the configuration file's directory, or the
+    current directory when the configuration did not come from a file."""
+    path = Path(config.path)
+    return path.resolve().parent if path.is_file() else Path.cwd()
+
+
 def import_handlers(config: Config) -> None:
-    """Import the configured handler modules, which register their effects on import."""
+    """Import the configured handler modules, which register their effects on import.
+
+    The configuration file's directory goes first on ``sys.path`` (as uvicorn's ``--app-dir`` does), so
+    a handler module kept next to ``effectgate.toml`` imports without ``PYTHONPATH``, from any working
+    directory and in every process of ``serve --workers N``. Every module that fails is reported at
+    once, with the error and what to do about it.
+    """
+    directory = str(app_dir(config))
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    where = f"{directory} (the configuration file's directory)" if Path(config.path).is_file() else directory
+    problems = []
     for module in config.handler_modules:
         try:
             importlib.import_module(module)
         except Exception as exc:
-            raise ConfigError(
-                f"{config.path}: handlers.modules: cannot import {module!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+            problems.append(
+                f"{config.path}: handlers.modules: cannot import {module!r}: {_import_failure(module, exc, where)}"
+            )
+    if problems:
+        raise ConfigError(*problems)
+
+
+def _import_failure(module: str, exc: Exception, where: str) -> str:
+    """What went wrong importing ``module``, and how to fix it."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing is not None and (module == missing or module.startswith(missing + ".")):
+        return (
+            f"{type(exc).__name__}: {exc}. It was looked for in {where} and on the Python path; put the module there (a dotted name is a "
+            "package path: 'myapp.handlers' is myapp/handlers.py), install it into this "
+            "environment, or add its parent directory to PYTHONPATH"
+        )
+    if missing is not None:
+        return (
+            f"{type(exc).__name__}: {exc}; the module was found, but it imports {missing!r}, which "
+            "is not installed in this environment"
+        )
+    frames = traceback.extract_tb(exc.__traceback__)
+    # The innermost frame outside the import machinery is the line of the user's module that failed.
+    user = [f for f in frames if "importlib" not in f.filename]
+    at = f" (at {user[-1].filename}:{user[-1].lineno})" if user else ""
+    if isinstance(exc, SyntaxError):
+        at = ""  # its message already names the file and line
+    return f"{type(exc).__name__}: {exc}{at}; the module was found, but importing it raised this error"

@@ -86,43 +86,55 @@ def authenticate(
 
 
 def read_operators(root: TableReader, env: Mapping[str, str]) -> tuple[OperatorToken, ...]:
-    """The ``[[operators]]`` tables of a configuration; a mistake names the file and the key."""
+    """The ``[[operators]]`` tables of a configuration; each mistake is recorded on ``root``, naming
+    the file and the key, and the operator it belongs to is left out."""
     items = root.get("operators", list, [])
     operators: list[OperatorToken] = []
     for index, item in enumerate(items):
         where = f"operators[{index}]"
         if not isinstance(item, dict):
-            raise root.error(where, "must be a table ([[operators]])")
-        table = TableReader(root.path, where, item)
-        name = table.get("name", str, required=True)
-        if not name.strip():
-            raise table.error("name", "must not be empty")
-        if any(o.name == name for o in operators):
-            raise table.error("name", f"operator {name!r} is configured twice")
-        digest_hex = table.get("token_sha256", str)
-        token_env = table.get("token_env", str)
-        if (digest_hex is None) == (token_env is None):
-            raise table.error("token_sha256", "set exactly one of token_sha256 and token_env")
-        if digest_hex is not None:
-            if not _HEX_SHA256.fullmatch(digest_hex.lower()):
-                raise table.error("token_sha256", "must be 64 hexadecimal digits (the SHA-256 of the token)")
-            digest = bytes.fromhex(digest_hex)
-        else:
-            token = env.get(token_env, "")
-            if not token:
-                raise table.error("token_env", f"environment variable {token_env} is not set (or empty)")
-            if len(token) < MIN_TOKEN_LENGTH:
-                raise table.error(
-                    "token_env", f"the token in {token_env} is shorter than {MIN_TOKEN_LENGTH} characters"
-                )
-            digest = hashlib.sha256(token.encode("utf-8")).digest()
-        if any(hmac.compare_digest(o.token_sha256, digest) for o in operators):
-            raise table.error("token_sha256" if digest_hex else "token_env", "two operators share one token")
-        scopes = table.get("scopes", list, required=True)
-        if not scopes or not all(isinstance(s, str) and s in SCOPES for s in scopes):
-            raise table.error(
-                "scopes", f"must be a non-empty list of {' and '.join(repr(s) for s in SCOPES)}"
-            )
-        table.no_unknown_keys()
-        operators.append(OperatorToken(name, digest, frozenset(scopes)))
+            root.problem(where, "must be a table ([[operators]])")
+            continue
+        operator = _read_operator(root.child(where, item), env, operators)
+        if operator is not None:
+            operators.append(operator)
     return tuple(operators)
+
+
+def _read_operator(
+    table: TableReader, env: Mapping[str, str], earlier: Sequence[OperatorToken]
+) -> OperatorToken | None:
+    name = table.get("name", str, required=True)
+    if name is not None and not name.strip():
+        table.problem("name", "must not be empty")
+    elif name is not None and any(o.name == name for o in earlier):
+        table.problem("name", f"operator {name!r} is configured twice")
+    digest_hex = table.get("token_sha256", str)
+    token_env = table.get("token_env", str)
+    digest = None
+    if (digest_hex is None) == (token_env is None):
+        table.problem("token_sha256", "set exactly one of token_sha256 and token_env")
+    elif digest_hex is not None:
+        if not _HEX_SHA256.fullmatch(digest_hex.lower()):
+            table.problem("token_sha256", "must be 64 hexadecimal digits (the SHA-256 of the token)")
+        else:
+            digest = bytes.fromhex(digest_hex)
+    else:
+        token = env.get(token_env, "")
+        if not token:
+            table.problem("token_env", f"environment variable {token_env} is not set (or empty)")
+        elif len(token) < MIN_TOKEN_LENGTH:
+            table.problem(
+                "token_env", f"the token in {token_env} is shorter than {MIN_TOKEN_LENGTH} characters"
+            )
+        else:
+            digest = hashlib.sha256(token.encode("utf-8")).digest()
+    if digest is not None and any(hmac.compare_digest(o.token_sha256, digest) for o in earlier):
+        table.problem("token_sha256" if digest_hex else "token_env", "two operators share one token")
+    scopes = table.get("scopes", list, required=True)
+    if scopes is not None and (not scopes or not all(isinstance(s, str) and s in SCOPES for s in scopes)):
+        table.problem("scopes", f"must be a non-empty list of {' and '.join(repr(s) for s in SCOPES)}")
+    table.no_unknown_keys()
+    if table.failed or name is None or digest is None or scopes is None:
+        return None
+    return OperatorToken(name, digest, frozenset(scopes))
