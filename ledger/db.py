@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias
 
 import psycopg
 import psycopg_pool
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 
 from .errors import LedgerError, LedgerUnavailable
@@ -18,6 +22,22 @@ Pool: TypeAlias = psycopg_pool.AsyncConnectionPool[Conn]
 DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 10
 DEFAULT_POOL_TIMEOUT = 5.0
+# Waits between start-up connection attempts: quick at first (a container still starting), then
+# capped, so a database that comes back is found within a few seconds.
+STARTUP_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
+STARTUP_ATTEMPT_TIMEOUT = 10.0
+# A server that answered but refused for one of these reasons may accept soon; any other answer
+# (unknown database or role, bad password) will not change by waiting.
+_TRANSIENT_REFUSALS = (
+    "starting up",
+    "shutting down",
+    "in recovery",
+    "not yet accepting connections",
+    "too many clients",
+    "remaining connection slots",
+)
+
+log = logging.getLogger("effectgate.ledger")
 
 
 async def _configure(conn: Conn) -> None:
@@ -67,7 +87,114 @@ async def connection(pool: Pool) -> AsyncIterator[Conn]:
         yield conn
 
 
+def describe(url: str) -> str:
+    """Where ``url`` points, for a message: host, port, database and user — never the password.
+
+    Raises ``ValueError`` when ``url`` is not a connection string at all.
+    """
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(f"not a valid PostgreSQL connection URL: {str(exc).strip()}") from None
+    host = params.get("host") or params.get("hostaddr") or "the default local socket"
+    if str(host).startswith("/"):
+        host = f"socket directory {host}"
+    port = params.get("port") or "5432"
+    user = params.get("user") or "(the login name)"
+    database = params.get("dbname") or user
+    return f"host {host}, port {port}, database {database!r}, user {user!r}"
+
+
+def _reason(exc: psycopg.Error, url: str) -> str:
+    """The driver's own words for a failed connection, on one line and without the password."""
+    text = str(exc).strip()
+    for prefix in ("connection failed: ", "connection is bad: "):
+        text = text.removeprefix(prefix)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    # libpq says where it tried ('connection to server at "h", port p failed: …'); the description
+    # already says so, the reason is what follows.
+    if " failed: " in first:
+        first = first.split(" failed: ", 1)[1]
+    first = first.removeprefix("FATAL:").strip()
+    hint = " ".join(lines[1:])
+    reason = f"{first} ({hint[0].lower() + hint[1:]})" if hint else first
+    try:
+        password = conninfo_to_dict(url).get("password")
+    except psycopg.ProgrammingError:
+        password = None
+    if password:
+        reason = reason.replace(str(password), "***")
+    return reason
+
+
+def _may_come_up(exc: psycopg.Error) -> bool:
+    # A server that answered with FATAL is up; it refused us. Anything else (refused, timed out, no
+    # route, name not resolved, socket missing) is a database that may not be up yet.
+    text = str(exc)
+    if "FATAL" not in text:
+        return True
+    return any(refusal in text for refusal in _TRANSIENT_REFUSALS)
+
+
 async def connect(url: str, **kwargs: Any) -> Conn:
-    """A single connection outside any pool (CLI commands, LISTEN), in autocommit, rows as dicts."""
-    async with translate_errors():
+    """A single connection outside any pool (CLI commands, LISTEN), in autocommit, rows as dicts.
+
+    A failure to connect is ``LedgerUnavailable`` whose message names host, port, database, user and
+    the reason, never the password (it is for operators: the HTTP face never shows it).
+    """
+    try:
         return await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row, **kwargs)
+    except psycopg.Error as exc:
+        try:
+            where = describe(url)
+        except ValueError as bad:
+            raise LedgerError(f"DATABASE_URL: {bad}") from exc
+        raise LedgerUnavailable(f"cannot connect to Postgres at {where}: {_reason(exc, url)}") from exc
+
+
+async def wait_until_reachable(url: str, wait: float) -> None:
+    """Connect to ``url`` once, retrying with backoff for up to ``wait`` seconds while the server
+    cannot be reached (down, starting, refusing for now); each failed try is logged with its reason.
+
+    Raises ``LedgerUnavailable`` when the time is up, or at once when the server answered with a refusal
+    waiting will not change (unknown database or role, bad password); ``LedgerError`` when ``url`` is
+    not a connection URL. Each message says where it tried and why it failed.
+    """
+    try:
+        where = describe(url)
+    except ValueError as exc:
+        raise LedgerError(f"DATABASE_URL: {exc}") from None
+    deadline = time.monotonic() + wait
+    attempt = 0
+    error: Exception
+    while True:
+        attempt += 1
+        limit = max(1.0, min(STARTUP_ATTEMPT_TIMEOUT, deadline - time.monotonic()))
+        try:
+            async with asyncio.timeout(limit):
+                conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        except TimeoutError as exc:
+            reason, error = f"no answer within {limit:g}s", exc
+        except psycopg.Error as exc:
+            reason, error = _reason(exc, url), exc
+            if not _may_come_up(exc):
+                raise LedgerUnavailable(f"cannot connect to Postgres at {where}: {reason}") from exc
+        else:
+            await conn.close()
+            if attempt > 1:
+                log.info("database.reachable", extra={"attempt": attempt, "where": where})
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+            raise LedgerUnavailable(
+                f"cannot connect to Postgres at {where}: {reason}; gave up after {tries} in {wait:g}s "
+                "(to wait longer, set [database] startup_wait, --startup-wait or EFFECTGATE_STARTUP_WAIT)"
+            ) from error
+        delay = min(STARTUP_RETRY_DELAYS[min(attempt, len(STARTUP_RETRY_DELAYS)) - 1], remaining)
+        log.warning(
+            "database.unreachable",
+            extra={"attempt": attempt, "where": where, "reason": reason, "retry_in": round(delay, 2)},
+        )
+        await asyncio.sleep(delay)
