@@ -47,10 +47,15 @@ def test_a_bad_flag_names_the_flag() -> None:
     assert "--concurrency: must be >= 1" in result.stderr
 
 
-def test_an_unreachable_database_is_exit_1_with_a_message() -> None:
-    result = run("migrate", env={"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x?connect_timeout=2"})
+def test_an_unreachable_database_is_exit_1_with_a_message_naming_where_and_why() -> None:
+    url = "postgresql://nobody:pw-not-shown@127.0.0.1:1/x?connect_timeout=2"
+    result = run("migrate", "--startup-wait", "0", env={"DATABASE_URL": url})
     assert result.returncode == 1
-    assert "ledger database unavailable" in result.stderr
+    assert (
+        "effectgate: cannot connect to Postgres at host 127.0.0.1, port 1, database 'x', user 'nobody': "
+        "Connection refused"
+    ) in result.stderr
+    assert "pw-not-shown" not in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
-from effectgate.gateway.config import ConfigError, load, parse
+from effectgate.gateway.config import ConfigError, app_dir, import_handlers, load, parse
 
 ENV = {"S1": "whsec_one", "S2": "whsec_two"}
 MINIMAL = """
@@ -174,3 +176,122 @@ def test_the_connection_guard_metrics_token_and_dashboard_sessions_are_configure
 def test_guard_metrics_and_dashboard_mistakes_name_the_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse(MINIMAL + text, path="eg.toml", env={**ENV, "SHORT": "short"})
+
+
+def test_a_misspelt_key_is_reported_as_the_typo_with_a_suggestion_not_as_a_missing_key() -> None:
+    text = '[sources.stripe]\nscheme = "stripe"\nsecret = ["S1"]'
+    with pytest.raises(ConfigError) as caught:
+        parse(text, path="eg.toml", env=ENV)
+    assert caught.value.problems == (
+        "eg.toml: sources.stripe.secret: is not a known setting; did you mean 'secrets'?",
+    )
+
+
+def test_every_mistake_is_reported_in_one_pass() -> None:
+    text = """
+[gateway]
+port = "8000"
+max_body_bytes = 0
+
+[worker]
+concurency = 4
+
+[sources.stripe]
+scheme = "stripe"
+secrets = ["S1", "UNSET_ONE"]
+on_conflict = 500
+
+[sources.github]
+scheme = "github"
+
+[[operators]]
+name = "alice"
+scopes = ["view"]
+"""
+    with pytest.raises(ConfigError) as caught:
+        parse(text, path="eg.toml", env=ENV)
+    assert sorted(caught.value.problems) == sorted(
+        [
+            "eg.toml: gateway.port: must be an integer, not str '8000'",
+            "eg.toml: gateway.max_body_bytes: must be >= 1, got 0",
+            "eg.toml: worker.concurency: is not a known setting; did you mean 'concurrency'?",
+            "eg.toml: sources.stripe.secrets: environment variable UNSET_ONE is not set (or empty)",
+            "eg.toml: sources.stripe.on_conflict: must be 409 or 200, got 500",
+            "eg.toml: sources.github.secrets: is required",
+            "eg.toml: operators[0].token_sha256: set exactly one of token_sha256 and token_env",
+        ]
+    )
+    assert str(caught.value) == "\n".join(caught.value.problems)
+
+
+def test_an_unknown_key_with_nothing_close_still_says_so() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(MINIMAL + "[gateway]\nzzz = 1", path="eg.toml", env=ENV)
+    assert caught.value.problems == ("eg.toml: gateway.zzz: is not a known setting (a typo?)",)
+
+
+def test_the_startup_wait_is_configurable_and_checked() -> None:
+    assert parse(MINIMAL, env=ENV).database.startup_wait == 30.0
+    assert parse(MINIMAL + "[database]\nstartup_wait = 0", env=ENV).database.startup_wait == 0
+    with pytest.raises(ConfigError, match=r"database\.startup_wait: must be >= 0"):
+        parse(MINIMAL + "[database]\nstartup_wait = -1", env=ENV)
+    with pytest.raises(ConfigError, match=r"database\.startup_wat: is not a known setting; did you mean"):
+        parse(MINIMAL + "[database]\nstartup_wat = 5", env=ENV)
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's project directory, with the test run from another directory and the import state
+    restored afterwards."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    root = tmp_path / "project"
+    root.mkdir()
+    return root
+
+
+def _project_config(root: Path, *modules: str) -> Path:
+    config = root / "effectgate.toml"
+    config.write_text(f"[handlers]\nmodules = {list(modules)!r}\n" + MINIMAL)
+    return config
+
+
+def test_a_handler_module_next_to_the_config_imports_from_any_directory(project: Path) -> None:
+    name = f"eg_user_handlers_{uuid.uuid4().hex[:8]}"
+    (project / f"{name}.py").write_text("LOADED = True\n")
+    (project / "pkg").mkdir()
+    (project / "pkg" / "__init__.py").write_text("")
+    (project / "pkg" / f"{name}.py").write_text("LOADED = True\n")
+    config = load(_project_config(project, name, f"pkg.{name}"), env=ENV)
+    import_handlers(config)
+    assert sys.modules[name].LOADED and sys.modules[f"pkg.{name}"].LOADED
+    assert sys.path[0] == str(project)
+    assert app_dir(config) == project
+
+
+def test_without_a_file_the_current_directory_is_the_app_dir(project: Path) -> None:
+    name = f"eg_cwd_handlers_{uuid.uuid4().hex[:8]}"
+    (Path.cwd() / f"{name}.py").write_text("LOADED = True\n")
+    import_handlers(parse(f"[handlers]\nmodules = [{name!r}]\n" + MINIMAL, env=ENV))
+    assert sys.modules[name].LOADED
+
+
+def test_every_unimportable_handler_module_is_named_with_its_error_and_the_fix(project: Path) -> None:
+    tag = uuid.uuid4().hex[:8]
+    (project / f"needs_dep_{tag}.py").write_text(f"import no_such_dependency_{tag}\n")
+    (project / f"raises_{tag}.py").write_text("X = 1\nraise RuntimeError('bad handler config')\n")
+    config = load(_project_config(project, f"absent_{tag}", f"needs_dep_{tag}", f"raises_{tag}"), env=ENV)
+    with pytest.raises(ConfigError) as caught:
+        import_handlers(config)
+    absent, needs_dep, raises = caught.value.problems
+    prefix = f"{config.path}: handlers.modules: cannot import"
+    assert absent.startswith(f"{prefix} 'absent_{tag}': ModuleNotFoundError: No module named 'absent_{tag}'")
+    assert f"looked for in {project} (the configuration file's directory)" in absent
+    assert "PYTHONPATH" in absent
+    assert needs_dep.startswith(f"{prefix} 'needs_dep_{tag}': ModuleNotFoundError")
+    assert f"it imports 'no_such_dependency_{tag}', which is not installed" in needs_dep
+    assert raises.startswith(f"{prefix} 'raises_{tag}': RuntimeError: bad handler config")
+    assert f"raises_{tag}.py:2" in raises
