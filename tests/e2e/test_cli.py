@@ -13,6 +13,10 @@ import httpx
 
 from .processes import ROOT, free_port, wait_until
 
+# serve and worker refuse to start without DATABASE_URL; these tests are about the configuration, which
+# is checked before any connection is tried.
+UNUSED_DATABASE_URL = "postgresql://nobody@127.0.0.1:1/unused"
+
 
 def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -26,18 +30,22 @@ def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subp
 
 
 def test_a_missing_configuration_file_is_exit_2_with_the_path_and_no_traceback(tmp_path: Path) -> None:
-    result = run("serve", "--config", str(tmp_path / "nope.toml"))
+    result = run("serve", "--config", str(tmp_path / "nope.toml"), env={"DATABASE_URL": UNUSED_DATABASE_URL})
     assert result.returncode == 2
-    assert f"{tmp_path / 'nope.toml'}: configuration file not found" in result.stderr
+    assert result.stderr.splitlines() == [
+        f"effectgate: {tmp_path / 'nope.toml'}: configuration file not found (pass --config or set EFFECTGATE_CONFIG)"
+    ]
     assert "Traceback" not in result.stderr
 
 
 def test_an_invalid_configuration_names_the_key(tmp_path: Path) -> None:
     config = tmp_path / "eg.toml"
     config.write_text('[sources.stripe]\nscheme = "stripe"\nsecrets = ["EG_TEST_UNSET_SECRET"]\n')
-    result = run("worker", "--config", str(config))
+    result = run("worker", "--config", str(config), env={"DATABASE_URL": UNUSED_DATABASE_URL})
     assert result.returncode == 2
-    assert "sources.stripe.secrets: environment variable EG_TEST_UNSET_SECRET is not set" in result.stderr
+    assert result.stderr.splitlines() == [
+        f"effectgate: {config}: sources.stripe.secrets: environment variable EG_TEST_UNSET_SECRET is not set (or empty)"
+    ]
     assert "Traceback" not in result.stderr
 
 
