@@ -46,7 +46,7 @@ from effectgate.handlers.shipping import ShippingClient
 from effectgate.handlers.worker import Worker, make_reconciler
 from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
-from effectgate.ledger.migrate import migrate
+from effectgate.ledger.migrate import migrate, unapplied
 
 from . import demo, embedded, logs, operator_cli, send
 from .config import (
@@ -441,6 +441,13 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         await db.wait_until_reachable(url, wait)
         conn = await db.connect(url)
         async with conn:
+            async with db.translate_errors():
+                pending = await unapplied(conn)
+            if pending:
+                # Otherwise the pass dies on a missing table, as a driver traceback.
+                raise MigrationError(
+                    f"the ledger lacks migrations {', '.join(pending)}: run effectgate migrate"
+                )
             return await make_reconciler(REGISTRY, config.worker.reconciler).run_once(conn)
 
     with _database(embedded_allowed=True) as url:

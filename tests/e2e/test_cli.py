@@ -83,6 +83,18 @@ def test_reconcile_prints_what_it_repaired(db_url: str, tmp_path: Path) -> None:
     assert json.loads(result.stdout)["redriven"] == []
 
 
+def test_reconcile_before_migrate_says_to_migrate_without_a_traceback(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "eg.toml"
+    config.write_text('[sources.s]\nscheme = "stripe"\nsecrets = ["EG_S"]\n')
+    result = run("reconcile", "--config", str(config), env={"DATABASE_URL": empty_db_url, "EG_S": "whsec_x"})
+    assert result.returncode == 1
+    assert result.stderr.startswith("effectgate: the ledger lacks migrations 0001_initial.sql")
+    assert result.stderr.rstrip().endswith(": run effectgate migrate")
+    assert "Traceback" not in result.stderr
+
+
 def test_the_quick_start_up_command_runs_the_demo_on_an_embedded_postgres(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EFFECTGATE_HOME": str(tmp_path / "home")}
