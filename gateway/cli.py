@@ -729,7 +729,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--config", help=f"configuration file (default: $EFFECTGATE_CONFIG or ./{DEFAULT_CONFIG_FILE})"
         )
-        return with_startup_wait(p)
+        return p
 
     def with_startup_wait(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument(
@@ -750,15 +750,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return p
 
-    up = with_config(
-        sub.add_parser("up", help="gateway + worker on the embedded Postgres (demo config if none)")
+    up = with_startup_wait(
+        with_config(
+            sub.add_parser("up", help="gateway + worker on the embedded Postgres (demo config if none)")
+        )
     )
     up.add_argument("--host")
     up.add_argument("--port", type=_port)
     up.add_argument("--fake-port", type=_port, help="port of the demo's fake providers (default: port + 1)")
     up.set_defaults(func=cmd_up)
 
-    serve = with_embedded(with_config(sub.add_parser("serve", help="run the gateway")))
+    serve = with_embedded(with_startup_wait(with_config(sub.add_parser("serve", help="run the gateway"))))
     serve.add_argument("--host")
     serve.add_argument("--port", type=_port)
     serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
@@ -774,7 +776,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    worker = with_embedded(with_config(sub.add_parser("worker", help="run a worker")))
+    worker = with_embedded(with_startup_wait(with_config(sub.add_parser("worker", help="run a worker"))))
     worker.add_argument("--concurrency", type=_positive_int)
     worker.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
     worker.add_argument("--metrics-port", type=_port, help="serve GET /metrics on this port (default: none)")
@@ -784,7 +786,9 @@ def build_parser() -> argparse.ArgumentParser:
     with_startup_wait(sub.add_parser("migrate", help="apply pending migrations")).set_defaults(
         func=cmd_migrate
     )
-    with_config(sub.add_parser("reconcile", help="run one reconciler pass")).set_defaults(func=cmd_reconcile)
+    with_startup_wait(with_config(sub.add_parser("reconcile", help="run one reconciler pass"))).set_defaults(
+        func=cmd_reconcile
+    )
 
     fake = sub.add_parser("fake-providers", help="fake payment and shipping APIs for tests and demos")
     fake.add_argument("--host", default="127.0.0.1")
