@@ -104,7 +104,10 @@ def test_the_tutorial_runs_as_the_readme_says(db_url: str, tmp_path: Path) -> No
         assert "/data/object/amount: 4200 → 4300" in rejects.stdout
         assert "signature_invalid  1" in rejects.stdout
         shown_effect = _cli("ledger", "show", "receipt:1001", cwd=project, env=env)
-        assert "job      1 succeeded" in shown_effect.stdout and '{"receipt_for":"pi_1001"}' in shown_effect.stdout
+        assert (
+            "job      1 succeeded" in shown_effect.stdout
+            and '{"receipt_for":"pi_1001"}' in shown_effect.stdout
+        )
         assert "deliveries 2, rejects 1" in shown_effect.stdout
     finally:
         up.send_signal(signal.SIGINT)
