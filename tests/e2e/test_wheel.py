@@ -251,7 +251,9 @@ def user_project(tmp_path: Path) -> Iterator[Path]:
 def test_a_user_project_with_its_own_handlers_and_gateway_packages_runs(
     installed: Installed, user_project: Path, db_url: str, tmp_path: Path
 ) -> None:
-    env = installed.env(DATABASE_URL=db_url, SHOP_WEBHOOK_SECRET=SECRET, PYTHONPATH=str(user_project))
+    # No PYTHONPATH: the configuration file's directory is where handler modules (and their own
+    # packages) are found, as it is for a user who runs effectgate in their project.
+    env = installed.env(DATABASE_URL=db_url, SHOP_WEBHOOK_SECRET=SECRET)
     port = free_port()
     procs = []
     logs = []
