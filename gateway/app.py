@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
-from effectgate.handlers.worker import reconcile_forever
 from effectgate.ledger import db
 from effectgate.ledger.migrate import unapplied
 

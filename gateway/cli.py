@@ -31,10 +31,11 @@ from typing import Any
 import httpx
 
 from effectgate.handlers.context import Services
+from effectgate.handlers.maintenance import make_reconciler
 from effectgate.handlers.payments import PaymentsClient
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.shipping import ShippingClient
-from effectgate.handlers.worker import Worker, make_reconciler
+from effectgate.handlers.worker import Worker
 from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate

@@ -16,7 +16,17 @@ from typing import Any
 
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.worker import WorkerConfig
-from effectgate.ledger.reconciler import ReconcilerConfig
+from effectgate.ledger import rescuer as rescuer_defaults
+from effectgate.ledger import waker as waker_defaults
+from effectgate.ledger.reconciler import (
+    DEFAULT_PENDING_TTL,
+    DEFAULT_POISON_THRESHOLD,
+    DEFAULT_TICK,
+    ReconcilerConfig,
+)
+from effectgate.ledger.rescuer import RescuerConfig
+from effectgate.ledger.sweeps import SweepConfig
+from effectgate.ledger.waker import WakerConfig
 
 from .operator.auth import OperatorToken, read_operators
 from .signatures import Scheme, SchemeConfigError, build_scheme
@@ -180,6 +190,56 @@ def _downstream(reader: _Reader, env: Mapping[str, str]) -> DownstreamConfig | N
         raise reader.error("base_url", str(exc)) from exc
 
 
+def _maintenance(root: _Reader) -> ReconcilerConfig:
+    """``[maintenance]`` and its services' sections; ``[reconciler]`` is the older flat spelling, kept."""
+    legacy = root.table_of("reconciler")
+    mt = root.table_of("maintenance")
+    if legacy.table and mt.table:
+        raise root.error("reconciler", "is the older name of [maintenance]; use one of them, not both")
+    if legacy.table:
+        try:
+            config = ReconcilerConfig(
+                tick=legacy.number("tick", DEFAULT_TICK, minimum=0.001),
+                pending_ttl=legacy.number("pending_ttl", DEFAULT_PENDING_TTL, minimum=0.001),
+                poison_threshold=legacy.number(
+                    "poison_threshold", DEFAULT_POISON_THRESHOLD, minimum=1, integer=True
+                ),
+                signature_failure_retention=86400.0
+                * legacy.number("signature_failure_retention_days", 30, minimum=0.001),
+            )
+        except ValueError as exc:
+            raise legacy.error("tick", str(exc)) from exc
+        legacy.no_unknown_keys()
+        return config
+    tick = mt.number("tick", DEFAULT_TICK, minimum=0.001)
+    lr = mt.table_of("lease_rescuer")
+    pw = mt.table_of("pending_waker")
+    sw = mt.table_of("sweeps")
+    try:
+        rescuer = RescuerConfig(
+            batch=lr.number("batch", rescuer_defaults.DEFAULT_BATCH, minimum=1, integer=True),
+            poison_threshold=lr.number("poison_threshold", DEFAULT_POISON_THRESHOLD, minimum=1, integer=True),
+        )
+        waker = WakerConfig(
+            pending_ttl=pw.number("pending_ttl", DEFAULT_PENDING_TTL, minimum=0.001),
+            batch=pw.number("batch", waker_defaults.DEFAULT_BATCH, minimum=1, integer=True),
+        )
+    except ValueError as exc:  # the readers' minimums catch what the dataclasses would refuse
+        raise mt.error("lease_rescuer", str(exc)) from exc
+    sweeps = SweepConfig(enabled=sw.get("enabled", bool, True))
+    for reader in (lr, pw, sw):
+        reader.no_unknown_keys()
+    mt.no_unknown_keys()
+    return ReconcilerConfig(
+        tick=tick,
+        poison_threshold=rescuer.poison_threshold,
+        pending_ttl=waker.pending_ttl,
+        rescuer=rescuer,
+        waker=waker,
+        sweeps=sweeps,
+    )
+
+
 def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = None) -> Config:
     """Validate a configuration text; raises ``ConfigError`` naming the file and key."""
     env = os.environ if env is None else env
@@ -201,18 +261,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         raise gw.error("port", f"must be <= 65535, got {gateway.port}")
     gw.no_unknown_keys()
 
-    rc = root.table_of("reconciler")
-    try:
-        reconciler = ReconcilerConfig(
-            tick=rc.number("tick", 15.0, minimum=0.001),
-            pending_ttl=rc.number("pending_ttl", 900.0, minimum=0.001),
-            poison_threshold=rc.number("poison_threshold", 3, minimum=1, integer=True),
-            signature_failure_retention=86400.0
-            * rc.number("signature_failure_retention_days", 30, minimum=0.001),
-        )
-    except ValueError as exc:
-        raise rc.error("tick", str(exc)) from exc
-    rc.no_unknown_keys()
+    reconciler = _maintenance(root)
 
     wk = root.table_of("worker")
     backoff_base = wk.number("backoff_base", 1.0, minimum=0)

@@ -139,12 +139,12 @@ SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FRO
 -- A hand-back is progress only if something was committed since the last release; after
 -- %(poison_threshold)s releases in a row without one, the job is parked as poison.
 WITH held AS (
+    -- The release rule (migration 0006) is shared with the lease rescuer; a hand-back's "orphan policy"
+    -- is always to re-queue.
     SELECT id,
-           CASE WHEN cancel_requested THEN 'cancelled'
-                WHEN NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s
-                    THEN 'poison'
-                ELSE 'requeue' END AS verdict,
-           CASE WHEN committed_since_release THEN 0 ELSE releases_without_commit + 1 END AS releases
+           job_release_verdict(cancel_requested, committed_since_release, releases_without_commit,
+                               %(poison_threshold)s, 'redrive') AS verdict,
+           job_release_count(committed_since_release, releases_without_commit) AS releases
     FROM jobs
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
     FOR UPDATE
@@ -161,7 +161,7 @@ done AS (
             END,
         terminal_by = CASE held.verdict WHEN 'cancelled' THEN coalesce(j.terminal_by, 'operator')
                                         WHEN 'poison' THEN %(by)s END,
-        finished_at = CASE WHEN held.verdict <> 'requeue' THEN coalesce(%(now)s, now()) END,
+        finished_at = CASE WHEN held.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
         -- A hand-back is not a failed attempt: it does not use up max_attempts.
         attempt = j.attempt - 1,
         run_at = coalesce(%(now)s, now()),
@@ -247,65 +247,6 @@ SELECT job_id, attempt, lease_token, worker, started_at, finished_at, outcome, e
 FROM job_attempts WHERE job_id = %(job_id)s
 ORDER BY lease_token;
 
--- name: job_expired_leases_lock
--- Reconciler: locks up to %(limit)s running jobs whose lease expired, oldest first. SKIP LOCKED passes over
--- a job whose worker is inside a fenced write right now; the next pass sees it again.
-SELECT id, kind FROM jobs
-WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s, now())
-ORDER BY lease_expires_at, id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
-
--- name: job_rescue_if_expired
--- Reconciler: takes one job whose lease expired off 'running': re-queued (orphan_policy redrive), parked
--- for a human (park), parked as poison after %(poison_threshold)s orphanings in a row without a commit,
--- or cancelled if a cancel was asked. The guard makes a second rescue of the same lease match nothing.
-WITH expired AS (
-    SELECT id,
-           CASE WHEN cancel_requested THEN 'cancelled'
-                WHEN NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s
-                    THEN 'poison'
-                WHEN orphan_policy = 'redrive' THEN 'redrive'
-                ELSE 'park' END AS verdict,
-           CASE WHEN committed_since_release THEN 0 ELSE releases_without_commit + 1 END AS releases
-    FROM jobs
-    WHERE id = %(job_id)s AND state = 'running' AND lease_expires_at < coalesce(%(now)s, now())
-    FOR UPDATE
-),
-rescued AS (
-    UPDATE jobs j SET
-        releases_without_commit = expired.releases,
-        committed_since_release = false,
-        state = CASE expired.verdict WHEN 'redrive' THEN 'pending' WHEN 'cancelled' THEN 'cancelled'
-                                     ELSE 'parked' END::job_state,
-        terminal_reason = CASE expired.verdict
-            WHEN 'cancelled' THEN 'cancelled; its worker lost the lease'
-            WHEN 'poison' THEN 'poison: orphaned ' || expired.releases || ' times without committing'
-            WHEN 'park' THEN 'orphaned: lease expired and orphan_policy is park'
-            END,
-        terminal_by = CASE expired.verdict WHEN 'redrive' THEN NULL
-                                           WHEN 'cancelled' THEN coalesce(j.terminal_by, 'reconciler')
-                                           ELSE 'reconciler' END,
-        finished_at = CASE WHEN expired.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
-        -- run_at is kept: a re-queued orphan was due first and stays first in line (for its lock key too).
-        lease_owner = NULL,
-        lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s, now())
-    FROM expired
-    WHERE j.id = expired.id
-    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token, j.effect_id
-),
-closed AS (
-    UPDATE job_attempts a SET finished_at = coalesce(%(now)s, now()), outcome = 'lease_expired'
-    FROM rescued
-    WHERE a.job_id = rescued.id AND a.lease_token = rescued.lease_token
-),
-woken AS (
-    SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM rescued WHERE state = 'pending'
-)
-SELECT r.id, r.kind, r.state::text AS state, r.terminal_reason, e.effect_key, (SELECT n FROM woken) AS woken
-FROM rescued r JOIN effects e ON e.id = r.effect_id;
-
 -- name: job_wake_stale_pending
 -- Reconciler: due jobs that waited longer than their kind's pending_ttl get a fresh wake-up, in case every
 -- worker missed the first one (a lost LISTEN connection, a worker that was down). updated_at marks the
@@ -333,10 +274,6 @@ SELECT count(*) AS woken,
        (SELECT count(pg_notify('effectgate_jobs', k.kind))
         FROM (SELECT DISTINCT kind FROM woken) k) AS notified
 FROM woken;
-
--- name: reconciler_tick_lock
--- One process owns each reconciler pass (or sweep): a transaction-scoped advisory lock, released at commit.
-SELECT pg_try_advisory_xact_lock(%(lock_id)s) AS owned;
 
 -- name: job_notifications_listen
 -- Subscribes this session to the wake-ups sent when a job is claimed, re-queued or redriven.

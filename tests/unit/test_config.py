@@ -102,3 +102,27 @@ def test_a_gateway_can_leave_the_reconciler_to_the_workers() -> None:
     assert parse(MINIMAL + "[gateway]\nrun_reconciler = false", env=ENV).gateway.run_reconciler is False
     with pytest.raises(ConfigError, match=r"gateway\.run_reconciler: must be a boolean"):
         parse(MINIMAL + '[gateway]\nrun_reconciler = "no"', env=ENV)
+
+
+def test_maintenance_sections_configure_each_service() -> None:
+    config = parse(
+        MINIMAL
+        + "[maintenance]\ntick = 5\n[maintenance.lease_rescuer]\nbatch = 50\npoison_threshold = 2\n"
+        + "[maintenance.pending_waker]\npending_ttl = 60\n[maintenance.sweeps]\nenabled = false\n",
+        env=ENV,
+    ).worker.reconciler
+    assert config.tick == 5
+    assert (config.rescuer_config().batch, config.rescuer_config().poison_threshold) == (50, 2)
+    assert (config.waker_config().pending_ttl, config.waker_config().batch) == (60, 1000)
+    assert config.sweeps.enabled is False
+
+
+def test_the_older_reconciler_section_still_works_and_cannot_be_mixed_with_maintenance() -> None:
+    config = parse(MINIMAL + "[reconciler]\ntick = 3\npoison_threshold = 4\n", env=ENV).worker.reconciler
+    assert (config.tick, config.rescuer_config().poison_threshold) == (3, 4)
+    with pytest.raises(ConfigError, match=r"reconciler: is the older name of \[maintenance\]"):
+        parse(MINIMAL + "[reconciler]\ntick = 3\n[maintenance]\ntick = 3\n", env=ENV)
+    with pytest.raises(ConfigError, match=r"maintenance\.lease_rescuer\.batch: must be >= 1"):
+        parse(MINIMAL + "[maintenance.lease_rescuer]\nbatch = 0\n", env=ENV)
+    with pytest.raises(ConfigError, match=r"maintenance\.pending_waker\.typo: is not a known setting"):
+        parse(MINIMAL + "[maintenance.pending_waker]\ntypo = 1\n", env=ENV)
