@@ -10,7 +10,7 @@ import importlib
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,13 @@ from effectgate.ledger.reconciler import (
     ReconcilerConfig,
 )
 from effectgate.ledger.rescuer import RescuerConfig
+from effectgate.ledger.retention import DEFAULT_BATCH as DEFAULT_RETENTION_BATCH
+from effectgate.ledger.retention import DEFAULT_HISTORY, DEFAULT_PAYLOADS, RetentionConfig
 from effectgate.ledger.sweeps import SweepConfig
 from effectgate.ledger.waker import WakerConfig
 
 from .operator.auth import OperatorToken, read_operators
+from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .signatures import Scheme, SchemeConfigError, build_scheme
 
 DEFAULT_CONFIG_FILE = "effectgate.toml"
@@ -240,6 +243,80 @@ def _maintenance(root: _Reader) -> ReconcilerConfig:
     )
 
 
+def _retention(
+    root: _Reader, sources: Mapping[str, Source], legacy_signature_failures: float
+) -> RetentionConfig:
+    """``[retention]`` and ``[retention.sources.NAME]``; windows in days (fractions allowed)."""
+    rt = root.table_of("retention")
+
+    def days(reader: _Reader, key: str, default: float | None) -> float | None:
+        value = reader.get(key, (int, float, str), None)
+        if value is None:
+            return default
+        if value == "forever":
+            if key != "tombstones_days":
+                raise reader.error(key, 'only tombstones_days may be "forever"')
+            return None
+        if isinstance(value, str) or not value > 0:
+            raise reader.error(key, f"must be a number of days > 0, got {value!r}")
+        return float(value) * DAY
+
+    payloads = days(rt, "payloads_days", DEFAULT_PAYLOADS)
+    history = days(rt, "history_days", DEFAULT_HISTORY)
+    tombstones = days(rt, "tombstones_days", None)
+    signature_failures = days(rt, "signature_failures_days", legacy_signature_failures)
+    batch = rt.number("batch", DEFAULT_RETENTION_BATCH, minimum=1, integer=True)
+    per = rt.table_of("sources")
+    source_payloads: dict[str, float] = {}
+    source_tombstones: dict[str, float | None] = {}
+    provider_floor: dict[str, float] = {}
+    for name in per.table:
+        if name not in sources:
+            raise per.error(name, f"is not a configured source (known: {', '.join(sorted(sources))})")
+        one = per.table_of(name)
+        if "payloads_days" in one.table:
+            source_payloads[name] = days(one, "payloads_days", None) or 0.0
+        if "tombstones_days" in one.table:
+            source_tombstones[name] = days(one, "tombstones_days", None)
+        floor = one.get("provider_retry_hours", (int, float))
+        if floor is not None:
+            if floor < 0:
+                raise one.error("provider_retry_hours", f"must be >= 0, got {floor!r}")
+            provider_floor[name] = float(floor) * HOUR
+        one.no_unknown_keys()
+    rt.no_unknown_keys()
+    assert payloads is not None and history is not None and signature_failures is not None
+    try:
+        config = RetentionConfig(
+            payloads=payloads,
+            history=history,
+            tombstones=tombstones,
+            signature_failures=signature_failures,
+            batch=batch,
+            source_payloads=source_payloads,
+            source_tombstones=source_tombstones,
+        )
+    except ValueError as exc:
+        raise rt.error("payloads_days", str(exc)) from exc
+    # The dedupe window may never be shorter than the provider's own retries: a late retry would be new.
+    for name, source in sources.items():
+        window = config.dedupe_window(name)
+        if window is None:
+            continue
+        floor = provider_floor.get(name, retry_window(source.scheme_name))
+        if window < floor:
+            where = per.table_of(name) if name in source_tombstones else rt
+            basis = RETRY_WINDOWS.get(source.scheme_name)
+            because = basis.basis if basis is not None and name not in provider_floor else "as configured"
+            raise where.error(
+                "tombstones_days",
+                f"{window / DAY:g} days is shorter than source {name!r} ({source.scheme_name}) retries: "
+                f"{floor / DAY:g} days ({because}); a late retry would run its effect again. "
+                "See docs/providers.md",
+            )
+    return config
+
+
 def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = None) -> Config:
     """Validate a configuration text; raises ``ConfigError`` naming the file and key."""
     env = os.environ if env is None else env
@@ -294,6 +371,14 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         sources[name] = _source(path, name, src.table_of(name), env)
     if not sources:
         raise ConfigError(f"{path}: sources: at least one [sources.NAME] table is required")
+
+    worker = replace(
+        worker,
+        reconciler=replace(
+            reconciler,
+            retention=_retention(root, sources, reconciler.retention_config().signature_failures),
+        ),
+    )
 
     ds = root.table_of("downstream")
     payments = _downstream(ds.table_of("payments"), env)

@@ -3,6 +3,7 @@
     effectgate ledger duplicates  [filters] [--sort -last_seen|last_seen|-first_seen|first_seen|-deliveries]
     effectgate ledger rejects     [filters] [--kind all|conflicts|auth] [--sort -received|received]
     effectgate ledger show KEY    [--tenant T]
+    effectgate ledger retention   [--config PATH]   what retention keeps, has purged, and whether it is behind
     effectgate jobs list          [--state S[,S…]] [--kind K] [--source S] [--since …] [--until …] [--sort -created|created]
     effectgate jobs show JOB_ID
     effectgate jobs redrive JOB_ID [--force]
@@ -19,7 +20,7 @@ Exit codes scripts can rely on:
     2  usage mistake: a bad flag or filter (the message names it and its code, e.g. invalid_since)
     3  not found (no such effect key or job)
     4  refused: the job action was not carried out; the refusal code is printed (not_redrivable,
-       unrecoverable_requires_force, lock_key_held, not_cancellable)
+       unrecoverable_requires_force, lock_key_held, payload_purged, not_cancellable)
 
 These commands read and act on the ledger directly (``DATABASE_URL``, or the embedded Postgres); they
 need no configuration file and no running gateway. Like ``gateway/cli.py``, this module is part of the
@@ -42,7 +43,7 @@ from typing import Any, TextIO
 
 from effectgate.handlers import control
 from effectgate.handlers.registry import REGISTRY
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, reports, retention
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.reports import InvalidParameter
 
@@ -560,6 +561,85 @@ async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
         print(f"job {job_id}: cancel requested; it ends cancelled at its worker's next heartbeat", file=out)
 
 
+def _retention_config(args: argparse.Namespace) -> tuple[str | None, retention.RetentionConfig]:
+    """The windows that apply: --config, EFFECTGATE_CONFIG or ./effectgate.toml when there is one, else the
+    defaults. Raises ``ConfigError``."""
+    import os
+    from pathlib import Path
+
+    from .config import DEFAULT_CONFIG_FILE, load
+
+    path = args.config or os.environ.get("EFFECTGATE_CONFIG")
+    if path is None and Path(DEFAULT_CONFIG_FILE).exists():
+        path = DEFAULT_CONFIG_FILE
+    if path is None:
+        return None, retention.RetentionConfig()
+    return path, load(path).worker.reconciler.retention_config()
+
+
+def run_retention(args: argparse.Namespace) -> int:
+    """``effectgate ledger retention``: the configuration is read before the ledger is touched."""
+    from .config import ConfigError
+
+    try:
+        args.retention = _retention_config(args)
+    except ConfigError as exc:
+        print(f"effectgate: --config: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _run(cmd_retention)(args)
+
+
+async def cmd_retention(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    path, config = args.retention
+    lines, tombstones = await retention.report(conn, config)
+    now = datetime.now(UTC)
+    # A pass may lag a tick or two behind; only a row older than its window by more than a day is "behind".
+    behind = [retention.overdue(line, now, slack=86400) for line in lines]
+    rows = [
+        {
+            "what": line.what,
+            "window_days": None if line.window_seconds is None else round(line.window_seconds / 86400, 4),
+            "oldest_held": line.oldest_held,
+            "purged_total": line.purged_total,
+            "last_purged_at": line.last_purged_at,
+            "last_run_at": line.last_run_at,
+            "behind": late,
+        }
+        for line, late in zip(lines, behind, strict=True)
+    ]
+    if args.format == "json":
+        _json(out, {"config": path, "tombstones": tombstones, "tables": rows})
+        return
+    if args.format == "csv":
+        print_csv(out, [documents.jsonable(r) for r in rows], list(rows[0]))
+        return
+    print(f"windows from: {path or 'the defaults (no configuration file)'}", file=out)
+    print(f"tombstones held: {tombstones} (kept for the dedupe window; forever unless opted in)\n", file=out)
+    table = [
+        {
+            "what": line.what,
+            "window": "forever" if line.window_seconds is None else f"{line.window_seconds / 86400:g}",
+            "oldest": _age(line.oldest_held.isoformat(), now) if line.oldest_held else "",
+            "purged": line.purged_total,
+            "last": line.last_purged_at.isoformat(timespec="seconds") if line.last_purged_at else "",
+            "behind": "BEHIND" if late else "",
+        }
+        for line, late in zip(lines, behind, strict=True)
+    ]
+    print_table(
+        out,
+        table,
+        [
+            ("WHAT", "what"),
+            ("WINDOW (DAYS)", "window"),
+            ("OLDEST HELD", "oldest"),
+            ("PURGED", "purged"),
+            ("LAST PURGED", "last"),
+            ("", "behind"),
+        ],
+    )
+
+
 # -- parser ----------------------------------------------------------------------------------------
 
 _EPILOG = "exit codes: 0 done, 1 runtime failure, 2 usage mistake, 3 not found, 4 refused (code printed)"
@@ -609,6 +689,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show.add_argument("--tenant", help="the tenant holding the key (needed only when several do)")
     _output(show)
     show.set_defaults(func=_run(cmd_show))
+
+    ret = reports_sub.add_parser(
+        "retention", help="what retention keeps and has purged, per table", epilog=_EPILOG
+    )
+    ret.add_argument("--config", help="the configuration whose windows apply (default: EFFECTGATE_CONFIG)")
+    _output(ret)
+    ret.set_defaults(func=run_retention)
 
     jobs = sub.add_parser("jobs", help="list, show, redrive and cancel jobs", epilog=_EPILOG)
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")

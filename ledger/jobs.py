@@ -324,6 +324,10 @@ async def redrive(
         return Refused(
             "not_redrivable", f"job {job_id} is {job['state']}; only failed and parked jobs can be redriven"
         )
+    if job["payload_purged"]:
+        return Refused(
+            "payload_purged", f"job {job_id} finished before its retention window; its payload is purged"
+        )
     if job["unrecoverable"] and not force:
         return Refused(
             "unrecoverable_requires_force", f"job {job_id} failed unrecoverably; redrive with force"

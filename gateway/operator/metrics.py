@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from effectgate.handlers.observe import WorkerObserver
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, reports, retention
 
 log = logging.getLogger("effectgate.metrics")
 
@@ -284,17 +284,34 @@ def render_job_gauges(gauges: reports.JobGauges | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_retention(purged: Mapping[str, int] | None) -> str:
+    """Rows retention purged so far, per table or column: counters kept in the ledger, so every process
+    reports the same totals whichever one ran the purge."""
+    if purged is None:
+        return ""
+    lines = [
+        "# HELP effectgate_retention_purged_rows_total Rows (or column values) retention purged, by table.",
+        "# TYPE effectgate_retention_purged_rows_total counter",
+    ]
+    for what in sorted(purged):
+        lines.append(f"effectgate_retention_purged_rows_total{_labels(('table',), (what,))} {purged[what]}")
+    return "\n".join(lines) + "\n"
+
+
 async def endpoint(request: Request) -> Response:
-    """``GET /metrics``: this process's counters and the ledger's job gauges."""
+    """``GET /metrics``: this process's counters, the ledger's job gauges and retention counters."""
     gauges: reports.JobGauges | None
+    purged: dict[str, int] | None
     try:
         async with db.connection(request.app.state.pool) as conn:
             gauges = await reports.job_gauges(conn)
+            purged = await retention.purge_totals(conn)
     except Exception as exc:
         # A scrape must answer even when the database does not: ledger_up 0 is the signal.
         log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})
-        gauges = None
-    return Response(REGISTRY.render() + render_job_gauges(gauges), media_type=CONTENT_TYPE)
+        gauges, purged = None, None
+    body = REGISTRY.render() + render_job_gauges(gauges) + render_retention(purged)
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 def app(pool: db.Pool) -> Starlette:

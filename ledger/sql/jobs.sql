@@ -199,7 +199,8 @@ RETURNING state::text AS state;
 
 -- name: job_redrive_if_allowed
 -- Puts a failed or parked job back to pending with a fresh set of attempts. Succeeded and cancelled jobs
--- are done; an unrecoverable failure needs force; a lock key another live job holds refuses it. The row
+-- are done; an unrecoverable failure needs force; a lock key another live job holds refuses it; a job whose
+-- payload retention purged cannot run again. The row
 -- lock and the WHERE clause make two racing redrives one: the second re-reads a pending row and matches
 -- nothing.
 WITH redriven AS (
@@ -216,6 +217,8 @@ WITH redriven AS (
         committed_since_release = false,
         updated_at = coalesce(%(now)s, now())
     WHERE j.id = %(job_id)s AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
+      -- Retention purged what it would run on (payload, recorded steps): a redrive could repeat a step.
+      AND NOT j.payload_purged
       AND NOT EXISTS (
           SELECT 1 FROM jobs holder
           WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
@@ -231,6 +234,7 @@ SELECT j.id, j.effect_id, j.tenant, j.kind, j.state::text AS state, j.attempt, j
        j.orphan_policy, j.run_at, j.lease_token, j.lease_owner, j.lease_expires_at, j.checkpoint,
        j.cancel_requested, j.unrecoverable, j.releases_without_commit, j.committed_since_release,
        j.last_error, j.terminal_reason, j.terminal_by, j.created_at, j.updated_at, j.finished_at, j.lock_key,
+       j.payload_purged,
        (SELECT holder.id FROM jobs holder
         WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
           AND holder.state IN ('pending', 'running')

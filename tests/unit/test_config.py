@@ -126,3 +126,60 @@ def test_the_older_reconciler_section_still_works_and_cannot_be_mixed_with_maint
         parse(MINIMAL + "[maintenance.lease_rescuer]\nbatch = 0\n", env=ENV)
     with pytest.raises(ConfigError, match=r"maintenance\.pending_waker\.typo: is not a known setting"):
         parse(MINIMAL + "[maintenance.pending_waker]\ntypo = 1\n", env=ENV)
+
+
+SOURCE = "stripe"
+
+
+def test_retention_windows_are_read_in_days_with_per_source_overrides() -> None:
+    text = (
+        MINIMAL
+        + "[retention]\npayloads_days = 7\nhistory_days = 30\ntombstones_days = 10\nbatch = 500\n"
+        + f'[retention.sources.{SOURCE}]\npayloads_days = 0.5\ntombstones_days = "forever"\n'
+    )
+    config = parse(text, env=ENV).worker.reconciler.retention_config()
+    assert (config.payloads, config.history, config.tombstones, config.batch) == (
+        7 * 86400,
+        30 * 86400,
+        10 * 86400,
+        500,
+    )
+    assert config.source_payloads == {SOURCE: 43200}
+    assert config.dedupe_window(SOURCE) is None
+    # Without a [retention] section: the defaults, tombstones kept forever.
+    default = parse(MINIMAL, env=ENV).worker.reconciler.retention_config()
+    assert (default.payloads, default.history, default.tombstones) == (30 * 86400, 90 * 86400, None)
+
+
+def test_a_dedupe_window_shorter_than_a_providers_retries_is_refused_naming_the_source() -> None:
+    with pytest.raises(
+        ConfigError, match=rf"retention\.tombstones_days: 1 days is shorter than source '{SOURCE}'"
+    ):
+        parse(MINIMAL + "[retention]\ntombstones_days = 1\n", env=ENV)
+    with pytest.raises(
+        ConfigError, match=rf"retention\.sources\.{SOURCE}\.tombstones_days: 2 days is shorter"
+    ):
+        parse(
+            MINIMAL
+            + f"[retention]\ntombstones_days = 40\n[retention.sources.{SOURCE}]\ntombstones_days = 2\n",
+            env=ENV,
+        )
+    # At the provider's window it is accepted; an operator who knows the sender better may say so.
+    assert parse(MINIMAL + "[retention]\ntombstones_days = 3\n", env=ENV)
+    text = f"[retention]\ntombstones_days = 1\n[retention.sources.{SOURCE}]\nprovider_retry_hours = 24\n"
+    assert parse(MINIMAL + text, env=ENV)
+
+
+def test_retention_mistakes_name_the_key() -> None:
+    for text, match in (
+        ("[retention]\npayloads_days = 0\n", r"retention\.payloads_days: must be a number of days > 0"),
+        ('[retention]\nhistory_days = "forever"\n', r"retention\.history_days: only tombstones_days"),
+        ("[retention]\npayloads_days = 100\n", r"retention\.payloads_days: .*must not exceed history"),
+        (
+            "[retention.sources.nope]\npayloads_days = 1\n",
+            r"retention\.sources\.nope: is not a configured source",
+        ),
+        ("[retention]\ntypo_days = 1\n", r"retention\.typo_days: is not a known setting"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            parse(MINIMAL + text, env=ENV)
