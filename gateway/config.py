@@ -18,6 +18,8 @@ from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.worker import WorkerConfig
 from effectgate.ledger import rescuer as rescuer_defaults
 from effectgate.ledger import waker as waker_defaults
+from effectgate.ledger.partitions import DEFAULT_INTERVAL as DEFAULT_PARTITION_INTERVAL
+from effectgate.ledger.partitions import DEFAULT_PREMAKE, PartitionConfig
 from effectgate.ledger.reconciler import (
     DEFAULT_PENDING_TTL,
     DEFAULT_POISON_THRESHOLD,
@@ -218,6 +220,7 @@ def _maintenance(root: _Reader) -> ReconcilerConfig:
     lr = mt.table_of("lease_rescuer")
     pw = mt.table_of("pending_waker")
     sw = mt.table_of("sweeps")
+    pt = mt.table_of("partitions")
     try:
         rescuer = RescuerConfig(
             batch=lr.number("batch", rescuer_defaults.DEFAULT_BATCH, minimum=1, integer=True),
@@ -230,7 +233,11 @@ def _maintenance(root: _Reader) -> ReconcilerConfig:
     except ValueError as exc:  # the readers' minimums catch what the dataclasses would refuse
         raise mt.error("lease_rescuer", str(exc)) from exc
     sweeps = SweepConfig(enabled=sw.get("enabled", bool, True))
-    for reader in (lr, pw, sw):
+    partitions = PartitionConfig(
+        interval=HOUR * pt.number("interval_hours", DEFAULT_PARTITION_INTERVAL / HOUR, minimum=1 / 60),
+        premake=pt.number("premake", DEFAULT_PREMAKE, minimum=1, integer=True),
+    )
+    for reader in (lr, pw, sw, pt):
         reader.no_unknown_keys()
     mt.no_unknown_keys()
     return ReconcilerConfig(
@@ -240,6 +247,7 @@ def _maintenance(root: _Reader) -> ReconcilerConfig:
         rescuer=rescuer,
         waker=waker,
         sweeps=sweeps,
+        partitions=partitions,
     )
 
 

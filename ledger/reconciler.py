@@ -1,8 +1,8 @@
 """The reconciler: the scheduler that runs the maintenance services, once per tick, in any process.
 
 A pass runs, in order, each in a transaction of its own under an advisory lock of its own (see
-``maintenance``): the lease rescuer (``rescuer``), the pending waker (``waker``), the retention keeper
-(``retention``) and the sweeps (``sweeps``). Of several processes ticking at once, one runs each service;
+``maintenance``): the lease rescuer (``rescuer``), the pending waker (``waker``), the partition keeper
+(``partitions``), the retention keeper (``retention``) and the sweeps (``sweeps``). Of several processes ticking at once, one runs each service;
 each service's statements are also guarded in their own WHERE clauses, so even a second pass on the same
 rows finds nothing left to do. A service that throws is one error in the result and stops nothing else.
 
@@ -18,6 +18,7 @@ from datetime import datetime
 
 from .db import Conn
 from .maintenance import R, lock_id, run_locked
+from .partitions import PartitionConfig, PartitionKeeper, PartitionResult
 from .rescuer import (
     DEFAULT_BATCH,
     DEFAULT_POISON_THRESHOLD,
@@ -86,6 +87,7 @@ class ReconcilerConfig:
     rescuer: RescuerConfig | None = None
     waker: WakerConfig | None = None
     retention: RetentionConfig | None = None
+    partitions: PartitionConfig = field(default_factory=PartitionConfig)
     sweeps: SweepConfig = field(default_factory=SweepConfig)
 
     def __post_init__(self) -> None:
@@ -122,6 +124,7 @@ class ReconcileResult:
     owned: bool = True
     rescue: RescueResult = field(default_factory=RescueResult)
     wake: WakeResult = field(default_factory=WakeResult)
+    partitions: PartitionResult = field(default_factory=PartitionResult)
     retention: RetentionResult = field(default_factory=RetentionResult)
     sweep: SweepResult = field(default_factory=SweepResult)
     # Services another process ran this tick, and services that threw (name → error).
@@ -187,7 +190,7 @@ class ReconcileResult:
     def changed(self) -> bool:
         """Whether the pass did anything worth logging."""
         return bool(self.service_errors) or any(
-            r.changed for r in (self.rescue, self.wake, self.retention, self.sweep)
+            r.changed for r in (self.rescue, self.wake, self.partitions, self.retention, self.sweep)
         )
 
 
@@ -222,6 +225,7 @@ class Reconciler:
             pending_ttls={k: p.pending_ttl for k, p in self.kinds.items() if p.pending_ttl is not None},
         )
         self.keeper = RetentionKeeper(self.config.retention_config())
+        self.partitioner = PartitionKeeper(self.config.partitions, self.config.retention_config())
         self.sweeper = SweepRunner(self.sweeps, self.config.sweeps)
 
     def poison_threshold(self, kind: str) -> int:
@@ -242,6 +246,12 @@ class Reconciler:
         )
         if woken is not None:
             result.wake = woken
+        # Partitions first: what a dropped partition held is not deleted row by row afterwards.
+        parted = await self._service(
+            conn, PartitionKeeper.name, lambda: self.partitioner.run_once(conn, now=now), result
+        )
+        if parted is not None:
+            result.partitions = parted
         kept = await self._service(
             conn, RetentionKeeper.name, lambda: self.keeper.run_once(conn, now=now), result
         )

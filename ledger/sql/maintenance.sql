@@ -60,3 +60,7 @@ ORDER BY r.id;
 -- One process runs each maintenance service (or sweep) per tick: a transaction-scoped advisory lock,
 -- released at commit, so a process that dies holds nothing.
 SELECT pg_try_advisory_xact_lock(%(lock_id)s) AS owned;
+
+-- name: maintenance_clock
+-- The database's clock, the one every other maintenance statement uses when no clock is passed in.
+SELECT now() AS now;

@@ -1,8 +1,10 @@
 -- name: signature_failures_delete_expired
 -- Retention: forgets failed-verification counters older than the window, a batch at a time.
 WITH expired AS (
-    SELECT source, reason, minute FROM signature_failures
-    WHERE minute < coalesce(%(now)s, now()) - make_interval(secs => %(retention)s)
+    SELECT f.source, f.reason, f.minute FROM signature_failures f
+    WHERE f.minute < coalesce(%(now)s, now()) - make_interval(secs => %(retention)s)
+      AND NOT EXISTS (SELECT 1 FROM history_partitions p
+                      WHERE p.parent = 'signature_failures' AND p.range_from <= f.minute AND f.minute < p.range_to)
     LIMIT %(limit)s
 )
 DELETE FROM signature_failures f
@@ -60,9 +62,13 @@ UPDATE effect_rejects r SET rejected_payload = NULL FROM due WHERE r.id = due.id
 -- name: deliveries_delete_expired
 -- Retention: deletes up to %(limit)s delivery rows received longer ago than the history window, oldest first.
 WITH due AS (
-    SELECT id FROM deliveries
-    WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
-    ORDER BY received_at
+    SELECT d.id FROM deliveries d
+    WHERE d.received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+      -- Rows of a time partition are dropped with it (partitions.PartitionKeeper), not deleted one by one;
+      -- this deletes what the legacy and DEFAULT partitions hold.
+      AND NOT EXISTS (SELECT 1 FROM history_partitions p
+                      WHERE p.parent = 'deliveries' AND p.range_from <= d.received_at AND d.received_at < p.range_to)
+    ORDER BY d.received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -71,9 +77,12 @@ DELETE FROM deliveries d USING due WHERE d.id = due.id;
 -- name: effect_rejects_delete_expired
 -- Retention: deletes up to %(limit)s key-conflict rows received longer ago than the history window.
 WITH due AS (
-    SELECT id FROM effect_rejects
-    WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
-    ORDER BY received_at
+    SELECT r.id FROM effect_rejects r
+    WHERE r.received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+      AND NOT EXISTS (SELECT 1 FROM history_partitions p
+                      WHERE p.parent = 'effect_rejects' AND p.range_from <= r.received_at
+                        AND r.received_at < p.range_to)
+    ORDER BY r.received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -167,3 +176,21 @@ SELECT
     (SELECT min(last_seen_at) FROM effects WHERE purged_at IS NOT NULL) AS tombstones,
     (SELECT count(*) FROM effects WHERE purged_at IS NOT NULL) AS tombstone_count,
     (SELECT min(minute) FROM signature_failures) AS signature_failures;
+
+-- name: history_partitions_list
+-- The partitions the keeper knows, per parent, oldest first (range_from NULL: the legacy partition).
+SELECT name, parent, range_from, range_to FROM history_partitions ORDER BY parent, range_to;
+
+-- name: history_partition_create_for_range
+-- Creates the partition of %(parent)s covering [%(range_from)s, %(range_to)s), moving in any rows DEFAULT holds
+-- for that range; returns its name.
+SELECT history_partition_create(%(parent)s, %(range_from)s, %(range_to)s) AS name;
+
+-- name: history_partition_drop_registered
+-- Drops one registered history partition (DROP TABLE, no DELETE); returns how many rows went with it.
+SELECT history_partition_drop(%(name)s) AS rows;
+
+-- name: maintenance_lock_timeout_set
+-- Bounds how long this transaction waits for a lock: partition DDL needs the parent table exclusively for a
+-- moment, and must give up (and try next tick) rather than queue every claim behind it.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true);
