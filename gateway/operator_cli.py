@@ -8,6 +8,8 @@
     effectgate jobs show JOB_ID
     effectgate jobs redrive JOB_ID [--force]
     effectgate jobs cancel JOB_ID  [--reason TEXT]
+    effectgate jobs redrive|cancel --state S --kind K --source S --since 24h [--limit N] [--dry-run]
+    effectgate jobs pause --kind K [--reason TEXT] | resume --kind K | paused
 
 Filters: ``--source``, ``--tenant``, ``--event-type``, ``--since`` and ``--until`` (ISO 8601, or a duration
 back from now: ``30m``, ``24h``, ``7d``; reports default to the last 24 hours), ``--limit`` (1..1000) and
@@ -20,7 +22,8 @@ Exit codes scripts can rely on:
     2  usage mistake: a bad flag or filter (the message names it and its code, e.g. invalid_since)
     3  not found (no such effect key or job)
     4  refused: the job action was not carried out; the refusal code is printed (not_redrivable,
-       unrecoverable_requires_force, lock_key_held, payload_purged, not_cancellable)
+       unrecoverable_requires_force, lock_key_held, payload_purged, not_cancellable, not_paused); a bulk
+       action some of whose jobs were refused (some_refused; the summary counts them by code)
 
 These commands read and act on the ledger directly (``DATABASE_URL``, or the embedded Postgres); they
 need no configuration file and no running gateway. Like ``gateway/cli.py``, this module is part of the
@@ -41,8 +44,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers import control
 from effectgate.handlers.registry import REGISTRY
+from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db, reports, retention
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.reports import InvalidParameter
@@ -65,10 +70,12 @@ class NotFound(Exception):
 class Refused(Exception):
     """A job action was refused by the ledger, with its code."""
 
-    def __init__(self, code: str, detail: str) -> None:
+    def __init__(self, code: str, detail: str, document: dict[str, Any] | None = None) -> None:
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+        # What --format json prints instead of the bare error (a bulk action's summary).
+        self.document = document
 
 
 Command = Callable[[db.Conn, argparse.Namespace, TextIO], Awaitable[None]]
@@ -100,7 +107,8 @@ def _run(command: Command) -> Callable[[argparse.Namespace], int]:
         except Refused as exc:
             print(f"effectgate: refused: {exc.code}: {exc.detail}", file=sys.stderr)
             if args.format == "json":
-                print(json.dumps({"error": exc.code, "detail": exc.detail}), file=out)
+                document = {"error": exc.code, "detail": exc.detail, **(exc.document or {})}
+                print(json.dumps(documents.jsonable(document)), file=out)
             return EXIT_REFUSED
         return EXIT_OK
 
@@ -531,6 +539,10 @@ def _refusal(refusal: ledger_jobs.Refused) -> Exception:
 
 
 async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    if args.job_id is None:
+        await _bulk(conn, args, out, "redrive")
+        return
+    _no_filters(args)
     job_id = reports.parse_id(args.job_id, "job_id")
     refusal = await ledger_jobs.redrive(conn, job_id, force=args.force)
     if refusal is not None:
@@ -541,15 +553,152 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
         print(f"job {job_id}: redriven, now pending", file=out)
 
 
-async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    job_id = reports.parse_id(args.job_id, "job_id")
-    for module in args.handlers or ():
+def _job_filter(args: argparse.Namespace) -> ledger_bulk.JobFilter:
+    now = datetime.now(UTC)
+    states = reports.parse_states(args.state)
+    where = ledger_bulk.JobFilter(
+        states=tuple(states) if states else None,
+        kind=reports.parse_name(args.kind, "kind"),
+        source=reports.parse_name(args.source, "source"),
+        since=reports.parse_time(args.since, "since", now=now),
+        limit=_bulk_limit(args.limit),
+    )
+    if where.empty:
+        raise InvalidParameter(
+            "job_id", "give a JOB_ID, or a filter (--state, --kind, --source, --since) for a bulk action"
+        )
+    return where
+
+
+def _bulk_limit(value: str | None) -> int:
+    if value is None:
+        return ledger_bulk.DEFAULT_LIMIT
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100_000:
+        raise InvalidParameter("limit", f"expected a whole number from 1 to 100000, got {value!r}")
+    return limit
+
+
+def _no_filters(args: argparse.Namespace) -> None:
+    for flag in ("state", "kind", "source", "since", "limit"):
+        if getattr(args, flag) is not None:
+            raise InvalidParameter(flag, "filters select jobs for a bulk action; give them without a JOB_ID")
+    if args.dry_run:
+        raise InvalidParameter("dry_run", "--dry-run is for bulk actions (filters without a JOB_ID)")
+
+
+class _Bar:
+    """A progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.shown = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.shown or not total:
+            return
+        width = 30
+        filled = width * done // total
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+async def _bulk(conn: db.Conn, args: argparse.Namespace, out: TextIO, action: bulk_actions.Action) -> None:
+    where = _job_filter(args)
+    _import_handlers(args)
+    result = await bulk_actions.run(
+        conn,
+        REGISTRY,
+        action,
+        where,
+        by=_operator(),
+        reason=getattr(args, "reason", "cancelled by operator"),
+        force=getattr(args, "force", False),
+        dry_run=args.dry_run,
+        progress=_Bar("dry run" if args.dry_run else action),
+    )
+    summary = result.summary()
+    document = {**summary, "job_ids": result.done, "refused_job_ids": result.refused}
+    refused = bool(result.refused) and not args.dry_run
+    if args.format == "json":
+        if not refused:  # else printed once, with the error, by _run
+            _json(out, document)
+    else:
+        verb = {"redrive": "redriven", "cancel": "cancelled or cancel requested"}[action]
+        would = "would be " if args.dry_run else ""
+        print(f"{'dry run: ' if args.dry_run else ''}{len(result.matched)} jobs matched", file=out)
+        print(f"  {would}{verb}: {len(result.done)}", file=out)
+        for code, ids in sorted(result.refused.items()):
+            print(f"  {'would be ' if args.dry_run else ''}refused {code}: {len(ids)}", file=out)
+    if refused:
+        codes = ", ".join(f"{code} {len(ids)}" for code, ids in sorted(result.refused.items()))
+        raise Refused("some_refused", f"{len(result.done)} done, refused: {codes}", document)
+
+
+def _import_handlers(args: argparse.Namespace) -> None:
+    for module in getattr(args, "handlers", None) or ():
         try:
             importlib.import_module(module)
         except Exception as exc:
             raise InvalidParameter(
                 "handlers", f"cannot import {module!r}: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    kind = reports.parse_name(args.kind, "kind")
+    assert kind is not None
+    row = await ledger_bulk.pause(conn, kind, by=_operator(), reason=args.reason)
+    if args.format == "json":
+        _json(out, row)
+    else:
+        print(
+            f"kind {kind}: paused; its jobs wait pending until `effectgate jobs resume --kind {kind}`",
+            file=out,
+        )
+
+
+async def cmd_jobs_resume(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    kind = reports.parse_name(args.kind, "kind")
+    assert kind is not None
+    if not await ledger_bulk.resume(conn, kind):
+        raise Refused("not_paused", f"kind {kind} is not paused")
+    if args.format == "json":
+        _json(out, {"kind": kind, "paused": False})
+    else:
+        print(f"kind {kind}: resumed", file=out)
+
+
+async def cmd_jobs_paused(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    rows = await ledger_bulk.paused(conn)
+    if args.format == "json":
+        _json(out, {"paused": rows})
+        return
+    print_table(
+        out,
+        rows,
+        [
+            ("KIND", "kind"),
+            ("PAUSED AT", "paused_at"),
+            ("BY", "paused_by"),
+            ("PENDING", "pending"),
+            ("REASON", "reason"),
+        ],
+    )
+
+
+async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    if args.job_id is None:
+        await _bulk(conn, args, out, "cancel")
+        return
+    _no_filters(args)
+    job_id = reports.parse_id(args.job_id, "job_id")
+    _import_handlers(args)
     outcome = await control.cancel(conn, REGISTRY, job_id, by=_operator(), reason=args.reason)
     if isinstance(outcome, ledger_jobs.Refused):
         raise _refusal(outcome)
@@ -664,6 +813,17 @@ def _filters(p: argparse.ArgumentParser, *, tenant: bool = True, event_type: boo
     _output(p)
 
 
+def _bulk_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", help=f"bulk: one or more, comma-separated: {', '.join(reports.JOB_STATES)}")
+    p.add_argument("--kind", help="bulk: only this handler kind")
+    p.add_argument("--source", help="bulk: only jobs of this webhook source")
+    p.add_argument(
+        "--since", help="bulk: finished (or, not finished, created) since: ISO 8601 or 30m, 24h, 7d"
+    )
+    p.add_argument("--limit", help=f"bulk: at most this many jobs (default {ledger_bulk.DEFAULT_LIMIT})")
+    p.add_argument("--dry-run", action="store_true", help="bulk: show what would happen, change nothing")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``ledger`` and ``jobs`` commands to the ``effectgate`` parser."""
     ledger = sub.add_parser("ledger", help="duplicate and reject reports, effect lineage", epilog=_EPILOG)
@@ -713,15 +873,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show_job.set_defaults(func=_run(cmd_jobs_show))
 
     redrive = jobs_sub.add_parser(
-        "redrive", help="put a failed or parked job back to pending", epilog=_EPILOG
+        "redrive",
+        help="put a failed or parked job (or every job a filter matches) back to pending",
+        epilog=_EPILOG,
     )
-    redrive.add_argument("job_id", metavar="JOB_ID")
+    redrive.add_argument("job_id", metavar="JOB_ID", nargs="?", help="one job; or give filters instead")
     redrive.add_argument("--force", action="store_true", help="redrive an unrecoverable failure too")
+    _bulk_filters(redrive)
     _output(redrive)
     redrive.set_defaults(func=_run(cmd_jobs_redrive))
 
-    cancel = jobs_sub.add_parser("cancel", help="cancel a pending or running job", epilog=_EPILOG)
-    cancel.add_argument("job_id", metavar="JOB_ID")
+    cancel = jobs_sub.add_parser(
+        "cancel", help="cancel a pending or running job (or every job a filter matches)", epilog=_EPILOG
+    )
+    cancel.add_argument("job_id", metavar="JOB_ID", nargs="?", help="one job; or give filters instead")
     cancel.add_argument("--reason", default="cancelled by operator", help="recorded with the job")
     cancel.add_argument(
         "--handlers",
@@ -729,5 +894,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="MODULE",
         help="import this handler module so its kind's on_transition mirrors the cancel (repeatable)",
     )
+    _bulk_filters(cancel)
     _output(cancel)
     cancel.set_defaults(func=_run(cmd_jobs_cancel))
+
+    pause = jobs_sub.add_parser(
+        "pause", help="stop leasing one kind's jobs (they wait pending)", epilog=_EPILOG
+    )
+    pause.add_argument("--kind", required=True, help="the handler kind, e.g. commerce.fulfil_order")
+    pause.add_argument("--reason", help="recorded with the pause, shown by `jobs paused`")
+    _output(pause)
+    pause.set_defaults(func=_run(cmd_jobs_pause))
+
+    resume = jobs_sub.add_parser("resume", help="lease a paused kind's jobs again", epilog=_EPILOG)
+    resume.add_argument("--kind", required=True, help="the paused handler kind")
+    _output(resume)
+    resume.set_defaults(func=_run(cmd_jobs_resume))
+
+    paused = jobs_sub.add_parser("paused", help="the paused kinds and their waiting jobs", epilog=_EPILOG)
+    _output(paused)
+    paused.set_defaults(func=_run(cmd_jobs_paused))

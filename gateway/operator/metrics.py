@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from effectgate.handlers.observe import WorkerObserver
-from effectgate.ledger import db, reports, retention
+from effectgate.ledger import bulk, db, reports, retention
 
 log = logging.getLogger("effectgate.metrics")
 
@@ -298,19 +298,33 @@ def render_retention(purged: Mapping[str, int] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_paused(kinds: Sequence[str] | None) -> str:
+    """One series per paused kind (``effectgate jobs pause``): its jobs are not being leased."""
+    if kinds is None:
+        return ""
+    lines = [
+        "# HELP effectgate_kind_paused 1 for each handler kind an operator paused; its jobs wait pending.",
+        "# TYPE effectgate_kind_paused gauge",
+    ]
+    lines += [f"effectgate_kind_paused{_labels(('kind',), (kind,))} 1" for kind in kinds]
+    return "\n".join(lines) + "\n"
+
+
 async def endpoint(request: Request) -> Response:
     """``GET /metrics``: this process's counters, the ledger's job gauges and retention counters."""
     gauges: reports.JobGauges | None
     purged: dict[str, int] | None
+    paused: list[str] | None
     try:
         async with db.connection(request.app.state.pool) as conn:
             gauges = await reports.job_gauges(conn)
             purged = await retention.purge_totals(conn)
+            paused = [row["kind"] for row in await bulk.paused(conn)]
     except Exception as exc:
         # A scrape must answer even when the database does not: ledger_up 0 is the signal.
         log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})
-        gauges, purged = None, None
-    body = REGISTRY.render() + render_job_gauges(gauges) + render_retention(purged)
+        gauges, purged, paused = None, None, None
+    body = REGISTRY.render() + render_job_gauges(gauges) + render_retention(purged) + render_paused(paused)
     return Response(body, media_type=CONTENT_TYPE)
 
 

@@ -2,9 +2,11 @@
 -- Leases up to %(limit)s due pending jobs of the given kinds to one worker, each under a new fencing token
 -- and its own kind's TTL, and opens an attempt row for each. SKIP LOCKED lets many workers fetch at once
 -- without waiting on each other. A job whose lock key a running job holds stays pending, and one batch
--- takes at most one job per lock key: the partial unique index would refuse a second.
+-- takes at most one job per lock key: the partial unique index would refuse a second. Paused kinds wait.
 WITH kinds AS (
     SELECT k.kind, k.ttl FROM unnest(%(kinds)s::text[], %(ttls)s::float8[]) AS k(kind, ttl)
+    -- A paused kind (an operator's `jobs pause`) is not leased; its jobs wait pending.
+    WHERE NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = k.kind)
 ),
 candidates AS (
     SELECT j.id, j.tenant, j.lock_key, j.run_at, k.ttl

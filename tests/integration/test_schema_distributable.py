@@ -30,6 +30,8 @@ LOCAL_TABLES = {
     # Failed verifications happen before authentication: the tenant is unknown by construction (the body is
     # not trusted), so the counters are keyed by source. A reference table.
     "signature_failures": "pre-authentication counters, no tenant by construction",
+    # Operator control of the deployment's handler kinds; kinds are code, not tenant data: a reference table.
+    "paused_kinds": "reference table of paused handler kinds",
 }
 
 # Known violations among distributed tables: (table, constraint or index) -> reason. Each must be fixed by a

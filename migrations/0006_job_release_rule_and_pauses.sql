@@ -29,3 +29,13 @@ AS $$ SELECT CASE
     WHEN orphan_policy = 'redrive' THEN 'redrive'
     ELSE 'park'
 END $$;
+
+-- Paused kinds: an operator stops the leasing of one handler's jobs during a downstream outage
+-- (`effectgate jobs pause --kind K`); claims still land (a webhook must be acknowledged), the jobs wait
+-- pending, and resume wakes the workers. A handful of rows; the fetch reads it per call.
+CREATE TABLE paused_kinds (
+    kind      text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL,
+    paused_by text        NOT NULL,
+    reason    text
+);
