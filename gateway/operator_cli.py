@@ -3,6 +3,7 @@
     effectgate ledger duplicates  [filters] [--sort -last_seen|last_seen|-first_seen|first_seen|-deliveries]
     effectgate ledger rejects     [filters] [--kind all|conflicts|auth] [--sort -received|received]
     effectgate ledger show KEY    [--tenant T]
+    effectgate ledger replay --unmatched --source S --since 24h [--until …] [--config PATH]
     effectgate ledger retention   [--config PATH]   what retention keeps, has purged, and whether it is behind
     effectgate jobs list          [--state S[,S…]] [--kind K] [--source S] [--since …] [--until …] [--sort -created|created]
     effectgate jobs show JOB_ID
@@ -45,7 +46,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from effectgate.handlers import bulk as bulk_actions
-from effectgate.handlers import control
+from effectgate.handlers import control, replay
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db, reports, retention
@@ -726,6 +727,43 @@ def _retention_config(args: argparse.Namespace) -> tuple[str | None, retention.R
     return path, load(path).worker.reconciler.retention_config()
 
 
+def run_replay(args: argparse.Namespace) -> int:
+    """``effectgate ledger replay --unmatched``: the handlers come from the configuration, read first."""
+    import os
+
+    from .config import DEFAULT_CONFIG_FILE, ConfigError, import_handlers, load
+
+    try:
+        config = load(args.config or os.environ.get("EFFECTGATE_CONFIG") or DEFAULT_CONFIG_FILE)
+        import_handlers(config)
+    except ConfigError as exc:
+        print(f"effectgate: --config: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.source not in config.sources:
+        print(f"effectgate: --source: {args.source!r} is not a configured source", file=sys.stderr)
+        return EXIT_USAGE
+    return _run(cmd_replay)(args)
+
+
+async def cmd_replay(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    now = datetime.now(UTC)
+    since = reports.parse_time(args.since, "since", now=now)
+    until = reports.parse_time(args.until, "until", now=now)
+    assert since is not None  # required by the parser
+    result = await replay.replay_unmatched(
+        conn, REGISTRY, source=args.source, since=since, until=until, limit=_bulk_limit(args.limit)
+    )
+    if args.format == "json":
+        _json(out, result.summary())
+        return
+    print(f"{result.deliveries} unmatched deliveries of {args.source} replayed", file=out)
+    for outcome, n in sorted(result.outcomes.items()):
+        print(f"  effects {outcome}: {n}", file=out)
+    print(f"  still unmatched (no handler yet): {result.still_unmatched}", file=out)
+    if result.key_failed:
+        print(f"  key function failed: {result.key_failed}", file=out)
+
+
 def run_retention(args: argparse.Namespace) -> int:
     """``effectgate ledger retention``: the configuration is read before the ledger is touched."""
     from .config import ConfigError
@@ -849,6 +887,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show.add_argument("--tenant", help="the tenant holding the key (needed only when several do)")
     _output(show)
     show.set_defaults(func=_run(cmd_show))
+
+    rep = reports_sub.add_parser(
+        "replay", help="claim kept unmatched deliveries as if they had just arrived", epilog=_EPILOG
+    )
+    rep.add_argument("--unmatched", action="store_true", required=True, help="replay unmatched deliveries")
+    rep.add_argument("--source", required=True, help="the webhook source whose deliveries to replay")
+    rep.add_argument("--since", required=True, help="received since: ISO 8601 or 30m, 24h, 7d")
+    rep.add_argument("--until", help="received before (default now)")
+    rep.add_argument("--limit", help=f"at most this many deliveries (default {ledger_bulk.DEFAULT_LIMIT})")
+    rep.add_argument(
+        "--config", help="the configuration naming the handler modules (default: EFFECTGATE_CONFIG)"
+    )
+    _output(rep)
+    rep.set_defaults(func=run_replay)
 
     ret = reports_sub.add_parser(
         "retention", help="what retention keeps and has purged, per table", epilog=_EPILOG

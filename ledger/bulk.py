@@ -70,3 +70,15 @@ async def resume(conn: Conn, kind: str) -> bool:
 async def paused(conn: Conn) -> list[dict[str, Any]]:
     """Every paused kind: who paused it, when, why, and how many of its jobs wait pending."""
     return await (await conn.execute(Q["kinds_paused"])).fetchall()
+
+
+async def unmatched_for_replay(
+    conn: Conn, *, source: str, since: datetime, until: datetime | None = None, limit: int = DEFAULT_LIMIT
+) -> list[dict[str, Any]]:
+    """Unmatched deliveries of ``source`` received in [since, until) that still keep their payload."""
+    return await (
+        await conn.execute(
+            Q["deliveries_unmatched_for_replay"],
+            {"source": source, "since": since, "until": until, "limit": limit},
+        )
+    ).fetchall()

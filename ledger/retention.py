@@ -5,7 +5,8 @@ Effects are claimed forever in meaning, not in bytes. In order, each a batch at 
 1. **payloads** (per source): once an effect's job has finished and its payload window has passed, its
    payload and its steps' recorded answers are purged and the effects row becomes a **tombstone** (tenant,
    key, fingerprint, outcome, first and last seen). A late provider retry still meets the unique
-   constraint and is answered duplicate: the claim never reads the payload. A rejected payload goes too.
+   constraint and is answered duplicate: the claim never reads the payload. Rejected payloads and the
+   payloads unmatched deliveries keep for replay go at the same window.
 2. **history**: delivery rows, key-conflict rows, and finished jobs (with their attempts and steps) older
    than the history window. The tombstone keeps the job's outcome.
 3. **tombstones** (opt-in, per source): the dedupe window. Without one, tombstones are kept forever; with
@@ -41,6 +42,7 @@ PURGED = (
     "effects.payload",
     "steps.answer",
     "effect_rejects.payload",
+    "deliveries.payload",
     "deliveries",
     "effect_rejects",
     "jobs",
@@ -148,6 +150,9 @@ class RetentionKeeper:
             await self._repeat(
                 conn, "reject_payloads_purge_expired", payload_policy, "effect_rejects.payload", result
             )
+            await self._repeat(
+                conn, "unmatched_payloads_purge_expired", payload_policy, "deliveries.payload", result
+            )
             history = {**limit, "window": c.history}
             await self._repeat(conn, "deliveries_delete_expired", history, "deliveries", result)
             await self._repeat(conn, "effect_rejects_delete_expired", history, "effect_rejects", result)
@@ -220,6 +225,7 @@ _REPORT = (
     ("effects.payload", "payloads", "payloads"),
     ("steps.answer", "payloads", None),
     ("effect_rejects.payload", "payloads", None),
+    ("deliveries.payload", "payloads", None),
     ("deliveries", "history", "deliveries"),
     ("effect_rejects", "history", "effect_rejects"),
     ("jobs", "history", "jobs"),

@@ -32,6 +32,9 @@ ALTER TABLE deliveries RENAME TO deliveries_legacy;
 ALTER TABLE deliveries_legacy DROP CONSTRAINT deliveries_pkey;
 ALTER TABLE deliveries_legacy DROP CONSTRAINT deliveries_effect_id_fkey;
 ALTER TABLE deliveries_legacy ALTER COLUMN id DROP IDENTITY;
+-- An unmatched delivery keeps its payload for the payload window, so it can be replayed once a handler for it
+-- exists (`effectgate ledger replay --unmatched`); NULL for every other outcome (the effect holds it).
+ALTER TABLE deliveries_legacy ADD COLUMN payload jsonb;
 ALTER INDEX deliveries_effect_idx RENAME TO deliveries_legacy_effect_idx;
 ALTER INDEX deliveries_received_idx RENAME TO deliveries_legacy_received_idx;
 ALTER INDEX deliveries_duplicate_idx RENAME TO deliveries_legacy_duplicate_idx;
@@ -50,9 +53,12 @@ CREATE TABLE deliveries (
         CONSTRAINT deliveries_outcome_check CHECK (outcome IN ('accepted', 'duplicate', 'rejected', 'unmatched')),
     fingerprint   text        NOT NULL,
     secret_index  integer,
+    payload       jsonb,
     PRIMARY KEY (id, received_at, tenant)
 ) PARTITION BY RANGE (received_at);
 CREATE INDEX deliveries_effect_idx ON deliveries (effect_id, received_at);
+-- Only unmatched deliveries keep a payload: this index holds them alone (replay by source, purge by age).
+CREATE INDEX deliveries_unmatched_payload_idx ON deliveries (source, received_at) WHERE payload IS NOT NULL;
 CREATE INDEX deliveries_received_idx ON deliveries (received_at);
 CREATE INDEX deliveries_duplicate_idx ON deliveries (received_at) WHERE outcome = 'duplicate';
 

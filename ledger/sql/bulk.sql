@@ -28,3 +28,13 @@ SELECT kind, pg_notify('effectgate_jobs', kind) IS NOT NULL AS notified FROM res
 SELECT p.kind, p.paused_at, p.paused_by, p.reason,
        (SELECT count(*) FROM jobs j WHERE j.kind = p.kind AND j.state = 'pending') AS pending
 FROM paused_kinds p ORDER BY p.kind;
+
+-- name: deliveries_unmatched_for_replay
+-- Replay: up to %(limit)s unmatched deliveries of a source received in [since, until) whose payload is still
+-- kept, oldest first.
+SELECT request_id, received_at, tenant, source, event_id, event_type, fingerprint, secret_index, payload
+FROM deliveries
+WHERE payload IS NOT NULL AND outcome = 'unmatched' AND source = %(source)s
+  AND received_at >= %(since)s AND received_at < coalesce(%(until)s::timestamptz, 'infinity')
+ORDER BY received_at, id
+LIMIT %(limit)s;

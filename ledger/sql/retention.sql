@@ -59,6 +59,22 @@ due AS (
 )
 UPDATE effect_rejects r SET rejected_payload = NULL FROM due WHERE r.id = due.id;
 
+-- name: unmatched_payloads_purge_expired
+-- Retention: purges the payload kept for replay of up to %(limit)s unmatched deliveries older than their
+-- source's payload window; the delivery row stays for the history window.
+WITH policy AS (
+    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+),
+due AS (
+    SELECT d.id, d.received_at FROM deliveries d LEFT JOIN policy p ON p.source = d.source
+    WHERE d.payload IS NOT NULL
+      AND d.received_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+    ORDER BY d.received_at
+    LIMIT %(limit)s
+    FOR UPDATE OF d SKIP LOCKED
+)
+UPDATE deliveries d SET payload = NULL FROM due WHERE d.id = due.id AND d.received_at = due.received_at;
+
 -- name: deliveries_delete_expired
 -- Retention: deletes up to %(limit)s delivery rows received longer ago than the history window, oldest first.
 WITH due AS (

@@ -1,5 +1,9 @@
 """The upgrade from the schema before retention (0001-0005) to partitioned history keeps every row, and the
-ledger works afterwards: a ledger populated through the real code paths, then migrated, then used."""
+ledger works afterwards: a ledger populated through the real code paths, then migrated, then used.
+
+Deliveries, rejects and signature failures are written on the old schema by the claim code (unchanged); jobs'
+leases, steps and outcomes after 0006 (the fetch now skips paused kinds, a table 0006 adds), before 0007-0008.
+"""
 
 from __future__ import annotations
 
@@ -44,8 +48,8 @@ def only_keys(after: list[dict[str, Any]], like: list[dict[str, Any]]) -> list[d
     return sorted(trimmed, key=lambda r: sorted((k, str(v)) for k, v in r.items()))
 
 
-async def populate(conn: db.Conn, now: datetime) -> None:
-    """Rows of every kind, written by the code the gateway and the worker run."""
+async def populate_arrivals(conn: db.Conn, now: datetime) -> None:
+    """What arrived, written by the claim code the gateway runs (its statement is unchanged by 0006-0008)."""
     for n in range(20):
         key = f"order-{n}"
         [outcome] = await claim_delivery(
@@ -60,7 +64,21 @@ async def populate(conn: db.Conn, now: datetime) -> None:
         other = delivery(f"order-{n}", payload={"other": n})
         [rej] = await claim_delivery(conn, other, [EffectRequest(f"order-{n}", "k", 3, "redrive")], now=now)
         assert isinstance(rej, Rejected)
-    assert await claim_delivery(conn, delivery("nobody-wants-it"), [], now=now) == []
+    # An unmatched delivery, recorded as the code before 0008 did (that statement now also keeps the payload,
+    # in a column the old schema does not have).
+    await conn.execute(
+        "INSERT INTO deliveries (request_id, received_at, tenant, source, event_id, event_type, outcome, "
+        "fingerprint) VALUES ('r-unmatched', %s, 'default', 'stripe', 'evt-x', 'thing.happened', 'unmatched', 'f')",
+        (now,),
+    )
+    for reason in ("signature_invalid", "signature_missing"):
+        await record_signature_failure(
+            conn, source="stripe", reason=reason, size=3, body_sha256="0" * 64, detail="d", now=now
+        )
+
+
+async def populate_work(conn: db.Conn, now: datetime) -> None:
+    """Leases, steps and outcomes, written by the worker's code (its fetch reads paused_kinds, from 0006)."""
     for lease in await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 30}, limit=10, now=now):
         await steps.record(
             conn,
@@ -73,26 +91,28 @@ async def populate(conn: db.Conn, now: datetime) -> None:
             now=now,
         )
         await jobs.finish(conn, lease.job_id, lease.lease_token, state="succeeded", by="w", now=now)
-    for reason in ("signature_invalid", "signature_missing"):
-        await record_signature_failure(
-            conn, source="stripe", reason=reason, size=3, body_sha256="0" * 64, detail="d", now=now
-        )
 
 
 async def test_the_upgrade_keeps_every_row_and_the_ledger_works_after_it(
     empty_db_url: str, tmp_path: Path
 ) -> None:
-    before_mine = tmp_path / "before"
-    before_mine.mkdir()
-    for migration in discover():
-        if migration.name < FIRST_OF_MINE:
-            shutil.copyfile(str(MIGRATIONS_DIR.joinpath(migration.name)), before_mine / migration.name)
+    def up_to(name: str, last: str) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        for migration in discover():
+            if migration.name < last:
+                shutil.copyfile(str(MIGRATIONS_DIR.joinpath(migration.name)), directory / migration.name)
+        return directory
+
+    before_mine, before_history = up_to("before", FIRST_OF_MINE), up_to("rules", "0007")
     now = datetime.now(UTC) - timedelta(hours=1)
     conn = await db.connect(empty_db_url)
     async with conn:
         applied = await migrate(conn, before_mine)
         assert applied and max(applied) < FIRST_OF_MINE
-        await populate(conn, now)
+        await populate_arrivals(conn, now)
+        assert await migrate(conn, before_history) == ["0006_job_release_rule_and_pauses.sql"]
+        await populate_work(conn, now)
         before = await snapshot(conn)
         assert {t: len(rows) for t, rows in before.items()} == {
             "effects": 20,
@@ -109,6 +129,8 @@ async def test_the_upgrade_keeps_every_row_and_the_ledger_works_after_it(
         after = await snapshot(conn)
         for table in TABLES:
             assert only_keys(after[table], before[table]) == before[table], table
+        # The columns the upgrade added are empty on the old rows.
+        assert {row["payload"] for row in after["deliveries"]} == {None}
         kinds = await (
             await conn.execute(
                 "SELECT relname, relkind FROM pg_class WHERE relname = ANY(%s) ORDER BY relname",
