@@ -55,6 +55,20 @@ async def run_locked(conn: Conn, lock: int, work: Callable[[], Awaitable[R]]) ->
         return True, await work()
 
 
+async def run_session_locked(
+    conn: Conn, lock: int, work: Callable[[], Awaitable[R]]
+) -> tuple[bool, R | None]:
+    """Like ``run_locked``, for work that commits several transactions of its own: the lock is held by the
+    session and released when ``work`` returns (or the connection ends, if the process dies)."""
+    row = await (await conn.execute(Q["maintenance_session_lock_try"], {"lock_id": lock})).fetchone()
+    if row is None or not row["owned"]:
+        return False, None
+    try:
+        return True, await work()
+    finally:
+        await conn.execute(Q["maintenance_session_unlock"], {"lock_id": lock})
+
+
 async def maintain_forever(
     pool: db.Pool,
     run_once: Callable[[Conn], Awaitable[R]],

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .db import Conn
-from .maintenance import R, lock_id, run_locked
+from .maintenance import R, lock_id, run_locked, run_session_locked
 from .partitions import PartitionConfig, PartitionKeeper, PartitionResult
 from .rescuer import (
     DEFAULT_BATCH,
@@ -248,7 +248,11 @@ class Reconciler:
             result.wake = woken
         # Partitions first: what a dropped partition held is not deleted row by row afterwards.
         parted = await self._service(
-            conn, PartitionKeeper.name, lambda: self.partitioner.run_once(conn, now=now), result
+            conn,
+            PartitionKeeper.name,
+            lambda: self.partitioner.run_once(conn, now=now),
+            result,
+            session=True,
         )
         if parted is not None:
             result.partitions = parted
@@ -263,10 +267,16 @@ class Reconciler:
 
     @staticmethod
     async def _service(
-        conn: Conn, name: str, run: Callable[[], Awaitable[R]], result: ReconcileResult
+        conn: Conn,
+        name: str,
+        run: Callable[[], Awaitable[R]],
+        result: ReconcileResult,
+        *,
+        session: bool = False,
     ) -> R | None:
+        locked = run_session_locked if session else run_locked
         try:
-            owned, value = await run_locked(conn, service_lock_id(name), run)
+            owned, value = await locked(conn, service_lock_id(name), run)
         except Exception as exc:
             result.service_errors[name] = f"{type(exc).__name__}: {exc}"
             return None

@@ -64,3 +64,12 @@ SELECT pg_try_advisory_xact_lock(%(lock_id)s) AS owned;
 -- name: maintenance_clock
 -- The database's clock, the one every other maintenance statement uses when no clock is passed in.
 SELECT now() AS now;
+
+-- name: maintenance_session_lock_try
+-- The partition keeper's ownership: a session-level advisory lock, so its DDL can commit one partition at a
+-- time (holding one table's lock at a time, never several) while it stays the only keeper.
+SELECT pg_try_advisory_lock(%(lock_id)s) AS owned;
+
+-- name: maintenance_session_unlock
+-- Releases the partition keeper's session-level advisory lock.
+SELECT pg_advisory_unlock(%(lock_id)s) AS released;

@@ -132,3 +132,31 @@ def test_partition_config_is_validated() -> None:
         with pytest.raises(ValueError):
             PartitionConfig(**bad)  # type: ignore[arg-type]
     assert floor_to(hours(1.5), HOUR) == hours(1)
+
+
+async def test_a_partition_whose_table_is_busy_waits_for_the_next_pass_and_the_others_go_on(
+    db_url: str,
+) -> None:
+    from tests.integration.jobs_fixtures import connected
+
+    quick = PartitionKeeper(
+        PartitionConfig(interval=HOUR, premake=2, lock_timeout=0.2),
+        RetentionConfig(payloads=HOUR, history=3 * HOUR),
+    )
+    async with connected(db_url) as conn, connected(db_url) as reader:
+        async with reader.transaction():
+            # A long reader of deliveries (a report, say) holds a lock the DDL must wait for.
+            await reader.execute("LOCK TABLE deliveries IN ACCESS SHARE MODE")
+            result = await quick.run_once(conn, now=hours(0.5))
+            # In 2031 the legacy partition (rows from before the upgrade) has expired too: its drop waits as well.
+            assert result.waited == ["deliveries_legacy", f"deliveries@{hours(0).isoformat()}"]
+            assert not any(name.startswith("deliveries_") for name in result.created)
+            assert len([n for n in result.created if n.startswith("effect_rejects_")]) == 3
+        # The reader is gone: the next pass makes what waited.
+        again = await quick.run_once(conn, now=hours(0.5))
+        assert (again.waited, list(again.dropped)) == ([], ["deliveries_legacy"])
+        assert again.created == [
+            "deliveries_p20310601_000000",
+            "deliveries_p20310601_010000",
+            "deliveries_p20310601_020000",
+        ]
