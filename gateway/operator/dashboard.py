@@ -2,7 +2,8 @@
 
 Pages: an overview (duplicates, key conflicts and authentication failures over time, the latest of
 each), the duplicate and reject reports with their filters, effect lineage, jobs with redrive and
-cancel buttons for ``operate`` tokens. Every page reads ``ledger.reports``, the code path of the API
+cancel buttons for ``operate`` tokens, and a bulk form (redrive or cancel every job a filter matches, dry run
+first). Every page reads ``ledger.reports``, the code path of the API
 and the CLI.
 
 A browser cannot send a bearer header by itself, so ``/ui/login`` takes the operator token once and
@@ -17,7 +18,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from html import escape
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -26,7 +27,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers import control
+from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
@@ -520,8 +523,88 @@ async def job_list(
             ],
         )
         + _next_link("/ui/jobs", {k: v for k, v in query.items() if k != "cursor"}, document["next_cursor"])
+        + _bulk_form(operator, query, dry_run=True)
     )
     return page("Jobs", body, operator)
+
+
+_BULK_FIELDS = ("state", "kind", "source", "since")
+
+
+def _bulk_form(operator: OperatorToken, values: dict[str, str], *, dry_run: bool) -> str:
+    """Redrive or cancel every job a filter matches; a dry run first, then the same filter for real."""
+    if not operator.allows("operate"):
+        return ""
+    inputs = "".join(
+        f'<label>{name} <input name="{name}" value="{h(values.get(name, ""))}"></label> '
+        for name in _BULK_FIELDS
+    )
+    action = values.get("action", "redrive")
+    options = "".join(
+        f'<option value="{a}"{" selected" if a == action else ""}>{a}</option>' for a in ("redrive", "cancel")
+    )
+    check = " checked" if dry_run else ""
+    return (
+        '<h2>Bulk action</h2><form method="post" action="/ui/jobs/bulk" class="filters" id="bulk">'
+        f'<input type="hidden" name="csrf" value="{h(_csrf(operator))}">{inputs}'
+        f'<select name="action">{options}</select> '
+        f'<label><input type="checkbox" name="dry_run" value="true"{check}> dry run</label> '
+        '<button name="go">Apply to every matching job</button></form>'
+    )
+
+
+async def bulk(request: Request) -> Response:
+    """The bulk form: a dry run shows what would happen; unticked, it acts and counts refusals by code."""
+    operator = _operator(request, "view")
+    if operator is None:
+        return RedirectResponse("/ui/login", status_code=303)
+    form = await _form(request)
+    if not operator.allows("operate") or not hmac.compare_digest(form.get("csrf", ""), _csrf(operator)):
+        return page("Not allowed", '<p class="error">Not allowed.</p>', operator, status=403)
+    action = form.get("action", "")
+    dry_run = form.get("dry_run") == "true"
+    try:
+        if action not in ("redrive", "cancel"):
+            raise InvalidParameter("action", "expected redrive or cancel")
+        states = reports.parse_states(form.get("state") or None)
+        where = ledger_bulk.JobFilter(
+            states=tuple(states) if states else None,
+            kind=reports.parse_name(form.get("kind") or None, "kind"),
+            source=reports.parse_name(form.get("source") or None, "source"),
+            since=reports.parse_time(form.get("since") or None, "since", now=datetime.now(UTC)),
+        )
+        if where.empty:
+            raise InvalidParameter("filter", "give at least one of state, kind, source, since")
+        async with db.connection(request.app.state.pool) as conn:
+            result = await bulk_actions.run(
+                conn,
+                request.app.state.registry,
+                "redrive" if action == "redrive" else "cancel",
+                where,
+                by=f"operator:{operator.name}",
+                dry_run=dry_run,
+            )
+    except InvalidParameter as exc:
+        return page(
+            "Bad request", f'<p class="error">{h(exc.parameter)}: {h(exc.detail)}</p>', operator, status=400
+        )
+    except LedgerError:
+        return page(
+            "Ledger unavailable", '<p class="error">The ledger could not answer.</p>', operator, status=503
+        )
+    summary = result.summary()
+    rows = [
+        {"what": "matched", "n": summary["matched"]},
+        {"what": "done" if not dry_run else "would be done", "n": summary["done"]},
+    ]
+    rows += [{"what": f"refused {code}", "n": n} for code, n in dict(summary["refused"]).items()]  # type: ignore[call-overload]
+    body = (
+        f'<p class="notice" id="summary">{"Dry run: nothing was changed. " if dry_run else ""}'
+        f"{h(action)}: {summary['done']} of {summary['matched']} jobs.</p>"
+        + table(rows, [("", "what"), ("jobs", "n")])
+        + (_bulk_form(operator, {**form, "action": action}, dry_run=False) if dry_run else "")
+    )
+    return page(f"Bulk {action}", body, operator)
 
 
 _NOTICES = {
@@ -718,6 +801,7 @@ def routes() -> list[BaseRoute]:
         Route("/duplicates", duplicates, methods=["GET"]),
         Route("/rejects", rejects, methods=["GET"]),
         Route("/jobs", job_list, methods=["GET"]),
+        Route("/jobs/bulk", bulk, methods=["POST"]),
         Route("/jobs/{job_id}", job_show, methods=["GET"]),
         Route("/jobs/{job_id}/redrive", _action("redrive"), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", _action("cancel"), methods=["POST"]),
