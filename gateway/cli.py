@@ -235,6 +235,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                 "woken": result.woken,
                 "sweeps": result.sweep_acted,
                 "sweep_errors": result.sweep_errors,
+                "partitions_created": result.partitions.created,
+                "partitions_dropped": result.partitions.dropped,
+                "purged": {what: n for what, n in result.retention.purged.items() if n},
+                "skipped": result.skipped,
+                "service_errors": result.service_errors,
             }
         )
     )
