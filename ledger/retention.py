@@ -154,8 +154,23 @@ class RetentionKeeper:
                 conn, "unmatched_payloads_purge_expired", payload_policy, "deliveries.payload", result
             )
             history = {**limit, "window": c.history}
-            await self._repeat(conn, "deliveries_delete_expired", history, "deliveries", result)
-            await self._repeat(conn, "effect_rejects_delete_expired", history, "effect_rejects", result)
+            # Time partitions are dropped whole by the partition keeper; the row deletes only reach what lies
+            # before the first of them (the legacy partition) and the DEFAULT partition.
+            clock = now or await self._clock(conn)
+            first = await self._first_partition_starts(conn)
+
+            def before(parent: str, window: float) -> datetime:
+                cutoff = clock - timedelta(seconds=window)
+                start = first.get(parent)
+                return cutoff if start is None else min(cutoff, start)
+
+            for parent, rows_query, default_query in (
+                ("deliveries", "deliveries_delete_expired", "deliveries_default_delete_expired"),
+                ("effect_rejects", "effect_rejects_delete_expired", "effect_rejects_default_delete_expired"),
+            ):
+                params = {**limit, "before": before(parent, c.history)}
+                await self._repeat(conn, rows_query, params, parent, result)
+                await self._repeat(conn, default_query, history, parent, result)
             for _ in range(c.batches_per_pass):
                 row = await self._one(conn, "jobs_delete_expired", history)
                 for what in ("jobs", "job_attempts", "steps"):
@@ -179,10 +194,18 @@ class RetentionKeeper:
                         )
                     if row["tombstones"] < c.batch:
                         break
+            sig = c.signature_failures
             await self._repeat(
                 conn,
                 "signature_failures_delete_expired",
-                {**limit, "retention": c.signature_failures},
+                {**limit, "before": before("signature_failures", sig)},
+                "signature_failures",
+                result,
+            )
+            await self._repeat(
+                conn,
+                "signature_failures_default_delete_expired",
+                {**limit, "window": sig},
                 "signature_failures",
                 result,
             )
@@ -191,6 +214,21 @@ class RetentionKeeper:
                 {"now": now, "whats": list(result.purged), "counts": list(result.purged.values())},
             )
         return result
+
+    @staticmethod
+    async def _clock(conn: Conn) -> datetime:
+        row = await (await conn.execute(Q["maintenance_clock"])).fetchone()
+        assert row is not None
+        return row["now"]  # type: ignore[no-any-return]
+
+    @staticmethod
+    async def _first_partition_starts(conn: Conn) -> dict[str, datetime]:
+        first: dict[str, datetime] = {}
+        for row in await (await conn.execute(Q["history_partitions_list"])).fetchall():
+            start = row["range_from"]
+            if start is not None and (row["parent"] not in first or start < first[row["parent"]]):
+                first[row["parent"]] = start
+        return first
 
     @staticmethod
     async def _one(conn: Conn, query: str, params: Mapping[str, Any]) -> dict[str, Any]:

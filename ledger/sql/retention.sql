@@ -1,13 +1,23 @@
 -- name: signature_failures_delete_expired
--- Retention: forgets failed-verification counters older than the window, a batch at a time.
+-- Retention: forgets up to %(limit)s failed-verification counters from before %(before)s (the window's cutoff, or
+-- the first time partition's start if earlier: the legacy and DEFAULT partitions only).
 WITH expired AS (
-    SELECT f.source, f.reason, f.minute FROM signature_failures f
-    WHERE f.minute < coalesce(%(now)s, now()) - make_interval(secs => %(retention)s)
-      AND NOT EXISTS (SELECT 1 FROM history_partitions p
-                      WHERE p.parent = 'signature_failures' AND p.range_from <= f.minute AND f.minute < p.range_to)
+    SELECT source, reason, minute FROM signature_failures
+    WHERE minute < %(before)s
     LIMIT %(limit)s
 )
 DELETE FROM signature_failures f
+USING expired
+WHERE f.source = expired.source AND f.reason = expired.reason AND f.minute = expired.minute;
+
+-- name: signature_failures_default_delete_expired
+-- Retention: forgets up to %(limit)s counters of the DEFAULT partition older than the window.
+WITH expired AS (
+    SELECT source, reason, minute FROM signature_failures_default
+    WHERE minute < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+    LIMIT %(limit)s
+)
+DELETE FROM signature_failures_default f
 USING expired
 WHERE f.source = expired.source AND f.reason = expired.reason AND f.minute = expired.minute;
 
@@ -76,33 +86,52 @@ due AS (
 UPDATE deliveries d SET payload = NULL FROM due WHERE d.id = due.id AND d.received_at = due.received_at;
 
 -- name: deliveries_delete_expired
--- Retention: deletes up to %(limit)s delivery rows received longer ago than the history window, oldest first.
+-- Retention: deletes up to %(limit)s delivery rows received before %(before)s, oldest first. The caller passes the
+-- history cutoff, or the start of the first time partition if earlier: time partitions are dropped whole
+-- (partitions.PartitionKeeper), so this prunes to the legacy and DEFAULT partitions and never scans a live one.
 WITH due AS (
-    SELECT d.id FROM deliveries d
-    WHERE d.received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
-      -- Rows of a time partition are dropped with it (partitions.PartitionKeeper), not deleted one by one;
-      -- this deletes what the legacy and DEFAULT partitions hold.
-      AND NOT EXISTS (SELECT 1 FROM history_partitions p
-                      WHERE p.parent = 'deliveries' AND p.range_from <= d.received_at AND d.received_at < p.range_to)
-    ORDER BY d.received_at
+    SELECT id, received_at FROM deliveries
+    WHERE received_at < %(before)s
+    ORDER BY received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM deliveries d USING due WHERE d.id = due.id;
+DELETE FROM deliveries d USING due WHERE d.id = due.id AND d.received_at = due.received_at;
+
+-- name: deliveries_default_delete_expired
+-- Retention: deletes up to %(limit)s rows of the DEFAULT partition of deliveries older than the history window
+-- (rows that arrived where no time partition was made).
+WITH due AS (
+    SELECT id, received_at FROM deliveries_default
+    WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+    ORDER BY received_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM deliveries_default d USING due WHERE d.id = due.id AND d.received_at = due.received_at;
 
 -- name: effect_rejects_delete_expired
--- Retention: deletes up to %(limit)s key-conflict rows received longer ago than the history window.
+-- Retention: deletes up to %(limit)s key-conflict rows received before %(before)s (as deliveries_delete_expired:
+-- the legacy and DEFAULT partitions only).
 WITH due AS (
-    SELECT r.id FROM effect_rejects r
-    WHERE r.received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
-      AND NOT EXISTS (SELECT 1 FROM history_partitions p
-                      WHERE p.parent = 'effect_rejects' AND p.range_from <= r.received_at
-                        AND r.received_at < p.range_to)
-    ORDER BY r.received_at
+    SELECT id, received_at FROM effect_rejects
+    WHERE received_at < %(before)s
+    ORDER BY received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM effect_rejects r USING due WHERE r.id = due.id;
+DELETE FROM effect_rejects r USING due WHERE r.id = due.id AND r.received_at = due.received_at;
+
+-- name: effect_rejects_default_delete_expired
+-- Retention: deletes up to %(limit)s rows of the DEFAULT partition of effect_rejects older than the window.
+WITH due AS (
+    SELECT id, received_at FROM effect_rejects_default
+    WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+    ORDER BY received_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM effect_rejects_default r USING due WHERE r.id = due.id AND r.received_at = due.received_at;
 
 -- name: jobs_delete_expired
 -- Retention: deletes up to %(limit)s finished jobs whose payload is purged and that finished longer ago than

@@ -160,3 +160,35 @@ async def test_a_partition_whose_table_is_busy_waits_for_the_next_pass_and_the_o
             "deliveries_p20310601_010000",
             "deliveries_p20310601_020000",
         ]
+
+
+async def test_the_row_delete_plan_reaches_only_the_legacy_and_default_partitions(conn: db.Conn) -> None:
+    from effectgate.ledger.queries import Q
+
+    await keeper().run_once(conn, now=hours(0.5))
+    params = {"before": hours(0), "limit": 10}  # the first time partition's start
+    plan = await (
+        await conn.execute("EXPLAIN (FORMAT JSON) " + Q["deliveries_delete_expired"], params)  # type: ignore[operator]
+    ).fetchone()
+    assert plan is not None
+
+    def relations(node: dict[str, object]) -> set[str]:
+        found = {str(node["Relation Name"])} if "Relation Name" in node else set()
+        for child in node.get("Plans", []):  # type: ignore[attr-defined]
+            found |= relations(child)
+        return found
+
+    def cte(node: dict[str, object]) -> dict[str, object] | None:
+        if node.get("Subplan Name") == "CTE due":
+            return node
+        for child in node.get("Plans", []):  # type: ignore[attr-defined]
+            hit = cte(child)
+            if hit is not None:
+                return hit
+        return None
+
+    selection = cte(plan["QUERY PLAN"][0]["Plan"])
+    assert selection is not None
+    # What the delete looks for is read from DEFAULT (the legacy partition expired by 2031) and never from a
+    # live time partition; the DELETE then reaches each chosen row by (id, received_at).
+    assert relations(selection) == {"deliveries_default"}
