@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: install check lint typecheck test chaos bench bench-short soak soak-short up
+.PHONY: install check lint typecheck test test-lowest chaos bench bench-short soak soak-short up metrics-check
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -24,6 +24,15 @@ typecheck:
 
 test:
 	$(PYTHON) -m pytest -q
+
+# Every declared lower bound must work: a fresh venv resolved with uv's lowest-direct strategy (each
+# direct dependency at the lowest version pyproject allows) runs the unit tests.
+test-lowest:
+	$(PYTHON) -m pip install -q uv
+	rm -rf build/lowest
+	$(PYTHON) -m uv venv -q -p $(PYTHON) build/lowest
+	$(PYTHON) -m uv pip install -q --python build/lowest/bin/python --resolution lowest-direct -e '.[dev]'
+	build/lowest/bin/python -m pytest -q -p no:cacheprovider tests/unit
 
 # The long chaos run (the suite runs a short one): CHAOS_ORDERS, CHAOS_KILLS, CHAOS_SEED to vary it.
 chaos:
@@ -50,6 +59,12 @@ bench-short:
 	$(PYTHON) -m tests.bench.worker --jobs 200 --latency-samples 10
 	$(PYTHON) -m tests.bench.ingress --seconds 1 --connections 8 --requests 2000
 	$(PYTHON) -m tests.bench.reports --effects 20000
+
+# The shipped Prometheus alert rules: syntax, then behaviour on the series in alerts_test.yml. promtool is
+# Debian's `prometheus` package (apt-get install --no-install-recommends prometheus).
+metrics-check:
+	promtool check rules deploy/prometheus/alerts.yml
+	cd deploy/prometheus && promtool test rules alerts_test.yml
 
 up:
 	$(PYTHON) -m pip install -q -e .

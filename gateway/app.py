@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -20,7 +24,9 @@ from effectgate.ledger.migrate import unapplied
 from .config import Config
 from .ingress import error, receive
 from .operator import metrics
+from .operator.api import ApiHeaders
 from .operator.routes import operator_routes
+from .operator.sessions import SignInThrottle
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -46,13 +52,29 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready"})
 
 
+async def client_disconnected(request: Request, exc: Exception) -> Response:
+    """A client that went away mid-body (or was cut off by the body timeout) is not the gateway's error:
+    one line at info, no traceback. Nothing was claimed, and the answer reaches no one."""
+    log.info(
+        "request.client_disconnected",
+        extra={"path": request.url.path, "request_id": request.headers.get("x-request-id")},
+    )
+    return error(400, "client_disconnected", "the client closed the connection before the body was read")
+
+
 def create_app(
-    config: Config, registry: Registry, database_url: str, *, pool_timeout: float = db.DEFAULT_POOL_TIMEOUT
+    config: Config,
+    registry: Registry,
+    database_url: str,
+    *,
+    pool_timeout: float = db.DEFAULT_POOL_TIMEOUT,
+    session_key: bytes | None = None,
 ) -> Starlette:
     """The gateway app for ``config``; the pool opens with the lifespan and closes with it.
 
     ``pool_timeout`` bounds how long a request waits for a database connection before it is
-    answered 503 ``ledger_unavailable``.
+    answered 503 ``ledger_unavailable``. ``session_key`` signs the dashboard's session cookies when
+    the configuration names no secret (a random one otherwise: sessions then last as long as the app).
     """
 
     @asynccontextmanager
@@ -89,7 +111,18 @@ def create_app(
             *operator_routes(),
         ],
         lifespan=lifespan,
+        middleware=[Middleware(ApiHeaders)],
+        exception_handlers={ClientDisconnect: client_disconnected},
     )
     app.state.config = config
     app.state.registry = registry
+    app.state.metrics_token_sha256 = config.metrics_token_sha256
+    secret = config.dashboard.session_secret
+    # The key is derived, so the configured secret itself signs nothing and is never compared.
+    app.state.session_key = (
+        hmac.new(secret, b"effectgate-dashboard-session-v1", hashlib.sha256).digest()
+        if secret is not None
+        else session_key or os.urandom(32)
+    )
+    app.state.sign_in_throttle = SignInThrottle()
     return app

@@ -6,6 +6,7 @@
     effectgate migrate         apply pending migrations
     effectgate reconcile       one reconciler pass, printing what it repaired
     effectgate fake-providers  the fake payment and shipping APIs, for tests and demos
+    effectgate send            sign an example event or a file as a source's provider would, and post it
     effectgate demo-delivery   post a freshly signed demo delivery to a running gateway
 
 Exit codes: 0 success, 1 a runtime failure (database unreachable, a child process died), 2 a usage
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -40,8 +42,9 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate
 
-from . import demo, embedded, logs, operator_cli
+from . import demo, embedded, logs, operator_cli, send
 from .config import DEFAULT_CONFIG_FILE, Config, ConfigError, import_handlers, load
+from .examples import EXAMPLE_TYPES
 from .operator import metrics
 
 EXIT_OK = 0
@@ -83,20 +86,39 @@ async def _migrate(url: str) -> list[str]:
 def serve_app() -> Any:
     """The gateway app built from the environment: the factory each ``serve --workers N`` process calls.
 
-    ``cmd_serve`` puts the configuration path and the database URL in the environment before uvicorn
-    starts its processes, so every process builds the same app and imports the same handler modules.
+    ``cmd_serve`` puts the configuration path, the database URL and the dashboard's session key in the
+    environment before uvicorn starts its processes, so every process builds the same app, imports the
+    same handler modules and accepts the same sessions.
     """
+    from . import guard, serving
     from .app import create_app
 
+    serving.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
     config = load(os.environ["EFFECTGATE_CONFIG"])
     import_handlers(config)
-    return create_app(config, REGISTRY, os.environ["DATABASE_URL"])
+    guard.configure(config.gateway.limits)
+    session_key = bytes.fromhex(os.environ.pop(_SESSION_KEY_ENV))
+    return create_app(config, REGISTRY, os.environ["DATABASE_URL"], session_key=session_key)
+
+
+# The dashboard's signing key when no secret is configured: made by the supervisor, shared by its children.
+_SESSION_KEY_ENV = "EFFECTGATE_SESSION_KEY"
+
+
+def event_loop() -> str:
+    """uvloop where it is installed (the production default), else asyncio's own loop.
+
+    uvloop has no wheel for Windows or PyPy; there the gateway still runs, slower, rather than failing.
+    (The HTTP parser is always httptools, under the guarded protocol in ``guard.py``.)
+    """
+    return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from . import guard, serving
     from .app import create_app
 
     config = _load_config(args)
@@ -108,23 +130,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {
         "host": host,
         "port": port,
-        "loop": "uvloop",
-        "http": "httptools",
+        "loop": event_loop(),
         "lifespan": "on",
         "log_config": None,
         "access_log": False,
         "timeout_graceful_shutdown": 10,
     }
+    session_key = os.urandom(32)
     if args.workers > 1:
-        # Several processes share the listening socket; each builds its app from the environment.
+        # Several processes share the listening socket; each builds its app from the environment and
+        # imports the guarded protocol by name.
         os.environ["EFFECTGATE_CONFIG"] = str(Path(config.path).resolve())
         os.environ["DATABASE_URL"] = url
         os.environ["EFFECTGATE_LOG_LEVEL"] = args.log_level
-        uvicorn.run("effectgate.gateway.cli:serve_app", factory=True, workers=args.workers, **options)
+        os.environ[_SESSION_KEY_ENV] = session_key.hex()
+        serving.run(
+            uvicorn.Config(
+                "effectgate.gateway.cli:serve_app",
+                factory=True,
+                workers=args.workers,
+                http=guard.PROTOCOL_PATH,
+                **options,
+            )
+        )
         return EXIT_OK
+    protocol = guard.configure(config.gateway.limits)
+    app = create_app(config, REGISTRY, url, session_key=session_key)
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
-    uvicorn.Server(uvicorn.Config(create_app(config, REGISTRY, url), **options)).run()
+    uvicorn.Server(uvicorn.Config(app, http=protocol, **options)).run()
     return EXIT_OK
 
 
@@ -141,7 +175,9 @@ def _listen_metrics(host: str, port: int) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def _serving_metrics(pool: db.Pool, sock: socket.socket | None) -> AsyncIterator[None]:
+async def _serving_metrics(
+    pool: db.Pool, sock: socket.socket | None, token_sha256: bytes | None = None
+) -> AsyncIterator[None]:
     """``GET /metrics`` on ``sock`` in this event loop while the block runs; nothing when ``sock`` is None."""
     if sock is None:
         yield
@@ -154,7 +190,11 @@ async def _serving_metrics(pool: db.Pool, sock: socket.socket | None) -> AsyncIt
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    server = Server(uvicorn.Config(metrics.app(pool), lifespan="off", log_config=None, access_log=False))
+    server = Server(
+        uvicorn.Config(
+            metrics.app(pool, token_sha256=token_sha256), lifespan="off", log_config=None, access_log=False
+        )
+    )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         yield
@@ -187,7 +227,7 @@ async def _run_worker(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         try:
-            async with _serving_metrics(pool, metrics_socket):
+            async with _serving_metrics(pool, metrics_socket, config.metrics_token_sha256):
                 await worker.run()
         finally:
             await pool.close()
@@ -269,6 +309,57 @@ def cmd_demo_delivery(args: argparse.Namespace) -> int:
     return EXIT_OK if response.status_code < 300 else EXIT_FAILURE
 
 
+def _send_config(args: argparse.Namespace) -> Config:
+    # Only the configuration is needed, not the handler modules: sending runs no user code. Where
+    # `up` would run its demo (no configuration anywhere), send to the demo it wrote, with its secrets.
+    if (
+        args.config is None
+        and "EFFECTGATE_CONFIG" not in os.environ
+        and not Path(DEFAULT_CONFIG_FILE).exists()
+    ):
+        demo_config = embedded.home_dir() / "demo.toml"
+        if demo_config.exists():
+            print(
+                f"effectgate: using the demo configuration of `effectgate up`: {demo_config}", file=sys.stderr
+            )
+            return load(demo_config, env={**demo.DEMO_ENV, **os.environ})
+    return load(_config_path(args))
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    config = _send_config(args)
+    source = send.find_source(config, args.source)
+    url = send.check_url(args.url) if args.url is not None else send.default_url(config.gateway)
+    signing_key = send.signing_key_from(args.signing_key_env)
+    event_id = send.check_token("--event-id", args.event_id)
+    event_type = send.check_token("--event-type", args.event_type)
+    if args.example:
+        send.check_token("--example", args.example)
+    if args.event_file is not None:
+        delivery = send.file_delivery(source, args.event_file, event_type=event_type, event_id=event_id)
+        where = f"--event-file {args.event_file}"
+    else:
+        if event_type is not None:
+            raise UsageError("--event-type: with --example the type is its argument (--example TYPE)")
+        delivery = send.example_delivery(source, args.example or None, event_id)
+        where = f"--example {delivery.event_type}"
+    outgoing = send.sign(source, delivery, url=url, signing_key=signing_key, where=where)
+    print(
+        f"effectgate: POST {outgoing.url}  source {source.name} ({source.scheme_name}), "
+        f"type {outgoing.event_type or '-'}, event id {outgoing.event_id or 'in the body'}",
+        file=sys.stderr,
+    )
+    try:
+        response = send.post(outgoing)
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"--url: {exc}") from exc
+    except httpx.HTTPError as exc:
+        print(f"effectgate: cannot reach {outgoing.url}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"{response.status_code} {response.text}")
+    return EXIT_OK if 200 <= response.status_code < 300 else EXIT_FAILURE
+
+
 # -- up -------------------------------------------------------------------------------------------
 
 
@@ -343,7 +434,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if use_demo:
             print("\nTry a signed Stripe delivery (the signature is valid for five minutes):\n")
             print("  " + demo.curl_command(base) + "\n")
-            print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234\n")
+            print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234")
+            print("or any example:   effectgate send --source stripe --example payment_intent.succeeded\n")
             token = env["EFFECTGATE_DEMO_OPERATOR_TOKEN"]
             print(f"Dashboard: {base}/ui/  (operator token: {token})", flush=True)
     exit_code = EXIT_OK
@@ -393,11 +485,21 @@ def _port(text: str) -> int:
     return value
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("effectgate")
+    except PackageNotFoundError:  # pragma: no cover - only from an uninstalled tree
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``effectgate`` argument parser."""
     parser = argparse.ArgumentParser(
         prog="effectgate", description="Webhook gateway with an idempotent effect ledger."
     )
+    parser.add_argument("--version", action="version", version=f"effectgate {_version()}")
     parser.add_argument(
         "--log-level",
         default=os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"),
@@ -443,6 +545,48 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--port", type=_port, required=True)
     fake.set_defaults(func=cmd_fake_providers)
 
+    sd = with_config(
+        sub.add_parser(
+            "send",
+            help="sign an example event or a file as a source's provider would, and post it to the gateway",
+            description=(
+                "Sign a delivery with the source's scheme and first secret, post it to "
+                "URL/webhooks/SOURCE and print the answer (exit 0 on 2xx, 1 otherwise). "
+                "Examples (any other TYPE gets a generic body): "
+                + "; ".join(f"{scheme}: {', '.join(types)}" for scheme, types in EXAMPLE_TYPES.items())
+                + ". PayPal cannot be signed locally."
+            ),
+        )
+    )
+    sd.add_argument("--source", required=True, help="the configured source to send to ([sources.NAME])")
+    body = sd.add_mutually_exclusive_group(required=True)
+    body.add_argument(
+        "--example",
+        nargs="?",
+        const="",
+        metavar="TYPE",
+        help="send an example event of TYPE (default: the scheme's first example type)",
+    )
+    body.add_argument(
+        "--event-file", metavar="FILE", help="send this file's body (JSON; for Twilio JSON or a form)"
+    )
+    sd.add_argument(
+        "--event-id",
+        help="the event id (default: a fresh one each run); send the same id again to see a duplicate",
+    )
+    sd.add_argument(
+        "--event-type",
+        help="with --event-file: the type for schemes that send it in a header (GitHub, Shopify)",
+    )
+    sd.add_argument("--url", help="the gateway's base URL (default: from [gateway] host and port)")
+    sd.add_argument(
+        "--signing-key-env",
+        metavar="VAR",
+        help="environment variable holding the whsk_ private key, for a standard-webhooks source "
+        "configured with a whpk_ public key (Ed25519)",
+    )
+    sd.set_defaults(func=cmd_send)
+
     dd = sub.add_parser("demo-delivery", help="post a signed demo Stripe delivery to a running gateway")
     dd.add_argument("--url", default="http://127.0.0.1:8000")
     dd.add_argument("--order", default="1234")
@@ -458,7 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, send.SendError) as exc:
         print(f"effectgate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except MigrationError as exc:

@@ -6,6 +6,7 @@ by the environment variables that hold them and never read from the file itself.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import tomllib
@@ -32,7 +33,8 @@ from effectgate.ledger.retention import DEFAULT_HISTORY, DEFAULT_PAYLOADS, Reten
 from effectgate.ledger.sweeps import SweepConfig
 from effectgate.ledger.waker import WakerConfig
 
-from .operator.auth import OperatorToken, read_operators
+from . import guard
+from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .signatures import Scheme, SchemeConfigError, build_scheme
 
@@ -41,6 +43,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_POOL_MAX = 10
+DEFAULT_SESSION_TTL = 8 * 3600.0
 
 
 class ConfigError(Exception):
@@ -70,6 +73,26 @@ class GatewayConfig:
     # Gateways tick the reconciler too, so jobs are repaired while no worker runs; off for a gateway
     # that should only answer (or a test over a ledger frozen in the past).
     run_reconciler: bool = True
+    # Slow or lying clients are cut off (gateway.guard): the whole request head within header_timeout
+    # seconds, the whole body within body_timeout seconds of it, a head of at most max_header_bytes.
+    header_timeout: float = guard.DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = guard.DEFAULT_BODY_TIMEOUT
+    max_header_bytes: int = guard.DEFAULT_MAX_HEADER_BYTES
+
+    @property
+    def limits(self) -> guard.Limits:
+        """The connection guard's limits."""
+        return guard.Limits(self.header_timeout, self.body_timeout, self.max_header_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardConfig:
+    """The dashboard's sessions: the secret their cookies are signed with, and how long one lasts."""
+
+    # None: each serve makes a random one at start (sessions end when it restarts, and replicas do not
+    # share them). Set it for several replicas; change it to end every session at once.
+    session_secret: bytes | None = None
+    session_ttl: float = DEFAULT_SESSION_TTL
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +108,9 @@ class Config:
     shipping: DownstreamConfig | None = None
     # Bearer tokens for the operator API and dashboard ([[operators]]); none configured, none let in.
     operators: tuple[OperatorToken, ...] = ()
+    dashboard: DashboardConfig = field(default_factory=DashboardConfig)
+    # The SHA-256 of the bearer token GET /metrics asks for ([metrics] token_env); None: no token.
+    metrics_token_sha256: bytes | None = None
 
 
 class _Reader:
@@ -341,6 +367,11 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         max_body_bytes=gw.number("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1, integer=True),
         pool_max=gw.number("pool_max", DEFAULT_POOL_MAX, minimum=1, integer=True),
         run_reconciler=gw.get("run_reconciler", bool, True),
+        header_timeout=gw.number("header_timeout", guard.DEFAULT_HEADER_TIMEOUT, minimum=0.001),
+        body_timeout=gw.number("body_timeout", guard.DEFAULT_BODY_TIMEOUT, minimum=0.001),
+        max_header_bytes=gw.number(
+            "max_header_bytes", guard.DEFAULT_MAX_HEADER_BYTES, minimum=1024, integer=True
+        ),
     )
     if gateway.port > 65535:
         raise gw.error("port", f"must be <= 65535, got {gateway.port}")
@@ -394,6 +425,8 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     ds.no_unknown_keys()
 
     operators = read_operators(root, env)
+    dashboard = _dashboard(root.table_of("dashboard"), env)
+    metrics_token_sha256 = _metrics_token(root.table_of("metrics"), env)
     root.no_unknown_keys()
     return Config(
         path=path,
@@ -404,7 +437,34 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         payments=payments,
         shipping=shipping,
         operators=operators,
+        dashboard=dashboard,
+        metrics_token_sha256=metrics_token_sha256,
     )
+
+
+def _secret(reader: _Reader, key: str, env: Mapping[str, str]) -> str | None:
+    var = reader.get(key, str)
+    if var is None:
+        return None
+    value = env.get(var, "")
+    if not value:
+        raise reader.error(key, f"environment variable {var} is not set (or empty)")
+    if len(value) < MIN_TOKEN_LENGTH:
+        raise reader.error(key, f"the secret in {var} is shorter than {MIN_TOKEN_LENGTH} characters")
+    return value
+
+
+def _dashboard(reader: _Reader, env: Mapping[str, str]) -> DashboardConfig:
+    secret = _secret(reader, "session_secret_env", env)
+    ttl = reader.number("session_ttl", DEFAULT_SESSION_TTL, minimum=60)
+    reader.no_unknown_keys()
+    return DashboardConfig(None if secret is None else secret.encode("utf-8"), ttl)
+
+
+def _metrics_token(reader: _Reader, env: Mapping[str, str]) -> bytes | None:
+    token = _secret(reader, "token_env", env)
+    reader.no_unknown_keys()
+    return None if token is None else hashlib.sha256(token.encode("utf-8")).digest()
 
 
 def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:

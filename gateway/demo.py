@@ -7,11 +7,12 @@ them from environment variables like any other source, so nothing here is specia
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import time
 import uuid
 from typing import Any
+
+from .signatures import stripe
 
 DEMO_ENV = {
     "EFFECTGATE_DEMO_STRIPE_SECRET": "whsec_effectgate_demo_only",
@@ -89,8 +90,7 @@ def payment_succeeded_event(
 def stripe_signature(body: bytes, secret: str, *, timestamp: int | None = None) -> str:
     """A ``Stripe-Signature`` header for ``body``, as Stripe computes it."""
     t = int(time.time()) if timestamp is None else timestamp
-    mac = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={t},v1={mac}"
+    return stripe.signature_header(body, secret, timestamp=t)
 
 
 def example_delivery(url: str, order_id: str = "1234") -> tuple[bytes, dict[str, str]]:

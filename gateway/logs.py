@@ -9,6 +9,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+# uvicorn passes its message again with ANSI colour escapes for its own console formatter; in JSON the
+# escapes are noise that breaks log search, and "event" holds the same words.
+_DROPPED = {"color_message"}
 
 
 class JsonFormatter(logging.Formatter):
@@ -22,7 +25,7 @@ class JsonFormatter(logging.Formatter):
             "event": record.getMessage(),
         }
         for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key not in _STANDARD and key not in _DROPPED and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)

@@ -20,6 +20,8 @@ log = logging.getLogger("effectgate.observe")
 SliceObserver = Callable[[str, str, float], None]
 #: ``(kind)`` per retry scheduled, or per job the reconciler took back from an expired lease.
 KindObserver = Callable[[str], None]
+#: ``()`` when a reconciler pass finished (owned by this process or not), for a "last tick" gauge.
+TickObserver = Callable[[], None]
 #: ``(service, status)`` per downstream call: the HTTP status code, or the transport error's class name.
 CallObserver = Callable[[str, int | str], None]
 
@@ -47,12 +49,14 @@ class WorkerObserver:
 
     ``on_slice(kind, outcome, seconds)`` runs once per leased slice with one of ``SLICE_OUTCOMES`` and the
     slice's wall time; ``on_retry(kind)`` once per attempt given back with a backoff; ``on_reclaim(kind)``
-    once per job a reconciler pass of this process redrove or parked after its lease expired.
+    once per job a reconciler pass of this process redrove or parked after its lease expired;
+    ``on_tick()`` once per reconciler pass that finished.
     """
 
     on_slice: SliceObserver | None = None
     on_retry: KindObserver | None = None
     on_reclaim: KindObserver | None = None
+    on_tick: TickObserver | None = None
 
     def slice_ended(self, kind: str, outcome: str, seconds: float) -> None:
         """Report one slice's end to ``on_slice``, if set."""
@@ -65,7 +69,9 @@ class WorkerObserver:
             _safely(self.on_retry, kind)
 
     def reconciled(self, result: ReconcileResult) -> None:
-        """Report each job ``result`` redrove or parked to ``on_reclaim``, if set."""
+        """Report the pass to ``on_tick`` and each job ``result`` redrove or parked to ``on_reclaim``."""
+        if self.on_tick is not None:
+            _safely(self.on_tick)
         if self.on_reclaim is not None:
             for repaired in result.repaired:
                 if repaired.state in RECLAIM_STATES:

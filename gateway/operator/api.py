@@ -13,12 +13,18 @@
     GET  /api/kinds/paused                                                                      view
     POST /api/kinds/{kind}/pause      ?reason                                                   operate
     POST /api/kinds/{kind}/resume                                                               operate
-    GET  /api/openapi.json            (no token: the description of this API)
+    GET  /api/openapi.json                                                                      view
 
 Every answer that is not a 2xx has the shape ``{"error": CODE, "detail": …}``: 401 ``missing_token`` or
 ``invalid_token``, 403 ``insufficient_scope``, 400 ``invalid_<parameter>`` or ``unknown_parameter``
 (with ``"parameter"`` naming it), 404 ``not_found``, 409 with the refusal code of a job action, 503
 ``ledger_unavailable``. The token is checked before any parameter, so a caller without one learns nothing.
+The OpenAPI document needs a token too: it names every filter and refusal code, which is a map for an
+attacker and of no use to anyone who cannot call the API anyway.
+
+Every answer under ``/api/`` — errors, 404s and 405s included — carries ``Cache-Control: no-store`` (a
+report is neither for a shared cache nor for the browser's history) and ``X-Content-Type-Options:
+nosniff`` (JSON is never guessed into HTML), added by ``ApiHeaders`` around the whole app.
 """
 
 from __future__ import annotations
@@ -28,9 +34,11 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
+from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers import control
@@ -332,8 +340,36 @@ async def kind_resume(request: Request, conn: db.Conn, who: OperatorToken, query
 
 
 async def openapi_document(request: Request) -> Response:
-    """The OpenAPI 3.1 description of this API."""
+    """The OpenAPI 3.1 description of this API (``view`` scope, like the reports it describes)."""
+    who = authenticate(request.headers.get("authorization"), request.app.state.config.operators, "view")
+    if isinstance(who, AuthFailure):
+        return error(who.status, who.code, who.detail, {"WWW-Authenticate": who.www_authenticate})
     return json_response(openapi.DOCUMENT)
+
+
+_API_HEADERS = (("cache-control", "no-store"), ("x-content-type-options", "nosniff"))
+
+
+class ApiHeaders:
+    """ASGI middleware: the ``/api/`` answers' headers on every answer under ``/api``, whoever made it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not (path == "/api" or path.startswith("/api/")):
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in _API_HEADERS:
+                    headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, sending)
 
 
 def routes() -> list[BaseRoute]:

@@ -7,16 +7,19 @@ first). Every page reads ``ledger.reports``, the code path of the API
 and the CLI.
 
 A browser cannot send a bearer header by itself, so ``/ui/login`` takes the operator token once and
-keeps it in an ``HttpOnly``, ``SameSite=Strict`` cookie scoped to ``/ui``; each request checks it like
-the API checks its header. Forms that act (redrive, cancel) also carry a token derived from the
-operator's token hash, which a page of another site can neither read nor compute.
+answers with a session cookie (``HttpOnly``, ``SameSite=Strict``, scoped to ``/ui``, ``Secure`` over
+HTTPS) that names the operator's token by id and expires; the token itself is never stored in the
+browser (``sessions`` says why the session is signed rather than stored). Failed sign-ins are throttled
+per client address. Forms that act (redrive, cancel, sign out) carry a token derived from the session,
+which a page of another site can neither read nor compute; signing out is such a form, a POST.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
+import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from html import escape
@@ -35,10 +38,11 @@ from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 from effectgate.ledger.reports import InvalidParameter
 
-from . import documents
+from . import documents, sessions
 from .auth import OperatorToken, authenticate
+from .sessions import COOKIE, SignedIn
 
-COOKIE = "effectgate_operator"
+log = logging.getLogger("effectgate.operator")
 MAX_FORM_BYTES = 4096
 NAV = [
     ("/ui/", "Overview"),
@@ -63,16 +67,19 @@ padding:.5em;border:1px solid #dde1e7}figcaption{font-weight:600}.state-failed,.
 # -- auth ------------------------------------------------------------------------------------------
 
 
-def _operator(request: Request, scope: str) -> OperatorToken | None:
-    token = request.cookies.get(COOKIE)
-    if not token:
-        return None
-    who = authenticate(f"Bearer {token}", request.app.state.config.operators, scope)
-    return who if isinstance(who, OperatorToken) else None
+def _operator(request: Request, scope: str) -> SignedIn | None:
+    return sessions.read(
+        request.app.state.session_key, request.cookies.get(COOKIE), request.app.state.config.operators
+    )
 
 
 def _csrf(operator: OperatorToken) -> str:
-    return hmac.new(operator.token_sha256, b"effectgate-ui-form", hashlib.sha256).hexdigest()
+    return operator.csrf if isinstance(operator, SignedIn) else ""
+
+
+def _throttle(request: Request) -> sessions.SignInThrottle:
+    throttle: sessions.SignInThrottle = request.app.state.sign_in_throttle
+    return throttle
 
 
 def _safe_next(value: str | None) -> str:
@@ -108,7 +115,9 @@ def page(title: str, body: str, operator: OperatorToken | None, *, status: int =
     """A whole dashboard page."""
     nav = "".join(f'<a href="{href}">{label}</a>' for href, label in NAV)
     who = (
-        f'<span style="margin-left:auto">{h(operator.name)} · <a href="/ui/logout">log out</a></span>'
+        f'<span style="margin-left:auto">{h(operator.name)} · <form method="post" action="/ui/logout" '
+        f'style="display:inline"><input type="hidden" name="csrf" value="{h(_csrf(operator))}">'
+        "<button>log out</button></form></span>"
         if operator
         else ""
     )
@@ -285,22 +294,49 @@ def _login_page(target: str, problem: str, status: int = 200) -> HTMLResponse:
 
 
 async def login(request: Request) -> Response:
-    """Check the token; on success keep it in the dashboard's cookie."""
+    """Check the token (throttled per client address); on success start a session."""
     form = await _form(request)
     target = _safe_next(form.get("next"))
+    address = request.client.host if request.client else "unknown"
+    throttle = _throttle(request)
+    wait = throttle.wait(address)
+    if wait > 0:
+        response = _login_page(target, "Too many failed sign-ins from this address; try again later.", 429)
+        response.headers["Retry-After"] = str(math.ceil(wait))
+        return response
     token = form.get("token", "").strip()
     who = authenticate(f"Bearer {token}", request.app.state.config.operators, "view")
     if not isinstance(who, OperatorToken):
+        throttle.failed(address)
+        log.info("dashboard.sign_in_failed", extra={"client": address})
         return _login_page(target, "That token is not a configured operator token.", 401)
-    response = RedirectResponse(target, status_code=303)
-    response.set_cookie(
-        COOKIE, token, path="/ui", httponly=True, samesite="strict", secure=request.url.scheme == "https"
+    throttle.succeeded(address)
+    ttl = request.app.state.config.dashboard.session_ttl
+    signed_in = RedirectResponse(target, status_code=303)
+    signed_in.set_cookie(
+        COOKIE,
+        sessions.issue(request.app.state.session_key, who, ttl),
+        max_age=int(ttl),
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
     )
-    return response
+    log.info("dashboard.signed_in", extra={"operator": who.name, "client": address})
+    return signed_in
 
 
 async def logout(request: Request) -> Response:
-    """Forget the cookie."""
+    """Sign out: a POST carrying the session's form token, so another site cannot sign anyone out."""
+    operator = _operator(request, "view")
+    form = await _form(request)
+    if operator is not None and not hmac.compare_digest(form.get("csrf", ""), operator.csrf):
+        return page(
+            "Not allowed",
+            '<p class="error">The form was not sent from this dashboard.</p>',
+            operator,
+            status=403,
+        )
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/ui")
     return response
@@ -797,7 +833,7 @@ def routes() -> list[BaseRoute]:
         Route("/", overview, methods=["GET"]),
         Route("/login", login_form, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
-        Route("/logout", logout, methods=["GET"]),
+        Route("/logout", logout, methods=["POST"]),
         Route("/duplicates", duplicates, methods=["GET"]),
         Route("/rejects", rejects, methods=["GET"]),
         Route("/jobs", job_list, methods=["GET"]),

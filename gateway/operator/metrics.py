@@ -2,26 +2,35 @@
 
 The ingress and the worker count what happens in their process through the module functions
 (``delivery``, ``verification_failure``, ``claim_latency``, ``job_run``, ``job_retry``, ``job_reclaim``,
-``downstream_call``); a scrape of ``/metrics`` renders those counters and adds what only the ledger knows
-for every process at once — jobs not yet done by state and kind, and the wait of the oldest due job.
-Workers count through ``WORKER_OBSERVER`` and the downstream clients' ``on_call``, both handed in by
-``gateway.cli`` (``handlers`` cannot import this module), and serve the same page from ``app`` when run
-with ``--metrics-port``.
+``downstream_call``, ``reconciler_ticked``); a scrape of ``/metrics`` renders those and adds what only
+the ledger knows for every process at once — jobs not yet done by state and kind, and the wait of the
+oldest due job — read from the database at scrape time, so those are single-valued however many
+processes answer. Workers count through ``WORKER_OBSERVER`` and the downstream clients' ``on_call``,
+both handed in by ``gateway.cli`` (``handlers`` cannot import this module), and serve the same page from
+``app`` when run with ``--metrics-port``.
 
-The registry is module-level, like a logger: counting is a side channel every layer reaches without
-being handed a resource, and a counter costs one dict update. Each process counts its own; with several
-gateway processes, Prometheus sums them per instance, which is how its counters are meant to be read.
-The text format is small enough to write here rather than take a dependency for it.
+Counting is ``prometheus_client``'s. ``serve --workers N`` runs N processes behind one port and a scrape
+reaches whichever one accepts it, so each process's own count would read as a counter reset on every
+other scrape. ``cmd_serve`` therefore gives its children a private ``PROMETHEUS_MULTIPROC_DIR`` before
+they import this module: every process writes its series to memory-mapped files there, and every scrape
+sums the files of all of them, the dead included, so counters never go backwards. A single process
+(``serve`` with one worker, ``worker``) counts in memory.
+
+The metrics are module-level, like a logger: counting is a side channel every layer reaches without
+being handed a resource.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
-import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import disable_created_metrics as _disable_created_metrics
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -35,185 +44,118 @@ log = logging.getLogger("effectgate.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # A label value comes from outside (a source name in a URL, a reason code): past this many series a
 # metric folds new label sets into one "other" series, so a scan of random URLs cannot exhaust memory.
+# The cap holds per process; with N processes a metric has at most N x MAX_SERIES series.
 MAX_SERIES = 500
 OTHER = "other"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 RUN_TIME_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+#: The environment variable ``prometheus_client`` reads, at import, to count into shared files.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# The `_created` series double every counter for a timestamp Prometheus does not need here.
+_disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
-_LE_INF = 'le="+Inf"'
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-@dataclass
-class _Metric:
-    name: str
-    help: str
-    labelnames: tuple[str, ...]
-
-    def _key(self, labels: Sequence[str], series: Mapping[tuple[str, ...], object]) -> tuple[str, ...]:
-        key = tuple(str(v) for v in labels)
-        if len(key) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {key}")
-        if key not in series and len(series) >= MAX_SERIES:
-            return tuple(OTHER for _ in key)
-        return key
-
-    def _header(self, kind: str) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {kind}"]
-
-
-@dataclass
-class Counter(_Metric):
-    """A monotonically increasing count per label set."""
-
-    values: dict[tuple[str, ...], float] = field(default_factory=dict)
-
-    def inc(self, *labels: str, amount: float = 1.0) -> None:
-        """Add ``amount`` (default 1) to the series of ``labels``."""
-        key = self._key(labels, self.values)
-        self.values[key] = self.values.get(key, 0.0) + amount
-
-    def render(self) -> list[str]:
-        """The metric's lines in the text format."""
-        lines = self._header("counter")
-        for key in sorted(self.values):
-            lines.append(f"{self.name}{_labels(self.labelnames, key)} {_number(self.values[key])}")
-        return lines
-
-
-@dataclass
-class _Series:
-    buckets: list[int]
-    total: float = 0.0
-    count: int = 0
-
-
-@dataclass
-class Histogram(_Metric):
-    """Observations counted into cumulative buckets, with their sum and count, per label set."""
-
-    buckets: tuple[float, ...] = LATENCY_BUCKETS
-    series: dict[tuple[str, ...], _Series] = field(default_factory=dict)
-
-    def observe(self, value: float, *labels: str) -> None:
-        """Record one observation for ``labels``."""
-        key = self._key(labels, self.series)
-        entry = self.series.get(key)
-        if entry is None:
-            entry = self.series[key] = _Series([0] * len(self.buckets))
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                entry.buckets[i] += 1
-        entry.total += value
-        entry.count += 1
-
-    def render(self) -> list[str]:
-        """The metric's lines in the text format: buckets are cumulative, ending with ``+Inf``."""
-        lines = self._header("histogram")
-        for key in sorted(self.series):
-            entry = self.series[key]
-            for bound, n in zip(self.buckets, entry.buckets, strict=True):
-                le = f'le="{_number(bound)}"'
-                lines.append(f"{self.name}_bucket{_labels(self.labelnames, key, le)} {n}")
-            lines.append(f"{self.name}_bucket{_labels(self.labelnames, key, _LE_INF)} {entry.count}")
-            lines.append(f"{self.name}_sum{_labels(self.labelnames, key)} {_number(entry.total)}")
-            lines.append(f"{self.name}_count{_labels(self.labelnames, key)} {entry.count}")
-        return lines
+def multiprocess_dir() -> str | None:
+    """The directory this process counts into, when it is one of several sharing a port."""
+    return os.environ.get(MULTIPROC_ENV) or None
 
 
 _M = TypeVar("_M", Counter, Histogram)
 
 
-class Registry:
-    """The metrics of one process, rendered together."""
+class _Capped(Generic[_M]):
+    """A labelled metric whose label sets are capped at ``MAX_SERIES`` per process."""
 
-    def __init__(self) -> None:
-        self._metrics: dict[str, Counter | Histogram] = {}
+    def __init__(self, metric: _M, width: int) -> None:
+        self.metric: _M = metric
+        self.width = width
+        self.seen: set[tuple[str, ...]] = set()
 
-    def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
-        """Register a counter; a name is registered once."""
-        return self._add(Counter(name, help, tuple(labelnames)))
-
-    def histogram(
-        self,
-        name: str,
-        help: str,
-        labelnames: Sequence[str] = (),
-        *,
-        buckets: Sequence[float] = LATENCY_BUCKETS,
-    ) -> Histogram:
-        """Register a histogram with ascending bucket bounds; a name is registered once."""
-        if list(buckets) != sorted(set(buckets)) or not buckets:
-            raise ValueError(f"{name}: buckets must be ascending and distinct")
-        return self._add(Histogram(name, help, tuple(labelnames), tuple(buckets)))
-
-    def _add(self, metric: _M) -> _M:
-        if metric.name in self._metrics:
-            raise ValueError(f"metric {metric.name} is registered already")
-        self._metrics[metric.name] = metric
-        return metric
-
-    def render(self) -> str:
-        """Every metric in the text format."""
-        lines: list[str] = []
-        for name in sorted(self._metrics):
-            lines += self._metrics[name].render()
-        return "\n".join(lines) + "\n" if lines else ""
+    def labels(self, *values: str) -> _M:
+        key = tuple(str(v) for v in values)
+        if len(key) != self.width:
+            raise ValueError(f"{self.metric._name} takes {self.width} labels, got {key}")
+        if key not in self.seen:
+            if len(self.seen) >= MAX_SERIES:
+                key = (OTHER,) * self.width
+            self.seen.add(key)
+        series: _M = self.metric.labels(*key)
+        return series
 
 
-REGISTRY = Registry()
-DELIVERIES = REGISTRY.counter(
-    "effectgate_deliveries_total",
-    "Webhook deliveries answered, by source and outcome (accepted, duplicate, rejected, unmatched, or an error code).",
-    ("source", "outcome"),
+REGISTRY = CollectorRegistry(auto_describe=True)
+DELIVERIES = _Capped(
+    Counter(
+        "effectgate_deliveries",
+        "Webhook deliveries answered, by source and outcome (accepted, duplicate, rejected, unmatched, or an error code).",
+        ("source", "outcome"),
+        registry=REGISTRY,
+    ),
+    2,
 )
-VERIFICATION_FAILURES = REGISTRY.counter(
-    "effectgate_verification_failures_total",
-    "Deliveries whose signature verification failed, by source and reason code.",
-    ("source", "reason"),
+VERIFICATION_FAILURES = _Capped(
+    Counter(
+        "effectgate_verification_failures",
+        "Deliveries whose signature verification failed, by source and reason code.",
+        ("source", "reason"),
+        registry=REGISTRY,
+    ),
+    2,
 )
-CLAIM_LATENCY = REGISTRY.histogram(
-    "effectgate_claim_seconds", "Time of the claim transaction of one delivery, in seconds."
+CLAIM_LATENCY = Histogram(
+    "effectgate_claim_seconds",
+    "Time of the claim transaction of one delivery, in seconds.",
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
 )
-JOB_RUN_TIME = REGISTRY.histogram(
-    "effectgate_job_run_seconds",
-    "Time one job slice ran, by kind and how it ended, in seconds.",
-    ("kind", "outcome"),
-    buckets=RUN_TIME_BUCKETS,
+JOB_RUN_TIME = _Capped(
+    Histogram(
+        "effectgate_job_run_seconds",
+        "Time one job slice ran, by kind and how it ended, in seconds.",
+        ("kind", "outcome"),
+        buckets=RUN_TIME_BUCKETS,
+        registry=REGISTRY,
+    ),
+    2,
 )
-JOB_RETRIES = REGISTRY.counter(
-    "effectgate_job_retries_total", "Job attempts that ended in a retry, by kind.", ("kind",)
+JOB_RETRIES = _Capped(
+    Counter(
+        "effectgate_job_retries", "Job attempts that ended in a retry, by kind.", ("kind",), registry=REGISTRY
+    ),
+    1,
 )
-JOB_RECLAIMS = REGISTRY.counter(
-    "effectgate_job_reclaims_total", "Jobs taken back from a worker whose lease expired, by kind.", ("kind",)
+JOB_RECLAIMS = _Capped(
+    Counter(
+        "effectgate_job_reclaims",
+        "Jobs taken back from a worker whose lease expired, by kind.",
+        ("kind",),
+        registry=REGISTRY,
+    ),
+    1,
 )
-DOWNSTREAM_CALLS = REGISTRY.counter(
-    "effectgate_downstream_calls_total",
-    "Calls to downstream APIs, by service and HTTP status (or error).",
-    ("service", "status"),
+DOWNSTREAM_CALLS = _Capped(
+    Counter(
+        "effectgate_downstream_calls",
+        "Calls to downstream APIs, by service and HTTP status (or error).",
+        ("service", "status"),
+        registry=REGISTRY,
+    ),
+    2,
+)
+# "max" across processes, the dead included: the latest pass any of them finished. A process that
+# died keeps its last tick, which is older than any live process's, so it never hides a stall.
+RECONCILER_LAST_TICK = Gauge(
+    "effectgate_reconciler_last_tick_timestamp_seconds",
+    "Unix time at which a reconciler pass of this gateway or worker last finished.",
+    multiprocess_mode="max",
+    registry=REGISTRY,
 )
 
 
 def delivery(source: str, outcome: str) -> None:
     """Count one answered delivery of ``source`` with its outcome."""
-    DELIVERIES.inc(source, outcome)
+    DELIVERIES.labels(source, outcome).inc()
 
 
 def claimed(source: str, outcomes: Iterable[str]) -> None:
@@ -221,15 +163,15 @@ def claimed(source: str, outcomes: Iterable[str]) -> None:
     ``unmatched`` when no handler asked for an effect."""
     counted = False
     for outcome in outcomes:
-        DELIVERIES.inc(source, outcome)
+        DELIVERIES.labels(source, outcome).inc()
         counted = True
     if not counted:
-        DELIVERIES.inc(source, "unmatched")
+        DELIVERIES.labels(source, "unmatched").inc()
 
 
 def verification_failure(source: str, reason: str) -> None:
     """Count one failed signature verification of ``source`` with its reason code."""
-    VERIFICATION_FAILURES.inc(source, reason)
+    VERIFICATION_FAILURES.labels(source, reason).inc()
 
 
 def claim_latency(seconds: float) -> None:
@@ -239,26 +181,52 @@ def claim_latency(seconds: float) -> None:
 
 def job_run(kind: str, outcome: str, seconds: float) -> None:
     """Record how long one job slice of ``kind`` ran and how it ended."""
-    JOB_RUN_TIME.observe(seconds, kind, outcome)
+    JOB_RUN_TIME.labels(kind, outcome).observe(seconds)
 
 
 def job_retry(kind: str) -> None:
     """Count one attempt of ``kind`` given back for a retry."""
-    JOB_RETRIES.inc(kind)
+    JOB_RETRIES.labels(kind).inc()
 
 
 def job_reclaim(kind: str) -> None:
     """Count one job of ``kind`` taken back after its lease expired."""
-    JOB_RECLAIMS.inc(kind)
+    JOB_RECLAIMS.labels(kind).inc()
 
 
 def downstream_call(service: str, status: int | str) -> None:
     """Count one downstream call with its HTTP status (or an error name)."""
-    DOWNSTREAM_CALLS.inc(service, str(status))
+    DOWNSTREAM_CALLS.labels(service, str(status)).inc()
 
 
-#: What a worker (and a gateway's reconciler loop) reports, counted into this process's registry.
-WORKER_OBSERVER = WorkerObserver(on_slice=job_run, on_retry=job_retry, on_reclaim=job_reclaim)
+def reconciler_ticked() -> None:
+    """Note that a reconciler pass of this process finished (owned or not: either way it ran)."""
+    RECONCILER_LAST_TICK.set_to_current_time()
+
+
+#: What a worker (and a gateway's reconciler loop) reports, counted into this process's metrics.
+WORKER_OBSERVER = WorkerObserver(
+    on_slice=job_run, on_retry=job_retry, on_reclaim=job_reclaim, on_tick=reconciler_ticked
+)
+
+
+def render() -> str:
+    """The counted metrics in the text format: this process's, or, with several processes sharing a
+    ``PROMETHEUS_MULTIPROC_DIR``, the sum over all of them."""
+    directory = multiprocess_dir()
+    if directory is None:
+        return generate_latest(REGISTRY).decode("utf-8")
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]
+    return generate_latest(merged).decode("utf-8")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(names: Sequence[str], values: Sequence[str]) -> str:
+    return "{" + ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)) + "}"
 
 
 def render_job_gauges(gauges: reports.JobGauges | None) -> str:
@@ -279,7 +247,7 @@ def render_job_gauges(gauges: reports.JobGauges | None) -> str:
     lines += [
         "# HELP effectgate_oldest_due_job_seconds How long the longest-waiting due pending job has waited.",
         "# TYPE effectgate_oldest_due_job_seconds gauge",
-        f"effectgate_oldest_due_job_seconds {_number(round(gauges.oldest_due_seconds, 3))}",
+        f"effectgate_oldest_due_job_seconds {round(gauges.oldest_due_seconds, 3)!r}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -310,8 +278,24 @@ def render_paused(kinds: Sequence[str] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bearer_ok(request: Request, token_sha256: bytes | None) -> bool:
+    """Whether ``request`` may scrape: always when no token is configured, else with ``Bearer <token>``."""
+    if token_sha256 is None:
+        return True
+    scheme, _, presented = (request.headers.get("authorization") or "").strip().partition(" ")
+    digest = hashlib.sha256(presented.strip().encode("utf-8")).digest()
+    return scheme.lower() == "bearer" and hmac.compare_digest(digest, token_sha256)
+
+
 async def endpoint(request: Request) -> Response:
-    """``GET /metrics``: this process's counters, the ledger's job gauges and retention counters."""
+    """``GET /metrics``: the counted metrics, the ledger's job gauges, retention counters and paused kinds."""
+    if not bearer_ok(request, getattr(request.app.state, "metrics_token_sha256", None)):
+        return Response(
+            '{"error":"invalid_token","detail":"GET /metrics needs Authorization: Bearer <metrics token>"}',
+            status_code=401,
+            media_type="application/json",
+            headers={"WWW-Authenticate": 'Bearer realm="effectgate-metrics"', "Cache-Control": "no-store"},
+        )
     gauges: reports.JobGauges | None
     purged: dict[str, int] | None
     paused: list[str] | None
@@ -324,13 +308,15 @@ async def endpoint(request: Request) -> Response:
         # A scrape must answer even when the database does not: ledger_up 0 is the signal.
         log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})
         gauges, purged, paused = None, None, None
-    body = REGISTRY.render() + render_job_gauges(gauges) + render_retention(purged) + render_paused(paused)
+    body = render() + render_job_gauges(gauges) + render_retention(purged) + render_paused(paused)
     return Response(body, media_type=CONTENT_TYPE)
 
 
-def app(pool: db.Pool) -> Starlette:
+def app(pool: db.Pool, *, token_sha256: bytes | None = None) -> Starlette:
     """``GET /metrics`` alone, for a process that serves nothing else (``effectgate worker --metrics-port``);
-    the job gauges are read through ``pool``, which the caller owns."""
+    the job gauges are read through ``pool``, which the caller owns; ``token_sha256``, when given, is the
+    hash of the bearer token a scrape must present."""
     metrics_app = Starlette(routes=[Route("/metrics", endpoint, methods=["GET"])])
     metrics_app.state.pool = pool
+    metrics_app.state.metrics_token_sha256 = token_sha256
     return metrics_app

@@ -492,8 +492,12 @@ DOCUMENT: dict[str, Any] = {
         "/api/openapi.json": {
             "get": {
                 "summary": "This document",
-                "security": [],
-                "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {}}}}},
+                "description": "Scope: `view`, like the reports it describes.",
+                "security": [{"bearer": []}],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": {"schema": {}}}},
+                    "401": _COMMON_ERRORS["401"],
+                },
             }
         },
     },

@@ -1,7 +1,8 @@
 """Webhook signature schemes: one module per provider behind the ``Scheme`` interface.
 
 Imports nothing else of the project. The gateway builds one scheme per configured source with
-``build_scheme`` and calls ``verify`` on the raw bytes of every delivery.
+``build_scheme`` and calls ``verify`` on the raw bytes of every delivery; ``effectgate send`` calls
+``sign``, the other half, which every scheme but PayPal's implements.
 """
 
 from .base import (
@@ -14,6 +15,9 @@ from .base import (
     SignatureInvalid,
     SignatureMalformed,
     SignatureMissing,
+    Signed,
+    Signer,
+    SigningError,
     TimestampOutOfTolerance,
     UnsupportedSignatureVersion,
     VerificationError,
@@ -32,6 +36,9 @@ __all__ = [
     "SignatureInvalid",
     "SignatureMalformed",
     "SignatureMissing",
+    "Signed",
+    "Signer",
+    "SigningError",
     "TimestampOutOfTolerance",
     "UnsupportedSignatureVersion",
     "VerificationError",

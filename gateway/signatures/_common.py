@@ -14,16 +14,21 @@ import json
 import math
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .base import (
+    JSON_CONTENT_TYPE,
     Event,
     PayloadError,
     SchemeConfigError,
     SignatureInvalid,
     SignatureMalformed,
     SignatureMissing,
+    Signed,
+    SigningError,
     TimestampOutOfTolerance,
     Verified,
 )
@@ -70,9 +75,79 @@ class SchemeBase:
     def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
         raise NotImplementedError
 
+    def sign(
+        self,
+        body: bytes,
+        *,
+        event_id: str | None = None,
+        event_type: str | None = None,
+        content_type: str = JSON_CONTENT_TYPE,
+        signing_key: str | None = None,
+        now: float | None = None,
+    ) -> Signed:
+        """Sign ``body`` as the provider would, with the first configured secret; see ``Signer``."""
+        clock = time.time() if now is None else now
+        if not math.isfinite(clock):
+            raise SigningError("now: the clock reading is not a finite number")
+        for name, value in (("event_id", event_id), ("event_type", event_type)):
+            # Both may travel in a header, which carries printable ASCII only: refused here, not by HTTP.
+            if value is not None and not (value and value.isascii() and value.isprintable()):
+                raise SigningError(f"{name}: expected non-empty printable ASCII text")
+        request = SigningRequest(body, event_id, event_type, content_type, signing_key, int(clock))
+        if signing_key is not None and not self._takes_signing_key():
+            raise SigningError(
+                f"signing_key: scheme {self.name!r} signs with its configured secret; a separate signing "
+                "key is only for a standard-webhooks source configured with a whpk_ public key"
+            )
+        body, headers = self._sign(request)
+        return Signed(body=body, headers={**headers, "Content-Type": content_type})
+
+    def _takes_signing_key(self) -> bool:
+        return False
+
+    def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
+        raise SigningError(f"scheme {self.name!r} cannot be signed locally")
+
     def __repr__(self) -> str:
         # The default repr would be harmless, but a subclass adding a dataclass-style repr would not be.
         return f"<{type(self).__name__} scheme={self.name!r}>"
+
+
+@dataclass(frozen=True, slots=True)
+class SigningRequest:
+    """What ``SchemeBase.sign`` hands a scheme's ``_sign``: the inputs, with the clock read once."""
+
+    body: bytes
+    event_id: str | None
+    event_type: str | None
+    content_type: str
+    signing_key: str | None
+    timestamp: int
+
+    def id_or_fresh(self, prefix: str = "") -> str:
+        """The given event id, or a fresh one (as a provider's new delivery carries)."""
+        return self.event_id if self.event_id is not None else f"{prefix}{uuid.uuid4()}"
+
+    def require_type(self, header: str) -> str:
+        """The given event type; SigningError when the scheme sends it in ``header`` and none was given."""
+        if not self.event_type:
+            raise SigningError(f"event_type: required, this scheme sends the event type in {header}")
+        return self.event_type
+
+
+def hex_hmac(key: bytes, message: bytes, digest: str = "sha256") -> str:
+    """The hex HMAC of ``message``: what most providers put in a signature header."""
+    return hmac.digest(key, message, digest).hex()
+
+
+def b64_hmac(key: bytes, message: bytes, digest: str = "sha256") -> str:
+    """The base64 HMAC of ``message``: Shopify's, Twilio's, Standard Webhooks' and Adyen's form."""
+    return base64.b64encode(hmac.digest(key, message, digest)).decode("ascii")
+
+
+def as_key(secret: str | bytes) -> bytes:
+    """A secret used verbatim as an HMAC key: UTF-8 when given as text."""
+    return secret.encode("utf-8") if isinstance(secret, str) else secret
 
 
 # --- construction -------------------------------------------------------------------------------

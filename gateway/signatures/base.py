@@ -15,13 +15,17 @@ request it says with one of these exceptions; nothing else escapes ``verify``::
     └── PayloadError                      malformed_payload               400
 
     SchemeConfigError (a ValueError)      bad configuration; raised at construction, never by verify
+    SigningError (a ValueError)           a delivery cannot be signed locally; raised by sign only
+
+Every scheme that can be signed without the provider's own key also has a ``sign`` method (the
+``Signer`` protocol): the other half of ``verify``, used by ``effectgate send`` and tested against it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,56 @@ class SchemeConfigError(ValueError):
     Raised at construction only, so a bad source fails at start-up rather than on its first delivery.
     The message names the offending option and never contains a secret.
     """
+
+
+class SigningError(ValueError):
+    """This delivery cannot be signed locally.
+
+    The scheme signs with a key only the provider holds (PayPal), or an input the scheme needs is
+    missing or wrong; the message says which, names the input (``event_type``, ``signing_key``, a body
+    field) and never contains a secret.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Signed:
+    """A delivery as its provider would send it: the body (changed only by schemes that sign inside it,
+    such as Adyen) and the headers that carry the signature, the event id or type, and the content type."""
+
+    body: bytes
+    headers: dict[str, str]
+
+
+JSON_CONTENT_TYPE = "application/json"
+FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
+
+
+@runtime_checkable
+class Signer(Protocol):
+    """The signing half of a scheme, for local testing: what the provider would send for ``body``.
+
+    It signs with the first configured secret (the one a rotation makes current) and the clock ``now``
+    (Unix seconds; ``None`` means the current time). ``event_id`` and ``event_type`` are used by schemes
+    that carry them in headers (GitHub, Shopify, Standard Webhooks, Twilio, a generic ``hmac`` with
+    ``id_header``/``type_header``); a ``None`` id there becomes a fresh one, as a provider's new delivery
+    would carry. Schemes that read them from the body take the body as it is. ``content_type`` is sent as
+    ``Content-Type`` and, for Twilio, chooses form or JSON signing. ``signing_key`` is a private key for
+    schemes configured with only the public half (a Standard Webhooks ``whpk_`` key); the others refuse it.
+    Raises ``SigningError`` and nothing else for a delivery it cannot sign.
+    """
+
+    def sign(
+        self,
+        body: bytes,
+        *,
+        event_id: str | None = None,
+        event_type: str | None = None,
+        content_type: str = JSON_CONTENT_TYPE,
+        signing_key: str | None = None,
+        now: float | None = None,
+    ) -> Signed:
+        """Sign ``body`` as the provider would; see the class docstring."""
+        ...
 
 
 class Scheme(Protocol):

@@ -13,9 +13,12 @@ from typing import ClassVar
 from ._common import (
     Headers,
     SchemeBase,
+    SigningRequest,
+    b64_hmac,
     check_timestamp,
     decode_digests,
     first_header,
+    hex_hmac,
     hmac_matcher,
     json_field,
     option_choice,
@@ -108,6 +111,24 @@ class HmacScheme(SchemeBase):
             payload=document,
         )
         return Verified(events=(event,), secret_index=index)
+
+    def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
+        stamp = str(request.timestamp).encode("ascii")
+        message = (
+            self._before.replace(_TIMESTAMP_BYTES, stamp)
+            + request.body
+            + self._after.replace(_TIMESTAMP_BYTES, stamp)
+        )
+        key = self._keys[0]
+        mac = (hex_hmac if self._encoding == "hex" else b64_hmac)(key, message, self._algorithm)
+        headers = {self._header: self._prefix + mac}
+        if self._timestamp_header is not None:
+            headers[self._timestamp_header] = str(request.timestamp)
+        if self._id_header is not None:
+            headers[self._id_header] = request.id_or_fresh()
+        if self._type_header is not None:
+            headers[self._type_header] = request.require_type(self._type_header)
+        return request.body, headers
 
     @staticmethod
     def _pick(headers: Headers, document: object, header: str | None, field: str, what: str) -> str:

@@ -12,9 +12,12 @@ from typing import ClassVar
 from ._common import (
     Headers,
     SchemeBase,
+    SigningRequest,
+    as_key,
     decode_digests,
     describe_labels,
     first_header,
+    hex_hmac,
     hmac_matcher,
     option_bool,
     parse_json,
@@ -70,6 +73,20 @@ class GitHubScheme(SchemeBase):
         match = hmac_matcher(self._keys, expected, presented, lambda b: b)
         index = require_match(body, match, secrets=len(self._keys), signatures=1)
         return Verified(events=(_event(body, headers),), secret_index=index)
+
+    def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
+        # GitHub's event header names the event alone ("issues"); the action travels in the body.
+        event = request.require_type("X-GitHub-Event").split(".", 1)[0]
+        return request.body, {
+            _SHA256_HEADER: signature_header(request.body, self._keys[0]),
+            "X-GitHub-Delivery": request.id_or_fresh(),
+            "X-GitHub-Event": event,
+        }
+
+
+def signature_header(body: bytes, secret: str | bytes) -> str:
+    """The ``X-Hub-Signature-256`` value GitHub sends for ``body``."""
+    return "sha256=" + hex_hmac(as_key(secret), body)
 
 
 def _event(body: bytes, headers: Headers) -> Event:

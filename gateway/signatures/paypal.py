@@ -52,6 +52,7 @@ from cryptography.x509.verification import VerificationError as ChainError
 from ._common import (
     Headers,
     SchemeBase,
+    SigningRequest,
     check_timestamp,
     describe_labels,
     event_from_json,
@@ -65,6 +66,7 @@ from .base import (
     CertificateUntrusted,
     SchemeConfigError,
     SignatureMalformed,
+    SigningError,
     UnsupportedSignatureVersion,
     Verified,
 )
@@ -189,6 +191,13 @@ class PayPalScheme(SchemeBase):
             _remember(self._trusted, url, outcome, self._cache_size)
         else:
             _remember(self._failed, url, outcome, self._cache_size)
+
+    def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
+        raise SigningError(
+            "PayPal cannot be signed locally: PayPal signs each delivery with the private key of its own "
+            "certificate, which only PayPal holds. Send a test event from PayPal's developer dashboard "
+            "(Webhooks simulator) to the gateway's public URL instead."
+        )
 
     def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
         transmission_id = require_header(headers, _ID)

@@ -11,6 +11,9 @@ from typing import ClassVar
 from ._common import (
     Headers,
     SchemeBase,
+    SigningRequest,
+    as_key,
+    b64_hmac,
     decode_digests,
     first_header,
     hmac_matcher,
@@ -46,3 +49,15 @@ class ShopifyScheme(SchemeBase):
         return Verified(
             events=(Event(id=event_id, type=topic, payload=parse_json(body)),), secret_index=index
         )
+
+    def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
+        return request.body, {
+            _HEADER: signature(request.body, self._keys[0]),
+            "X-Shopify-Webhook-Id": request.id_or_fresh(),
+            "X-Shopify-Topic": request.require_type("X-Shopify-Topic"),
+        }
+
+
+def signature(body: bytes, secret: str | bytes) -> str:
+    """The ``X-Shopify-Hmac-Sha256`` value Shopify sends for ``body``."""
+    return b64_hmac(as_key(secret), body)

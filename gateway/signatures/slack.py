@@ -12,9 +12,12 @@ from typing import ClassVar
 from ._common import (
     Headers,
     SchemeBase,
+    SigningRequest,
+    as_key,
     check_timestamp,
     decode_digests,
     describe_labels,
+    hex_hmac,
     hmac_matcher,
     json_field,
     parse_json,
@@ -69,3 +72,15 @@ class SlackScheme(SchemeBase):
             payload=document,
         )
         return Verified(events=(event,), secret_index=index)
+
+    def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
+        # Slack's event id and type are fields of the body, which is signed as it is.
+        return request.body, {
+            _SIGNATURE: signature(request.body, self._keys[0], timestamp=request.timestamp),
+            _TIMESTAMP: str(request.timestamp),
+        }
+
+
+def signature(body: bytes, secret: str | bytes, *, timestamp: int) -> str:
+    """The ``X-Slack-Signature`` value Slack sends for ``body`` with request timestamp ``timestamp``."""
+    return "v0=" + hex_hmac(as_key(secret), f"v0:{timestamp}:".encode("ascii") + body)

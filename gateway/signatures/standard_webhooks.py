@@ -13,11 +13,14 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ._common import (
     Headers,
     SchemeBase,
+    SigningRequest,
+    b64_hmac,
     check_timestamp,
     decode_digest,
     describe_labels,
@@ -31,7 +34,14 @@ from ._common import (
     resolve_tolerance,
     secret_strings,
 )
-from .base import Event, SchemeConfigError, SignatureMalformed, UnsupportedSignatureVersion, Verified
+from .base import (
+    Event,
+    SchemeConfigError,
+    SignatureMalformed,
+    SigningError,
+    UnsupportedSignatureVersion,
+    Verified,
+)
 
 _SYMMETRIC_PREFIX = "whsec_"
 _PUBLIC_KEY_PREFIX = "whpk_"
@@ -106,6 +116,88 @@ class StandardWebhooksScheme(SchemeBase):
             id=msg_id, type=require_text(json_field(document, "type"), "body field 'type'"), payload=document
         )
         return Verified(events=(event,), secret_index=index)
+
+    def _takes_signing_key(self) -> bool:
+        return self._public_keys[0] is not None
+
+    def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
+        msg_id = request.id_or_fresh("msg_")
+        hmac_key, public_key = self._hmac_keys[0], self._public_keys[0]
+        if hmac_key is not None:
+            signature = hmac_signature(request.body, hmac_key, msg_id=msg_id, timestamp=request.timestamp)
+        else:
+            # Only the public half is configured: the sender's private key must be given, and match it.
+            assert public_key is not None  # each configured secret is exactly one of the two kinds
+            if request.signing_key is None:
+                raise SigningError(
+                    "signing_key: required, the first secret is a whpk_ public key; give the matching whsk_ key"
+                )
+            private = signing_key(request.signing_key)
+            if _raw(private.public_key()) != _raw(public_key):
+                raise SigningError("signing_key: is not the private half of the first configured whpk_ key")
+            signature = ed25519_signature(request.body, private, msg_id=msg_id, timestamp=request.timestamp)
+        return request.body, {
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(request.timestamp),
+            "webhook-signature": signature,
+        }
+
+
+def hmac_signature(body: bytes, secret: str | bytes, *, msg_id: str, timestamp: int) -> str:
+    """The ``v1,<base64>`` entry of ``webhook-signature`` for ``body``. ``secret`` is the ``whsec_…``
+    text (the prefix optional, the rest base64) or the raw key bytes."""
+    key = secret if isinstance(secret, bytes) else _signing_secret(secret)
+    return "v1," + b64_hmac(key, _signed_content(body, msg_id, timestamp))
+
+
+def ed25519_signature(body: bytes, private_key: Ed25519PrivateKey, *, msg_id: str, timestamp: int) -> str:
+    """The ``v1a,<base64>`` entry of ``webhook-signature``: Ed25519 over the same content as ``v1``."""
+    signature = private_key.sign(_signed_content(body, msg_id, timestamp))
+    return "v1a," + base64.b64encode(signature).decode("ascii")
+
+
+def signing_key(text: str) -> Ed25519PrivateKey:
+    """The Ed25519 private key in a ``whsk_<base64>`` text: the 32-byte seed, or the 64-byte seed and
+    public key (libsodium's form). ``SigningError`` naming ``signing_key`` when it is not one; the
+    message never quotes the key."""
+    if not text.startswith(_SIGNING_KEY_PREFIX):
+        raise SigningError("signing_key: expected whsk_<base64 Ed25519 private key>")
+    value = text.removeprefix(_SIGNING_KEY_PREFIX)
+    try:
+        raw = base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise SigningError("signing_key: not valid base64") from None
+    if len(raw) not in (32, 64):
+        raise SigningError(f"signing_key: an Ed25519 private key is 32 or 64 bytes, got {len(raw)}")
+    private = Ed25519PrivateKey.from_private_bytes(raw[:32])
+    if len(raw) == 64 and raw[32:] != _raw(private.public_key()):
+        raise SigningError("signing_key: its last 32 bytes are not the public key of its first 32")
+    return private
+
+
+def new_ed25519_keys() -> tuple[str, str]:
+    """A fresh ``(whsk_…, whpk_…)`` pair: the sender's private key and the public key a source configures."""
+    private = Ed25519PrivateKey.generate()
+    seed = private.private_bytes_raw()
+    return (
+        _SIGNING_KEY_PREFIX + base64.b64encode(seed).decode("ascii"),
+        _PUBLIC_KEY_PREFIX + base64.b64encode(_raw(private.public_key())).decode("ascii"),
+    )
+
+
+def _signed_content(body: bytes, msg_id: str, timestamp: int) -> bytes:
+    return f"{msg_id}.{timestamp}.".encode() + body
+
+
+def _raw(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _signing_secret(secret: str) -> bytes:
+    try:
+        return _b64_secret(secret.removeprefix(_SYMMETRIC_PREFIX), "secret")
+    except SchemeConfigError as exc:
+        raise SigningError(str(exc)) from None
 
 
 def _b64_secret(value: str, option: str) -> bytes:

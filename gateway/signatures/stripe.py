@@ -12,10 +12,13 @@ from typing import ClassVar
 from ._common import (
     Headers,
     SchemeBase,
+    SigningRequest,
+    as_key,
     check_timestamp,
     decode_digests,
     describe_labels,
     event_from_json,
+    hex_hmac,
     hmac_matcher,
     parse_timestamp,
     require_header,
@@ -49,6 +52,17 @@ class StripeScheme(SchemeBase):
         index = require_match(body, match, secrets=len(self._keys), signatures=len(presented))
         check_timestamp(timestamp, now, self._tolerance)
         return Verified(events=(event_from_json(body),), secret_index=index)
+
+    def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
+        # Stripe puts the event id and type in the body, which is signed as it is.
+        return request.body, {
+            _HEADER: signature_header(request.body, self._keys[0], timestamp=request.timestamp)
+        }
+
+
+def signature_header(body: bytes, secret: str | bytes, *, timestamp: int) -> str:
+    """The ``Stripe-Signature`` value Stripe sends for ``body`` at ``timestamp`` (Unix seconds)."""
+    return f"t={timestamp},v1={hex_hmac(as_key(secret), f'{timestamp}.'.encode('ascii') + body)}"
 
 
 def _parse_header(value: str) -> tuple[str, list[str]]:

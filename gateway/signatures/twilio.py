@@ -8,19 +8,24 @@ which makes a body that does not match its hash fail as an invalid signature.
 
 Webhooks signed with a SharedKey carry ``X-Twilio-Webhooks-Signature-Settings: key=…,algorithm=…``;
 ``HMAC_SHA256`` then replaces SHA-1 (the configured secret is the SharedKey's), as in Twilio's own
-``RequestValidator``.
+``RequestValidator``. A source whose secret is a SharedKey's names the key with the ``shared_key``
+option; verification reads the algorithm from each request either way, and ``sign`` then signs as
+Twilio does with that key.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from ._common import (
     Headers,
     SchemeBase,
+    SigningRequest,
+    as_key,
+    b64_hmac,
     decode_digests,
     describe_labels,
     first_header,
@@ -33,10 +38,12 @@ from ._common import (
     utf8_keys,
 )
 from .base import (
+    JSON_CONTENT_TYPE,
     Event,
     PayloadError,
     SchemeConfigError,
     SignatureInvalid,
+    SigningError,
     UnsupportedSignatureVersion,
     Verified,
 )
@@ -55,20 +62,31 @@ class TwilioScheme(SchemeBase):
     configured in Twilio, query string included, tried with and without its default port as Twilio's
     own validator does) plus the sorted form parameters, or, for JSON bodies, over the URL with the
     body's ``bodySHA256``; HMAC-SHA256 instead when ``X-Twilio-Webhooks-Signature-Settings`` names it
-    (SharedKey signing, the secret being the SharedKey's). The event id is ``I-Twilio-Idempotency-Token``, else ``MessageSid`` or
+    (SharedKey signing, the secret being the SharedKey's, whose SID the ``shared_key`` option names for
+    ``sign``). The event id is ``I-Twilio-Idempotency-Token``, else ``MessageSid`` or
     ``CallSid``; the type is the ``event_type`` option, else ``SmsStatus``, else ``twilio.request``."""
 
     name: ClassVar[str] = "twilio"
 
     def __init__(
-        self, secrets: Sequence[str], *, url: str | None = None, event_type: str | None = None
+        self,
+        secrets: Sequence[str],
+        *,
+        url: str | None = None,
+        event_type: str | None = None,
+        shared_key: str | None = None,
     ) -> None:
         self._keys = utf8_keys(secrets)
         public_url = option_str("url", url)
         if public_url is None:
             raise SchemeConfigError("url: required (the public URL configured in Twilio)")
+        self._url = public_url
         self._urls = _url_variants(public_url)
         self._event_type = option_str("event_type", event_type)
+        self._shared_key = option_str("shared_key", shared_key)
+        if self._shared_key is not None and not all(c.isalnum() or c in "_-" for c in self._shared_key):
+            # It travels in a header; a comma or '=' would corrupt the settings Twilio's format parses.
+            raise SchemeConfigError("shared_key: expected the SharedKey's SID (letters, digits, '_', '-')")
 
     def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
         digest, size = _algorithm(first_header(headers, _SETTINGS))
@@ -96,6 +114,44 @@ class TwilioScheme(SchemeBase):
         if not isinstance(event_id, str) or not event_id:
             raise PayloadError("no I-Twilio-Idempotency-Token header, MessageSid or CallSid")
         return Event(id=event_id, type=require_text(event_type, "SmsStatus"), payload=payload)
+
+    def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
+        # Twilio signs the public URL it calls, which is what this scheme verifies against: the
+        # configured url, whatever address the delivery is posted to.
+        algorithm = "HMAC_SHA1" if self._shared_key is None else "HMAC_SHA256"
+        if request.content_type.lower().startswith(JSON_CONTENT_TYPE):
+            value = signature(json_url(self._url, request.body), (), self._keys[0], algorithm=algorithm)
+        else:
+            try:
+                fields = _form_fields(request.body)
+            except SignatureInvalid:
+                raise SigningError(
+                    "body: not form-encoded UTF-8; send a JSON body with content type application/json"
+                ) from None
+            value = signature(self._url, fields, self._keys[0], algorithm=algorithm)
+        headers = {_HEADER: value, "I-Twilio-Idempotency-Token": request.id_or_fresh()}
+        if self._shared_key is not None:
+            headers[_SETTINGS] = f"key={self._shared_key},algorithm={algorithm}"
+        return request.body, headers
+
+
+def signature(
+    url: str, params: Iterable[tuple[str, str]], secret: str | bytes, *, algorithm: str = "HMAC_SHA1"
+) -> str:
+    """The ``X-Twilio-Signature`` value Twilio sends when it calls ``url`` with the form ``params``
+    (none for a JSON body, whose hash is in ``json_url``), keyed by the auth token or SharedKey secret,
+    as Twilio's ``RequestValidator.compute_signature`` computes it."""
+    digest, _size = _ALGORITHMS[algorithm]
+    values: dict[str, set[str]] = {}
+    for key, value in params:
+        values.setdefault(key, set()).add(value)
+    signed = url + "".join(key + value for key in sorted(values) for value in sorted(values[key]))
+    return b64_hmac(as_key(secret), signed.encode("utf-8"), digest)
+
+
+def json_url(url: str, body: bytes) -> str:
+    """The URL Twilio signs for a JSON body: ``url`` with ``bodySHA256=<hex sha256 of the body>`` added."""
+    return f"{url}{'&' if '?' in url else '?'}bodySHA256={hashlib.sha256(body).hexdigest()}"
 
 
 def _algorithm(settings: str | None) -> tuple[str, int]:

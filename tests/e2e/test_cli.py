@@ -99,6 +99,17 @@ def test_the_quick_start_up_command_runs_the_demo_on_an_embedded_postgres(tmp_pa
         wait_until(shipped, 30, "the demo order to ship")
         stats = httpx.get(f"http://127.0.0.1:{port + 1}/_fake/stats", timeout=5).json()
         assert (stats["captures"], stats["shipments"]) == (1, 1)
+
+        # `send` with no configuration anywhere finds the demo `up` wrote, with its secrets.
+        home = {"EFFECTGATE_HOME": str(tmp_path / "home")}
+        sends = [
+            run("send", "--source", "github", "--example", "--event-id", "gh-up-1", env=home, cwd=tmp_path)
+        ]
+        sends.append(
+            run("send", "--source", "github", "--example", "--event-id", "gh-up-1", env=home, cwd=tmp_path)
+        )
+        assert [r.stdout[:4] for r in sends] == ["202 ", "200 "], [r.stdout + r.stderr for r in sends]
+        assert "using the demo configuration of `effectgate up`" in sends[0].stderr
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(timeout=60)

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from effectgate.gateway.operator.metrics import CONTENT_TYPE
+from tests.prometheus import value
 
 from .conftest import Stack, event
 from .processes import Process, free_port, wait_until
@@ -22,16 +23,18 @@ def test_a_worker_serves_metrics_with_the_jobs_it_ran_until_it_stops(stack: Stac
     assert stack.deliver(event("6006", "evt_6006")).status_code == 202
     stack.wait_state("order-paid:6006", "succeeded")
 
-    succeeded = 'effectgate_job_run_seconds_count{kind="e2e.fulfil",outcome="succeeded"} 1'
+    def succeeded(text: str) -> float:
+        return value(text, "effectgate_job_run_seconds_count", kind="e2e.fulfil", outcome="succeeded")
+
     # The slice is counted just after its transition commits: poll rather than race it.
-    wait_until(lambda: succeeded in httpx.get(url, timeout=5).text, 10, "the slice to be counted")
+    wait_until(lambda: succeeded(httpx.get(url, timeout=5).text) == 1, 10, "the slice to be counted")
     response = httpx.get(url, timeout=5)
     assert (response.status_code, response.headers["content-type"]) == (200, CONTENT_TYPE)
-    lines = response.text.splitlines()
-    assert 'effectgate_downstream_calls_total{service="payments",status="200"} 1' in lines
-    assert 'effectgate_downstream_calls_total{service="shipping",status="201"} 1' in lines
+    text = response.text
+    assert value(text, "effectgate_downstream_calls_total", service="payments", status="200") == 1
+    assert value(text, "effectgate_downstream_calls_total", service="shipping", status="201") == 1
     # The ledger's gauges come along, read through the worker's own pool.
-    assert "effectgate_ledger_up 1" in lines
+    assert value(text, "effectgate_ledger_up") == 1
 
     assert worker.stop() == 0
     with pytest.raises(httpx.TransportError):
@@ -53,3 +56,23 @@ def test_a_metrics_port_already_taken_is_a_usage_error_before_any_job_runs(stack
     log = proc.log()
     assert f"--metrics-port: cannot listen on 127.0.0.1:{port}" in log
     assert "worker.started" not in log
+
+
+def test_a_worker_asks_for_the_configured_metrics_token(stack: Stack) -> None:
+    token = "e2e-metrics-token-0123456789"
+    config = stack.tmp / "with-token.toml"
+    config.write_text(stack.config.read_text() + '\n[metrics]\ntoken_env = "E2E_METRICS_TOKEN"\n')
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    proc = Process(
+        ["worker", "--config", str(config), "--no-migrate", "--metrics-port", str(port)],
+        {**stack.env, "E2E_METRICS_TOKEN": token},
+        stack.tmp / "token-worker.log",
+    )
+    stack.processes.append(proc)
+    proc.wait_log("worker.started")
+    assert httpx.get(url, timeout=5).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer nope"}, timeout=5).status_code == 401
+    scraped = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    assert scraped.status_code == 200 and value(scraped.text, "effectgate_ledger_up") == 1
+    assert token not in proc.log()

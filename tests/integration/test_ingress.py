@@ -267,23 +267,22 @@ async def test_an_unreachable_ledger_is_503_and_nothing_is_acknowledged() -> Non
 
 async def test_deliveries_and_failures_are_counted_in_the_metrics(client: httpx.AsyncClient) -> None:
     from effectgate.gateway.operator import metrics
+    from tests.prometheus import value
 
-    def count(text: str, line_start: str) -> float:
-        lines = [line for line in text.splitlines() if line.startswith(line_start)]
-        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
-
-    before = metrics.REGISTRY.render()
+    before = metrics.render()
     body = stripe_event(order_id="m1", event_id="evt_m1")
     await post(client, "stripe", body, stripe_headers(body))
     await post(client, "stripe", body, stripe_headers(body))
     await post(client, "stripe", body, {})
-    after = metrics.REGISTRY.render()
-    accepted = 'effectgate_deliveries_total{source="stripe",outcome="accepted"}'
-    duplicate = 'effectgate_deliveries_total{source="stripe",outcome="duplicate"}'
-    missing = 'effectgate_verification_failures_total{source="stripe",reason="signature_missing"}'
-    assert count(after, accepted) - count(before, accepted) == 2  # two effects of one delivery
-    assert count(after, duplicate) - count(before, duplicate) == 2
-    assert count(after, missing) - count(before, missing) == 1
+    after = metrics.render()
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    # Two effects of one delivery.
+    assert grew("effectgate_deliveries_total", source="stripe", outcome="accepted") == 2
+    assert grew("effectgate_deliveries_total", source="stripe", outcome="duplicate") == 2
+    assert grew("effectgate_verification_failures_total", source="stripe", reason="signature_missing") == 1
 
 
 @pytest.mark.parametrize("text", ["nul \\u0000 inside", "lone \\ud800 surrogate"])

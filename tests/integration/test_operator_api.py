@@ -128,7 +128,8 @@ async def test_every_documented_answer_is_real_and_matches_the_document(db_url: 
     done, failed = ids["order-paid:1234"], ids["order-paid:1"]
     seen: set[tuple[str, str, str]] = set()
     cases: list[tuple[str, str, str, dict[str, str] | None, int]] = [
-        ("get", "/api/openapi.json", "/api/openapi.json", None, 200),
+        ("get", "/api/openapi.json", "/api/openapi.json", VIEW, 200),
+        ("get", "/api/openapi.json", "/api/openapi.json", None, 401),
         ("get", f"/api/duplicates?{WINDOW}", "/api/duplicates", VIEW, 200),
         ("get", "/api/duplicates?limit=0", "/api/duplicates", VIEW, 400),
         ("get", "/api/duplicates", "/api/duplicates", None, 401),
@@ -372,3 +373,28 @@ async def test_bulk_redrive_over_the_api_counts_refusals_and_a_dry_run_changes_n
             await conn.execute("SELECT state::text AS s FROM jobs WHERE id = %s", (job_id,))
         ).fetchone()
         assert row is not None and row["s"] == "pending"
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "headers", "status"),
+    [
+        ("get", f"/api/duplicates?{WINDOW}", VIEW, 200),
+        ("get", "/api/openapi.json", VIEW, 200),
+        ("get", "/api/openapi.json", None, 401),
+        ("get", "/api/duplicates?limit=0", VIEW, 400),
+        ("get", "/api/no-such-report", VIEW, 404),
+        ("delete", "/api/duplicates", VIEW, 405),
+    ],
+)
+async def test_every_api_answer_is_neither_cached_nor_sniffed(
+    api: httpx.AsyncClient, method: str, url: str, headers: dict[str, str] | None, status: int
+) -> None:
+    response = await api.request(method, url, headers=headers)
+    assert response.status_code == status
+    assert response.headers["cache-control"] == "no-store"
+    assert response.headers["x-content-type-options"] == "nosniff"
+
+
+async def test_the_webhook_ingress_and_health_answers_carry_no_api_headers(api: httpx.AsyncClient) -> None:
+    response = await api.get("/healthz")
+    assert "x-content-type-options" not in response.headers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
@@ -11,6 +12,8 @@ import pytest
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
+from effectgate.gateway.operator import sessions
+from effectgate.gateway.operator.auth import hash_token
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, jobs
 
@@ -47,7 +50,7 @@ def text(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
-async def test_pages_need_a_sign_in_and_it_keeps_the_token_in_a_strict_cookie(seeded_url: str) -> None:
+async def test_pages_need_a_sign_in_and_it_starts_a_session_in_a_strict_cookie(seeded_url: str) -> None:
     async with dashboard(seeded_url) as client:
         response = await client.get("/ui/jobs?state=failed")
         assert response.status_code == 303
@@ -60,9 +63,58 @@ async def test_pages_need_a_sign_in_and_it_keeps_the_token_in_a_strict_cookie(se
         assert (signed.status_code, signed.headers["location"]) == (303, "/ui/jobs?state=failed")
         cookie = signed.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
-        assert (await client.get("/ui/jobs?state=failed")).status_code == 200
-        assert (await client.get("/ui/logout")).status_code == 303
+        assert "Max-Age=28800" in cookie
+        # The cookie names the session, never the token nor its hash.
+        session = client.cookies[sessions.COOKIE]
+        assert VIEW_TOKEN not in session and hash_token(VIEW_TOKEN) not in session
+        page = await client.get("/ui/jobs?state=failed")
+        assert page.status_code == 200
+        csrf = re.search(r'action="/ui/logout".*?name="csrf" value="([0-9a-f]{64})"', page.text)
+        assert csrf is not None
+
+        # Signing out is a POST carrying the session's form token: a link or another site cannot do it.
+        assert (await client.get("/ui/logout")).status_code == 405
+        assert (await client.post("/ui/logout", data={"csrf": "0" * 64})).status_code == 403
+        assert (await client.get("/ui/")).status_code == 200
+        out = await client.post("/ui/logout", data={"csrf": csrf[1]})
+        assert (out.status_code, out.headers["location"]) == (303, "/ui/login")
         assert (await client.get("/ui/")).status_code == 303
+
+
+async def test_a_forged_expired_or_foreign_session_is_no_session(seeded_url: str) -> None:
+    async with dashboard(seeded_url) as client:
+        app = client._transport.app  # type: ignore[attr-defined]
+        key = app.state.session_key
+        [viewer] = [o for o in app.state.config.operators if o.name == "viewer"]
+
+        good = sessions.issue(key, viewer, 3600)
+        cases = {
+            "good": good,
+            "expired": sessions.issue(key, viewer, 3600, now=time.time() - 7200),
+            "another key": sessions.issue(b"k" * 32, viewer, 3600),
+            "longer life": good.replace(good.split(".")[3], str(int(good.split(".")[3]) + 10**6)),
+            "the raw token": VIEW_TOKEN,
+            "garbage": "v1.x.y.z.w",
+        }
+        answers = {}
+        for name, cookie in cases.items():
+            client.cookies.clear()
+            client.cookies.set(sessions.COOKIE, cookie)
+            answers[name] = (await client.get("/ui/")).status_code
+        assert answers == {name: 200 if name == "good" else 303 for name in cases}
+
+
+async def test_failed_sign_ins_are_throttled_per_address(seeded_url: str) -> None:
+    async with dashboard(seeded_url) as client:
+        limit = client._transport.app.state.sign_in_throttle.limit  # type: ignore[attr-defined]
+        for _ in range(limit):
+            refused = await client.post("/ui/login", data={"token": "guess-" + "x" * 20})
+            assert refused.status_code == 401
+        # Past the limit even the right token waits: the answer says nothing about the guess.
+        throttled = await client.post("/ui/login", data={"token": VIEW_TOKEN})
+        assert throttled.status_code == 429
+        assert int(throttled.headers["retry-after"]) > 0
+        assert sessions.COOKIE not in throttled.cookies
 
 
 @pytest.mark.parametrize("target", ["//evil.example/ui/", "https://evil.example/", "/api/jobs", "/ui//x"])

@@ -10,6 +10,7 @@ from effectgate.gateway.config import parse
 from effectgate.gateway.operator import metrics
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db
+from tests.prometheus import value
 
 from .test_reports_seed import seed
 
@@ -50,9 +51,7 @@ async def test_metrics_carry_process_counters_and_job_gauges(db_url: str, conn: 
     # The seeded jobs became due in 2025, so the oldest has waited a long time.
     [oldest] = [line for line in lines if line.startswith("effectgate_oldest_due_job_seconds ")]
     assert float(oldest.split()[1]) > 86400
-    assert any(
-        line.startswith('effectgate_deliveries_total{source="stripe",outcome="duplicate"}') for line in lines
-    )
+    assert value(response.text, "effectgate_deliveries_total", source="stripe", outcome="duplicate") >= 1
 
 
 async def test_metrics_answer_without_the_ledger(db_url: str) -> None:
@@ -79,3 +78,23 @@ async def test_metrics_count_what_retention_purged_per_table(db_url: str, conn: 
     for what in ("deliveries", "effects.payload", "jobs"):
         line = f'effectgate_retention_purged_rows_total{{table="{what}"}} {result.purged[what]}'
         assert line in lines
+
+
+async def test_a_configured_metrics_token_is_required(db_url: str) -> None:
+    token = "scrape-token-0123456789"
+    config = parse(
+        CONFIG + '\n[metrics]\ntoken_env = "METRICS_TOKEN"\n',
+        env={"STRIPE_SECRET": "whsec_test", "METRICS_TOKEN": token},
+    )
+    app = create_app(config, Registry(), db_url)
+    async with (
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client,
+        app.router.lifespan_context(app),
+    ):
+        missing = await client.get("/metrics")
+        wrong = await client.get("/metrics", headers={"Authorization": f"Bearer {token}x"})
+        right = await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+    assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    assert "effectgate_" not in missing.text
+    assert value(right.text, "effectgate_ledger_up") == 1

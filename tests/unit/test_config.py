@@ -183,3 +183,39 @@ def test_retention_mistakes_name_the_key() -> None:
     ):
         with pytest.raises(ConfigError, match=match):
             parse(MINIMAL + text, env=ENV)
+
+
+def test_the_connection_guard_metrics_token_and_dashboard_sessions_are_configured() -> None:
+    defaults = parse(MINIMAL, env=ENV)
+    assert (defaults.gateway.header_timeout, defaults.gateway.body_timeout) == (10.0, 30.0)
+    assert defaults.gateway.max_header_bytes == 16384
+    assert defaults.metrics_token_sha256 is None
+    assert (defaults.dashboard.session_secret, defaults.dashboard.session_ttl) == (None, 8 * 3600)
+    text = (
+        MINIMAL
+        + "[gateway]\nheader_timeout = 2.5\nbody_timeout = 4\nmax_header_bytes = 8192\n"
+        + '[metrics]\ntoken_env = "M"\n'
+        + '[dashboard]\nsession_secret_env = "D"\nsession_ttl = 600\n'
+    )
+    config = parse(text, env={**ENV, "M": "m" * 20, "D": "d" * 32})
+    assert config.gateway.limits.header_timeout == 2.5 and config.gateway.limits.max_header_bytes == 8192
+    assert config.metrics_token_sha256 is not None and b"m" * 20 not in config.metrics_token_sha256
+    assert (config.dashboard.session_secret, config.dashboard.session_ttl) == (b"d" * 32, 600)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[gateway]\nheader_timeout = 0", r"gateway\.header_timeout: must be >= 0\.001"),
+        ("[gateway]\nbody_timeout = -1", r"gateway\.body_timeout: must be >= 0\.001"),
+        ("[gateway]\nmax_header_bytes = 100", r"gateway\.max_header_bytes: must be >= 1024"),
+        ('[metrics]\ntoken_env = "ABSENT"', r"metrics\.token_env: environment variable ABSENT is not set"),
+        ('[metrics]\ntoken_env = "SHORT"', r"metrics\.token_env: the secret in SHORT is shorter than 16"),
+        ("[metrics]\ntoken = 'x'", r"metrics\.token: is not a known setting"),
+        ('[dashboard]\nsession_secret_env = "ABSENT"', r"dashboard\.session_secret_env: environment"),
+        ("[dashboard]\nsession_ttl = 5", r"dashboard\.session_ttl: must be >= 60"),
+    ],
+)
+def test_guard_metrics_and_dashboard_mistakes_name_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(MINIMAL + text, path="eg.toml", env={**ENV, "SHORT": "short"})

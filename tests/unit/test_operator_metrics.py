@@ -1,4 +1,4 @@
-"""The metrics registry and its Prometheus text format."""
+"""The process metrics, their Prometheus text format, and the ledger gauges rendered beside them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 import pytest
 
 from effectgate.gateway.operator import metrics
-from effectgate.gateway.operator.metrics import Registry
 from effectgate.ledger.reports import JobGauges
+from tests.prometheus import samples, value
 
 # One sample line of the text format: name, optional {labels}, value.
 _SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? \S+$')
@@ -18,93 +18,69 @@ def assert_valid_exposition(text: str) -> None:
     assert text.endswith("\n")
     for line in text.splitlines():
         assert line.startswith(("# HELP ", "# TYPE ")) or _SAMPLE.match(line), line
+    samples(text)  # and Prometheus's own parser reads it
 
 
-def test_counters_render_sorted_with_escaped_labels() -> None:
-    registry = Registry()
-    counter = registry.counter("x_total", "Things.", ("source", "outcome"))
-    counter.inc("stripe", "accepted")
-    counter.inc("stripe", "accepted")
-    counter.inc('we"ird\\\n', "duplicate", amount=0.5)
-    text = registry.render()
-    assert_valid_exposition(text)
-    assert text == (
-        "# HELP x_total Things.\n"
-        "# TYPE x_total counter\n"
-        'x_total{source="stripe",outcome="accepted"} 2\n'
-        'x_total{source="we\\"ird\\\\\\n",outcome="duplicate"} 0.5\n'
-    )
-
-
-def test_histograms_are_cumulative_with_sum_and_count() -> None:
-    registry = Registry()
-    histogram = registry.histogram("lat_seconds", "Latency.", buckets=(0.1, 1.0))
-    for value in (0.05, 0.5, 2.0):
-        histogram.observe(value)
-    text = registry.render()
-    assert_valid_exposition(text)
-    assert text.splitlines()[2:] == [
-        'lat_seconds_bucket{le="0.1"} 1',
-        'lat_seconds_bucket{le="1"} 2',
-        'lat_seconds_bucket{le="+Inf"} 3',
-        "lat_seconds_sum 2.55",
-        "lat_seconds_count 3",
-    ]
-
-
-def test_label_sets_past_the_cap_fold_into_other() -> None:
-    registry = Registry()
-    counter = registry.counter("c_total", "C.", ("source",))
-    for i in range(metrics.MAX_SERIES + 50):
-        counter.inc(f"s{i}")
-    assert len(counter.values) == metrics.MAX_SERIES + 1
-    assert counter.values[(metrics.OTHER,)] == 50
-
-
-def test_mistakes_are_refused() -> None:
-    registry = Registry()
-    registry.counter("a_total", "A.", ("x",))
-    with pytest.raises(ValueError, match="registered already"):
-        registry.counter("a_total", "A.")
-    with pytest.raises(ValueError, match="ascending"):
-        registry.histogram("h", "H.", buckets=(1.0, 0.5))
-    with pytest.raises(ValueError, match="takes labels"):
-        registry.counter("b_total", "B.", ("x", "y")).inc("only-one")
-
-
-def test_the_module_functions_count_into_the_process_registry() -> None:
-    before = metrics.DELIVERIES.values.get(("unit-test", "accepted"), 0)
+def test_the_module_functions_count_into_the_process_metrics() -> None:
+    before = metrics.render()
     metrics.delivery("unit-test", "accepted")
     metrics.claimed("unit-test", ["accepted", "duplicate"])
     metrics.claimed("unit-test", [])
-    metrics.verification_failure("unit-test", "signature_invalid")
+    metrics.verification_failure("unit-test", 'we"ird\\\n')
     metrics.claim_latency(0.003)
     metrics.job_run("unit-kind", "succeeded", 1.5)
     metrics.job_retry("unit-kind")
     metrics.job_reclaim("unit-kind")
     metrics.downstream_call("payments", 201)
-    assert metrics.DELIVERIES.values[("unit-test", "accepted")] == before + 2
-    assert metrics.DELIVERIES.values[("unit-test", "unmatched")] >= 1
-    text = metrics.REGISTRY.render()
+    metrics.reconciler_ticked()
+    text = metrics.render()
     assert_valid_exposition(text)
-    for name in (
-        "effectgate_deliveries_total",
-        "effectgate_verification_failures_total",
-        "effectgate_claim_seconds_bucket",
-        "effectgate_job_run_seconds_count",
-        "effectgate_job_retries_total",
-        "effectgate_job_reclaims_total",
-        'effectgate_downstream_calls_total{service="payments",status="201"}',
-    ):
-        assert name in text
+
+    def grew(name: str, **labels: str) -> float:
+        return value(text, name, **labels) - value(before, name, **labels)
+
+    assert grew("effectgate_deliveries_total", source="unit-test", outcome="accepted") == 2
+    assert grew("effectgate_deliveries_total", source="unit-test", outcome="duplicate") == 1
+    assert grew("effectgate_deliveries_total", source="unit-test", outcome="unmatched") == 1
+    # A label value from outside is escaped, and reads back as it was.
+    assert grew("effectgate_verification_failures_total", source="unit-test", reason='we"ird\\\n') == 1
+    assert grew("effectgate_claim_seconds_bucket", le="0.005") == 1
+    assert grew("effectgate_claim_seconds_count") == 1
+    assert grew("effectgate_job_run_seconds_count", kind="unit-kind", outcome="succeeded") == 1
+    assert grew("effectgate_job_run_seconds_bucket", kind="unit-kind", outcome="succeeded", le="1.0") == 0
+    assert grew("effectgate_job_run_seconds_bucket", kind="unit-kind", outcome="succeeded", le="5.0") == 1
+    assert grew("effectgate_job_retries_total", kind="unit-kind") == 1
+    assert grew("effectgate_job_reclaims_total", kind="unit-kind") == 1
+    assert grew("effectgate_downstream_calls_total", service="payments", status="201") == 1
+    assert value(text, "effectgate_reconciler_last_tick_timestamp_seconds") > 1.7e9
+    # No `_created` twin of every counter.
+    assert "_created" not in text
+
+
+def test_label_sets_past_the_cap_fold_into_other() -> None:
+    for i in range(metrics.MAX_SERIES + 50):
+        metrics.job_retry(f"capped-{i}")
+    text = metrics.render()
+    kinds = {dict(labels)["kind"] for name, labels in samples(text) if name == "effectgate_job_retries_total"}
+    assert len(kinds) <= metrics.MAX_SERIES + 1
+    assert value(text, "effectgate_job_retries_total", kind=metrics.OTHER) >= 50
+
+
+def test_a_wrong_number_of_labels_is_refused() -> None:
+    with pytest.raises(ValueError, match="takes 2 labels"):
+        metrics.DELIVERIES.labels("only-one")
 
 
 def test_job_gauges_render_and_say_when_the_ledger_is_unreadable() -> None:
     text = metrics.render_job_gauges(
-        JobGauges([{"state": "parked", "kind": "fulfil", "n": 2}], oldest_due_seconds=12.5)
+        JobGauges(
+            [{"state": "parked", "kind": "fulfil", "n": 2}, {"state": "failed", "kind": 'a"b', "n": 1}],
+            oldest_due_seconds=12.5,
+        )
     )
     assert_valid_exposition(text)
-    assert "effectgate_ledger_up 1" in text
-    assert 'effectgate_jobs{state="parked",kind="fulfil"} 2' in text
-    assert "effectgate_oldest_due_job_seconds 12.5" in text
+    assert value(text, "effectgate_ledger_up") == 1
+    assert value(text, "effectgate_jobs", state="parked", kind="fulfil") == 2
+    assert value(text, "effectgate_jobs", state="failed", kind='a"b') == 1
+    assert value(text, "effectgate_oldest_due_job_seconds") == 12.5
     assert metrics.render_job_gauges(None).splitlines()[-1] == "effectgate_ledger_up 0"

@@ -1,8 +1,10 @@
-"""Signers for the tests: how each provider would sign a body, written from its documentation.
+"""Signers for the tests: how each provider would sign a body, with the tests' fixed ids and defaults.
 
-Stripe and Standard Webhooks are signed with the providers' own libraries in their test modules;
-these hand-written signers serve the schemes that have no such library, and the cross-scheme tests
-(fuzzing, diagnostics) that need a valid signature for every scheme.
+The signing itself is the gateway's own (``sign`` next to each verifier, used by ``effectgate send``),
+checked in ``test_signers.py`` against the providers' libraries and published examples. Stripe,
+Standard Webhooks, Twilio and Adyen are also signed with the providers' own libraries in their test
+modules; these helpers serve the cross-scheme tests (fuzzing, diagnostics) that need a valid signature
+for every scheme.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import base64
-import hashlib
 import hmac
 import shutil
 import tempfile
@@ -19,7 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from effectgate.gateway.signatures import Scheme, build_scheme
+from effectgate.gateway.signatures import (
+    Scheme,
+    build_scheme,
+    github,
+    shopify,
+    slack,
+    standard_webhooks,
+    stripe,
+    twilio,
+)
 
 from .paypal_pki import CERT_URL, MemoryFetcher, Pki, iso
 
@@ -37,26 +47,25 @@ def b64_mac(key: bytes, message: bytes, digest: str = "sha256") -> str:
 
 
 def stripe_headers(body: bytes, secret: str = "whsec_stripe_test", t: int = NOW) -> dict[str, str]:
-    return {"Stripe-Signature": f"t={t},v1={hex_mac(secret, f'{t}.'.encode() + body)}"}
+    return {"Stripe-Signature": stripe.signature_header(body, secret, timestamp=t)}
 
 
 def github_headers(body: bytes, secret: str = "gh-secret", event: str = "push") -> dict[str, str]:
     return {
-        "X-Hub-Signature-256": "sha256=" + hex_mac(secret, body),
+        "X-Hub-Signature-256": github.signature_header(body, secret),
         "X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958",
         "X-GitHub-Event": event,
     }
 
 
 def sw_headers(body: bytes, secret: str = SW_SECRET, msg_id: str = "msg_1", t: int = NOW) -> dict[str, str]:
-    key = base64.b64decode(secret.removeprefix("whsec_"))
-    signature = b64_mac(key, f"{msg_id}.{t}.".encode() + body)
-    return {"webhook-id": msg_id, "webhook-timestamp": str(t), "webhook-signature": f"v1,{signature}"}
+    signature = standard_webhooks.hmac_signature(body, secret, msg_id=msg_id, timestamp=t)
+    return {"webhook-id": msg_id, "webhook-timestamp": str(t), "webhook-signature": signature}
 
 
 def shopify_headers(body: bytes, secret: str = "shpss_secret") -> dict[str, str]:
     return {
-        "X-Shopify-Hmac-Sha256": b64_mac(secret.encode(), body),
+        "X-Shopify-Hmac-Sha256": shopify.signature(body, secret),
         "X-Shopify-Webhook-Id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043",
         "X-Shopify-Topic": "orders/create",
     }
@@ -64,14 +73,15 @@ def shopify_headers(body: bytes, secret: str = "shpss_secret") -> dict[str, str]
 
 def slack_headers(body: bytes, secret: str = "slack-signing-secret", t: int = NOW) -> dict[str, str]:
     return {
-        "X-Slack-Signature": "v0=" + hex_mac(secret, f"v0:{t}:".encode() + body),
+        "X-Slack-Signature": slack.signature(body, secret, timestamp=t),
         "X-Slack-Request-Timestamp": str(t),
     }
 
 
 def hmac_headers(body: bytes, secret: str = "generic-secret", t: int = NOW) -> dict[str, str]:
     """For the ``HMAC_OPTIONS`` configuration: ``sha256=<hex>`` over ``"<t>." + body``."""
-    return {"X-Signature": "sha256=" + hex_mac(secret, f"{t}.".encode() + body), "X-Timestamp": str(t)}
+    signed = build_scheme("hmac", [secret], options=HMAC_OPTIONS).sign(body, now=t)
+    return {name: signed.headers[name] for name in ("X-Signature", "X-Timestamp")}
 
 
 HMAC_OPTIONS: dict[str, Any] = {
@@ -82,9 +92,8 @@ HMAC_OPTIONS: dict[str, Any] = {
 
 
 def twilio_json_headers(body: bytes, token: str = "twilio-token", url: str = TWILIO_URL) -> dict[str, str]:
-    signed = f"{url}&bodySHA256={hashlib.sha256(body).hexdigest()}"
     return {
-        "X-Twilio-Signature": b64_mac(token.encode(), signed.encode(), "sha1"),
+        "X-Twilio-Signature": twilio.signature(twilio.json_url(url, body), (), token),
         "Content-Type": "application/json",
         "I-Twilio-Idempotency-Token": "idem-1",
     }

@@ -1,0 +1,195 @@
+"""The gateway's connection guard: slow or lying clients are cut off, and their sockets freed.
+
+uvicorn's httptools protocol waits for ever for a request's headers and body: a client that sends a
+header byte a second (slowloris), or a ``Content-Length`` it never honours, holds a socket and a parser
+until it goes away by itself. It also has no limit on the size of the request head. This protocol is
+uvicorn's, with three limits added per connection:
+
+- ``header_timeout``: the whole request head (request line and headers) must arrive within this many
+  seconds of the connection opening, or of the first byte of the next request on a kept-alive one. A
+  connection that sends nothing at all is held no longer either. Past it: ``408`` and the socket closed.
+- ``body_timeout``: the whole body must arrive within this many seconds of the head. Past it: ``408``
+  (or a bare close if an answer has started) and the socket closed; the app's read ends as a client
+  disconnect.
+- ``max_header_bytes``: a request head larger than this is answered ``431`` and the socket closed.
+
+The limits are class attributes, set once per process by ``configure`` before the server starts (the
+``serve --workers N`` children do it in their app factory, before the first connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("effectgate.gateway")
+
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 30.0
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How long a client may take to send a request's head and body, and how large the head may be."""
+
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+
+    def __post_init__(self) -> None:
+        if self.header_timeout <= 0 or self.body_timeout <= 0 or self.max_header_bytes < 1:
+            raise ValueError("timeouts must be > 0 and max_header_bytes >= 1")
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request that is refused."""
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a header timeout, a body timeout and a head-size limit."""
+
+    limits = Limits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._reading_head = True
+        self._head_bytes = 0
+        self._head_size = 0
+        self._refusal: tuple[int, str] | None = None
+
+    # -- the timer: one per connection, for the head or the body being read -----------------------
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._timed_out, what)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self, what: str) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        log.info("connection.timed_out", extra={"reading": what, "client": _address(self.client)})
+        cycle = self.cycle
+        if what == "body" and cycle is not None:
+            # The app waits in receive(): it hears a disconnect, and whatever it sends is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                # It answered before reading the whole body (a 413, say): no second status line.
+                self.transport.close()
+                return
+        elif cycle is not None and not cycle.response_complete:
+            # The head of a pipelined request is late while an earlier answer is being written.
+            self.transport.close()
+            return
+        self._refuse(408, f"the request {what} did not arrive within the time allowed")
+
+    def _refuse(self, status: int, detail: str) -> None:
+        self._disarm()
+        body = json.dumps({"error": _CODES[status], "detail": detail}).encode("ascii")
+        head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}".encode("ascii")]
+        head += [name + b": " + value for name, value in self.server_state.default_headers]
+        head += [
+            b"content-type: application/json",
+            b"content-length: " + str(len(body)).encode("ascii"),
+            b"connection: close",
+        ]
+        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        self.transport.close()
+
+    # -- the protocol interface ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout, "headers")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._reading_head:
+            self._head_bytes += len(data)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            if self._refusal is not None:
+                self._refuse(*self._refusal)
+            else:
+                log.info("connection.invalid_request", extra={"client": _address(self.client)})
+                self._refuse(400, "the request is not valid HTTP/1.1")
+            return
+        if self._reading_head and self._head_bytes > self.limits.max_header_bytes:
+            self._refuse(431, f"the request head exceeds {self.limits.max_header_bytes} bytes")
+
+    # -- parser callbacks ----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        # Bytes of this chunk before the message began are not the head's: count from the next chunk.
+        self._reading_head = True
+        self._head_size = 0
+        # The next request on a kept-alive connection gets its own time for its head.
+        if self._deadline is None:
+            self._arm(self.limits.header_timeout, "headers")
+
+    def _count_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self.limits.max_header_bytes:
+            self._refusal = (431, f"the request head exceeds {self.limits.max_header_bytes} bytes")
+            raise _Refused
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._reading_head = False
+        self._head_bytes = 0
+        self._arm(self.limits.body_timeout, "body")
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+
+_CODES = {400: "invalid_request", 408: "request_timeout", 431: "header_too_large"}
+
+
+def _address(client: tuple[str, int] | None) -> str | None:
+    return f"{client[0]}:{client[1]}" if client else None
+
+
+def configure(limits: Limits) -> type[GuardedHttpToolsProtocol]:
+    """Set this process's limits; returns the protocol class to hand to uvicorn (``http=``)."""
+    GuardedHttpToolsProtocol.limits = limits
+    return GuardedHttpToolsProtocol
+
+
+#: The protocol as uvicorn's ``http`` option names it in a child process, which imports it by name.
+PROTOCOL_PATH = f"{__name__}:GuardedHttpToolsProtocol"
