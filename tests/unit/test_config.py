@@ -108,13 +108,15 @@ def test_maintenance_sections_configure_each_service() -> None:
     config = parse(
         MINIMAL
         + "[maintenance]\ntick = 5\n[maintenance.lease_rescuer]\nbatch = 50\npoison_threshold = 2\n"
-        + "[maintenance.pending_waker]\npending_ttl = 60\n[maintenance.sweeps]\nenabled = false\n",
+        + "[maintenance.pending_waker]\npending_ttl = 60\n[maintenance.sweeps]\nenabled = false\n"
+        + "[maintenance.partitions]\ninterval_hours = 0.5\npremake = 5\n",
         env=ENV,
     ).worker.reconciler
     assert config.tick == 5
     assert (config.rescuer_config().batch, config.rescuer_config().poison_threshold) == (50, 2)
     assert (config.waker_config().pending_ttl, config.waker_config().batch) == (60, 1000)
     assert config.sweeps.enabled is False
+    assert (config.partitions.interval, config.partitions.premake) == (1800, 5)
 
 
 def test_the_older_reconciler_section_still_works_and_cannot_be_mixed_with_maintenance() -> None:
