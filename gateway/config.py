@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -16,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
 from effectgate.handlers.worker import WorkerConfig
 from effectgate.ledger import rescuer as rescuer_defaults
 from effectgate.ledger import waker as waker_defaults
 from effectgate.ledger.partitions import DEFAULT_INTERVAL as DEFAULT_PARTITION_INTERVAL
 from effectgate.ledger.partitions import DEFAULT_PREMAKE, PartitionConfig
+from effectgate.ledger.pointers import JsonPointer
 from effectgate.ledger.reconciler import (
     DEFAULT_PENDING_TTL,
     DEFAULT_POISON_THRESHOLD,
@@ -35,8 +38,11 @@ from effectgate.ledger.waker import WakerConfig
 
 from . import guard
 from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
+from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .signatures import Scheme, SchemeConfigError, build_scheme
+from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
+from .toml_reader import TableReader
 
 DEFAULT_CONFIG_FILE = "effectgate.toml"
 DEFAULT_HOST = "127.0.0.1"
@@ -46,20 +52,21 @@ DEFAULT_POOL_MAX = 10
 DEFAULT_SESSION_TTL = 8 * 3600.0
 
 
-class ConfigError(Exception):
-    """The configuration is invalid; the message names the file and the key."""
-
-
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A configured webhook source: its name, verifier, tenant and conflict answer."""
+    """A configured webhook source: its name, verifier, tenant and conflict answer.
+
+    ``tenant_from``, when set, takes each event's tenant from its payload (Stripe Connect's
+    ``/account``) instead of the one static ``tenant``.
+    """
 
     name: str
     scheme_name: str
     scheme: Scheme
     tenant: str
-    conflict_status: int
+    conflict_status: ConflictStatus
     secret_envs: tuple[str, ...]
+    tenant_from: JsonPointer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +80,10 @@ class GatewayConfig:
     # Gateways tick the reconciler too, so jobs are repaired while no worker runs; off for a gateway
     # that should only answer (or a test over a ledger frozen in the past).
     run_reconciler: bool = True
+    # Peers whose X-Forwarded-Proto / X-Forwarded-For are believed (addresses, networks, or "*").
+    # None by default: a client that reaches the port directly must not be able to claim it came over
+    # TLS (the dashboard cookie's Secure flag follows the scheme) or spoof its address in the logs.
+    forwarded_allow_ips: tuple[str, ...] = ()
     # Slow or lying clients are cut off (gateway.guard): the whole request head within header_timeout
     # seconds, the whole body within body_timeout seconds of it, a head of at most max_header_bytes.
     header_timeout: float = guard.DEFAULT_HEADER_TIMEOUT
@@ -111,67 +122,36 @@ class Config:
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
     # The SHA-256 of the bearer token GET /metrics asks for ([metrics] token_env); None: no token.
     metrics_token_sha256: bytes | None = None
+    # OpenTelemetry export ([tracing]); None: no spans, and nothing of OpenTelemetry imported.
+    tracing: TracingConfig | None = None
 
 
-class _Reader:
-    """Typed access to one TOML table that remembers where it is, for error messages."""
+def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
+    """Validate trusted proxy entries: IP addresses, CIDR networks, or ``*`` (trust every peer).
 
-    def __init__(self, path: str, prefix: str, table: Mapping[str, Any]) -> None:
-        self.path = path
-        self.prefix = prefix
-        self.table = table
-        self.used: set[str] = set()
-
-    def error(self, key: str, what: str) -> ConfigError:
-        where = f"{self.prefix}.{key}" if self.prefix else key
-        return ConfigError(f"{self.path}: {where}: {what}")
-
-    def get(
-        self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False
-    ) -> Any:
-        self.used.add(key)
-        if key not in self.table:
-            if required:
-                raise self.error(key, "is required")
-            return default
-        value = self.table[key]
-        # bool is an int to Python; a port of `true` is still a mistake.
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise self.error(key, f"must be {_kind_name(kind)}, not a boolean")
-        if not isinstance(value, kind):
-            raise self.error(key, f"must be {_kind_name(kind)}, not {type(value).__name__} {value!r}")
-        return value
-
-    def number(self, key: str, default: float, *, minimum: float, integer: bool = False) -> Any:
-        value = self.get(key, int if integer else (int, float), default)
-        if value < minimum:
-            raise self.error(key, f"must be >= {minimum:g}, got {value!r}")
-        return value
-
-    def table_of(self, key: str) -> _Reader:
-        value = self.get(key, dict, {})
-        return _Reader(self.path, f"{self.prefix}.{key}" if self.prefix else key, value)
-
-    def no_unknown_keys(self) -> None:
-        for key in self.table:
-            if key not in self.used:
-                raise self.error(key, "is not a known setting (a typo?)")
+    uvicorn quietly keeps a malformed entry as a literal that never matches, so a typo would turn the
+    proxy's headers off without a word; here it is a ``ValueError`` naming the entry instead.
+    """
+    entries = []
+    for value in values:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"expected IP addresses, CIDR networks or '*', got {value!r}")
+        entry = value.strip()
+        if entry != "*":
+            try:
+                if "/" in entry:
+                    ipaddress.ip_network(entry)
+                else:
+                    ipaddress.ip_address(entry)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address, a CIDR network (host bits zero) or '*'"
+                ) from None
+        entries.append(entry)
+    return tuple(entries)
 
 
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a table",
-        bool: "a boolean",
-    }
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Source:
+def _source(path: str, name: str, table: TableReader, env: Mapping[str, str]) -> Source:
     scheme_name = table.get("scheme", str, required=True)
     secret_envs = table.get("secrets", list, required=True)
     if not secret_envs or not all(isinstance(s, str) and s for s in secret_envs):
@@ -188,8 +168,21 @@ def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Sou
     tenant = table.get("tenant", str, "default")
     if not tenant:
         raise table.error("tenant", "must not be empty")
-    conflict_status = table.get("on_conflict", int, 409)
-    if conflict_status not in (200, 409):
+    tenant_from = None
+    tenant_pointer = table.get("tenant_from", str)
+    if tenant_pointer is not None:
+        if "tenant" in table.table:
+            raise table.error("tenant_from", "set tenant or tenant_from, not both")
+        try:
+            tenant_from = JsonPointer.parse(tenant_pointer)
+        except ValueError as exc:
+            raise table.error("tenant_from", str(exc)) from None
+        if not tenant_from.tokens:
+            raise table.error(
+                "tenant_from", 'must point inside the payload (e.g. "/account"), not at all of it'
+            )
+    conflict_status = table.get("on_conflict", int, default_conflict_status(scheme_name))
+    if conflict_status not in CONFLICT_STATUSES:
         raise table.error("on_conflict", f"must be 409 or 200, got {conflict_status}")
     options = table.get("options", dict, {})
     table.no_unknown_keys()
@@ -197,10 +190,40 @@ def _source(path: str, name: str, table: _Reader, env: Mapping[str, str]) -> Sou
         scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
     except SchemeConfigError as exc:
         raise table.error("scheme", str(exc)) from exc
-    return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs))
+    return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs), tenant_from)
 
 
-def _downstream(reader: _Reader, env: Mapping[str, str]) -> DownstreamConfig | None:
+def _forwarded_allow_ips(gw: TableReader) -> tuple[str, ...]:
+    try:
+        return parse_forwarded_allow_ips(gw.get("forwarded_allow_ips", list, []))
+    except ValueError as exc:
+        raise gw.error("forwarded_allow_ips", str(exc)) from exc
+
+
+def _tracing(reader: TableReader) -> TracingConfig | None:
+    if not reader.table:
+        return None
+    endpoint = reader.get("endpoint", str, required=True)
+    service_name = reader.get("service_name", str, "effectgate")
+    if not service_name:
+        raise reader.error("service_name", "must not be empty")
+    sample_ratio = reader.number("sample_ratio", 1.0, minimum=0)
+    if sample_ratio > 1:
+        raise reader.error("sample_ratio", f"must be <= 1, got {sample_ratio!r}")
+    timeout = reader.number("timeout", 10.0, minimum=0.001)
+    reader.no_unknown_keys()
+    try:
+        config = TracingConfig(endpoint, service_name, float(sample_ratio), float(timeout))
+    except ValueError as exc:
+        raise reader.error("endpoint", str(exc)) from exc
+    try:
+        check_available()
+    except TracingUnavailable as exc:
+        raise ConfigError(f"{reader.path}: {reader.prefix}: {exc}") from exc
+    return config
+
+
+def _downstream(reader: TableReader, env: Mapping[str, str]) -> DownstreamConfig | None:
     if not reader.table:
         return None
     base_url = reader.get("base_url", str, required=True)
@@ -221,7 +244,7 @@ def _downstream(reader: _Reader, env: Mapping[str, str]) -> DownstreamConfig | N
         raise reader.error("base_url", str(exc)) from exc
 
 
-def _maintenance(root: _Reader) -> ReconcilerConfig:
+def _maintenance(root: TableReader) -> ReconcilerConfig:
     """``[maintenance]`` and its services' sections; ``[reconciler]`` is the older flat spelling, kept."""
     legacy = root.table_of("reconciler")
     mt = root.table_of("maintenance")
@@ -278,12 +301,12 @@ def _maintenance(root: _Reader) -> ReconcilerConfig:
 
 
 def _retention(
-    root: _Reader, sources: Mapping[str, Source], legacy_signature_failures: float
+    root: TableReader, sources: Mapping[str, Source], legacy_signature_failures: float
 ) -> RetentionConfig:
     """``[retention]`` and ``[retention.sources.NAME]``; windows in days (fractions allowed)."""
     rt = root.table_of("retention")
 
-    def days(reader: _Reader, key: str, default: float | None) -> float | None:
+    def days(reader: TableReader, key: str, default: float | None) -> float | None:
         value = reader.get(key, (int, float, str), None)
         if value is None:
             return default
@@ -358,7 +381,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    root = _Reader(path, "", data)
+    root = TableReader(path, "", data)
 
     gw = root.table_of("gateway")
     gateway = GatewayConfig(
@@ -367,6 +390,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         max_body_bytes=gw.number("max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1, integer=True),
         pool_max=gw.number("pool_max", DEFAULT_POOL_MAX, minimum=1, integer=True),
         run_reconciler=gw.get("run_reconciler", bool, True),
+        forwarded_allow_ips=_forwarded_allow_ips(gw),
         header_timeout=gw.number("header_timeout", guard.DEFAULT_HEADER_TIMEOUT, minimum=0.001),
         body_timeout=gw.number("body_timeout", guard.DEFAULT_BODY_TIMEOUT, minimum=0.001),
         max_header_bytes=gw.number(
@@ -427,6 +451,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     operators = read_operators(root, env)
     dashboard = _dashboard(root.table_of("dashboard"), env)
     metrics_token_sha256 = _metrics_token(root.table_of("metrics"), env)
+    tracing = _tracing(root.table_of("tracing"))
     root.no_unknown_keys()
     return Config(
         path=path,
@@ -439,10 +464,11 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         operators=operators,
         dashboard=dashboard,
         metrics_token_sha256=metrics_token_sha256,
+        tracing=tracing,
     )
 
 
-def _secret(reader: _Reader, key: str, env: Mapping[str, str]) -> str | None:
+def _secret(reader: TableReader, key: str, env: Mapping[str, str]) -> str | None:
     var = reader.get(key, str)
     if var is None:
         return None
@@ -454,14 +480,14 @@ def _secret(reader: _Reader, key: str, env: Mapping[str, str]) -> str | None:
     return value
 
 
-def _dashboard(reader: _Reader, env: Mapping[str, str]) -> DashboardConfig:
+def _dashboard(reader: TableReader, env: Mapping[str, str]) -> DashboardConfig:
     secret = _secret(reader, "session_secret_env", env)
     ttl = reader.number("session_ttl", DEFAULT_SESSION_TTL, minimum=60)
     reader.no_unknown_keys()
     return DashboardConfig(None if secret is None else secret.encode("utf-8"), ttl)
 
 
-def _metrics_token(reader: _Reader, env: Mapping[str, str]) -> bytes | None:
+def _metrics_token(reader: TableReader, env: Mapping[str, str]) -> bytes | None:
     token = _secret(reader, "token_env", env)
     reader.no_unknown_keys()
     return None if token is None else hashlib.sha256(token.encode("utf-8")).digest()

@@ -1,7 +1,8 @@
 """``POST /webhooks/{source}``: verify, then claim every effect, then answer — never the other way round.
 
 Order of checks: unknown source (404), body size (413, enforced while reading), signature (401),
-payload (400), effect keys (422), then one transaction claiming every effect. The answer is sent
+payload (400), the tenant when the source takes it from the event (400 ``tenant_missing`` /
+``tenant_invalid``), effect keys (422), then one transaction claiming every effect. The answer is sent
 only after that transaction committed; a failure before it answers 5xx and leaves nothing behind,
 so the provider's own retry is safe.
 """
@@ -17,17 +18,19 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from effectgate.handlers.registry import Event as HandlerEvent
+from effectgate.handlers import tracing
+from effectgate.handlers.event import Event as HandlerEvent
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import claims, db
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.pointers import PointerMissing
 from effectgate.ledger.storable import jsonb_problem
 
 from .config import Config, Source
 from .operator import metrics
-from .signatures import PayloadError, SignatureError, Verified
+from .signatures import Event, PayloadError, SignatureError, Verified
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -65,6 +68,14 @@ def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
 
 async def receive(request: Request) -> Response:
     """The ingress route."""
+    attributes: dict[str, tracing.AttributeValue] = {"effectgate.source": request.path_params["source"]}
+    with tracing.span("effectgate.delivery", attributes) as span:
+        response = await _receive(request)
+        span.set_attribute("http.response.status_code", response.status_code)
+        return response
+
+
+async def _receive(request: Request) -> Response:
     config: Config = request.app.state.config
     registry: Registry = request.app.state.registry
     pool: db.Pool = request.app.state.pool
@@ -82,7 +93,10 @@ async def receive(request: Request) -> Response:
     # verify; it never raises for a bad request, so the checks and their answers stay in verify.
     await source.scheme.prepare(body, request.headers)
     try:
-        verified = source.scheme.verify(body, request.headers)
+        with tracing.span(
+            "effectgate.verify", {"effectgate.source": name, "effectgate.scheme": source.scheme_name}
+        ):
+            verified = source.scheme.verify(body, request.headers)
     except SignatureError as exc:
         metrics.verification_failure(name, exc.code)
         await _count_signature_failure(pool, source, exc, body)
@@ -106,14 +120,23 @@ async def receive(request: Request) -> Response:
 
     try:
         planned = _plan(source, registry, verified, request_id)
+    except TenantUnusable as exc:
+        # Nothing is claimed: an effect filed under a guessed tenant could collide with another's.
+        metrics.delivery(name, exc.code)
+        return error(400, exc.code, str(exc))
     except KeyFunctionFailed as exc:
         metrics.delivery(name, "effect_key_failed")
         return error(422, "effect_key_failed", str(exc))
 
     started = time.perf_counter()
     try:
-        async with db.connection(pool) as conn:
+        # The span includes the wait for a pooled connection: a starved pool shows in the trace.
+        async with tracing.span("effectgate.claim") as span, db.connection(pool) as conn:
             outcomes = await claims.claim_deliveries(conn, planned)
+            if tracing.enabled():
+                claimed = [o for per_event in outcomes for o in per_event]
+                span.set_attribute("effectgate.effect_keys", [o.effect_key for o in claimed])
+                span.set_attribute("effectgate.outcomes", [str(o.outcome) for o in claimed])
     except LedgerUnavailable as exc:
         metrics.delivery(name, "ledger_unavailable")
         log.warning("delivery.ledger_unavailable", extra={"source": name, "request_id": request_id})
@@ -159,12 +182,53 @@ class KeyFunctionFailed(Exception):
     """A handler's key function could not compute an effect key for this event."""
 
 
+class TenantUnusable(Exception):
+    """The event names no usable tenant where the source's ``tenant_from`` points."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+
+
+MAX_TENANT_LENGTH = 200
+
+
+def event_tenant(source: Source, event: Event) -> str:
+    """The tenant ``event`` belongs to: the source's static one, or the string at ``tenant_from``."""
+    if source.tenant_from is None:
+        return source.tenant
+    pointer = source.tenant_from.text
+    try:
+        tenant = source.tenant_from.resolve(event.payload)
+    except PointerMissing:
+        raise TenantUnusable(
+            "tenant_missing", f"event {event.id!r} has no tenant at {pointer!r} (tenant_from)"
+        ) from None
+    if not isinstance(tenant, str) or not tenant:
+        raise TenantUnusable(
+            "tenant_missing",
+            f"event {event.id!r}: the tenant at {pointer!r} must be a non-empty string, "
+            f"not {type(tenant).__name__}",
+        )
+    # The tenant is part of every effect key and downstream idempotency key: no control characters
+    # (the key derivation separates its parts with one), nothing unbounded.
+    if len(tenant) > MAX_TENANT_LENGTH or not tenant.isprintable():
+        raise TenantUnusable(
+            "tenant_invalid",
+            f"event {event.id!r}: the tenant at {pointer!r} must be printable and at most "
+            f"{MAX_TENANT_LENGTH} characters",
+        )
+    return tenant
+
+
 def _plan(
     source: Source, registry: Registry, verified: Verified, request_id: str
 ) -> list[tuple[Delivery, list[EffectRequest]]]:
+    # Every event's tenant first: a batch with one unusable tenant is refused before any key is computed.
+    tenants = [event_tenant(source, event) for event in verified.events]
     planned = []
-    for event in verified.events:
-        handler_event = HandlerEvent(source.name, event.id, event.type, event.payload, source.tenant)
+    for event, tenant in zip(verified.events, tenants, strict=True):
+        handler_event = HandlerEvent(source.name, event.id, event.type, event.payload, tenant)
         effects = []
         for kind in registry.match(source.name, event.type):
             try:
@@ -175,10 +239,19 @@ def _plan(
                     f"handler {kind.name!r} could not compute an effect or lock key for event {event.id!r}: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            effects.append(EffectRequest(key, kind.name, kind.max_attempts, kind.orphan_policy, lock_key))
+            effects.append(
+                EffectRequest(
+                    key,
+                    kind.name,
+                    kind.max_attempts,
+                    kind.orphan_policy,
+                    lock_key,
+                    fingerprint=kind.fingerprint_of(handler_event),
+                )
+            )
         delivery = Delivery(
             request_id=request_id,
-            tenant=source.tenant,
+            tenant=tenant,
             source=source.name,
             event_id=event.id,
             event_type=event.type,

@@ -1,6 +1,8 @@
 """``effectgate ledger …`` and ``effectgate jobs …``: the operator reports and job control on the command line.
 
-    effectgate ledger duplicates  [filters] [--sort -last_seen|last_seen|-first_seen|first_seen|-deliveries]
+    effectgate ledger REPORT      [its filters] [--sort …] [--since …] [--until …] [--limit N] [--cursor C]
+                                  (every report in ledger.reports.REPORTS: duplicates, key-conflicts,
+                                  auth-failures, jobs, …; `effectgate ledger REPORT --help` lists its flags)
     effectgate ledger rejects     [filters] [--kind all|conflicts|auth] [--sort -received|received]
     effectgate ledger show KEY    [--tenant T]
     effectgate ledger replay --unmatched --source S --since 24h [--until …] [--config PATH]
@@ -12,9 +14,10 @@
     effectgate jobs redrive|cancel --state S --kind K --source S --since 24h [--limit N] [--dry-run]
     effectgate jobs pause --kind K [--reason TEXT] | resume --kind K | paused
 
-Filters: ``--source``, ``--tenant``, ``--event-type``, ``--since`` and ``--until`` (ISO 8601, or a duration
-back from now: ``30m``, ``24h``, ``7d``; reports default to the last 24 hours), ``--limit`` (1..1000) and
-``--cursor`` (printed under a page that has more). Output is a table by default; ``--format json`` prints
+A report's flags, their help and its table come from its spec (``ReportSpec``), read the way the HTTP
+API reads its query string (``gateway/operator/reporting.py``). ``--since`` and ``--until`` are ISO 8601
+or a duration back from now (``30m``, ``24h``, ``7d``; reports default to the last 24 hours, jobs to no
+bound), ``--limit`` is 1..1000 and ``--cursor`` is printed under a page that has more. Output is a table by default; ``--format json`` prints
 the same document as the HTTP API, ``--format csv`` the rows (``ledger show``: a timeline).
 
 Exit codes scripts can rely on:
@@ -27,14 +30,13 @@ Exit codes scripts can rely on:
        action some of whose jobs were refused (some_refused; the summary counts them by code)
 
 These commands read and act on the ledger directly (``DATABASE_URL``, or the embedded Postgres); they
-need no configuration file and no running gateway. Like ``gateway/cli.py``, this module is part of the
-composition root, so it runs the async ledger calls itself.
+need no configuration file and no running gateway. The event loop is gateway/cli.py's: it passes in the
+runner that connects and runs each command.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import getpass
 import importlib
@@ -51,9 +53,11 @@ from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db, reports, retention
 from effectgate.ledger import jobs as ledger_jobs
-from effectgate.ledger.reports import InvalidParameter
+from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS, REPORTS, ReportSpec
+from effectgate.ledger.vocabulary import JobState, RefusalCode
 
-from .operator import documents
+from .operator import documents, reporting
+from .operator.params import PARAMETER_ERRORS, BadParameter, parse_id, parse_name, parse_states, parse_time
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -80,23 +84,18 @@ class Refused(Exception):
 
 
 Command = Callable[[db.Conn, argparse.Namespace, TextIO], Awaitable[None]]
+# Runs an async function of a ledger connection to completion. The composition root (gateway/cli.py)
+# passes it in, so the event loop and the database URL are chosen in one place and this module does
+# not import the CLI that imports it.
+LedgerRunner = Callable[[Callable[[db.Conn], Awaitable[None]]], None]
 
 
-def _run(command: Command) -> Callable[[argparse.Namespace], int]:
+def _run(command: Command, run_on_ledger: LedgerRunner) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        # Imported here: gateway.cli imports this module to register its commands.
-        from .cli import database_url
-
         out = sys.stdout
-
-        async def main() -> None:
-            conn = await db.connect(database_url())
-            async with conn:
-                await command(conn, args, out)
-
         try:
-            asyncio.run(main())
-        except InvalidParameter as exc:
+            run_on_ledger(lambda conn: command(conn, args, out))
+        except PARAMETER_ERRORS as exc:
             flag = _FLAGS.get(exc.parameter, "--" + exc.parameter.replace("_", "-"))
             print(f"effectgate: {flag}: {exc.detail} [{exc.code}]", file=sys.stderr)
             return EXIT_USAGE
@@ -203,80 +202,54 @@ def _diff_summary(diff: Sequence[dict[str, Any]], truncated: bool) -> str:
 # -- ledger commands -------------------------------------------------------------------------------
 
 
-async def cmd_duplicates(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    report = await reports.duplicates(
-        conn,
-        source=args.source,
-        tenant=args.tenant,
-        event_type=args.event_type,
-        since=args.since,
-        until=args.until,
-        sort=args.sort,
-        limit=args.limit,
-        cursor=args.cursor,
-    )
-    document = documents.duplicates(report)
-    if args.format == "json":
-        _json(out, document)
-    elif args.format == "csv":
-        print_csv(out, document["items"], documents.DUPLICATE_FIELDS)
-    else:
-        _window_line(out, document)
-        print_table(
-            out,
-            document["items"],
-            [
-                ("LAST SEEN", "last_seen_at"),
-                ("DELIVERIES", "delivery_count"),
-                ("SOURCE", "source"),
-                ("EVENT TYPE", "event_type"),
-                ("TENANT", "tenant"),
-                ("KEY", "effect_key"),
-                ("FIRST SEEN", "first_seen_at"),
-            ],
-        )
+def _raw(spec: ReportSpec, args: argparse.Namespace) -> dict[str, str]:
+    return {
+        name: value for name in reporting.parameters(spec) if (value := getattr(args, name, None)) is not None
+    }
+
+
+def report_command(spec: ReportSpec) -> Command:
+    """``effectgate ledger <report>``: any report as a table (with its summary), JSON or CSV."""
+
+    async def command(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+        document = reporting.document(await reporting.fetch(conn, spec, _raw(spec, args)))
+        if args.format == "json":
+            _json(out, document)
+            return
+        if args.format == "csv":
+            print_csv(out, document[spec.items_key], [c.name for c in spec.columns])
+            return
+        if spec.window is not None:
+            _window_line(out, document)
+        print_table(out, document[spec.items_key], [(c.title.upper(), c.name) for c in spec.table_columns])
         _more(out, document)
-        print("\ntotals over the window:", file=out)
-        print_table(
-            out,
-            document["totals"],
-            [
-                ("SOURCE", "source"),
-                ("EVENT TYPE", "event_type"),
-                ("EFFECTS", "effects"),
-                ("DELIVERIES", "deliveries"),
-                ("DUPLICATES", "duplicate_deliveries"),
-            ],
-        )
+        if spec.summary is not None:
+            print(f"\n{spec.summary.title}:", file=out)
+            print_table(
+                out, document[spec.summary.key], [(c.title.upper(), c.name) for c in spec.summary.columns]
+            )
+
+    return command
 
 
 async def cmd_rejects(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     kind = args.kind
     if kind == "all" and (args.format == "csv" or args.cursor):
-        raise InvalidParameter(
+        raise BadParameter(
             "kind", "--format csv and --cursor need one kind of reject: --kind conflicts or --kind auth"
         )
-    if kind == "auth" and (args.tenant or args.event_type or args.sort):
-        raise InvalidParameter(
+    conflicts_only = [p for p in _raw(KEY_CONFLICTS, args) if p not in reporting.parameters(AUTH_FAILURES)]
+    if kind == "auth" and conflicts_only:
+        raise BadParameter(
             "kind",
-            "authentication failures are kept per source and reason only: no --tenant, "
-            "--event-type or --sort",
+            "authentication failures are kept per source and reason only: no "
+            + ", ".join("--" + p.replace("_", "-") for p in conflicts_only),
         )
-    window = {"since": args.since, "until": args.until, "limit": args.limit, "cursor": args.cursor}
     conflicts = auth = None
     if kind in ("all", "conflicts"):
-        conflicts = documents.conflicts(
-            await reports.key_conflicts(
-                conn,
-                source=args.source,
-                tenant=args.tenant,
-                event_type=args.event_type,
-                sort=args.sort,
-                **window,
-            )
-        )
+        conflicts = reporting.document(await reporting.fetch(conn, KEY_CONFLICTS, _raw(KEY_CONFLICTS, args)))
     if kind in ("all", "auth"):
-        auth = documents.auth_failures(await reports.auth_failures(conn, source=args.source, **window))
+        auth = reporting.document(await reporting.fetch(conn, AUTH_FAILURES, _raw(AUTH_FAILURES, args)))
     if args.format == "json":
         _json(
             out,
@@ -387,7 +360,11 @@ def _timeline(document: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    view = await reports.effect_view(conn, args.key, tenant=args.tenant)
+    view = await reports.effect_view(
+        conn,
+        parse_name(args.key, "key", max_length=reports.MAX_KEY_LENGTH) or "",
+        tenant=parse_name(args.tenant, "tenant"),
+    )
     if view is None:
         raise NotFound(
             f"no effect with key {args.key!r}" + (f" in tenant {args.tenant!r}" if args.tenant else "")
@@ -443,24 +420,10 @@ async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None
 
 
 async def cmd_jobs_list(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    report = await reports.jobs(
-        conn,
-        state=args.state,
-        kind=args.kind,
-        source=args.source,
-        since=args.since,
-        until=args.until,
-        sort=args.sort,
-        limit=args.limit,
-        cursor=args.cursor,
-    )
-    document = documents.jobs(report)
-    if args.format == "json":
-        _json(out, document)
+    if args.format != "table":
+        await report_command(JOBS)(conn, args, out)
         return
-    if args.format == "csv":
-        print_csv(out, document["items"], documents.JOB_FIELDS)
-        return
+    document = reporting.document(await reporting.fetch(conn, JOBS, _raw(JOBS, args)))
     now = datetime.now(UTC)
     rows = [
         {
@@ -490,7 +453,7 @@ async def cmd_jobs_list(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
 
 
 async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    view = await reports.job_view(conn, args.job_id)
+    view = await reports.job_view(conn, parse_id(args.job_id, "job_id"))
     if view is None:
         raise NotFound(f"no job {args.job_id}")
     document = documents.job(view)
@@ -536,7 +499,11 @@ async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
 
 
 def _refusal(refusal: ledger_jobs.Refused) -> Exception:
-    return NotFound(refusal.detail) if refusal.code == "not_found" else Refused(refusal.code, refusal.detail)
+    return (
+        NotFound(refusal.detail)
+        if refusal.code == RefusalCode.NOT_FOUND
+        else Refused(refusal.code, refusal.detail)
+    )
 
 
 async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
@@ -544,28 +511,28 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
         await _bulk(conn, args, out, "redrive")
         return
     _no_filters(args)
-    job_id = reports.parse_id(args.job_id, "job_id")
+    job_id = parse_id(args.job_id, "job_id")
     refusal = await ledger_jobs.redrive(conn, job_id, force=args.force)
     if refusal is not None:
         raise _refusal(refusal)
     if args.format == "json":
-        _json(out, {"job_id": job_id, "state": "pending"})
+        _json(out, {"job_id": job_id, "state": JobState.PENDING})
     else:
         print(f"job {job_id}: redriven, now pending", file=out)
 
 
 def _job_filter(args: argparse.Namespace) -> ledger_bulk.JobFilter:
     now = datetime.now(UTC)
-    states = reports.parse_states(args.state)
+    states = parse_states(args.state)
     where = ledger_bulk.JobFilter(
         states=tuple(states) if states else None,
-        kind=reports.parse_name(args.kind, "kind"),
-        source=reports.parse_name(args.source, "source"),
-        since=reports.parse_time(args.since, "since", now=now),
+        kind=parse_name(args.kind, "kind"),
+        source=parse_name(args.source, "source"),
+        since=parse_time(args.since, "since", now=now),
         limit=_bulk_limit(args.limit),
     )
     if where.empty:
-        raise InvalidParameter(
+        raise BadParameter(
             "job_id", "give a JOB_ID, or a filter (--state, --kind, --source, --since) for a bulk action"
         )
     return where
@@ -579,16 +546,16 @@ def _bulk_limit(value: str | None) -> int:
     except ValueError:
         limit = 0
     if not 1 <= limit <= 100_000:
-        raise InvalidParameter("limit", f"expected a whole number from 1 to 100000, got {value!r}")
+        raise BadParameter("limit", f"expected a whole number from 1 to 100000, got {value!r}")
     return limit
 
 
 def _no_filters(args: argparse.Namespace) -> None:
     for flag in ("state", "kind", "source", "since", "limit"):
         if getattr(args, flag) is not None:
-            raise InvalidParameter(flag, "filters select jobs for a bulk action; give them without a JOB_ID")
+            raise BadParameter(flag, "filters select jobs for a bulk action; give them without a JOB_ID")
     if args.dry_run:
-        raise InvalidParameter("dry_run", "--dry-run is for bulk actions (filters without a JOB_ID)")
+        raise BadParameter("dry_run", "--dry-run is for bulk actions (filters without a JOB_ID)")
 
 
 class _Bar:
@@ -646,13 +613,11 @@ def _import_handlers(args: argparse.Namespace) -> None:
         try:
             importlib.import_module(module)
         except Exception as exc:
-            raise InvalidParameter(
-                "handlers", f"cannot import {module!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise BadParameter("handlers", f"cannot import {module!r}: {type(exc).__name__}: {exc}") from exc
 
 
 async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    kind = reports.parse_name(args.kind, "kind")
+    kind = parse_name(args.kind, "kind")
     assert kind is not None
     row = await ledger_bulk.pause(conn, kind, by=_operator(), reason=args.reason)
     if args.format == "json":
@@ -665,7 +630,7 @@ async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -
 
 
 async def cmd_jobs_resume(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    kind = reports.parse_name(args.kind, "kind")
+    kind = parse_name(args.kind, "kind")
     assert kind is not None
     if not await ledger_bulk.resume(conn, kind):
         raise Refused("not_paused", f"kind {kind} is not paused")
@@ -698,14 +663,14 @@ async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
         await _bulk(conn, args, out, "cancel")
         return
     _no_filters(args)
-    job_id = reports.parse_id(args.job_id, "job_id")
+    job_id = parse_id(args.job_id, "job_id")
     _import_handlers(args)
     outcome = await control.cancel(conn, REGISTRY, job_id, by=_operator(), reason=args.reason)
     if isinstance(outcome, ledger_jobs.Refused):
         raise _refusal(outcome)
     if args.format == "json":
         _json(out, {"job_id": job_id, "state": outcome, "cancel_requested": True})
-    elif outcome == "cancelled":
+    elif outcome == JobState.CANCELLED:
         print(f"job {job_id}: cancelled", file=out)
     else:
         print(f"job {job_id}: cancel requested; it ends cancelled at its worker's next heartbeat", file=out)
@@ -727,7 +692,7 @@ def _retention_config(args: argparse.Namespace) -> tuple[str | None, retention.R
     return path, load(path).worker.reconciler.retention_config()
 
 
-def run_replay(args: argparse.Namespace) -> int:
+def run_replay(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
     """``effectgate ledger replay --unmatched``: the handlers come from the configuration, read first."""
     import os
 
@@ -742,13 +707,13 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.source not in config.sources:
         print(f"effectgate: --source: {args.source!r} is not a configured source", file=sys.stderr)
         return EXIT_USAGE
-    return _run(cmd_replay)(args)
+    return _run(cmd_replay, run_on_ledger)(args)
 
 
 async def cmd_replay(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     now = datetime.now(UTC)
-    since = reports.parse_time(args.since, "since", now=now)
-    until = reports.parse_time(args.until, "until", now=now)
+    since = parse_time(args.since, "since", now=now)
+    until = parse_time(args.until, "until", now=now)
     assert since is not None  # required by the parser
     result = await replay.replay_unmatched(
         conn, REGISTRY, source=args.source, since=since, until=until, limit=_bulk_limit(args.limit)
@@ -764,7 +729,7 @@ async def cmd_replay(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> No
         print(f"  key function failed: {result.key_failed}", file=out)
 
 
-def run_retention(args: argparse.Namespace) -> int:
+def run_retention(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
     """``effectgate ledger retention``: the configuration is read before the ledger is touched."""
     from .config import ConfigError
 
@@ -773,7 +738,7 @@ def run_retention(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"effectgate: --config: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _run(cmd_retention)(args)
+    return _run(cmd_retention, run_on_ledger)(args)
 
 
 async def cmd_retention(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
@@ -838,21 +803,14 @@ def _output(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _filters(p: argparse.ArgumentParser, *, tenant: bool = True, event_type: bool = True) -> None:
-    p.add_argument("--source", help="only this webhook source")
-    if tenant:
-        p.add_argument("--tenant", help="only this tenant")
-    if event_type:
-        p.add_argument("--event-type", dest="event_type", help="only this event type")
-    p.add_argument("--since", help="window start: ISO 8601 or a duration back from now (30m, 24h, 7d)")
-    p.add_argument("--until", help="window end (exclusive), same forms; default now")
-    p.add_argument("--limit", help=f"rows per page, 1..{reports.MAX_LIMIT} (default {reports.DEFAULT_LIMIT})")
-    p.add_argument("--cursor", help="continue after the page that printed it")
+def _report_flags(p: argparse.ArgumentParser, spec: ReportSpec) -> None:
+    for name in reporting.parameters(spec):
+        p.add_argument("--" + name.replace("_", "-"), dest=name, help=reporting.describe(spec, name))
     _output(p)
 
 
 def _bulk_filters(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--state", help=f"bulk: one or more, comma-separated: {', '.join(reports.JOB_STATES)}")
+    p.add_argument("--state", help=f"bulk: one or more, comma-separated: {', '.join(JobState)}")
     p.add_argument("--kind", help="bulk: only this handler kind")
     p.add_argument("--source", help="bulk: only jobs of this webhook source")
     p.add_argument(
@@ -862,31 +820,30 @@ def _bulk_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="bulk: show what would happen, change nothing")
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_ledger: LedgerRunner) -> None:
     """Add the ``ledger`` and ``jobs`` commands to the ``effectgate`` parser."""
     ledger = sub.add_parser("ledger", help="duplicate and reject reports, effect lineage", epilog=_EPILOG)
     reports_sub = ledger.add_subparsers(dest="report", required=True, metavar="REPORT")
 
-    dup = reports_sub.add_parser("duplicates", help="effects delivered more than once", epilog=_EPILOG)
-    _filters(dup)
-    dup.add_argument("--sort", help=f"one of {', '.join(reports.DUPLICATE_SORTS)} (default -last_seen)")
-    dup.set_defaults(func=_run(cmd_duplicates))
+    for spec in REPORTS:
+        command = reports_sub.add_parser(
+            reporting.slug(spec), help=spec.title[:1].lower() + spec.title[1:], epilog=_EPILOG
+        )
+        _report_flags(command, spec)
+        command.set_defaults(func=_run(report_command(spec), run_on_ledger))
 
     rej = reports_sub.add_parser("rejects", help="key conflicts and authentication failures", epilog=_EPILOG)
-    _filters(rej)
+    _report_flags(rej, KEY_CONFLICTS)
     rej.add_argument(
         "--kind", choices=["all", "conflicts", "auth"], default="all", help="which rejects (default: all)"
     )
-    rej.add_argument(
-        "--sort", help=f"key conflicts: one of {', '.join(reports.CONFLICT_SORTS)} (default -received)"
-    )
-    rej.set_defaults(func=_run(cmd_rejects))
+    rej.set_defaults(func=_run(cmd_rejects, run_on_ledger))
 
     show = reports_sub.add_parser("show", help="one effect from delivery to outcome", epilog=_EPILOG)
     show.add_argument("key", metavar="KEY", help="the logical effect key")
     show.add_argument("--tenant", help="the tenant holding the key (needed only when several do)")
     _output(show)
-    show.set_defaults(func=_run(cmd_show))
+    show.set_defaults(func=_run(cmd_show, run_on_ledger))
 
     rep = reports_sub.add_parser(
         "replay", help="claim kept unmatched deliveries as if they had just arrived", epilog=_EPILOG
@@ -900,29 +857,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--config", help="the configuration naming the handler modules (default: EFFECTGATE_CONFIG)"
     )
     _output(rep)
-    rep.set_defaults(func=run_replay)
+    rep.set_defaults(func=lambda args: run_replay(args, run_on_ledger))
 
     ret = reports_sub.add_parser(
         "retention", help="what retention keeps and has purged, per table", epilog=_EPILOG
     )
     ret.add_argument("--config", help="the configuration whose windows apply (default: EFFECTGATE_CONFIG)")
     _output(ret)
-    ret.set_defaults(func=run_retention)
+    ret.set_defaults(func=lambda args: run_retention(args, run_on_ledger))
 
     jobs = sub.add_parser("jobs", help="list, show, redrive and cancel jobs", epilog=_EPILOG)
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
 
     listing = jobs_sub.add_parser("list", help="jobs by state, kind, source and age", epilog=_EPILOG)
-    listing.add_argument("--state", help=f"one or more, comma-separated: {', '.join(reports.JOB_STATES)}")
-    listing.add_argument("--kind", help="only this handler kind")
-    _filters(listing, tenant=False, event_type=False)
-    listing.add_argument("--sort", help="-created (newest first, default) or created (oldest first)")
-    listing.set_defaults(func=_run(cmd_jobs_list))
+    _report_flags(listing, JOBS)
+    listing.set_defaults(func=_run(cmd_jobs_list, run_on_ledger))
 
     show_job = jobs_sub.add_parser("show", help="one job with its attempts and steps", epilog=_EPILOG)
     show_job.add_argument("job_id", metavar="JOB_ID")
     _output(show_job)
-    show_job.set_defaults(func=_run(cmd_jobs_show))
+    show_job.set_defaults(func=_run(cmd_jobs_show, run_on_ledger))
 
     redrive = jobs_sub.add_parser(
         "redrive",
@@ -933,7 +887,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     redrive.add_argument("--force", action="store_true", help="redrive an unrecoverable failure too")
     _bulk_filters(redrive)
     _output(redrive)
-    redrive.set_defaults(func=_run(cmd_jobs_redrive))
+    redrive.set_defaults(func=_run(cmd_jobs_redrive, run_on_ledger))
 
     cancel = jobs_sub.add_parser(
         "cancel", help="cancel a pending or running job (or every job a filter matches)", epilog=_EPILOG
@@ -948,7 +902,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _bulk_filters(cancel)
     _output(cancel)
-    cancel.set_defaults(func=_run(cmd_jobs_cancel))
+    cancel.set_defaults(func=_run(cmd_jobs_cancel, run_on_ledger))
 
     pause = jobs_sub.add_parser(
         "pause", help="stop leasing one kind's jobs (they wait pending)", epilog=_EPILOG
@@ -956,13 +910,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pause.add_argument("--kind", required=True, help="the handler kind, e.g. commerce.fulfil_order")
     pause.add_argument("--reason", help="recorded with the pause, shown by `jobs paused`")
     _output(pause)
-    pause.set_defaults(func=_run(cmd_jobs_pause))
+    pause.set_defaults(func=_run(cmd_jobs_pause, run_on_ledger))
 
     resume = jobs_sub.add_parser("resume", help="lease a paused kind's jobs again", epilog=_EPILOG)
     resume.add_argument("--kind", required=True, help="the paused handler kind")
     _output(resume)
-    resume.set_defaults(func=_run(cmd_jobs_resume))
+    resume.set_defaults(func=_run(cmd_jobs_resume, run_on_ledger))
 
     paused = jobs_sub.add_parser("paused", help="the paused kinds and their waiting jobs", epilog=_EPILOG)
     _output(paused)
-    paused.set_defaults(func=_run(cmd_jobs_paused))
+    paused.set_defaults(func=_run(cmd_jobs_paused, run_on_ledger))

@@ -4,16 +4,23 @@
 runs it with an ``EffectContext`` whose ``step`` makes each downstream call once per effect.
 """
 
+from effectgate.ledger.vocabulary import JobState
+
 from .context import EffectContext, Services
 from .errors import HandlerError, StepAlreadyRun, TerminalError, TransientError, UnrecoverableError
-from .registry import REGISTRY, EffectKind, Event, Registry, Transition, effect, register_sweep
+from .event import Event, Transition
+from .outcomes import HAND_BACK, HandBack
+from .registry import REGISTRY, EffectKind, Registry, effect, register_sweep
 
 __all__ = [
+    "HAND_BACK",
     "REGISTRY",
     "EffectContext",
     "EffectKind",
     "Event",
+    "HandBack",
     "HandlerError",
+    "JobState",
     "Registry",
     "Services",
     "StepAlreadyRun",

@@ -15,10 +15,12 @@ from effectgate.ledger import db, jobs, steps
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.steps import RecordedStep
 from effectgate.ledger.storable import jsonb_problem
+from effectgate.ledger.vocabulary import StepStatus
 
+from . import tracing
 from .errors import StepAlreadyRun, TerminalError, UnrecoverableError
+from .event import Event
 from .idempotency import idempotency_key
-from .registry import Event
 
 if TYPE_CHECKING:
     import httpx
@@ -133,12 +135,21 @@ class EffectContext:
         record committing repeats the call — with the same idempotency key, which is what makes the
         downstream answer with the original result instead of acting twice.
         """
+        attributes: dict[str, tracing.AttributeValue] = {
+            "effectgate.effect_key": self.effect_key,
+            "effectgate.step": name,
+            "effectgate.step.replayed": name in self._recorded,
+        }
+        with tracing.span("effectgate.step", attributes):
+            return await self._step(name, fn)
+
+    async def _step(self, name: str, fn: Callable[[str], Awaitable[T]]) -> T:
         if name in self._used:
             raise StepAlreadyRun(f"step {name!r} ran already in this handler run; step names must be unique")
         self._used.add(name)
         recorded = self._recorded.get(name)
         if recorded is not None:
-            if recorded.status == "succeeded":
+            if recorded.status == StepStatus.SUCCEEDED:
                 return recorded.result  # type: ignore[no-any-return]
             error = recorded.error or {}
             # Replayed as the same class, so an unrecoverable failure still needs force to redrive.
@@ -149,17 +160,17 @@ class EffectContext:
         try:
             result = await fn(key)
         except TerminalError as exc:
-            await self._record(name, key, "failed", error=_error_record(exc))
+            await self._record(name, key, StepStatus.FAILED, error=_error_record(exc))
             raise
         problem = jsonb_problem(result)
         if problem is not None:
             # The call happened; a result we cannot record would re-run it on every retry. A bug to fix.
             raise UnrecoverableError(f"step {name!r} returned a value the ledger cannot record: {problem}")
-        await self._record(name, key, "succeeded", result=result)
+        await self._record(name, key, StepStatus.SUCCEEDED, result=result)
         return result
 
     async def _record(
-        self, name: str, key: str, status: str, *, result: Any = None, error: Any = None
+        self, name: str, key: str, status: StepStatus, *, result: Any = None, error: Any = None
     ) -> None:
         self._check_fence()
         async with db.connection(self._pool) as conn:

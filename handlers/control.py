@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 
 from effectgate.ledger import db, jobs
+from effectgate.ledger.vocabulary import JobState
 
-from .registry import Registry, Transition
+from .event import Transition
+from .registry import Registry
 
 log = logging.getLogger("effectgate.control")
 
@@ -19,7 +21,7 @@ async def cancel(
     *,
     by: str,
     reason: str = "cancelled by operator",
-) -> str | jobs.Refused:
+) -> JobState | jobs.Refused:
     """Cancel a job (at once if pending, by flag if running); returns its state or ``Refused``.
 
     A pending job ends ``cancelled`` here, and its kind's ``on_transition`` runs in the same
@@ -30,7 +32,7 @@ async def cancel(
     try:
         async with conn.transaction():
             outcome = await jobs.cancel(conn, job_id, by=by, reason=reason)
-            if outcome == "cancelled":
+            if outcome == JobState.CANCELLED:
                 await _mirror(conn, registry, job_id)
         return outcome
     except _HookFailed as exc:
@@ -51,7 +53,7 @@ async def _mirror(conn: db.Conn, registry: Registry, job_id: int) -> None:
         return
     try:
         await kind.on_transition(
-            conn, Transition(job_id, job["effect_key"], "cancelled", job["terminal_reason"])
+            conn, Transition(job_id, job["effect_key"], JobState.CANCELLED, job["terminal_reason"])
         )
     except Exception as exc:
         raise _HookFailed from exc

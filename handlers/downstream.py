@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from effectgate.handlers import tracing
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
 from effectgate.handlers.observe import CallObserver, report_call
 
@@ -99,6 +100,8 @@ async def send_idempotent(
     headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json"}
     if config.api_key is not None:
         headers["Authorization"] = f"Bearer {config.api_key}"
+    # The step's span, so the provider's side of the call joins the trace (when tracing is on).
+    tracing.inject(headers)
     try:
         response = await http.request(
             method,

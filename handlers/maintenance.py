@@ -11,8 +11,9 @@ from effectgate.ledger import db
 from effectgate.ledger.maintenance import maintain_forever
 from effectgate.ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfig, ReconcileResult, Repaired
 
+from .event import Transition
 from .observe import WorkerObserver
-from .registry import Registry, Transition
+from .registry import Registry
 
 log = logging.getLogger("effectgate.reconciler")
 

@@ -13,11 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from effectgate.ledger.reconciler import ReconcileResult
+from effectgate.ledger.vocabulary import JobState
+
+from .outcomes import SliceOutcome
 
 log = logging.getLogger("effectgate.observe")
 
-#: ``(kind, outcome, seconds)`` when a slice ends; outcome is one of ``SLICE_OUTCOMES``.
-SliceObserver = Callable[[str, str, float], None]
+#: ``(kind, outcome, seconds)`` when a slice ends.
+SliceObserver = Callable[[str, SliceOutcome, float], None]
 #: ``(kind)`` per retry scheduled, or per job the reconciler took back from an expired lease.
 KindObserver = Callable[[str], None]
 #: ``()`` when a reconciler pass finished (owned by this process or not), for a "last tick" gauge.
@@ -25,22 +28,10 @@ TickObserver = Callable[[], None]
 #: ``(service, status)`` per downstream call: the HTTP status code, or the transport error's class name.
 CallObserver = Callable[[str, int | str], None]
 
-SLICE_OUTCOMES = frozenset(
-    {
-        "succeeded",  # finished
-        "failed",  # terminal error or attempts exhausted
-        "cancelled",  # a cancel was asked and won the transition
-        "parked",  # handed back as poison
-        "retry",  # given back with a backoff
-        "handed_back",  # slice budget spent or draining, re-queued at once
-        "abandoned",  # left to lease expiry: ignored its deadline, or the drain gave up on it
-        "lease_lost",  # someone else holds the job now; nothing of this slice was recorded
-        "crashed",  # the outcome could not be recorded (database down); left to lease expiry
-    }
-)
+SLICE_OUTCOMES = frozenset(SliceOutcome)
 # Reconciler repairs that took a job back from a worker whose lease expired; a cancel that lands on an
 # expired lease is the operator's doing, not a reclaim.
-RECLAIM_STATES = frozenset({"pending", "parked"})
+RECLAIM_STATES = frozenset({JobState.PENDING, JobState.PARKED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +49,7 @@ class WorkerObserver:
     on_reclaim: KindObserver | None = None
     on_tick: TickObserver | None = None
 
-    def slice_ended(self, kind: str, outcome: str, seconds: float) -> None:
+    def slice_ended(self, kind: str, outcome: SliceOutcome, seconds: float) -> None:
         """Report one slice's end to ``on_slice``, if set."""
         if self.on_slice is not None:
             _safely(self.on_slice, kind, outcome, seconds)

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from effectgate.ledger.fingerprints import fingerprint_selected
+from effectgate.ledger.pointers import JsonPointer
+
+from .event import Event, Transition
 
 if TYPE_CHECKING:
     from effectgate.ledger.db import Conn
@@ -35,27 +40,6 @@ MIN_SLICE_FACTOR = 2.0
 # in a setting, not a deadline: refuse it rather than silently never firing.
 MAX_SLICE_LIMIT = (2**31 - 1) / 1000
 _UNSET: Any = object()
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """A verified event as a handler sees it."""
-
-    source: str
-    id: str
-    type: str
-    payload: Any
-    tenant: str = "default"
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """A terminal transition, as the ``on_transition`` hook sees it (inside the same transaction)."""
-
-    job_id: int
-    effect_key: str
-    state: str
-    reason: str | None
 
 
 Handler = Callable[["EffectContext", Event], Awaitable[Any]]
@@ -93,6 +77,8 @@ class EffectKind:
     may wait before it is woken again, and how many releases without a commit make it poison (``None``:
     the reconciler's settings). ``lock_key(event)``: at most one running job per (tenant, lock key).
     ``on_transition``: runs in the same transaction as every terminal transition.
+    ``fingerprint``: JSON Pointers selecting what makes two deliveries under one key "the same request"
+    (``None``, the default: the whole payload); given as strings, parsed here.
     """
 
     name: str
@@ -109,10 +95,13 @@ class EffectKind:
     poison_threshold: int | None = None
     lock_key: LockKeyFn | None = None
     on_transition: TransitionHook | None = None
+    fingerprint: tuple[JsonPointer, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.source:
             raise ValueError("an effect needs a name and a source")
+        if self.fingerprint is not None:
+            object.__setattr__(self, "fingerprint", _pointers(self.name, self.fingerprint))
         if not callable(self.fn):
             raise ValueError(f"effect {self.name!r}: the handler must be an async function")
         if not self.events or not all(isinstance(e, str) and e for e in self.events):
@@ -161,6 +150,13 @@ class EffectKind:
             )
         return key
 
+    def fingerprint_of(self, event: Event) -> str | None:
+        """The fingerprint of ``event`` for this effect: of the selected fields, or ``None`` for the
+        whole payload (computed once per delivery by the caller)."""
+        if self.fingerprint is None:
+            return None
+        return fingerprint_selected(event.payload, self.fingerprint)
+
     def lock_key_for(self, event: Event) -> str | None:
         """The lock key for ``event`` (``None``: this effect takes no lock), computed at claim time."""
         if self.lock_key is None:
@@ -174,6 +170,25 @@ class EffectKind:
                 f"string of at most {MAX_LOCK_KEY_LENGTH} characters"
             )
         return lock
+
+
+def _pointers(kind: str, pointers: object) -> tuple[JsonPointer, ...]:
+    # A bare string is a sequence too; "/amount" as ["/", "a", …] would be a baffling mistake.
+    if isinstance(pointers, str) or not isinstance(pointers, list | tuple):
+        raise ValueError(f"effect {kind!r}: fingerprint must be a list of JSON Pointers, got {pointers!r}")
+    if not pointers:
+        raise ValueError(
+            f"effect {kind!r}: fingerprint must name at least one field (omit it for the whole payload)"
+        )
+    parsed = []
+    for pointer in pointers:
+        try:
+            parsed.append(pointer if isinstance(pointer, JsonPointer) else JsonPointer.parse(pointer))
+        except ValueError as exc:
+            raise ValueError(f"effect {kind!r}: fingerprint: {exc}") from None
+    if len({p.text for p in parsed}) != len(parsed):
+        raise ValueError(f"effect {kind!r}: fingerprint names a field twice")
+    return tuple(parsed)
 
 
 class Registry:
@@ -216,13 +231,15 @@ class Registry:
         poison_threshold: int | None = None,
         lock_key: LockKeyFn | None = None,
         on_transition: TransitionHook | None = None,
+        fingerprint: Sequence[str] | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: register an async handler for ``events`` from ``source``."""
 
         def register(fn: Handler) -> Handler:
+            kind_name = name or f"{fn.__module__}.{fn.__qualname__}"
             self.register(
                 EffectKind(
-                    name=name or f"{fn.__module__}.{fn.__qualname__}",
+                    name=kind_name,
                     source=source,
                     events=tuple([events] if isinstance(events, str) else events),
                     fn=fn,
@@ -236,6 +253,7 @@ class Registry:
                     poison_threshold=poison_threshold,
                     lock_key=lock_key,
                     on_transition=on_transition,
+                    fingerprint=None if fingerprint is None else _pointers(kind_name, fingerprint),
                 )
             )
             return fn
@@ -282,14 +300,17 @@ def effect(
     poison_threshold: int | None = None,
     lock_key: LockKeyFn | None = None,
     on_transition: TransitionHook | None = None,
+    fingerprint: Sequence[str] | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register an async effect handler in the process registry.
 
     ``key(event)`` gives the logical effect key (default ``{source}:{event id}:{name}``); every
     delivery that yields the same key is the same effect. ``orphan_policy`` says what the reconciler
     does with a job whose worker vanished: ``redrive`` (safe when every side effect goes through
-    ``ctx.step``) or ``park`` for a human (the default). Every other setting is described on
-    ``EffectKind``; all are validated here, at registration.
+    ``ctx.step``) or ``park`` for a human (the default). ``fingerprint`` names, as JSON Pointers, the
+    fields that make two deliveries under one key the same request (default: the whole payload), e.g.
+    ``["/data/object/amount", "/data/object/currency"]`` when two event types report one payment.
+    Every other setting is described on ``EffectKind``; all are validated here, at registration.
     """
     return REGISTRY.effect(
         source=source,
@@ -305,6 +326,7 @@ def effect(
         poison_threshold=poison_threshold,
         lock_key=lock_key,
         on_transition=on_transition,
+        fingerprint=fingerprint,
     )
 
 

@@ -16,7 +16,8 @@ from datetime import datetime
 from effectgate.ledger import bulk, db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_delivery
 
-from .registry import Event, Registry
+from .event import Event
+from .registry import Registry
 
 
 @dataclass(slots=True)

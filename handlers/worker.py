@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import logging
 import os
@@ -27,12 +28,16 @@ from typing import Any
 from effectgate.ledger import db, jobs, steps
 from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
 from effectgate.ledger.reconciler import ReconcilerConfig, ReconcileResult
+from effectgate.ledger.vocabulary import JobState
 
+from . import tracing
 from .context import EffectContext, Services
 from .errors import TerminalError, TransientError, UnrecoverableError
+from .event import Event, Transition
 from .maintenance import make_reconciler, reconcile_forever
 from .observe import WorkerObserver
-from .registry import EffectKind, Event, Registry, Transition
+from .outcomes import HAND_BACK, SliceOutcome
+from .registry import EffectKind, Registry
 
 # Re-exported: they lived here before the maintenance loop moved to .maintenance.
 __all__ = ["Worker", "WorkerConfig", "backoff_delay", "error_record", "make_reconciler", "reconcile_forever"]
@@ -53,7 +58,6 @@ TRANSITION_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
 # should not cost a full poll interval of latency, a server that stays down should not be hammered.
 LISTEN_RETRY_MIN = 0.05
 LISTEN_APPLICATION_NAME = "effectgate-listen"
-HANDED_BACK = "budget"
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,17 +271,17 @@ class Worker:
         leaves the job to lease expiry, which is where the reconciler picks it up.
         """
         started = time.monotonic()
-        outcome: str | None = None
+        outcome: SliceOutcome | None = None
         try:
-            outcome = await self._run_job(lease)
+            outcome = await self._run_job_traced(lease)
         except asyncio.CancelledError:
-            outcome = "abandoned"  # the drain gave up on it: left to lease expiry
+            outcome = SliceOutcome.ABANDONED  # the drain gave up on it: left to lease expiry
             raise
         except LeaseLost:
-            outcome = "lease_lost"
+            outcome = SliceOutcome.LEASE_LOST
             log.warning("worker.lease_lost", extra={"job_id": lease.job_id, "lease_token": lease.lease_token})
         except Exception as exc:
-            outcome = "crashed"
+            outcome = SliceOutcome.CRASHED
             log.error(
                 "worker.job_crashed",
                 extra={"job_id": lease.job_id, "error": f"{type(exc).__name__}: {exc}"},
@@ -286,9 +290,23 @@ class Worker:
             if self.observer is not None and outcome is not None:
                 self.observer.slice_ended(lease.kind, outcome, time.monotonic() - started)
 
-    async def _run_job(self, lease: jobs.Lease) -> str | None:
-        """Run the slice and record it; returns how it ended (``observe.SLICE_OUTCOMES``), ``None`` if it
-        never ran."""
+    async def _run_job_traced(self, lease: jobs.Lease) -> SliceOutcome | None:
+        # Current while the handler task is created, so its steps (and their downstream calls) are
+        # children of this attempt's span.
+        attributes: dict[str, tracing.AttributeValue] = {
+            "effectgate.job_id": lease.job_id,
+            "effectgate.kind": lease.kind,
+            "effectgate.tenant": lease.tenant,
+            "effectgate.effect_key": lease.effect_key,
+            "effectgate.attempt": lease.attempt,
+        }
+        with tracing.span("effectgate.job", attributes) as span:
+            outcome = await self._run_job(lease)
+            span.set_attribute("effectgate.job.outcome", outcome or "not_run")
+            return outcome
+
+    async def _run_job(self, lease: jobs.Lease) -> SliceOutcome | None:
+        """Run the slice and record it; returns how it ended, ``None`` if it never ran."""
         kind = self.registry.get(lease.kind)
         if kind is None:  # fetch only asks for registered kinds; a registry changed under us
             log.error("worker.unknown_kind", extra={"job_id": lease.job_id, "kind": lease.kind})
@@ -321,10 +339,10 @@ class Worker:
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
-        if outcome == "abandoned":
-            return "abandoned"
+        if outcome is _Ended.ABANDONED:
+            return SliceOutcome.ABANDONED
         if ctx.fenced_off:
-            return "lease_lost"
+            return SliceOutcome.LEASE_LOST
         return await self._record_outcome(lease, kind, outcome, exc)
 
     async def _heartbeat(
@@ -351,7 +369,7 @@ class Worker:
 
     async def _await_slice(
         self, ctx: EffectContext, kind: EffectKind, handler: asyncio.Task[Any]
-    ) -> tuple[str, BaseException | None]:
+    ) -> tuple[_Ended, BaseException | None]:
         done, _ = await asyncio.wait({handler}, timeout=kind.max_slice)
         if done:
             return _outcome(handler)
@@ -364,20 +382,22 @@ class Worker:
             ctx.fenced_off = True
             log.error("worker.slice_abandoned", extra={"job_id": ctx.job_id})
             handler.add_done_callback(functools.partial(_log_settled, ctx.job_id))
-            return "abandoned", None
+            return _Ended.ABANDONED, None
         outcome, exc = _outcome(handler)
-        if outcome == "returned" or (outcome == "error" and isinstance(exc, asyncio.CancelledError)):
+        if outcome is _Ended.RETURNED or (
+            outcome is _Ended.ERROR and isinstance(exc, asyncio.CancelledError)
+        ):
             # A return after the deadline's cancellation is not evidence the work was done.
-            return "error", TransientError(
+            return _Ended.ERROR, TransientError(
                 f"slice exceeded max_slice ({kind.max_slice:g} s) and was cancelled"
             )
         return outcome, exc
 
     async def _record_outcome(
-        self, lease: jobs.Lease, kind: EffectKind, outcome: str, exc: BaseException | None
-    ) -> str:
+        self, lease: jobs.Lease, kind: EffectKind, outcome: _Ended, exc: BaseException | None
+    ) -> SliceOutcome:
         job_id, token = lease.job_id, lease.lease_token
-        if outcome == "handed_back":
+        if outcome is _Ended.HANDED_BACK:
             threshold = kind.poison_threshold or self.config.reconciler.rescuer_config().poison_threshold
             reached = await self._transition(
                 lease,
@@ -385,13 +405,15 @@ class Worker:
                 lambda conn: jobs.hand_back(conn, job_id, token, poison_threshold=threshold, by=self.owner),
             )
             log.info("worker.handed_back", extra={"job_id": job_id, "state": reached.state})
-            return _ended(reached, requeued="handed_back")
-        if outcome == "returned":
+            return _ended(reached, requeued=SliceOutcome.HANDED_BACK)
+        if outcome is _Ended.RETURNED:
             reached = await self._transition(
-                lease, kind, lambda conn: jobs.finish(conn, job_id, token, state="succeeded", by=self.owner)
+                lease,
+                kind,
+                lambda conn: jobs.finish(conn, job_id, token, state=JobState.SUCCEEDED, by=self.owner),
             )
             log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
-            return reached.state
+            return SliceOutcome(reached.state)
         assert exc is not None
         if isinstance(exc, LeaseLost):
             raise exc
@@ -412,7 +434,7 @@ class Worker:
                     conn,
                     job_id,
                     token,
-                    state="failed",
+                    state=JobState.FAILED,
                     by=self.owner,
                     reason=failed_reason,
                     error=error,
@@ -420,7 +442,7 @@ class Worker:
                 ),
             )
             log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
-            return reached.state
+            return SliceOutcome(reached.state)
         delay = backoff_delay(lease.attempt, self.config.backoff_base, self.config.backoff_cap)
         retry_after = getattr(exc, "retry_after", None)
         if isinstance(retry_after, int | float) and retry_after > delay:
@@ -432,9 +454,9 @@ class Worker:
             "worker.retry",
             extra={"job_id": job_id, "attempt": lease.attempt, "delay": delay, "state": reached.state},
         )
-        if reached.state == "pending" and self.observer is not None:
+        if reached.state == JobState.PENDING and self.observer is not None:
             self.observer.retry_scheduled(lease.kind)
-        return _ended(reached, requeued="retry")
+        return _ended(reached, requeued=SliceOutcome.RETRY)
 
     async def _transition(
         self,
@@ -491,23 +513,44 @@ class Worker:
                 return await apply(conn)
 
 
-def _ended(reached: jobs.Reached, *, requeued: str) -> str:
+class _Ended(enum.Enum):
+    """How the handler's task ended, before anything is recorded."""
+
+    RETURNED = enum.auto()
+    HANDED_BACK = enum.auto()
+    ERROR = enum.auto()
+    ABANDONED = enum.auto()
+
+
+# What the handler side called a hand-back before HAND_BACK. Returned now, it would read as success and
+# leave the rest of the work undone, so it fails the job with a message saying what to return instead.
+_OLD_HAND_BACK = "budget"
+
+
+def _ended(reached: jobs.Reached, *, requeued: SliceOutcome) -> SliceOutcome:
     # Back to pending is the outcome the caller asked for; anything else (a cancel that won, a poison
     # park) is the state the job reached instead.
-    return requeued if reached.state == "pending" else reached.state
+    return requeued if reached.state == JobState.PENDING else SliceOutcome(reached.state)
 
 
 async def _call(kind: EffectKind, ctx: EffectContext, event: Event) -> Any:
     return await kind.fn(ctx, event)
 
 
-def _outcome(handler: asyncio.Task[Any]) -> tuple[str, BaseException | None]:
+def _outcome(handler: asyncio.Task[Any]) -> tuple[_Ended, BaseException | None]:
     if handler.cancelled():
-        return "error", asyncio.CancelledError()
+        return _Ended.ERROR, asyncio.CancelledError()
     exc = handler.exception()
     if exc is not None:
-        return "error", exc
-    return ("handed_back" if handler.result() == HANDED_BACK else "returned"), None
+        return _Ended.ERROR, exc
+    result = handler.result()
+    if result is HAND_BACK:
+        return _Ended.HANDED_BACK, None
+    if isinstance(result, str) and result == _OLD_HAND_BACK:
+        return _Ended.ERROR, TerminalError(
+            'the handler returned "budget": return effectgate.HAND_BACK to hand the rest of the work back'
+        )
+    return _Ended.RETURNED, None
 
 
 def _task_job(task: asyncio.Task[Any]) -> int:

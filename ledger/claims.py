@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
 
 from .db import Conn
 from .queries import Q
+from .vocabulary import DeliveryOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,9 @@ class EffectRequest:
     max_attempts: int
     orphan_policy: str
     lock_key: str | None = None
+    # The fingerprint of the fields this effect says make "the same request"; None: the delivery's,
+    # of the whole payload.
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +56,7 @@ class Accepted:
     handler: str
     effect_id: int
     job_id: int
-    outcome: str = "accepted"
+    outcome: Literal[DeliveryOutcome.ACCEPTED] = DeliveryOutcome.ACCEPTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,7 @@ class Duplicate:
     handler: str
     effect_id: int
     delivery_count: int
-    outcome: str = "duplicate"
+    outcome: Literal[DeliveryOutcome.DUPLICATE] = DeliveryOutcome.DUPLICATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,7 @@ class Rejected:
     handler: str
     effect_id: int
     held_fingerprint: str
-    outcome: str = "rejected"
+    outcome: Literal[DeliveryOutcome.REJECTED] = DeliveryOutcome.REJECTED
 
 
 ClaimOutcome = Accepted | Duplicate | Rejected
@@ -133,6 +137,7 @@ async def claim_deliveries(
                 "max_attempts": effect.max_attempts,
                 "orphan_policy": effect.orphan_policy,
                 "lock_key": effect.lock_key,
+                "fingerprint": effect.fingerprint or delivery.fingerprint,
             }
             planned.append((d_index, e_index, effect, params))
     # Claim in (tenant, key) order: two requests sharing several keys then lock them in the same order
@@ -164,9 +169,9 @@ async def claim_deliveries(
         assert row is not None  # INSERT … ON CONFLICT DO UPDATE always yields the row
         key, handler = eff.effect_key, eff.handler
         outcome: ClaimOutcome
-        if row["outcome"] == "accepted":
+        if row["outcome"] == DeliveryOutcome.ACCEPTED:
             outcome = Accepted(key, handler, row["effect_id"], row["job_id"])
-        elif row["outcome"] == "duplicate":
+        elif row["outcome"] == DeliveryOutcome.DUPLICATE:
             outcome = Duplicate(key, handler, row["effect_id"], row["delivery_count"])
         else:
             outcome = Rejected(key, handler, row["effect_id"], row["held_fingerprint"])

@@ -5,7 +5,7 @@ LedgerError
 ├── LeaseLost            a fenced write found a newer lease token (or no live lease)
 ├── StepAlreadyRecorded  a step name was recorded already for this effect
 ├── MigrationError       a migration could not be applied, or an applied one changed
-└── InvalidParameter     a report filter or parameter is invalid (ledger/reports.py; .code names it)
+└── InvalidParameter     a report argument is invalid (.code names it)
 """
 
 from __future__ import annotations
@@ -39,3 +39,13 @@ class StepAlreadyRecorded(LedgerError):
 
 class MigrationError(LedgerError):
     """A migration could not be applied."""
+
+
+class InvalidParameter(LedgerError):
+    """A report argument is invalid; ``code`` names it (``invalid_<parameter>``, ``tenant_required``)."""
+
+    def __init__(self, parameter: str, detail: str, *, code: str | None = None) -> None:
+        super().__init__(f"{parameter}: {detail}")
+        self.parameter = parameter
+        self.code = code or f"invalid_{parameter}"
+        self.detail = detail

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, cast
 
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
@@ -21,9 +21,8 @@ from .db import Conn
 from .errors import LeaseLost
 from .queries import Q
 from .storable import storable_error, storable_text
+from .vocabulary import REDRIVABLE_STATES, TERMINAL_STATES, JobState, RefusalCode
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "parked"})
-LIVE_STATES = frozenset({"pending", "running"})
 # The partial unique index that allows one running job per (tenant, lock key); migrations/0002.
 LOCK_KEY_INDEX = "jobs_lock_key_running_unique"
 # Two fetches racing for two jobs of one lock key: the loser's statement is refused by the index and
@@ -154,14 +153,14 @@ async def fenced_transaction(conn: Conn, job_id: int, lease_token: int) -> Async
         yield conn
 
 
-FinishState = Literal["succeeded", "failed", "parked"]
+FinishState = Literal[JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED]
 
 
 @dataclass(frozen=True, slots=True)
 class Reached:
     """Where a worker's transition left the job, and why (``reason`` is set for terminal states)."""
 
-    state: str
+    state: JobState
     reason: str | None = None
 
     @property
@@ -172,7 +171,7 @@ class Reached:
 
 def _reached(job_id: int, lease_token: int, row: Any) -> Reached:
     row = _fenced(job_id, lease_token, row)
-    return Reached(str(row["state"]), row["terminal_reason"])
+    return Reached(JobState(row["state"]), row["terminal_reason"])
 
 
 async def finish(
@@ -262,6 +261,57 @@ async def hand_back(
     return _reached(job_id, lease_token, row)
 
 
+class JobRow(TypedDict):
+    """One job as ``get`` reads it: the row, its effect's key, source and event type, and the live job
+    holding its lock key (if any)."""
+
+    id: int
+    effect_id: int
+    tenant: str
+    kind: str
+    state: JobState
+    attempt: int
+    max_attempts: int
+    orphan_policy: str
+    run_at: datetime
+    lease_token: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    checkpoint: Any
+    cancel_requested: bool
+    unrecoverable: bool
+    releases_without_commit: int
+    committed_since_release: bool
+    last_error: dict[str, Any] | None
+    terminal_reason: str | None
+    terminal_by: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    lock_key: str | None
+    payload_purged: bool
+    lock_key_held_by: int | None
+    effect_key: str
+    source: str
+    event_type: str
+
+
+class AttemptRow(TypedDict):
+    """One attempt of a job: who ran it under which token, how it ended (``outcome``: a terminal state,
+    ``retry``, ``handed_back`` or ``lease_expired``; ``None`` while it runs) and its error."""
+
+    job_id: int
+    attempt: int
+    lease_token: int
+    worker: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error_type: str | None
+    error_message: str | None
+    traceback: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class Refused:
     """An operator action that was not carried out, with a machine-readable code.
@@ -271,23 +321,28 @@ class Refused:
     holds the lock key: wait for it or cancel it).
     """
 
-    code: str
+    code: RefusalCode
     detail: str
 
 
-async def get(conn: Conn, job_id: int) -> dict[str, Any] | None:
+async def get(conn: Conn, job_id: int) -> JobRow | None:
     """One job with its effect's key, source and event type, or ``None``."""
-    return await (await conn.execute(Q["job_get"], {"job_id": job_id})).fetchone()
+    row = await (await conn.execute(Q["job_get"], {"job_id": job_id})).fetchone()
+    if row is None:
+        return None
+    row["state"] = JobState(row["state"])
+    return cast(JobRow, row)
 
 
-async def attempts(conn: Conn, job_id: int) -> list[dict[str, Any]]:
+async def attempts(conn: Conn, job_id: int) -> list[AttemptRow]:
     """Every attempt of a job, oldest first, with its worker, outcome and error (type, message, traceback)."""
-    return await (await conn.execute(Q["job_attempts_for_job"], {"job_id": job_id})).fetchall()
+    rows = await (await conn.execute(Q["job_attempts_for_job"], {"job_id": job_id})).fetchall()
+    return cast(list[AttemptRow], rows)
 
 
 async def cancel(
     conn: Conn, job_id: int, *, by: str, reason: str = "cancelled by operator", now: datetime | None = None
-) -> str | Refused:
+) -> JobState | Refused:
     """Cancel a job: at once if pending (returns ``cancelled``), by flag if running (returns ``running``;
     its worker sees the flag at the next heartbeat and the job ends ``cancelled``, never ``succeeded``).
     """
@@ -298,11 +353,11 @@ async def cancel(
         )
     ).fetchone()
     if row is not None:
-        return str(row["state"])
+        return JobState(row["state"])
     job = await get(conn, job_id)
     if job is None:
-        return Refused("not_found", f"no job {job_id}")
-    return Refused("not_cancellable", f"job {job_id} is already {job['state']}")
+        return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
+    return Refused(RefusalCode.NOT_CANCELLABLE, f"job {job_id} is already {job['state']}")
 
 
 async def redrive(
@@ -319,26 +374,28 @@ async def redrive(
         return None
     job = await get(conn, job_id)
     if job is None:
-        return Refused("not_found", f"no job {job_id}")
-    if job["state"] not in ("failed", "parked"):
+        return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
+    if job["state"] not in REDRIVABLE_STATES:
         return Refused(
-            "not_redrivable", f"job {job_id} is {job['state']}; only failed and parked jobs can be redriven"
+            RefusalCode.NOT_REDRIVABLE,
+            f"job {job_id} is {job['state']}; only failed and parked jobs can be redriven",
         )
     if job["payload_purged"]:
         return Refused(
-            "payload_purged", f"job {job_id} finished before its retention window; its payload is purged"
+            RefusalCode.PAYLOAD_PURGED,
+            f"job {job_id} finished before its retention window; its payload is purged",
         )
     if job["unrecoverable"] and not force:
         return Refused(
-            "unrecoverable_requires_force", f"job {job_id} failed unrecoverably; redrive with force"
+            RefusalCode.UNRECOVERABLE_REQUIRES_FORCE, f"job {job_id} failed unrecoverably; redrive with force"
         )
     if job["lock_key_held_by"] is not None:
         return Refused(
-            "lock_key_held",
+            RefusalCode.LOCK_KEY_HELD,
             f"job {job['lock_key_held_by']} holds lock key {job['lock_key']!r}; wait for it or cancel it",
         )
     # The job changed between the redrive and this read (another redrive won, say): nothing to redrive.
-    return Refused("not_redrivable", f"job {job_id} could not be redriven from {job['state']}")
+    return Refused(RefusalCode.NOT_REDRIVABLE, f"job {job_id} could not be redriven from {job['state']}")
 
 
 async def listen(conn: Conn) -> None:

@@ -1,312 +1,278 @@
 """Read-only views of the ledger for operators: the one code path the CLI, the HTTP API and the dashboard read.
 
-Reports: ``duplicates``, ``key_conflicts`` (with a field-level diff of the held and rejected payloads),
-``auth_failures``, ``effect_view`` (an effect's lineage from delivery to outcome), ``jobs`` and ``job_view``;
-``activity`` (the dashboard's series over time) and ``job_gauges`` (what ``/metrics`` reads).
+The listing reports are declared once each, as a ``ReportSpec`` (``report_spec.py``) over one SQL block:
+``DUPLICATES``, ``KEY_CONFLICTS`` (with a field-level diff of the held and rejected payloads),
+``AUTH_FAILURES`` and ``JOBS``; ``REPORTS`` lists them, and ``run`` runs any of them. Next to them:
+``effect_view`` (an effect's lineage from delivery to outcome), ``job_view``, ``activity`` (the
+dashboard's series over time) and ``job_gauges`` (what ``/metrics`` reads).
 
-Every filter arrives as text (from a flag or a query string) or as a typed value, and is validated here:
-a bad one raises ``InvalidParameter`` whose ``code`` names it (``invalid_since``, ``invalid_limit``…), so
-every face answers the same mistake with the same code. Times are ISO 8601 or a duration back from now
-(``24h``, ``30m``, ``7d``). Pages are keyset-paginated on (sort column, id) with an opaque cursor, so a
-page costs the same at any depth and rows inserted meanwhile neither repeat nor vanish.
+Everything here takes typed values (datetimes, ints, tuples of states); reading text (``24h``, a
+cursor) is the gateway's business. Pages are keyset-paginated on (sort columns, id), so a page costs the
+same at any depth and rows inserted meanwhile neither repeat nor vanish.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import re
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
 from . import jobs as ledger_jobs
 from .db import Conn
-from .errors import LedgerError
+from .errors import InvalidParameter
 from .queries import Q
+from .report_spec import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    MAX_NAME_LENGTH,
+    Column,
+    ColumnType,
+    Filter,
+    FilterType,
+    Page,
+    ReportQuery,
+    ReportSpec,
+    Row,
+    Sort,
+    Summary,
+    by_name,
+    fetch,
+    run,
+)
+from .vocabulary import JobState
 
-DEFAULT_LIMIT = 100
-MAX_LIMIT = 1000
+__all__ = [
+    "AUTH_FAILURES",
+    "DEFAULT_LIMIT",
+    "DUPLICATES",
+    "JOBS",
+    "JOB_STATES",
+    "KEY_CONFLICTS",
+    "MAX_LIMIT",
+    "MAX_NAME_LENGTH",
+    "REPORTS",
+    "Activity",
+    "EffectView",
+    "InvalidParameter",
+    "JobGauges",
+    "JobView",
+    "Page",
+    "ReportQuery",
+    "ReportSpec",
+    "activity",
+    "effect_view",
+    "job_gauges",
+    "job_view",
+    "payload_diff",
+    "run",
+]
+
 DEFAULT_WINDOW = timedelta(hours=24)
-MAX_NAME_LENGTH = 200
 MAX_KEY_LENGTH = 1000
-MAX_CURSOR_LENGTH = 1000
 # A diff of two large payloads is cut here: the first differences say what went wrong, the hundredth does not.
 MAX_DIFF_ENTRIES = 100
+JOB_STATES = tuple(JobState)
 
-DUPLICATE_SORTS: dict[str, tuple[LiteralString, str]] = {
-    "-last_seen": ("report_duplicates_last_seen_desc", "last_seen_at"),
-    "last_seen": ("report_duplicates_last_seen_asc", "last_seen_at"),
-    "-first_seen": ("report_duplicates_first_seen_desc", "first_seen_at"),
-    "first_seen": ("report_duplicates_first_seen_asc", "first_seen_at"),
-    "-deliveries": ("report_duplicates_deliveries_desc", "delivery_count"),
-}
-CONFLICT_SORTS: dict[str, tuple[LiteralString, str]] = {
-    "-received": ("report_key_conflicts_desc", "received_at"),
-    "received": ("report_key_conflicts_asc", "received_at"),
-}
-JOB_SORTS: dict[str, tuple[LiteralString, str]] = {
-    "-created": ("report_jobs_desc", "created_at"),
-    "created": ("report_jobs_asc", "created_at"),
-}
-JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled", "parked")
+T = ColumnType
+_SOURCE = Filter("source", FilterType.NAME, "Only this webhook source.")
+_TENANT = Filter("tenant", FilterType.NAME, "Only this tenant.")
+_EVENT_TYPE = Filter("event_type", FilterType.NAME, "Only this event type.")
 
 
-class InvalidParameter(LedgerError):
-    """A report filter or parameter is invalid; ``code`` names it (``invalid_<parameter>``)."""
-
-    def __init__(self, parameter: str, detail: str, *, code: str | None = None) -> None:
-        super().__init__(f"{parameter}: {detail}")
-        self.parameter = parameter
-        self.code = code or f"invalid_{parameter}"
-        self.detail = detail
+def _sorts(*named: tuple[str, tuple[LiteralString, ...], str]) -> tuple[Sort, ...]:
+    # (name, keyset columns, help); a name starting with "-" is descending.
+    return tuple(Sort(name, columns, name.startswith("-"), help) for name, columns, help in named)
 
 
-# -- parameters ------------------------------------------------------------------------------------
+# -- the vocabulary: every column any report shows, declared once ---------------------------------
 
-_DURATION = re.compile(r"(\d{1,6})([smhdw])", re.ASCII)
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_WHOLE_NUMBER = re.compile(r"\d{1,18}", re.ASCII)
-
-
-def parse_time(value: str | datetime | None, parameter: str, *, now: datetime) -> datetime | None:
-    """An ISO 8601 time (UTC if it names no zone) or a duration back from ``now`` (``24h``), or ``None``."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidParameter(parameter, "expected a duration such as 24h, 30m, 7d or an ISO 8601 time")
-    text = value.strip()
-    try:
-        match = _DURATION.fullmatch(text)
-        if match:
-            return now - timedelta(seconds=int(match[1]) * _UNIT_SECONDS[match[2]])
-        parsed = datetime.fromisoformat(text)
-    except (ValueError, OverflowError):
-        raise InvalidParameter(
-            parameter, f"expected a duration such as 24h, 30m, 7d or an ISO 8601 time, got {text!r}"
-        ) from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-
-
-def parse_limit(value: int | str | None) -> int:
-    """A page size in 1..``MAX_LIMIT`` (``DEFAULT_LIMIT`` when absent)."""
-    if value is None:
-        return DEFAULT_LIMIT
-    if isinstance(value, str):
-        if not _WHOLE_NUMBER.fullmatch(value.strip()):
-            raise InvalidParameter("limit", f"expected a whole number 1..{MAX_LIMIT}, got {value!r}")
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
-        raise InvalidParameter("limit", f"must be 1..{MAX_LIMIT}, got {value!r}")
-    return value
-
-
-def parse_id(value: int | str, parameter: str) -> int:
-    """A positive row id, such as a job id."""
-    if isinstance(value, str):
-        if not _WHOLE_NUMBER.fullmatch(value.strip()):
-            raise InvalidParameter(parameter, f"expected a positive whole number, got {value!r}")
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
-        raise InvalidParameter(parameter, f"expected a positive whole number, got {value!r}")
-    return value
-
-
-def parse_name(value: str | None, parameter: str, *, max_length: int = MAX_NAME_LENGTH) -> str | None:
-    """A source, tenant, event type or kind to filter on: printable text of at most 200 characters."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > max_length or not value.isprintable():
-        raise InvalidParameter(
-            parameter, f"expected printable text of 1..{max_length} characters, got {value!r}"
-        )
-    return value
-
-
-def parse_states(value: str | Sequence[str] | None) -> list[str] | None:
-    """Job states to filter on, as a list or comma-separated text (``failed,parked``)."""
-    if value is None:
-        return None
-    items = value.split(",") if isinstance(value, str) else list(value)
-    states = [s.strip() for s in items if isinstance(s, str)]
-    if not states or len(states) != len(items) or any(s not in JOB_STATES for s in states):
-        raise InvalidParameter("state", f"expected one or more of {', '.join(JOB_STATES)}, got {value!r}")
-    return sorted(set(states))
-
-
-def _sort(value: str | None, sorts: dict[str, tuple[LiteralString, str]], default: str) -> str:
-    sort = default if value is None else value
-    if sort not in sorts:
-        raise InvalidParameter("sort", f"expected one of {', '.join(sorts)}, got {value!r}")
-    return sort
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """A half-open time range [since, until)."""
-
-    since: datetime
-    until: datetime
-
-
-def parse_window(
-    since: str | datetime | None, until: str | datetime | None, *, now: datetime, default: timedelta
-) -> Window:
-    """[since, until): ``until`` defaults to now and ``since`` to ``default`` before it."""
-    end = parse_time(until, "until", now=now) or now
-    start = parse_time(since, "since", now=now) or end - default
-    if start >= end:
-        raise InvalidParameter("until", f"must be after since ({start.isoformat()}), got {end.isoformat()}")
-    return Window(start, end)
-
-
-def _optional_window(
-    since: str | datetime | None, until: str | datetime | None, *, now: datetime
-) -> tuple[datetime | None, datetime | None]:
-    start = parse_time(since, "since", now=now)
-    end = parse_time(until, "until", now=now)
-    if start is not None and end is not None and start >= end:
-        raise InvalidParameter("until", f"must be after since ({start.isoformat()}), got {end.isoformat()}")
-    return start, end
-
-
-# -- cursors ---------------------------------------------------------------------------------------
-
-
-def _encode_cursor(tag: str, *values: Any) -> str:
-    encoded = [v.isoformat() if isinstance(v, datetime) else v for v in values]
-    raw = json.dumps([tag, *encoded], separators=(",", ":")).encode("utf-8")
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def _timestamp(value: Any) -> datetime:
-    parsed = datetime.fromisoformat(value)
-    if parsed.tzinfo is None:
-        raise ValueError("cursor time without a zone")
-    return parsed
-
-
-def _integer(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError("not an integer")
-    return value
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError("not text")
-    return value
-
-
-def _decode_cursor(cursor: str | None, tag: str, *kinds: Callable[[Any], Any]) -> list[Any] | None:
-    if cursor is None:
-        return None
-    # A cursor is a position, not a credential: tampering with one can only move within what the same
-    # filters would show anyway, so it is encoded, not signed.
-    try:
-        if not isinstance(cursor, str) or not cursor or len(cursor) > MAX_CURSOR_LENGTH:
-            raise ValueError("length")
-        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if not isinstance(data, list) or len(data) != len(kinds) + 1 or not isinstance(data[0], str):
-            raise ValueError("shape")
-        if data[0] != tag:
-            raise InvalidParameter(
-                "cursor", "this cursor belongs to another report or sort order; start again without it"
-            )
-        return [kind(value) for kind, value in zip(kinds, data[1:], strict=True)]
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise InvalidParameter(
-            "cursor", "not a cursor this report returned; pass next_cursor unchanged"
-        ) from None
-
-
-def _page(rows: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], bool]:
-    # One row more than asked tells whether there is a next page without a count.
-    return rows[:limit], len(rows) > limit
-
-
-async def _fetch(conn: Conn, name: LiteralString, params: dict[str, Any]) -> list[dict[str, Any]]:
-    # Unprepared on purpose: an unnamed statement is planned with its actual parameter values, so the
-    # optional filters fold away and the index of the filter in use is chosen. A prepared statement could
-    # switch to a generic plan that reads every row.
-    return await (await conn.execute(Q[name], params, prepare=False)).fetchall()
-
-
-def _now(now: datetime | None) -> datetime:
-    return now if now is not None else datetime.now(UTC)
-
-
-# -- duplicates ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DuplicatesReport:
-    """Effects delivered more than once whose last delivery fell in the window, one page of them, and
-    totals over the whole window by source and event type."""
-
-    since: datetime
-    until: datetime
-    sort: str
-    items: list[dict[str, Any]]
-    next_cursor: str | None
-    totals: list[dict[str, Any]]
-
-
-async def duplicates(
-    conn: Conn,
-    *,
-    source: str | None = None,
-    tenant: str | None = None,
-    event_type: str | None = None,
-    since: str | datetime | None = None,
-    until: str | datetime | None = None,
-    sort: str | None = None,
-    limit: int | str | None = None,
-    cursor: str | None = None,
-    now: datetime | None = None,
-) -> DuplicatesReport:
-    """Duplicated effects last delivered in [since, until) (default: the last 24 hours).
-
-    Sorts: ``-last_seen`` (default), ``last_seen``, ``-first_seen``, ``first_seen``, ``-deliveries``.
-    """
-    window = parse_window(since, until, now=_now(now), default=DEFAULT_WINDOW)
-    filters = {
-        "since": window.since,
-        "until": window.until,
-        "source": parse_name(source, "source"),
-        "tenant": parse_name(tenant, "tenant"),
-        "event_type": parse_name(event_type, "event_type"),
-    }
-    order = _sort(sort, DUPLICATE_SORTS, "-last_seen")
-    query, column = DUPLICATE_SORTS[order]
-    size = parse_limit(limit)
-    tag = f"duplicates:{order}"
-    position = _decode_cursor(cursor, tag, _integer if column == "delivery_count" else _timestamp, _integer)
-    after_value, after_id = position if position else (None, None)
-    rows = await _fetch(
-        conn,
-        query,
-        {
-            **filters,
-            "after_ts": None if column == "delivery_count" else after_value,
-            "after_n": after_value if column == "delivery_count" else None,
-            "after_id": after_id,
-            "limit": size + 1,
-        },
+FIELDS: dict[str, Column] = {
+    c.name: c
+    for c in (
+        Column("tenant", T.TEXT, "tenant"),
+        Column("effect_key", T.TEXT, "key"),
+        Column("source", T.TEXT, "source"),
+        Column("event_type", T.TEXT, "event type"),
+        Column("delivery_count", T.INTEGER, "deliveries"),
+        Column("first_seen_at", T.TIME, "first seen"),
+        Column("last_seen_at", T.TIME, "last seen"),
+        Column("effects", T.INTEGER, "effects"),
+        Column("deliveries", T.INTEGER, "deliveries"),
+        Column("duplicate_deliveries", T.INTEGER, "duplicates"),
+        Column("event_id", T.TEXT, "event"),
+        Column("received_at", T.TIME, "received"),
+        Column("held_event_id", T.TEXT, "held by"),
+        Column("held_event_type", T.TEXT, "held event type"),
+        Column("held_fingerprint", T.TEXT, "held fingerprint"),
+        Column("rejected_fingerprint", T.TEXT, "rejected fingerprint"),
+        Column("diff", T.DIFF, "changes (held → rejected)"),
+        Column("diff_truncated", T.BOOLEAN, "diff cut short"),
+        Column("rejects", T.INTEGER, "rejects"),
+        Column("minute", T.TIME, "minute"),
+        Column("reason", T.TEXT, "reason"),
+        Column("count", T.INTEGER, "count"),
+        Column("bytes_total", T.INTEGER, "bytes"),
+        Column("last_detail", T.TEXT, "last detail"),
+        Column("first_minute", T.TIME, "first minute"),
+        Column("id", T.INTEGER, "id"),
+        Column("kind", T.TEXT, "kind"),
+        Column("state", T.STATE, "state"),
+        Column("attempt", T.INTEGER, "attempt"),
+        Column("max_attempts", T.INTEGER, "max attempts"),
+        Column("run_at", T.TIME, "run at"),
+        Column("lease_token", T.INTEGER, "lease token"),
+        Column("lease_owner", T.TEXT, "worker", nullable=True),
+        Column("lease_expires_at", T.TIME, "lease expires", nullable=True),
+        Column("cancel_requested", T.BOOLEAN, "cancel requested"),
+        Column("unrecoverable", T.BOOLEAN, "unrecoverable"),
+        Column("terminal_reason", T.TEXT, "reason", nullable=True),
+        Column("terminal_by", T.TEXT, "ended by", nullable=True),
+        Column("created_at", T.TIME, "created"),
+        Column("updated_at", T.TIME, "updated"),
+        Column("finished_at", T.TIME, "finished", nullable=True),
+        Column("accepted", T.INTEGER, "accepted"),
+        Column("duplicates", T.INTEGER, "duplicates"),
+        Column("rejected", T.INTEGER, "rejected"),
+        Column("unmatched", T.INTEGER, "unmatched"),
+        Column("duplicate_rate", T.NUMBER, "duplicate rate"),
+        Column("reject_rate", T.NUMBER, "reject rate"),
     )
-    items, more = _page(rows, size)
-    next_cursor = _encode_cursor(tag, items[-1][column], items[-1]["id"]) if more else None
-    totals = await _fetch(conn, "report_duplicate_totals", filters)
-    for item in items:
-        del item["id"]
-    return DuplicatesReport(window.since, window.until, order, items, next_cursor, totals)
+}
 
 
-# -- rejects: key conflicts and authentication failures ---------------------------------------------
+def _names(names: str) -> tuple[str, ...]:
+    return tuple(names.split())
+
+
+def _columns(names: str) -> tuple[Column, ...]:
+    return tuple(FIELDS[name] for name in names.split())
+
+
+# -- the reports -----------------------------------------------------------------------------------
+
+DUPLICATES = ReportSpec(
+    name="duplicates",
+    title="Effects delivered more than once",
+    description="Effects whose last delivery fell in [since, until) (default: the last 24 hours), "
+    "with totals over the whole window by source and event type.",
+    query="report_duplicates",
+    filters=(_SOURCE, _TENANT, _EVENT_TYPE),
+    sorts=_sorts(
+        ("-last_seen", ("last_seen_at", "id"), "most recently delivered first"),
+        ("last_seen", ("last_seen_at", "id"), "least recently delivered first"),
+        ("-first_seen", ("first_seen_at", "id"), "most recently claimed first"),
+        ("first_seen", ("first_seen_at", "id"), "claimed longest ago first"),
+        ("-deliveries", ("delivery_count", "id"), "most deliveries first"),
+    ),
+    columns=_columns("tenant effect_key source event_type delivery_count first_seen_at last_seen_at"),
+    table=_names("last_seen_at delivery_count source event_type tenant effect_key first_seen_at"),
+    summary=Summary(
+        "totals",
+        "report_duplicate_totals",
+        _columns("source event_type effects deliveries duplicate_deliveries"),
+        "totals over the window",
+    ),
+)
+
+
+def _with_diff(row: Row) -> Row:
+    held = row.pop("held_payload")
+    rejected = row.pop("rejected_payload")
+    row["diff"], row["diff_truncated"] = payload_diff(held, rejected)
+    return row
+
+
+KEY_CONFLICTS = ReportSpec(
+    name="key_conflicts",
+    title="Deliveries rejected because another payload held their effect key",
+    description="Each with both fingerprints, both events and a field-level diff of the payloads.",
+    query="report_key_conflicts",
+    filters=(_SOURCE, _TENANT, _EVENT_TYPE),
+    sorts=_sorts(
+        ("-received", ("r.received_at", "r.id"), "newest first"),
+        ("received", ("r.received_at", "r.id"), "oldest first"),
+    ),
+    columns=_columns(
+        "tenant effect_key source event_id event_type received_at held_event_id held_event_type "
+        "held_fingerprint rejected_fingerprint diff diff_truncated"
+    ),
+    table=_names(
+        "received_at source event_id event_type effect_key held_event_id held_fingerprint "
+        "rejected_fingerprint diff"
+    ),
+    summary=Summary(
+        "totals",
+        "report_key_conflict_totals",
+        _columns("source event_type rejects effects"),
+        "totals over the window",
+    ),
+    shape=_with_diff,
+)
+
+AUTH_FAILURES = ReportSpec(
+    name="auth_failures",
+    title="Deliveries whose signature verification failed",
+    description="Totals by (source, reason) and counts per minute, newest first. Only metadata is kept "
+    "for these, never a body.",
+    query="report_auth_failures_per_minute",
+    filters=(_SOURCE,),
+    sorts=_sorts(("-minute", ("minute", "source", "reason"), "newest minute first")),
+    columns=_columns("minute source reason count bytes_total last_detail last_seen_at"),
+    table=_names("minute source reason count last_detail"),
+    items_key="per_minute",
+    summary=Summary(
+        "by_reason",
+        "report_auth_failures_by_reason",
+        _columns("source reason count bytes_total first_minute last_seen_at"),
+        "by reason",
+    ),
+)
+
+JOBS = ReportSpec(
+    name="jobs",
+    title="Jobs by state, kind, source and age",
+    description="Jobs created in [since, until), both open unless given: `until=1h` lists jobs older "
+    "than an hour.",
+    query="report_jobs",
+    filters=(
+        Filter("state", FilterType.STATES, "One state or several, comma-separated: " + ", ".join(JOB_STATES)),
+        Filter("kind", FilterType.NAME, "Only this handler kind."),
+        _SOURCE,
+        _TENANT,
+    ),
+    sorts=_sorts(
+        ("-created", ("j.created_at", "j.id"), "newest first"),
+        ("created", ("j.created_at", "j.id"), "oldest first"),
+    ),
+    window=None,
+    columns=_columns(
+        "id tenant kind state effect_key source event_type attempt max_attempts run_at lease_token "
+        "lease_owner lease_expires_at cancel_requested unrecoverable terminal_reason terminal_by "
+        "created_at updated_at finished_at"
+    ),
+    table=_names("id state kind source effect_key attempt created_at terminal_reason"),
+)
+
+DELIVERY_OUTCOMES = ReportSpec(
+    name="delivery_outcomes",
+    title="Deliveries by outcome per source",
+    description="Deliveries received in [since, until) (default: the last 24 hours) per source: how many "
+    "were accepted, duplicates, rejected (key conflicts) or matched no handler, and the duplicate and "
+    "reject rates (of all deliveries). A delivery asking for several effects counts once per effect.",
+    query="report_delivery_outcomes",
+    filters=(_SOURCE, _TENANT),
+    sorts=_sorts(
+        ("-deliveries", ("deliveries", "source"), "busiest source first"),
+        ("source", ("source",), "by source name"),
+    ),
+    columns=_columns("source deliveries accepted duplicates rejected unmatched duplicate_rate reject_rate"),
+)
+
+REPORTS: tuple[ReportSpec, ...] = (DUPLICATES, KEY_CONFLICTS, AUTH_FAILURES, JOBS, DELIVERY_OUTCOMES)
+BY_NAME = by_name(REPORTS)
+
+
+# -- payload diffs ---------------------------------------------------------------------------------
 
 
 def payload_diff(held: Any, rejected: Any) -> tuple[list[dict[str, Any]], bool]:
@@ -321,149 +287,50 @@ def payload_diff(held: Any, rejected: Any) -> tuple[list[dict[str, Any]], bool]:
     return entries, truncated
 
 
-def _diff(held: Any, rejected: Any, path: str, out: list[dict[str, Any]]) -> bool:
+_MISSING: Any = object()
+
+
+def _children(held: Any, rejected: Any) -> list[tuple[str, Any, Any]] | None:
+    # (JSON Pointer token, held child, rejected child) of two objects or two arrays; None for anything else.
     if isinstance(held, dict) and isinstance(rejected, dict):
-        for key in sorted(held.keys() | rejected.keys()):
-            child = path + "/" + str(key).replace("~", "~0").replace("/", "~1")
-            if key not in rejected:
-                entry = {"path": child, "change": "removed", "held": held[key]}
-            elif key not in held:
-                entry = {"path": child, "change": "added", "rejected": rejected[key]}
-            else:
-                if _diff(held[key], rejected[key], child, out):
-                    return True
-                continue
-            if len(out) >= MAX_DIFF_ENTRIES:
-                return True
-            out.append(entry)
-        return False
+        return [
+            (str(k).replace("~", "~0").replace("/", "~1"), held.get(k, _MISSING), rejected.get(k, _MISSING))
+            for k in sorted(held.keys() | rejected.keys())
+        ]
     if isinstance(held, list) and isinstance(rejected, list):
-        for i in range(max(len(held), len(rejected))):
-            child = f"{path}/{i}"
-            if i >= len(rejected):
-                entry = {"path": child, "change": "removed", "held": held[i]}
-            elif i >= len(held):
-                entry = {"path": child, "change": "added", "rejected": rejected[i]}
-            else:
-                if _diff(held[i], rejected[i], child, out):
-                    return True
-                continue
-            if len(out) >= MAX_DIFF_ENTRIES:
-                return True
-            out.append(entry)
-        return False
-    if type(held) is type(rejected) and held == rejected:
-        return False
+        return [
+            (str(i), held[i] if i < len(held) else _MISSING, rejected[i] if i < len(rejected) else _MISSING)
+            for i in range(max(len(held), len(rejected)))
+        ]
+    return None
+
+
+def _add(out: list[dict[str, Any]], entry: dict[str, Any]) -> bool:
     if len(out) >= MAX_DIFF_ENTRIES:
         return True
-    out.append({"path": path, "change": "changed", "held": held, "rejected": rejected})
+    out.append(entry)
     return False
 
 
-def _with_diff(row: dict[str, Any]) -> dict[str, Any]:
-    held = row.pop("held_payload")
-    rejected = row.pop("rejected_payload")
-    row["diff"], row["diff_truncated"] = payload_diff(held, rejected)
-    return row
-
-
-@dataclass(frozen=True, slots=True)
-class ConflictsReport:
-    """Deliveries rejected in the window because a different payload held their effect key: one page,
-    each with both fingerprints, both events and a field diff, and totals by source and event type."""
-
-    since: datetime
-    until: datetime
-    sort: str
-    items: list[dict[str, Any]]
-    next_cursor: str | None
-    totals: list[dict[str, Any]]
-
-
-async def key_conflicts(
-    conn: Conn,
-    *,
-    source: str | None = None,
-    tenant: str | None = None,
-    event_type: str | None = None,
-    since: str | datetime | None = None,
-    until: str | datetime | None = None,
-    sort: str | None = None,
-    limit: int | str | None = None,
-    cursor: str | None = None,
-    now: datetime | None = None,
-) -> ConflictsReport:
-    """Key conflicts received in [since, until) (default: the last 24 hours); sorts ``-received``, ``received``."""
-    window = parse_window(since, until, now=_now(now), default=DEFAULT_WINDOW)
-    filters = {
-        "since": window.since,
-        "until": window.until,
-        "source": parse_name(source, "source"),
-        "tenant": parse_name(tenant, "tenant"),
-        "event_type": parse_name(event_type, "event_type"),
-    }
-    order = _sort(sort, CONFLICT_SORTS, "-received")
-    query, column = CONFLICT_SORTS[order]
-    size = parse_limit(limit)
-    tag = f"conflicts:{order}"
-    position = _decode_cursor(cursor, tag, _timestamp, _integer)
-    after_ts, after_id = position if position else (None, None)
-    rows = await _fetch(
-        conn, query, {**filters, "after_ts": after_ts, "after_id": after_id, "limit": size + 1}
-    )
-    items, more = _page(rows, size)
-    next_cursor = _encode_cursor(tag, items[-1][column], items[-1]["id"]) if more else None
-    totals = await _fetch(conn, "report_key_conflict_totals", filters)
-    for item in items:
-        del item["id"]
-        _with_diff(item)
-    return ConflictsReport(window.since, window.until, order, items, next_cursor, totals)
-
-
-@dataclass(frozen=True, slots=True)
-class AuthFailuresReport:
-    """Deliveries whose signature check failed in the window: totals by (source, reason) and one page of
-    per-minute counts, newest minute first. Only metadata is kept for these, never a body."""
-
-    since: datetime
-    until: datetime
-    by_reason: list[dict[str, Any]]
-    per_minute: list[dict[str, Any]]
-    next_cursor: str | None
-
-
-async def auth_failures(
-    conn: Conn,
-    *,
-    source: str | None = None,
-    since: str | datetime | None = None,
-    until: str | datetime | None = None,
-    limit: int | str | None = None,
-    cursor: str | None = None,
-    now: datetime | None = None,
-) -> AuthFailuresReport:
-    """Authentication failures in [since, until) (default: the last 24 hours), by reason and per minute."""
-    window = parse_window(since, until, now=_now(now), default=DEFAULT_WINDOW)
-    filters = {"since": window.since, "until": window.until, "source": parse_name(source, "source")}
-    size = parse_limit(limit)
-    position = _decode_cursor(cursor, "auth", _timestamp, _text, _text)
-    after = position if position else [None, None, None]
-    rows = await _fetch(
-        conn,
-        "report_auth_failures_per_minute",
-        {
-            **filters,
-            "after_minute": after[0],
-            "after_source": after[1],
-            "after_reason": after[2],
-            "limit": size + 1,
-        },
-    )
-    items, more = _page(rows, size)
-    last = items[-1] if items else {}
-    next_cursor = _encode_cursor("auth", last["minute"], last["source"], last["reason"]) if more else None
-    by_reason = await _fetch(conn, "report_auth_failures_by_reason", filters)
-    return AuthFailuresReport(window.since, window.until, by_reason, items, next_cursor)
+def _diff(held: Any, rejected: Any, path: str, out: list[dict[str, Any]]) -> bool:
+    children = _children(held, rejected)
+    if children is None:
+        if type(held) is type(rejected) and held == rejected:
+            return False
+        return _add(out, {"path": path, "change": "changed", "held": held, "rejected": rejected})
+    for token, held_child, rejected_child in children:
+        child = f"{path}/{token}"
+        if rejected_child is _MISSING:
+            entry = {"path": child, "change": "removed", "held": held_child}
+        elif held_child is _MISSING:
+            entry = {"path": child, "change": "added", "rejected": rejected_child}
+        elif _diff(held_child, rejected_child, child, out):
+            return True
+        else:
+            continue
+        if _add(out, entry):
+            return True
+    return False
 
 
 # -- effect lineage --------------------------------------------------------------------------------
@@ -477,10 +344,10 @@ class EffectView:
     downstream and the answer that came back. ``job`` is ``None`` only if no job was ever created."""
 
     effect: dict[str, Any]
-    job: dict[str, Any] | None
+    job: ledger_jobs.JobRow | None
     deliveries: list[dict[str, Any]]
     rejects: list[dict[str, Any]]
-    attempts: list[dict[str, Any]]
+    attempts: list[ledger_jobs.AttemptRow]
     steps: list[dict[str, Any]]
 
 
@@ -490,10 +357,10 @@ async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None)
     Without a tenant, the key is looked up in every tenant; a key held by several raises
     ``InvalidParameter`` with code ``tenant_required``.
     """
-    key = parse_name(effect_key, "key", max_length=MAX_KEY_LENGTH)
-    if key is None:
+    key = effect_key
+    if not key:
         raise InvalidParameter("key", "an effect key is required")
-    holder = parse_name(tenant, "tenant")
+    holder = tenant
     if holder is None:
         tenants = [r["tenant"] for r in await _fetch(conn, "effect_tenants_holding_key", {"effect_key": key})]
         if not tenants:
@@ -523,78 +390,27 @@ async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None)
     return EffectView(effect, job, deliveries, rejects, attempts, steps)
 
 
-# -- jobs ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class JobsReport:
-    """One page of jobs with their effect's key, source and event type, and the cursor of the next."""
-
-    since: datetime | None
-    until: datetime | None
-    sort: str
-    items: list[dict[str, Any]]
-    next_cursor: str | None
-
-
-async def jobs(
-    conn: Conn,
-    *,
-    state: str | Sequence[str] | None = None,
-    kind: str | None = None,
-    source: str | None = None,
-    since: str | datetime | None = None,
-    until: str | datetime | None = None,
-    sort: str | None = None,
-    limit: int | str | None = None,
-    cursor: str | None = None,
-    now: datetime | None = None,
-) -> JobsReport:
-    """Jobs by state (one or several), kind and source, created in [since, until) — both open when absent,
-    so ``until="1h"`` lists jobs older than an hour. Sorts ``-created`` (default) and ``created``."""
-    start, end = _optional_window(since, until, now=_now(now))
-    order = _sort(sort, JOB_SORTS, "-created")
-    query, column = JOB_SORTS[order]
-    size = parse_limit(limit)
-    tag = f"jobs:{order}"
-    position = _decode_cursor(cursor, tag, _timestamp, _integer)
-    after_ts, after_id = position if position else (None, None)
-    rows = await _fetch(
-        conn,
-        query,
-        {
-            "since": start,
-            "until": end,
-            "states": parse_states(state),
-            "kind": parse_name(kind, "kind"),
-            "source": parse_name(source, "source"),
-            "after_ts": after_ts,
-            "after_id": after_id,
-            "limit": size + 1,
-        },
-    )
-    items, more = _page(rows, size)
-    next_cursor = _encode_cursor(tag, items[-1][column], items[-1]["id"]) if more else None
-    return JobsReport(start, end, order, items, next_cursor)
-
-
 @dataclass(frozen=True, slots=True)
 class JobView:
     """One job with its effect's key, each attempt and each recorded step."""
 
-    job: dict[str, Any]
-    attempts: list[dict[str, Any]]
+    job: ledger_jobs.JobRow
+    attempts: list[ledger_jobs.AttemptRow]
     steps: list[dict[str, Any]]
 
 
-async def job_view(conn: Conn, job_id: int | str) -> JobView | None:
+async def job_view(conn: Conn, job_id: int) -> JobView | None:
     """One job, or ``None`` when there is no such job."""
-    job = await ledger_jobs.get(conn, parse_id(job_id, "job_id"))
+    job = await ledger_jobs.get(conn, job_id)
     if job is None:
         return None
     attempts = await ledger_jobs.attempts(conn, job["id"])
     steps = await _fetch(conn, "steps_for_effect", {"effect_id": job["effect_id"]})
     return JobView(job, attempts, steps)
+
+
+async def _fetch(conn: Conn, name: LiteralString, params: dict[str, Any]) -> list[Row]:
+    return await fetch(conn, Q[name], params)
 
 
 # -- gauges for /metrics ---------------------------------------------------------------------------
@@ -636,14 +452,14 @@ class Activity:
 async def activity(
     conn: Conn,
     *,
+    since: datetime,
+    until: datetime,
     source: str | None = None,
-    since: str | datetime | None = None,
-    until: str | datetime | None = None,
-    now: datetime | None = None,
 ) -> Activity:
-    """What arrived twice or was turned away, over time (default: the last 24 hours, hourly)."""
-    window = parse_window(since, until, now=_now(now), default=DEFAULT_WINDOW)
-    span = window.until - window.since
+    """What arrived twice or was turned away in [since, until), hourly up to three days, else daily."""
+    if since >= until:
+        raise InvalidParameter("until", f"must be after since ({since.isoformat()}), got {until.isoformat()}")
+    span = until - since
     bucket = timedelta(hours=1) if span <= timedelta(days=3) else timedelta(days=1)
     if span / bucket > MAX_BUCKETS:
         raise InvalidParameter("since", f"the window is too long for a chart: at most {MAX_BUCKETS} days")
@@ -652,9 +468,9 @@ async def activity(
         "report_activity",
         {
             "bucket": bucket,
-            "since": window.since,
-            "until": window.until,
-            "source": parse_name(source, "source"),
+            "since": since,
+            "until": until,
+            "source": source,
         },
     )
-    return Activity(window.since, window.until, bucket, rows)
+    return Activity(since, until, bucket, rows)

@@ -17,6 +17,7 @@ from datetime import datetime
 
 from .db import Conn
 from .queries import Q
+from .vocabulary import JobState
 
 DEFAULT_BATCH = 1000
 DEFAULT_POISON_THRESHOLD = 3
@@ -29,7 +30,7 @@ class Repaired:
     job_id: int
     kind: str
     effect_key: str
-    state: str
+    state: JobState
     reason: str | None
 
 
@@ -101,16 +102,18 @@ class LeaseRescuer:
             ).fetchall()
             for row in rows:
                 repaired = Repaired(
-                    row["id"], row["kind"], row["effect_key"], row["state"], row["terminal_reason"]
+                    row["id"], row["kind"], row["effect_key"], JobState(row["state"]), row["terminal_reason"]
                 )
-                if repaired.state != "pending" and self.on_transition is not None:
+                if repaired.state != JobState.PENDING and self.on_transition is not None:
                     try:
                         async with conn.transaction():  # a savepoint: the hook's writes or none of them
                             await self.on_transition(conn, repaired)
                     except Exception as exc:
                         result.hook_errors[repaired.job_id] = f"{type(exc).__name__}: {exc}"
                 result.repaired.append(repaired)
-                {"pending": result.redriven, "parked": result.parked, "cancelled": result.cancelled}[
-                    repaired.state
-                ].append(repaired.job_id)
+                {
+                    JobState.PENDING: result.redriven,
+                    JobState.PARKED: result.parked,
+                    JobState.CANCELLED: result.cancelled,
+                }[repaired.state].append(repaired.job_id)
         return result

@@ -12,6 +12,7 @@ from .db import Conn
 from .errors import LeaseLost, StepAlreadyRecorded
 from .queries import Q
 from .storable import storable_error
+from .vocabulary import StepStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +21,7 @@ class RecordedStep:
 
     name: str
     idempotency_key: str
-    status: str
+    status: StepStatus
     result: Any
     error: Any
     job_id: int
@@ -31,7 +32,7 @@ class RecordedStep:
 async def for_effect(conn: Conn, effect_id: int) -> dict[str, RecordedStep]:
     """Every step an effect has recorded, by name."""
     rows = await (await conn.execute(Q["steps_for_effect"], {"effect_id": effect_id})).fetchall()
-    return {r["name"]: RecordedStep(**r) for r in rows}
+    return {r["name"]: RecordedStep(**{**r, "status": StepStatus(r["status"])}) for r in rows}
 
 
 async def record(
@@ -41,7 +42,7 @@ async def record(
     lease_token: int,
     name: str,
     idempotency_key: str,
-    status: str,
+    status: StepStatus,
     result: Any = None,
     error: Any = None,
     now: datetime | None = None,

@@ -1,10 +1,8 @@
 """The operator HTTP API under ``/api/``: the ledger reports as JSON, and job control.
 
-    GET  /api/duplicates              ?source&tenant&event_type&since&until&sort&limit&cursor   view
-    GET  /api/rejects/conflicts       ?source&tenant&event_type&since&until&sort&limit&cursor   view
-    GET  /api/rejects/auth            ?source&since&until&limit&cursor                          view
+    GET  /api/<report>                the filters, sort and window its spec declares           view
+         (/duplicates, /rejects/conflicts, /rejects/auth, /jobs: every spec in ledger.reports.REPORTS)
     GET  /api/effects/{key}           ?tenant                                                   view
-    GET  /api/jobs                    ?state&kind&source&since&until&sort&limit&cursor          view
     GET  /api/jobs/{id}                                                                         view
     POST /api/jobs/{id}/redrive       ?force                                                    operate
     POST /api/jobs/{id}/cancel        ?reason                                                   operate
@@ -32,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
@@ -46,15 +44,16 @@ from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
-from effectgate.ledger.reports import InvalidParameter
+from effectgate.ledger.reports import REPORTS, ReportSpec
+from effectgate.ledger.vocabulary import JobState, RefusalCode
 
-from . import documents, openapi
+from . import documents, openapi, reporting
 from .auth import AuthFailure, OperatorToken, authenticate
+from .params import PARAMETER_ERRORS, BadParameter, parse_flag, parse_id, parse_name, parse_states, parse_time
 
 log = logging.getLogger("effectgate.operator")
 
 MAX_REASON_LENGTH = 500
-_WINDOW = ("since", "until", "limit", "cursor")
 
 
 def json_response(document: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -79,31 +78,15 @@ def _query(request: Request, allowed: tuple[str, ...]) -> Query:
     query: Query = {}
     for name, value in request.query_params.multi_items():
         if name not in allowed:
-            raise InvalidParameter(
+            raise BadParameter(
                 name[:100],
                 f"unknown parameter; this endpoint takes {', '.join(allowed) or 'none'}",
                 code="unknown_parameter",
             )
         if name in query:
-            raise InvalidParameter(name, "given more than once")
+            raise BadParameter(name, "given more than once")
         query[name] = value
     return query
-
-
-class _Window(TypedDict):
-    since: str | None
-    until: str | None
-    limit: str | None
-    cursor: str | None
-
-
-def _window(query: Query) -> _Window:
-    return _Window(
-        since=query.get("since"),
-        until=query.get("until"),
-        limit=query.get("limit"),
-        cursor=query.get("cursor"),
-    )
 
 
 def endpoint(
@@ -123,7 +106,7 @@ def endpoint(
                 query = _query(request, allowed)
                 async with db.connection(request.app.state.pool) as conn:
                     return await handler(request, conn, who, query)
-            except InvalidParameter as exc:
+            except PARAMETER_ERRORS as exc:
                 return error(400, exc.code, exc.detail, parameter=exc.parameter)
             except LedgerUnavailable as exc:
                 return error(503, "ledger_unavailable", str(exc))
@@ -137,91 +120,48 @@ def endpoint(
     return wrap
 
 
-@endpoint("view", ("source", "tenant", "event_type", "sort", *_WINDOW))
-async def duplicates(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
-    """Effects delivered more than once."""
-    report = await reports.duplicates(
-        conn,
-        source=query.get("source"),
-        tenant=query.get("tenant"),
-        event_type=query.get("event_type"),
-        sort=query.get("sort"),
-        **_window(query),
-    )
-    return json_response(documents.duplicates(report))
+def report(spec: ReportSpec) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint of one report: its parameters and document come from its spec."""
 
+    async def handler(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+        return json_response(await reporting.report_document(conn, spec, query))
 
-@endpoint("view", ("source", "tenant", "event_type", "sort", *_WINDOW))
-async def conflicts(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
-    """Deliveries rejected because another payload held their key."""
-    report = await reports.key_conflicts(
-        conn,
-        source=query.get("source"),
-        tenant=query.get("tenant"),
-        event_type=query.get("event_type"),
-        sort=query.get("sort"),
-        **_window(query),
-    )
-    return json_response(documents.conflicts(report))
-
-
-@endpoint("view", ("source", *_WINDOW))
-async def auth_failures(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
-    """Deliveries whose signature check failed."""
-    report = await reports.auth_failures(conn, source=query.get("source"), **_window(query))
-    return json_response(documents.auth_failures(report))
+    handler.__doc__ = spec.title
+    return endpoint("view", reporting.parameters(spec))(handler)
 
 
 @endpoint("view", ("tenant",))
 async def effect(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """One effect's lineage."""
     key = request.path_params["key"]
-    view = await reports.effect_view(conn, key, tenant=query.get("tenant"))
+    view = await reports.effect_view(
+        conn,
+        parse_name(key, "key", max_length=reports.MAX_KEY_LENGTH) or "",
+        tenant=parse_name(query.get("tenant"), "tenant"),
+    )
     if view is None:
         return error(404, "not_found", f"no effect with key {key!r}")
     return json_response(documents.effect(view))
 
 
-@endpoint("view", ("state", "kind", "source", "sort", *_WINDOW))
-async def job_list(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
-    """Jobs by state, kind, source and age."""
-    report = await reports.jobs(
-        conn,
-        state=query.get("state"),
-        kind=query.get("kind"),
-        source=query.get("source"),
-        sort=query.get("sort"),
-        **_window(query),
-    )
-    return json_response(documents.jobs(report))
-
-
 @endpoint("view")
 async def job_show(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """One job with its attempts and steps."""
-    view = await reports.job_view(conn, request.path_params["job_id"])
+    view = await reports.job_view(conn, parse_id(request.path_params["job_id"], "job_id"))
     if view is None:
         return error(404, "not_found", f"no job {request.path_params['job_id']}")
     return json_response(documents.job(view))
 
 
-def _flag(value: str | None, parameter: str) -> bool:
-    if value is None or value in ("false", "0"):
-        return False
-    if value in ("true", "1"):
-        return True
-    raise InvalidParameter(parameter, f"expected true or false, got {value!r}")
-
-
 def _refused(refusal: ledger_jobs.Refused) -> Response:
-    return error(404 if refusal.code == "not_found" else 409, refusal.code, refusal.detail)
+    return error(404 if refusal.code == RefusalCode.NOT_FOUND else 409, refusal.code, refusal.detail)
 
 
 @endpoint("operate", ("force",))
 async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Put a failed or parked job back to pending (``force=true`` for an unrecoverable one)."""
-    job_id = reports.parse_id(request.path_params["job_id"], "job_id")
-    force = _flag(query.get("force"), "force")
+    job_id = parse_id(request.path_params["job_id"], "job_id")
+    force = parse_flag(query.get("force"), "force")
     refusal = await ledger_jobs.redrive(conn, job_id, force=force)
     log.info(
         "operator.redrive",
@@ -234,16 +174,16 @@ async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
     )
     if refusal is not None:
         return _refused(refusal)
-    return json_response({"job_id": job_id, "state": "pending"})
+    return json_response({"job_id": job_id, "state": JobState.PENDING})
 
 
 @endpoint("operate", ("reason",))
 async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Cancel a job: at once if pending, at its next heartbeat if running."""
-    job_id = reports.parse_id(request.path_params["job_id"], "job_id")
+    job_id = parse_id(request.path_params["job_id"], "job_id")
     reason = query.get("reason") or f"cancelled by operator {who.name}"
     if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
-        raise InvalidParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+        raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     registry = request.app.state.registry
     outcome = await control.cancel(conn, registry, job_id, by=f"operator:{who.name}", reason=reason)
     refused = outcome if isinstance(outcome, ledger_jobs.Refused) else None
@@ -260,19 +200,19 @@ _BULK = ("state", "kind", "source", "since", "limit", "dry_run")
 
 
 def _job_filter(query: Query) -> ledger_bulk.JobFilter:
-    states = reports.parse_states(query.get("state"))
+    states = parse_states(query.get("state"))
     limit = query.get("limit")
     if limit is not None and not (limit.isdigit() and 1 <= int(limit) <= 100_000):
-        raise InvalidParameter("limit", f"expected a whole number from 1 to 100000, got {limit!r}")
+        raise BadParameter("limit", f"expected a whole number from 1 to 100000, got {limit!r}")
     where = ledger_bulk.JobFilter(
         states=tuple(states) if states else None,
-        kind=reports.parse_name(query.get("kind"), "kind"),
-        source=reports.parse_name(query.get("source"), "source"),
-        since=reports.parse_time(query.get("since"), "since", now=datetime.now(UTC)),
+        kind=parse_name(query.get("kind"), "kind"),
+        source=parse_name(query.get("source"), "source"),
+        since=parse_time(query.get("since"), "since", now=datetime.now(UTC)),
         limit=int(limit) if limit is not None else ledger_bulk.DEFAULT_LIMIT,
     )
     if where.empty:
-        raise InvalidParameter(
+        raise BadParameter(
             "filter", "a bulk action needs at least one of state, kind, source, since", code="filter_required"
         )
     return where
@@ -282,7 +222,7 @@ async def _bulk(request: Request, who: OperatorToken, conn: db.Conn, query: Quer
     where = _job_filter(query)
     reason = query.get("reason") or f"cancelled by operator {who.name}"
     if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
-        raise InvalidParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+        raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     result = await bulk_actions.run(
         conn,
         request.app.state.registry,
@@ -290,8 +230,8 @@ async def _bulk(request: Request, who: OperatorToken, conn: db.Conn, query: Quer
         where,
         by=f"operator:{who.name}",
         reason=reason,
-        force=_flag(query.get("force"), "force"),
-        dry_run=_flag(query.get("dry_run"), "dry_run"),
+        force=parse_flag(query.get("force"), "force"),
+        dry_run=parse_flag(query.get("dry_run"), "dry_run"),
     )
     log.info("operator.bulk", extra={"operator": who.name, "action": action, **result.summary()})
     return json_response({**result.summary(), "job_ids": result.done, "refused_job_ids": result.refused})
@@ -318,11 +258,11 @@ async def kinds_paused(request: Request, conn: db.Conn, who: OperatorToken, quer
 @endpoint("operate", ("reason",))
 async def kind_pause(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Stop leasing one kind's jobs (they wait pending) until it is resumed."""
-    kind = reports.parse_name(request.path_params["kind"], "kind")
+    kind = parse_name(request.path_params["kind"], "kind")
     assert kind is not None
     reason = query.get("reason")
     if reason is not None and (len(reason) > MAX_REASON_LENGTH or not reason.isprintable()):
-        raise InvalidParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+        raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     row = await ledger_bulk.pause(conn, kind, by=f"operator:{who.name}", reason=reason)
     log.info("operator.pause", extra={"operator": who.name, "kind": kind})
     return json_response(row)
@@ -331,7 +271,7 @@ async def kind_pause(request: Request, conn: db.Conn, who: OperatorToken, query:
 @endpoint("operate")
 async def kind_resume(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Lease a paused kind's jobs again."""
-    kind = reports.parse_name(request.path_params["kind"], "kind")
+    kind = parse_name(request.path_params["kind"], "kind")
     assert kind is not None
     if not await ledger_bulk.resume(conn, kind):
         return error(409, "not_paused", f"kind {kind} is not paused")
@@ -376,11 +316,8 @@ def routes() -> list[BaseRoute]:
     """The routes of ``/api``, relative to the mount."""
     return [
         Route("/openapi.json", openapi_document, methods=["GET"]),
-        Route("/duplicates", duplicates, methods=["GET"]),
-        Route("/rejects/conflicts", conflicts, methods=["GET"]),
-        Route("/rejects/auth", auth_failures, methods=["GET"]),
+        *(Route(reporting.api_path(spec), report(spec), methods=["GET"]) for spec in REPORTS),
         Route("/effects/{key:path}", effect, methods=["GET"]),
-        Route("/jobs", job_list, methods=["GET"]),
         Route("/jobs/redrive", bulk_redrive, methods=["POST"]),
         Route("/jobs/cancel", bulk_cancel, methods=["POST"]),
         Route("/kinds/paused", kinds_paused, methods=["GET"]),

@@ -18,10 +18,8 @@ import hmac
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from effectgate.gateway.config import _Reader
+from effectgate.gateway.toml_reader import TableReader
 
 SCOPES = ("view", "operate")
 MIN_TOKEN_LENGTH = 16
@@ -87,18 +85,15 @@ def authenticate(
     return found
 
 
-def read_operators(root: _Reader, env: Mapping[str, str]) -> tuple[OperatorToken, ...]:
+def read_operators(root: TableReader, env: Mapping[str, str]) -> tuple[OperatorToken, ...]:
     """The ``[[operators]]`` tables of a configuration; a mistake names the file and the key."""
-    # Imported here: gateway.config imports this module while it loads.
-    from effectgate.gateway.config import _Reader
-
     items = root.get("operators", list, [])
     operators: list[OperatorToken] = []
     for index, item in enumerate(items):
         where = f"operators[{index}]"
         if not isinstance(item, dict):
             raise root.error(where, "must be a table ([[operators]])")
-        table = _Reader(root.path, where, item)
+        table = TableReader(root.path, where, item)
         name = table.get("name", str, required=True)
         if not name.strip():
             raise table.error("name", "must not be empty")

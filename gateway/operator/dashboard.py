@@ -1,17 +1,20 @@
 """The dashboard under ``/ui/``: server-rendered HTML with inline SVG charts — no build step, no script.
 
-Pages: an overview (duplicates, key conflicts and authentication failures over time, the latest of
-each), the duplicate and reject reports with their filters, effect lineage, jobs with redrive and
-cancel buttons for ``operate`` tokens, and a bulk form (redrive or cancel every job a filter matches, dry run
-first). Every page reads ``ledger.reports``, the code path of the API
-and the CLI.
+Pages: an overview for the on-call engineer (failed and parked jobs and the oldest due job up front;
+duplicate and reject rates per source; duplicates, key conflicts and authentication failures over
+time; the latest of each), a page for every report (its filter form, rows and summary come from its
+spec), the rejects, effect lineage, and jobs with redrive and cancel buttons for ``operate`` tokens, and
+a bulk form (``/ui/jobs/bulk``: redrive or cancel every job a filter matches, dry run first).
+Every page reads ``ledger.reports``, the code path of the API and the CLI.
+
+Templates are Jinja2, shipped as package data (``templates/``), with escaping on by default. The
+Content-Security-Policy allows no script and no inline style; the one stylesheet is served from
+``/ui/static/dashboard.css``. ``?refresh=30`` (or 60, 300) reloads a page by ``<meta http-equiv>``.
 
 A browser cannot send a bearer header by itself, so ``/ui/login`` takes the operator token once and
-answers with a session cookie (``HttpOnly``, ``SameSite=Strict``, scoped to ``/ui``, ``Secure`` over
-HTTPS) that names the operator's token by id and expires; the token itself is never stored in the
-browser (``sessions`` says why the session is signed rather than stored). Failed sign-ins are throttled
-per client address. Forms that act (redrive, cancel, sign out) carry a token derived from the session,
-which a page of another site can neither read nor compute; signing out is such a form, a POST.
+keeps it in an ``HttpOnly``, ``SameSite=Strict`` cookie scoped to ``/ui``; each request checks it like
+the API checks its header. Forms that act (redrive, cancel) also carry a token derived from the
+operator's token hash, which a page of another site can neither read nor compute.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import hmac
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
-from html import escape
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from importlib.resources import files
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
+import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -36,32 +41,280 @@ from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
-from effectgate.ledger.reports import InvalidParameter
+from effectgate.ledger.report_spec import Column, ColumnType, FilterType, ReportSpec
+from effectgate.ledger.reports import (
+    AUTH_FAILURES,
+    DELIVERY_OUTCOMES,
+    DUPLICATES,
+    JOBS,
+    KEY_CONFLICTS,
+    REPORTS,
+)
+from effectgate.ledger.vocabulary import JobState
 
-from . import documents, sessions
+from . import documents, reporting, sessions
 from .auth import OperatorToken, authenticate
+from .params import (
+    PARAMETER_ERRORS,
+    BadParameter,
+    parse_id,
+    parse_name,
+    parse_states,
+    parse_time,
+    parse_window,
+)
 from .sessions import COOKIE, SignedIn
 
 log = logging.getLogger("effectgate.operator")
 MAX_FORM_BYTES = 4096
+CSP = "default-src 'none'; style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 NAV = [
     ("/ui/", "Overview"),
     ("/ui/duplicates", "Duplicates"),
     ("/ui/rejects", "Rejects"),
     ("/ui/jobs", "Jobs"),
 ]
-STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
-header{background:#1d2330;color:#fff;padding:.6em 1.2em;display:flex;gap:1.2em;align-items:center}
-header a{color:#cfe0ff;text-decoration:none}header b{margin-right:1em}main{padding:1em 1.2em}
-table{border-collapse:collapse;background:#fff;margin:.5em 0 1.2em;font-size:13px}
-th,td{border:1px solid #dde1e7;padding:.25em .5em;text-align:left;vertical-align:top}th{background:#eef1f5}
-td.num{text-align:right}code{font-size:12px}.error{background:#fde8e8;border:1px solid #f5b5b5;padding:.5em}
-.notice{background:#e8f5e9;border:1px solid #a5d6a7;padding:.5em}form.filters{margin:.5em 0}
-form.filters input{width:11em}.charts{display:flex;gap:1em;flex-wrap:wrap}figure{margin:0;background:#fff;
-padding:.5em;border:1px solid #dde1e7}figcaption{font-weight:600}.state-failed,.state-parked{color:#b00020}
-.state-succeeded{color:#1b5e20}button{cursor:pointer}
-"""
+# Reports shown by the pages above; every other report is linked in the header by its own name.
+_IN_NAV = {DUPLICATES.name, KEY_CONFLICTS.name, AUTH_FAILURES.name, JOBS.name}
+RANGES = [("1h", "1h"), ("6h", "6h"), ("24h", "24h"), ("7d", "7d"), ("30d", "30d")]
+REFRESH = [("off", None), ("30 s", "30"), ("1 min", "60"), ("5 min", "300")]
+# Page parameters that are not a report's.
+_PAGE_PARAMETERS = ("refresh", "done", "refused")
+
+
+# -- rendering -------------------------------------------------------------------------------------
+
+
+def _when(value: str | datetime) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: ``42 s``, ``3 min``, ``2 h 5 min``, ``3 d 4 h``."""
+    s = int(abs(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min" if s % 3600 >= 60 else f"{s // 3600} h"
+    return f"{s // 86400} d {s % 86400 // 3600} h" if s % 86400 >= 3600 else f"{s // 86400} d"
+
+
+def ago(value: str | datetime | None, now: datetime | None = None) -> str:
+    """``3 min ago`` (or ``in 3 min`` for a time to come)."""
+    if not value:
+        return ""
+    seconds = ((now or datetime.now(UTC)) - _when(value)).total_seconds()
+    if abs(seconds) < 1:
+        return "just now"
+    return f"{duration(seconds)} ago" if seconds > 0 else f"in {duration(seconds)}"
+
+
+def short_time(value: str | datetime | None) -> str:
+    """``2025-03-04 11:00:00`` in UTC, the zone the whole dashboard shows."""
+    if not value:
+        return ""
+    return _when(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _compact_json(value: Any) -> str:
+    return value if isinstance(value, str) else documents.dumps(value)
+
+
+def _with_params(query: Mapping[str, str], **changes: str | None) -> str:
+    merged = {**query, **changes}
+    return urlencode({k: v for k, v in merged.items() if v is not None and k not in ("done", "refused")})
+
+
+ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("effectgate.gateway.operator", "templates"),
+    autoescape=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+ENV.filters.update(
+    ago=ago,
+    short_time=short_time,
+    urlpart=lambda value: quote(str(value), safe=""),
+    compact_json=_compact_json,
+    pretty_json=lambda value: json.dumps(documents.jsonable(value), indent=2, ensure_ascii=False),
+    percent=lambda value: f"{100 * float(value):.1f} %",
+    with_params=_with_params,
+)
+
+
+def _stylesheet_text() -> str:
+    return files("effectgate.gateway.operator").joinpath("templates", "dashboard.css").read_text("utf-8")
+
+
+STYLESHEET = _stylesheet_text()
+
+
+def render(
+    template: str,
+    title: str,
+    operator: OperatorToken | None,
+    *,
+    status: int = 200,
+    refresh: str | None = None,
+    **context: Any,
+) -> HTMLResponse:
+    """A whole dashboard page from ``template``."""
+    extra = [("/ui/" + reporting.slug(s), s.title) for s in REPORTS if s.name not in _IN_NAV]
+    html = ENV.get_template(template).render(
+        title=title,
+        operator=operator,
+        nav=[*NAV, *extra],
+        refresh=refresh,
+        operate=operator is not None and operator.allows("operate"),
+        csrf=_csrf(operator) if operator is not None else "",
+        **context,
+    )
+    return HTMLResponse(
+        html,
+        status_code=status,
+        headers={"Content-Security-Policy": CSP, "X-Frame-Options": "DENY", "Cache-Control": "no-store"},
+    )
+
+
+def message(
+    title: str, text: str, operator: OperatorToken | None, *, status: int, kind: str = "error"
+) -> Response:
+    """A page that says one thing."""
+    return render("message.html", title, operator, status=status, message=text, kind=kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """A table column: its header, the row field it shows, and how (``kind``, see macros.html)."""
+
+    title: str
+    field: str
+    kind: str = "text"
+
+
+_KINDS = {
+    ColumnType.TIME: "time",
+    ColumnType.STATE: "state",
+    ColumnType.DIFF: "diff",
+    ColumnType.INTEGER: "num",
+    ColumnType.NUMBER: "num",
+    ColumnType.JSON: "json",
+}
+
+
+def cell(column: Column, spec: ReportSpec | None = None) -> Cell:
+    """How a report column is shown: a key links to its lineage, a job id to its job, a fingerprint is
+    shortened, a rate has a bar, a time says how long ago."""
+    kind = _KINDS.get(column.type, "text")
+    if column.name == "effect_key":
+        kind = "key"
+    elif column.name == "job_id" or (spec is JOBS and column.name == "id"):
+        kind = "job"
+    elif column.name.endswith("fingerprint"):
+        kind = "fingerprint"
+    elif column.name.endswith("_rate"):
+        kind = "rate"
+    return Cell(column.title, column.name, kind)
+
+
+def cells(columns: Sequence[Column], spec: ReportSpec | None = None) -> list[Cell]:
+    return [cell(c, spec) for c in columns]
+
+
+@dataclass(frozen=True, slots=True)
+class FormField:
+    """One input of a report's filter form."""
+
+    name: str
+    label: str
+    help: str
+    placeholder: str = ""
+    choices: tuple[str, ...] = ()
+
+
+def form_fields(spec: ReportSpec, names: Sequence[str] | None = None) -> list[FormField]:
+    """The filter form of a report: its filters, its sort when it has a choice, and the window."""
+    fields = []
+    for name in names or [n for n in reporting.parameters(spec) if n not in ("limit", "cursor")]:
+        help = reporting.describe(spec, name)
+        label = name.replace("_", " ")
+        if name == "sort":
+            default = f"default ({spec.sorts[0].name})"
+            fields.append(FormField(name, label, help, default, tuple(s.name for s in spec.sorts)))
+        elif name in ("since", "until"):
+            open_end = "any" if spec.window is None else None
+            fields.append(FormField(name, label, help, open_end or ("24h" if name == "since" else "now")))
+        else:
+            states = any(f.name == name and f.type is FilterType.STATES for f in spec.filters)
+            fields.append(FormField(name, label, help, "failed,parked" if states else "any"))
+    return fields
+
+
+# -- charts ----------------------------------------------------------------------------------------
+
+
+def _nice(peak: int) -> int:
+    # The axis top: the peak rounded up to 1, 2 or 5 times a power of ten.
+    if peak <= 0:
+        return 1
+    magnitude: int = 10 ** int(math.log10(peak))
+    return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= peak)
+
+
+def chart(
+    title: str, rows: Sequence[Mapping[str, Any]], field: str, color: str, bucket: timedelta
+) -> dict[str, Any]:
+    """The geometry of a bar chart with axes, labels and its total, one bar per bucket."""
+    width, height, left, right, top, bottom = 400, 170, 34, 8, 8, 34
+    base = height - bottom
+    values = [int(r[field]) for r in rows]
+    peak = max(values, default=0)
+    axis_top = _nice(peak)
+    step = (width - left - right) / max(len(rows), 1)
+    hourly = bucket < timedelta(days=1)
+    pattern = "%m-%d %H:%M" if hourly else "%Y-%m-%d"
+
+    def label(t: datetime) -> str:
+        return t.astimezone(UTC).strftime(pattern)
+
+    bars = []
+    for i, (row, value) in enumerate(zip(rows, values, strict=True)):
+        h = (base - top) * value / axis_top
+        bars.append(
+            {
+                "x": f"{left + i * step + 0.5:.1f}",
+                "y": f"{base - h:.1f}",
+                "w": f"{max(step - 1, 1):.1f}",
+                "h": f"{h:.1f}",
+                "label": label(row["bucket"]),
+                "value": value,
+            }
+        )
+    marks = [0, axis_top // 2, axis_top] if axis_top % 2 == 0 else [0, axis_top]
+    yticks = [{"y": round(base - (base - top) * v / axis_top, 1), "label": v} for v in marks]
+    xticks = []
+    for i, anchor in ((0, "start"), (len(rows) // 2, "middle"), (len(rows) - 1, "end")):
+        if rows and (i > 0 or anchor == "start"):
+            x = left + i * step + (step / 2 if anchor == "middle" else 0 if anchor == "start" else step)
+            xticks.append({"x": f"{x:.1f}", "anchor": anchor, "label": label(rows[i]["bucket"])})
+    return {
+        "title": title,
+        "total": sum(values),
+        "peak": peak,
+        "per": "hour" if hourly else "day",
+        "color": color,
+        "width": width,
+        "height": height,
+        "left": left,
+        "right": right,
+        "top": top,
+        "base": base,
+        "bars": bars,
+        "yticks": yticks,
+        "xticks": xticks,
+    }
 
 
 # -- auth ------------------------------------------------------------------------------------------
@@ -97,131 +350,11 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[0] for k, v in parsed.items()}
 
 
-# -- rendering -------------------------------------------------------------------------------------
-
-
-def h(value: Any) -> str:
-    """Any value as escaped HTML text; nested values as compact JSON."""
-    if value is None:
-        return ""
-    if isinstance(value, datetime):
-        value = documents.timestamp(value)
-    elif not isinstance(value, str):
-        value = json.dumps(documents.jsonable(value), ensure_ascii=False, separators=(",", ":"))
-    return escape(value)
-
-
-def page(title: str, body: str, operator: OperatorToken | None, *, status: int = 200) -> HTMLResponse:
-    """A whole dashboard page."""
-    nav = "".join(f'<a href="{href}">{label}</a>' for href, label in NAV)
-    who = (
-        f'<span style="margin-left:auto">{h(operator.name)} · <form method="post" action="/ui/logout" '
-        f'style="display:inline"><input type="hidden" name="csrf" value="{h(_csrf(operator))}">'
-        "<button>log out</button></form></span>"
-        if operator
-        else ""
-    )
-    html = (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{h(title)} · effectgate</title>'
-        f'<meta name="viewport" content="width=device-width"><style>{STYLE}</style></head><body>'
-        f"<header><b>effectgate</b>{nav if operator else ''}{who}</header><main><h1>{h(title)}</h1>{body}</main>"
-        "</body></html>"
-    )
-    return HTMLResponse(
-        html,
-        status_code=status,
-        headers={
-            "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
-            "X-Frame-Options": "DENY",
-            "Cache-Control": "no-store",
-        },
-    )
-
-
-def table(
-    rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str | Callable[[dict[str, Any]], str]]]
-) -> str:
-    """Rows as an HTML table; a column is a field name (escaped) or a function returning HTML."""
-    head = "".join(f"<th>{h(title)}</th>" for title, _ in columns)
-    if not rows:
-        return f"<table><tr>{head}</tr><tr><td colspan={len(columns)}>(none)</td></tr></table>"
-    body = []
-    for row in rows:
-        cells = []
-        for _, column in columns:
-            if callable(column):
-                cells.append(f"<td>{column(row)}</td>")
-            else:
-                value = row.get(column)
-                num = ' class="num"' if isinstance(value, int) and not isinstance(value, bool) else ""
-                cells.append(f"<td{num}>{h(value)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
-
-
-def chart(title: str, rows: Sequence[dict[str, Any]], field: str, color: str) -> str:
-    """A bar chart of one series as inline SVG, one bar per bucket."""
-    width, height, pad = 360, 120, 18
-    peak = max((int(r[field]) for r in rows), default=0)
-    step = (width - 2 * pad) / max(len(rows), 1)
-    bars = []
-    for i, row in enumerate(rows):
-        value = int(row[field])
-        bar = 0 if peak == 0 else (height - 2 * pad) * value / peak
-        x = pad + i * step
-        bars.append(
-            f'<rect x="{x:.1f}" y="{height - pad - bar:.1f}" width="{max(step - 1, 1):.1f}" height="{bar:.1f}" '
-            f'fill="{color}"><title>{h(row["bucket"])}: {value}</title></rect>'
-        )
-    first = h(documents.timestamp(rows[0]["bucket"])) if rows else ""
-    last = h(documents.timestamp(rows[-1]["bucket"])) if rows else ""
-    total = sum(int(r[field]) for r in rows)
-    return (
-        f"<figure><figcaption>{h(title)} — {total} in all, peak {peak}</figcaption>"
-        f'<svg role="img" aria-label="{h(title)}" width="{width}" height="{height}" '
-        f'xmlns="http://www.w3.org/2000/svg"><line x1="{pad}" y1="{height - pad}" x2="{width - pad}" '
-        f'y2="{height - pad}" stroke="#999"/>{"".join(bars)}'
-        f'<text x="{pad}" y="{height - 3}" font-size="9">{first}</text>'
-        f'<text x="{width - pad}" y="{height - 3}" font-size="9" text-anchor="end">{last}</text></svg></figure>'
-    )
-
-
-def _filters_form(action: str, query: dict[str, str], fields: Sequence[str]) -> str:
-    inputs = "".join(
-        f'<label>{h(name)} <input name="{h(name)}" value="{h(query.get(name, ""))}"></label> '
-        for name in fields
-    )
-    return f'<form class="filters" method="get" action="{action}">{inputs}<button>Apply</button></form>'
-
-
-def _next_link(path: str, query: dict[str, str], cursor: str | None) -> str:
-    if not cursor:
-        return ""
-    return f'<p><a href="{path}?{h(urlencode({**query, "cursor": cursor}))}">next page →</a></p>'
-
-
-def _key_link(row: dict[str, Any]) -> str:
-    tenant = row.get("tenant")
-    suffix = f"?tenant={quote(tenant, safe='')}" if tenant else ""
-    return f'<a href="/ui/effects/{quote(row["effect_key"], safe="")}{suffix}">{h(row["effect_key"])}</a>'
-
-
-def _job_link(row: dict[str, Any], field: str = "id") -> str:
-    return f'<a href="/ui/jobs/{int(row[field])}">{int(row[field])}</a>' if row.get(field) is not None else ""
-
-
-def _state(row: dict[str, Any]) -> str:
-    return f'<span class="state-{h(row["state"])}">{h(row["state"])}</span>'
-
-
-def _diff(row: dict[str, Any]) -> str:
-    items = "".join(
-        f"<li><code>{h(d['path'] or '/')}</code> {h(d['change'])}"
-        + (f": {h(d['held'])} → {h(d['rejected'])}" if d["change"] == "changed" else "")
-        + "</li>"
-        for d in row["diff"]
-    )
-    return f"<ul>{items}</ul>" + ("…" if row["diff_truncated"] else "")
+def _refresh(query: Mapping[str, str]) -> str | None:
+    value = query.get("refresh")
+    if value is not None and value not in {v for _, v in REFRESH}:
+        raise BadParameter("refresh", f"expected one of {', '.join(v for _, v in REFRESH if v)} seconds")
+    return value
 
 
 # -- pages -----------------------------------------------------------------------------------------
@@ -239,36 +372,24 @@ def view(scope: str = "view") -> Callable[[View], Callable[[Request], Awaitable[
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"/ui/login?{urlencode({'next': target})}", status_code=303)
             if not operator.allows(scope):
-                return page(
-                    "Not allowed",
-                    f'<p class="error">operator {h(operator.name)} lacks the {h(scope)} scope</p>',
-                    operator,
-                    status=403,
+                return message(
+                    "Not allowed", f"operator {operator.name} lacks the {scope} scope", operator, status=403
                 )
             query = {k: v for k, v in request.query_params.items() if v != ""}
             try:
                 async with db.connection(request.app.state.pool) as conn:
                     return await fn(request, conn, operator, query)
-            except InvalidParameter as exc:
-                return page(
-                    "Bad filter",
-                    f'<p class="error">{h(exc.parameter)}: {h(exc.detail)} ({h(exc.code)})</p>',
-                    operator,
-                    status=400,
+            except PARAMETER_ERRORS as exc:
+                return message(
+                    "Bad filter", f"{exc.parameter}: {exc.detail} ({exc.code})", operator, status=400
                 )
             except LedgerUnavailable:
-                return page(
-                    "Ledger unavailable",
-                    '<p class="error">The ledger database cannot be reached.</p>',
-                    operator,
-                    status=503,
+                return message(
+                    "Ledger unavailable", "The ledger database cannot be reached.", operator, status=503
                 )
             except LedgerError:
-                return page(
-                    "Ledger error",
-                    '<p class="error">The ledger could not answer; see the gateway log.</p>',
-                    operator,
-                    status=500,
+                return message(
+                    "Ledger error", "The ledger could not answer; see the gateway log.", operator, status=500
                 )
 
         return run
@@ -282,15 +403,7 @@ async def login_form(request: Request) -> Response:
 
 
 def _login_page(target: str, problem: str, status: int = 200) -> HTMLResponse:
-    error = f'<p class="error">{h(problem)}</p>' if problem else ""
-    return page(
-        "Sign in",
-        f'{error}<form method="post" action="/ui/login"><input type="hidden" name="next" value="{h(target)}">'
-        '<label>Operator token <input type="password" name="token" autocomplete="current-password" autofocus></label> '
-        "<button>Sign in</button></form>",
-        None,
-        status=status,
-    )
+    return render("login.html", "Sign in", None, status=status, target=target, problem=problem)
 
 
 async def login(request: Request) -> Response:
@@ -331,114 +444,156 @@ async def logout(request: Request) -> Response:
     operator = _operator(request, "view")
     form = await _form(request)
     if operator is not None and not hmac.compare_digest(form.get("csrf", ""), operator.csrf):
-        return page(
-            "Not allowed",
-            '<p class="error">The form was not sent from this dashboard.</p>',
-            operator,
-            status=403,
-        )
+        return message("Not allowed", "The form was not sent from this dashboard.", operator, status=403)
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/ui")
     return response
+
+
+async def stylesheet(request: Request) -> Response:
+    """The dashboard's stylesheet (the CSP allows no inline style)."""
+    return Response(STYLESHEET, media_type="text/css", headers={"Cache-Control": "max-age=300"})
+
+
+def _raw(spec: ReportSpec, query: Mapping[str, str], **changes: str) -> dict[str, str]:
+    # A page's own parameters (refresh=, done=) are not the report's.
+    raw = {k: v for k, v in query.items() if k in reporting.parameters(spec)}
+    return {**raw, **changes}
+
+
+async def _document(
+    conn: db.Conn, spec: ReportSpec, query: Mapping[str, str], **changes: str
+) -> dict[str, Any]:
+    return reporting.document(await reporting.fetch(conn, spec, _raw(spec, query, **changes)))
+
+
+def _cards(gauges: reports.JobGauges) -> list[dict[str, Any]]:
+    counts: dict[str, int] = {}
+    for row in gauges.by_state_kind:
+        counts[row["state"]] = counts.get(row["state"], 0) + int(row["n"])
+    waited = gauges.oldest_due_seconds
+    cards = []
+    for state, what in (("failed", "failed jobs"), ("parked", "parked jobs")):
+        n = counts.get(state, 0)
+        cards.append(
+            {"value": n, "what": what, "tone": "bad" if n else "ok", "href": f"/ui/jobs?state={state}"}
+        )
+    cards.append(
+        {
+            "value": duration(waited) if waited else "none",
+            "what": "oldest due job waiting" if waited else "no job waiting to run",
+            "tone": "warn" if waited >= 60 else "ok",
+            "href": "/ui/jobs?state=pending&sort=created",
+        }
+    )
+    for state, what in (("pending", "pending jobs"), ("running", "running jobs")):
+        cards.append(
+            {"value": counts.get(state, 0), "what": what, "tone": "", "href": f"/ui/jobs?state={state}"}
+        )
+    return cards
+
+
+def _toolbar(path: str, query: Mapping[str, str]) -> dict[str, Any]:
+    return {"path": path, "query": query, "ranges": RANGES, "refresh_choices": REFRESH}
 
 
 @view()
 async def overview(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
-    """Duplicates and rejects over time, and the latest of each."""
-    source, since, until = query.get("source"), query.get("since"), query.get("until")
-    act = await reports.activity(conn, source=source, since=since, until=until)
-    dups = await reports.duplicates(conn, source=source, since=since, until=until, limit=10)
-    conflicts = await reports.key_conflicts(conn, source=source, since=since, until=until, limit=10)
-    auth = await reports.auth_failures(conn, source=source, since=since, until=until, limit=1)
-    per = "hour" if act.bucket.total_seconds() == 3600 else "day"
-    body = (
-        _filters_form("/ui/", query, ("source", "since", "until"))
-        + f"<p>{h(act.since)} to {h(act.until)}, per {per}</p>"
-        + '<div class="charts">'
-        + chart("Duplicate deliveries", act.rows, "duplicates", "#3f6fd8")
-        + chart("Key conflicts", act.rows, "conflicts", "#d8863f")
-        + chart("Authentication failures", act.rows, "auth_failures", "#b00020")
-        + "</div><h2>Latest duplicates</h2>"
-        + table(
-            [documents.pick(r, documents.DUPLICATE_FIELDS) for r in dups.items],
-            [
-                ("last seen", "last_seen_at"),
-                ("deliveries", "delivery_count"),
-                ("source", "source"),
-                ("event type", "event_type"),
-                ("key", _key_link),
-            ],
-        )
-        + "<h2>Latest key conflicts</h2>"
-        + table(
-            [documents.pick(r, documents.CONFLICT_FIELDS) for r in conflicts.items],
-            [
-                ("received", "received_at"),
-                ("source", "source"),
-                ("event", "event_id"),
-                ("key", _key_link),
-                ("changes (held → rejected)", _diff),
-            ],
-        )
-        + "<h2>Authentication failures by reason</h2>"
-        + table(
-            [documents.pick(r, documents.AUTH_REASON_FIELDS) for r in auth.by_reason],
-            [("source", "source"), ("reason", "reason"), ("count", "count"), ("last seen", "last_seen_at")],
-        )
+    """What needs a human now, then duplicate and reject rates and the latest of each."""
+    refresh = _refresh(query)
+    window = {k: v for k, v in query.items() if k in ("source", "since", "until")}
+    since, until = parse_window(
+        window.get("since"), window.get("until"), now=datetime.now(UTC), default=reports.DEFAULT_WINDOW
     )
-    return page("Overview", body, operator)
+    assert since is not None and until is not None
+    act = await reports.activity(
+        conn, source=parse_name(window.get("source"), "source"), since=since, until=until
+    )
+    outcomes = await _document(conn, DELIVERY_OUTCOMES, window, sort="-deliveries")
+    dups = await _document(conn, DUPLICATES, window, limit="10")
+    conflicts = await _document(conn, KEY_CONFLICTS, window, limit="10")
+    auth = await _document(conn, AUTH_FAILURES, window, limit="1")
+    charts = [
+        chart("Duplicate deliveries", act.rows, "duplicates", "#3f6fd8", act.bucket),
+        chart("Key conflicts", act.rows, "conflicts", "#d8863f", act.bucket),
+        chart("Authentication failures", act.rows, "auth_failures", "#b00020", act.bucket),
+    ]
+    outcome_columns = cells(DELIVERY_OUTCOMES.columns, DELIVERY_OUTCOMES)
+    return render(
+        "overview.html",
+        "Overview",
+        operator,
+        refresh=refresh,
+        cards=_cards(await reports.job_gauges(conn)),
+        **_toolbar("/ui/", query),
+        fields=form_fields(DUPLICATES, ["source", "since", "until"]),
+        since=since,
+        until=until,
+        per="hour" if act.bucket < timedelta(days=1) else "day",
+        charts=charts,
+        outcomes=outcomes[DELIVERY_OUTCOMES.items_key],
+        outcome_columns=outcome_columns,
+        duplicates=dups["items"],
+        duplicate_columns=cells(DUPLICATES.table_columns, DUPLICATES),
+        conflicts=conflicts["items"],
+        conflict_columns=cells(KEY_CONFLICTS.table_columns, KEY_CONFLICTS),
+        auth=auth["by_reason"],
+        auth_columns=cells(AUTH_FAILURES.summary.columns if AUTH_FAILURES.summary else ()),
+    )
 
 
-@view()
-async def duplicates(
-    request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
-) -> Response:
-    """The duplicates report with its filters."""
-    report = await reports.duplicates(
-        conn,
-        source=query.get("source"),
-        tenant=query.get("tenant"),
-        event_type=query.get("event_type"),
-        since=query.get("since"),
-        until=query.get("until"),
-        sort=query.get("sort"),
-        limit=query.get("limit"),
-        cursor=query.get("cursor"),
-    )
-    document = documents.duplicates(report)
-    body = (
-        _filters_form("/ui/duplicates", query, ("source", "tenant", "event_type", "since", "until", "sort"))
-        + f"<p>{h(document['since'])} to {h(document['until'])}, sorted {h(document['sort'])}</p>"
-        + table(
-            document["items"],
-            [
-                ("last seen", "last_seen_at"),
-                ("deliveries", "delivery_count"),
-                ("source", "source"),
-                ("event type", "event_type"),
-                ("tenant", "tenant"),
-                ("key", _key_link),
-                ("first seen", "first_seen_at"),
-            ],
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A table on a report page."""
+
+    title: str
+    columns: list[Cell]
+    rows: list[dict[str, Any]]
+    cursor: str | None = None
+    note: str = ""
+
+
+def report_page(spec: ReportSpec) -> Callable[[Request], Awaitable[Response]]:
+    """The page of any report: its filter form, one page of rows and its summary, all from its spec."""
+    path = "/ui/" + reporting.slug(spec)
+    # Jobs carry their redrive and cancel buttons (shown to operate tokens only).
+    actions = [Cell("", "id", "actions")] if spec is JOBS else []
+
+    async def page(
+        request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
+    ) -> Response:
+        refresh = _refresh(query)
+        document = await _document(conn, spec, query)
+        sections = [
+            Section(
+                "",
+                [*cells(spec.table_columns, spec), *actions],
+                document[spec.items_key],
+                document["next_cursor"],
+            )
+        ]
+        if spec.summary is not None:
+            sections.append(
+                Section(
+                    spec.summary.title.capitalize(), cells(spec.summary.columns), document[spec.summary.key]
+                )
+            )
+        return render(
+            "report.html",
+            spec.title,
+            operator,
+            refresh=refresh,
+            description=spec.description,
+            **_toolbar(path, query),
+            fields=form_fields(spec),
+            document=document,
+            sections=sections,
         )
-        + _next_link(
-            "/ui/duplicates", {k: v for k, v in query.items() if k != "cursor"}, document["next_cursor"]
-        )
-        + "<h2>Totals over the window</h2>"
-        + table(
-            document["totals"],
-            [
-                ("source", "source"),
-                ("event type", "event_type"),
-                ("effects", "effects"),
-                ("deliveries", "deliveries"),
-                ("duplicates", "duplicate_deliveries"),
-            ],
-        )
-    )
-    return page("Duplicates", body, operator)
+
+    page.__doc__ = spec.title
+    return view()(page)
 
 
 @view()
@@ -446,201 +601,41 @@ async def rejects(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
     """Key conflicts with their diffs, and authentication failures."""
-    report = await reports.key_conflicts(
-        conn,
-        source=query.get("source"),
-        tenant=query.get("tenant"),
-        event_type=query.get("event_type"),
-        since=query.get("since"),
-        until=query.get("until"),
-        limit=query.get("limit"),
-        cursor=query.get("cursor"),
-    )
-    auth = await reports.auth_failures(
-        conn, source=query.get("source"), since=query.get("since"), until=query.get("until")
-    )
-    document = documents.conflicts(report)
-    auth_document = documents.auth_failures(auth)
-    body = (
-        _filters_form("/ui/rejects", query, ("source", "tenant", "event_type", "since", "until"))
-        + f"<p>{h(document['since'])} to {h(document['until'])}</p>"
-        + "<h2>Key conflicts</h2><p>A different payload reused an effect key already held: recorded, never run.</p>"
-        + table(
+    refresh = _refresh(query)
+    document = await _document(conn, KEY_CONFLICTS, query)
+    auth = await _document(conn, AUTH_FAILURES, {k: v for k, v in query.items() if k != "cursor"})
+    by_reason = AUTH_FAILURES.summary.columns if AUTH_FAILURES.summary else ()
+    sections = [
+        Section(
+            "Key conflicts",
+            cells(KEY_CONFLICTS.table_columns, KEY_CONFLICTS),
             document["items"],
-            [
-                ("received", "received_at"),
-                ("source", "source"),
-                ("event", "event_id"),
-                ("type", "event_type"),
-                ("key", _key_link),
-                ("held by", "held_event_id"),
-                ("held fingerprint", "held_fingerprint"),
-                ("rejected fingerprint", "rejected_fingerprint"),
-                ("changes (held → rejected)", _diff),
-            ],
-        )
-        + _next_link(
-            "/ui/rejects", {k: v for k, v in query.items() if k != "cursor"}, document["next_cursor"]
-        )
-        + "<h2>Authentication failures</h2><p>Signature checks that failed; bodies are never kept.</p>"
-        + table(
-            auth_document["by_reason"],
-            [("source", "source"), ("reason", "reason"), ("count", "count"), ("last seen", "last_seen_at")],
-        )
-        + "<h3>Per minute (newest first)</h3>"
-        + table(
-            auth_document["per_minute"],
-            [
-                ("minute", "minute"),
-                ("source", "source"),
-                ("reason", "reason"),
-                ("count", "count"),
-                ("last detail", "last_detail"),
-            ],
-        )
-    )
-    return page("Rejects", body, operator)
-
-
-def _actions(operator: OperatorToken, job: dict[str, Any]) -> str:
-    if not operator.allows("operate"):
-        return ""
-    csrf = h(_csrf(operator))
-    forms = []
-    if job["state"] in ("failed", "parked"):
-        force = (
-            ' <label><input type="checkbox" name="force" value="true"> force (unrecoverable)</label>'
-            if job.get("unrecoverable")
-            else ""
-        )
-        forms.append(
-            f'<form method="post" action="/ui/jobs/{int(job["id"])}/redrive" style="display:inline">'
-            f'<input type="hidden" name="csrf" value="{csrf}"><button name="redrive">Redrive</button>{force}</form>'
-        )
-    if job["state"] in ("pending", "running") and not job.get("cancel_requested"):
-        forms.append(
-            f'<form method="post" action="/ui/jobs/{int(job["id"])}/cancel" style="display:inline">'
-            f'<input type="hidden" name="csrf" value="{csrf}"><button name="cancel">Cancel</button></form>'
-        )
-    return " ".join(forms)
-
-
-@view()
-async def job_list(
-    request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
-) -> Response:
-    """Jobs by state, kind, source and age, with actions for operate tokens."""
-    report = await reports.jobs(
-        conn,
-        state=query.get("state"),
-        kind=query.get("kind"),
-        source=query.get("source"),
-        since=query.get("since"),
-        until=query.get("until"),
-        sort=query.get("sort"),
-        limit=query.get("limit"),
-        cursor=query.get("cursor"),
-    )
-    document = documents.jobs(report)
-    body = (
-        _filters_form("/ui/jobs", query, ("state", "kind", "source", "since", "until", "sort"))
-        + table(
-            document["items"],
-            [
-                ("id", _job_link),
-                ("state", _state),
-                ("kind", "kind"),
-                ("source", "source"),
-                ("key", _key_link),
-                ("attempt", "attempt"),
-                ("created", "created_at"),
-                ("reason", "terminal_reason"),
-                ("", lambda j: _actions(operator, j)),
-            ],
-        )
-        + _next_link("/ui/jobs", {k: v for k, v in query.items() if k != "cursor"}, document["next_cursor"])
-        + _bulk_form(operator, query, dry_run=True)
-    )
-    return page("Jobs", body, operator)
-
-
-_BULK_FIELDS = ("state", "kind", "source", "since")
-
-
-def _bulk_form(operator: OperatorToken, values: dict[str, str], *, dry_run: bool) -> str:
-    """Redrive or cancel every job a filter matches; a dry run first, then the same filter for real."""
-    if not operator.allows("operate"):
-        return ""
-    inputs = "".join(
-        f'<label>{name} <input name="{name}" value="{h(values.get(name, ""))}"></label> '
-        for name in _BULK_FIELDS
-    )
-    action = values.get("action", "redrive")
-    options = "".join(
-        f'<option value="{a}"{" selected" if a == action else ""}>{a}</option>' for a in ("redrive", "cancel")
-    )
-    check = " checked" if dry_run else ""
-    return (
-        '<h2>Bulk action</h2><form method="post" action="/ui/jobs/bulk" class="filters" id="bulk">'
-        f'<input type="hidden" name="csrf" value="{h(_csrf(operator))}">{inputs}'
-        f'<select name="action">{options}</select> '
-        f'<label><input type="checkbox" name="dry_run" value="true"{check}> dry run</label> '
-        '<button name="go">Apply to every matching job</button></form>'
-    )
-
-
-async def bulk(request: Request) -> Response:
-    """The bulk form: a dry run shows what would happen; unticked, it acts and counts refusals by code."""
-    operator = _operator(request, "view")
-    if operator is None:
-        return RedirectResponse("/ui/login", status_code=303)
-    form = await _form(request)
-    if not operator.allows("operate") or not hmac.compare_digest(form.get("csrf", ""), _csrf(operator)):
-        return page("Not allowed", '<p class="error">Not allowed.</p>', operator, status=403)
-    action = form.get("action", "")
-    dry_run = form.get("dry_run") == "true"
-    try:
-        if action not in ("redrive", "cancel"):
-            raise InvalidParameter("action", "expected redrive or cancel")
-        states = reports.parse_states(form.get("state") or None)
-        where = ledger_bulk.JobFilter(
-            states=tuple(states) if states else None,
-            kind=reports.parse_name(form.get("kind") or None, "kind"),
-            source=reports.parse_name(form.get("source") or None, "source"),
-            since=reports.parse_time(form.get("since") or None, "since", now=datetime.now(UTC)),
-        )
-        if where.empty:
-            raise InvalidParameter("filter", "give at least one of state, kind, source, since")
-        async with db.connection(request.app.state.pool) as conn:
-            result = await bulk_actions.run(
-                conn,
-                request.app.state.registry,
-                "redrive" if action == "redrive" else "cancel",
-                where,
-                by=f"operator:{operator.name}",
-                dry_run=dry_run,
-            )
-    except InvalidParameter as exc:
-        return page(
-            "Bad request", f'<p class="error">{h(exc.parameter)}: {h(exc.detail)}</p>', operator, status=400
-        )
-    except LedgerError:
-        return page(
-            "Ledger unavailable", '<p class="error">The ledger could not answer.</p>', operator, status=503
-        )
-    summary = result.summary()
-    rows = [
-        {"what": "matched", "n": summary["matched"]},
-        {"what": "done" if not dry_run else "would be done", "n": summary["done"]},
+            document["next_cursor"],
+            "A different payload reused an effect key already held: recorded, never run.",
+        ),
+        Section(
+            "Authentication failures by reason",
+            cells(by_reason),
+            auth["by_reason"],
+            note="Signature checks that failed; bodies are never kept.",
+        ),
+        Section(
+            "Authentication failures per minute (newest first)",
+            cells(AUTH_FAILURES.table_columns),
+            auth["per_minute"],
+        ),
     ]
-    rows += [{"what": f"refused {code}", "n": n} for code, n in dict(summary["refused"]).items()]  # type: ignore[call-overload]
-    body = (
-        f'<p class="notice" id="summary">{"Dry run: nothing was changed. " if dry_run else ""}'
-        f"{h(action)}: {summary['done']} of {summary['matched']} jobs.</p>"
-        + table(rows, [("", "what"), ("jobs", "n")])
-        + (_bulk_form(operator, {**form, "action": action}, dry_run=False) if dry_run else "")
+    return render(
+        "report.html",
+        "Rejects",
+        operator,
+        refresh=refresh,
+        description="",
+        **_toolbar("/ui/rejects", query),
+        fields=form_fields(KEY_CONFLICTS),
+        document=document,
+        sections=sections,
     )
-    return page(f"Bulk {action}", body, operator)
 
 
 _NOTICES = {
@@ -648,135 +643,96 @@ _NOTICES = {
     "cancelled": "Cancelled.",
     "cancel_requested": "Cancel requested: the job stops at its worker's next heartbeat.",
 }
+ATTEMPT_CELLS = [
+    Cell("#", "attempt", "num"),
+    Cell("lease token", "lease_token", "num"),
+    Cell("worker", "worker"),
+    Cell("started", "started_at", "time"),
+    Cell("finished", "finished_at", "time"),
+    Cell("outcome", "outcome"),
+    Cell("error", "error_type", "error"),
+]
+STEP_CELLS = [
+    Cell("step", "name"),
+    Cell("status", "status"),
+    Cell("idempotency key", "idempotency_key"),
+    Cell("answer", "answer", "json"),
+    Cell("recorded", "recorded_at", "time"),
+]
 
 
-def _notice(query: dict[str, str]) -> str:
-    if query.get("done") in _NOTICES:
-        return f'<p class="notice" id="notice">{h(_NOTICES[query["done"]])}</p>'
-    if query.get("refused"):
-        return f'<p class="error" id="notice">Refused: {h(query["refused"])}</p>'
-    return ""
+def _steps(steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**s, "answer": s["result"] if s["status"] == "succeeded" else s["error"]} for s in steps]
 
 
 @view()
 async def job_show(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
-    """One job with its attempts and steps."""
-    result = await reports.job_view(conn, request.path_params["job_id"])
+    """One job: its state and last error (type, message, folded traceback), its attempts and steps."""
+    result = await reports.job_view(conn, parse_id(request.path_params["job_id"], "job_id"))
     if result is None:
-        return page("Not found", f"<p>No job {h(request.path_params['job_id'])}.</p>", operator, status=404)
+        return message(
+            "Not found", f"No job {request.path_params['job_id']}.", operator, status=404, kind="muted"
+        )
     document = documents.job(result)
     job = document["job"]
-    fields = "".join(f"<tr><th>{h(k)}</th><td>{h(v)}</td></tr>" for k, v in job.items())
-    body = (
-        _notice(query)
-        + f"<p>{_actions(operator, job)}</p>"
-        + f"<p>Effect {_key_link(job)}</p><table>{fields}</table>"
-        + "<h2>Attempts</h2>"
-        + table(
-            document["attempts"],
-            [
-                ("#", "attempt"),
-                ("lease token", "lease_token"),
-                ("worker", "worker"),
-                ("started", "started_at"),
-                ("finished", "finished_at"),
-                ("outcome", "outcome"),
-                ("error", "error_type"),
-                ("message", "error_message"),
-            ],
-        )
-        + "<h2>Steps</h2>"
-        + table(
-            document["steps"],
-            [
-                ("step", "name"),
-                ("status", "status"),
-                ("idempotency key", "idempotency_key"),
-                ("answer", lambda s: h(s["result"] if s["status"] == "succeeded" else s["error"])),
-                ("recorded", "recorded_at"),
-            ],
-        )
+    error = job["last_error"] if isinstance(job["last_error"], dict) else None
+    return render(
+        "job.html",
+        f"Job {job['id']}",
+        operator,
+        job={**job, "last_error": error},
+        done=_NOTICES.get(query.get("done", "")),
+        refused=query.get("refused"),
+        attempts=document["attempts"],
+        attempt_columns=ATTEMPT_CELLS,
+        steps=_steps(document["steps"]),
+        step_columns=STEP_CELLS,
     )
-    return page(f"Job {job['id']}", body, operator)
 
 
 @view()
 async def effect(request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]) -> Response:
     """One effect from delivery to outcome."""
     key = request.path_params["key"]
-    result = await reports.effect_view(conn, key, tenant=query.get("tenant"))
+    result = await reports.effect_view(
+        conn,
+        parse_name(key, "key", max_length=reports.MAX_KEY_LENGTH) or "",
+        tenant=parse_name(query.get("tenant"), "tenant"),
+    )
     if result is None:
-        return page("Not found", f"<p>No effect with key <code>{h(key)}</code>.</p>", operator, status=404)
+        return message("Not found", f"No effect with key {key}.", operator, status=404, kind="muted")
     document = documents.effect(result)
-    effect_doc, job = document["effect"], document["job"]
-    summary = (
-        f"<table><tr><th>key</th><td>{h(effect_doc['effect_key'])}</td></tr>"
-        f"<tr><th>tenant</th><td>{h(effect_doc['tenant'])}</td></tr>"
-        f"<tr><th>event</th><td>{h(effect_doc['source'])} {h(effect_doc['event_type'])} {h(effect_doc['event_id'])}</td></tr>"
-        f"<tr><th>handler</th><td>{h(effect_doc['handler'])}</td></tr>"
-        f"<tr><th>claimed</th><td>{h(effect_doc['first_seen_at'])}</td></tr>"
-        f"<tr><th>deliveries / rejects</th><td>{effect_doc['delivery_count']} / {effect_doc['reject_count']}</td></tr>"
-        f"<tr><th>fingerprint</th><td><code>{h(effect_doc['fingerprint'])}</code></td></tr>"
-        + (
-            f"<tr><th>job</th><td>{_job_link(job)} {_state(job)} {h(job['terminal_reason'])}</td></tr>"
-            if job
-            else "<tr><th>job</th><td>none</td></tr>"
-        )
-        + "</table>"
+    payload = documents.dumps(document["effect"]["payload"])
+    return render(
+        "effect.html",
+        f"Effect {key}",
+        operator,
+        effect=document["effect"],
+        job=document["job"],
+        steps=_steps(document["steps"]),
+        step_columns=STEP_CELLS,
+        deliveries=document["deliveries"],
+        delivery_columns=[
+            Cell("received", "received_at", "time"),
+            Cell("outcome", "outcome"),
+            Cell("event", "event_id"),
+            Cell("request", "request_id", "long"),
+            Cell("fingerprint", "fingerprint", "fingerprint"),
+        ],
+        attempts=document["attempts"],
+        attempt_columns=ATTEMPT_CELLS,
+        rejects=document["rejects"],
+        reject_columns=[
+            Cell("received", "received_at", "time"),
+            Cell("event", "event_id"),
+            Cell("fingerprint", "rejected_fingerprint", "fingerprint"),
+            Cell("changes (held → rejected)", "diff", "diff"),
+        ],
+        payload_size=len(payload.encode("utf-8")),
+        payload_open=len(payload) <= 2000,
     )
-    body = (
-        summary
-        + "<h2>Steps: what was sent downstream, with which idempotency key, and the answer</h2>"
-        + table(
-            document["steps"],
-            [
-                ("step", "name"),
-                ("status", "status"),
-                ("idempotency key", "idempotency_key"),
-                ("answer", lambda s: h(s["result"] if s["status"] == "succeeded" else s["error"])),
-                ("recorded", "recorded_at"),
-            ],
-        )
-        + "<h2>Deliveries</h2>"
-        + table(
-            document["deliveries"],
-            [
-                ("received", "received_at"),
-                ("outcome", "outcome"),
-                ("event", "event_id"),
-                ("request", "request_id"),
-            ],
-        )
-        + "<h2>Attempts</h2>"
-        + table(
-            document["attempts"],
-            [
-                ("#", "attempt"),
-                ("lease token", "lease_token"),
-                ("worker", "worker"),
-                ("started", "started_at"),
-                ("finished", "finished_at"),
-                ("outcome", "outcome"),
-                ("error", "error_message"),
-            ],
-        )
-        + "<h2>Rejected deliveries of this key</h2>"
-        + table(
-            document["rejects"],
-            [
-                ("received", "received_at"),
-                ("event", "event_id"),
-                ("fingerprint", "rejected_fingerprint"),
-                ("changes (held → rejected)", _diff),
-            ],
-        )
-        + "<h2>Payload</h2><pre>"
-        + h(json.dumps(effect_doc["payload"], indent=2, ensure_ascii=False))
-        + "</pre>"
-    )
-    return page(f"Effect {key}", body, operator)
 
 
 def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
@@ -785,22 +741,14 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
         if operator is None:
             return RedirectResponse("/ui/login", status_code=303)
         if not operator.allows("operate"):
-            return page(
-                "Not allowed",
-                f'<p class="error">operator {h(operator.name)} lacks the operate scope</p>',
-                operator,
-                status=403,
+            return message(
+                "Not allowed", f"operator {operator.name} lacks the operate scope", operator, status=403
             )
         form = await _form(request)
         if not hmac.compare_digest(form.get("csrf", ""), _csrf(operator)):
-            return page(
-                "Not allowed",
-                '<p class="error">The form was not sent from this dashboard.</p>',
-                operator,
-                status=403,
-            )
+            return message("Not allowed", "The form was not sent from this dashboard.", operator, status=403)
         try:
-            job_id = reports.parse_id(request.path_params["job_id"], "job_id")
+            job_id = parse_id(request.path_params["job_id"], "job_id")
             async with db.connection(request.app.state.pool) as conn:
                 if kind == "redrive":
                     refusal = await ledger_jobs.redrive(conn, job_id, force=form.get("force") == "true")
@@ -810,16 +758,11 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
                         conn, request.app.state.registry, job_id, by=f"operator:{operator.name}"
                     )
                     refusal = result if isinstance(result, ledger_jobs.Refused) else None
-                    outcome = "cancelled" if result == "cancelled" else "cancel_requested"
-        except InvalidParameter as exc:
-            return page("Bad request", f'<p class="error">{h(exc.detail)}</p>', operator, status=400)
+                    outcome = "cancelled" if result == JobState.CANCELLED else "cancel_requested"
+        except PARAMETER_ERRORS as exc:
+            return message("Bad request", exc.detail, operator, status=400)
         except LedgerError:
-            return page(
-                "Ledger unavailable",
-                '<p class="error">The ledger could not answer.</p>',
-                operator,
-                status=503,
-            )
+            return message("Ledger unavailable", "The ledger could not answer.", operator, status=503)
         status = {"refused": refusal.code} if refusal else {"done": outcome}
         return RedirectResponse(f"/ui/jobs/{job_id}?{urlencode(status)}", status_code=303)
 
@@ -827,16 +770,87 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
     return act
 
 
+_BULK_FIELDS = ("state", "kind", "source", "since")
+
+
+@view()
+async def bulk_form(
+    request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
+) -> Response:
+    """The bulk form, filled from the jobs page's filters: a dry run first."""
+    values = {k: v for k, v in query.items() if k in (*_BULK_FIELDS, "action")}
+    return render(
+        "bulk.html",
+        "Bulk action",
+        operator,
+        summary=None,
+        show_form=True,
+        fields=_BULK_FIELDS,
+        values=values,
+        dry_run=True,
+    )
+
+
+async def bulk(request: Request) -> Response:
+    """Redrive or cancel every job a filter matches; a dry run shows what would happen and offers the same
+    filter again, unticked, to act. Refusals are counted by code."""
+    operator = _operator(request, "view")
+    if operator is None:
+        return RedirectResponse("/ui/login", status_code=303)
+    form = await _form(request)
+    if not operator.allows("operate") or not hmac.compare_digest(form.get("csrf", ""), _csrf(operator)):
+        return message("Not allowed", "Not allowed.", operator, status=403)
+    action = form.get("action", "")
+    dry_run = form.get("dry_run") == "true"
+    try:
+        if action not in ("redrive", "cancel"):
+            raise BadParameter("action", "expected redrive or cancel")
+        states = parse_states(form.get("state") or None)
+        where = ledger_bulk.JobFilter(
+            states=states,
+            kind=parse_name(form.get("kind") or None, "kind"),
+            source=parse_name(form.get("source") or None, "source"),
+            since=parse_time(form.get("since") or None, "since", now=datetime.now(UTC)),
+        )
+        if where.empty:
+            raise BadParameter("filter", "give at least one of state, kind, source, since")
+        async with db.connection(request.app.state.pool) as conn:
+            result = await bulk_actions.run(
+                conn,
+                request.app.state.registry,
+                "redrive" if action == "redrive" else "cancel",
+                where,
+                by=f"operator:{operator.name}",
+                dry_run=dry_run,
+            )
+    except PARAMETER_ERRORS as exc:
+        return message("Bad request", f"{exc.parameter}: {exc.detail}", operator, status=400)
+    except LedgerError:
+        return message("Ledger unavailable", "The ledger could not answer.", operator, status=503)
+    values = {k: v for k, v in form.items() if k in (*_BULK_FIELDS, "action")}
+    return render(
+        "bulk.html",
+        f"Bulk {action}",
+        operator,
+        summary=result.summary(),
+        show_form=dry_run,
+        fields=_BULK_FIELDS,
+        values=values,
+        dry_run=False,
+    )
+
+
 def routes() -> list[BaseRoute]:
     """The routes of ``/ui``, relative to the mount."""
     return [
         Route("/", overview, methods=["GET"]),
+        Route("/static/dashboard.css", stylesheet, methods=["GET"]),
         Route("/login", login_form, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
-        Route("/duplicates", duplicates, methods=["GET"]),
         Route("/rejects", rejects, methods=["GET"]),
-        Route("/jobs", job_list, methods=["GET"]),
+        *(Route("/" + reporting.slug(spec), report_page(spec), methods=["GET"]) for spec in REPORTS),
+        Route("/jobs/bulk", bulk_form, methods=["GET"]),
         Route("/jobs/bulk", bulk, methods=["POST"]),
         Route("/jobs/{job_id}", job_show, methods=["GET"]),
         Route("/jobs/{job_id}/redrive", _action("redrive"), methods=["POST"]),

@@ -15,53 +15,16 @@ from typing import Any
 
 from effectgate.ledger import reports
 
-DUPLICATE_FIELDS = (
-    "tenant",
-    "effect_key",
-    "source",
-    "event_type",
-    "delivery_count",
-    "first_seen_at",
-    "last_seen_at",
-)
-CONFLICT_FIELDS = (
-    "tenant",
-    "effect_key",
-    "source",
-    "event_id",
-    "event_type",
-    "received_at",
-    "held_event_id",
-    "held_event_type",
-    "held_fingerprint",
-    "rejected_fingerprint",
-    "diff",
-    "diff_truncated",
-)
-AUTH_REASON_FIELDS = ("source", "reason", "count", "bytes_total", "first_minute", "last_seen_at")
-AUTH_MINUTE_FIELDS = ("minute", "source", "reason", "count", "bytes_total", "last_detail", "last_seen_at")
-JOB_FIELDS = (
-    "id",
-    "tenant",
-    "kind",
-    "state",
-    "effect_key",
-    "source",
-    "event_type",
-    "attempt",
-    "max_attempts",
-    "run_at",
-    "lease_token",
-    "lease_owner",
-    "lease_expires_at",
-    "cancel_requested",
-    "unrecoverable",
-    "terminal_reason",
-    "terminal_by",
-    "created_at",
-    "updated_at",
-    "finished_at",
-)
+
+def _fields(spec: reports.ReportSpec) -> tuple[str, ...]:
+    return tuple(c.name for c in spec.columns)
+
+
+# The report documents are built from the specs (``reporting.document``); these name their item fields.
+DUPLICATE_FIELDS = _fields(reports.DUPLICATES)
+CONFLICT_FIELDS = _fields(reports.KEY_CONFLICTS)
+AUTH_MINUTE_FIELDS = _fields(reports.AUTH_FAILURES)
+JOB_FIELDS = _fields(reports.JOBS)
 JOB_DETAIL_FIELDS = (*JOB_FIELDS, "orphan_policy", "last_error", "checkpoint", "lock_key", "lock_key_held_by")
 ATTEMPT_FIELDS = (
     "attempt",
@@ -144,41 +107,6 @@ def _rows(rows: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> list[dict
     return [pick(r, names) for r in rows]
 
 
-def duplicates(report: reports.DuplicatesReport) -> dict[str, Any]:
-    """The duplicates report document."""
-    return {
-        "since": timestamp(report.since),
-        "until": timestamp(report.until),
-        "sort": report.sort,
-        "items": _rows(report.items, DUPLICATE_FIELDS),
-        "next_cursor": report.next_cursor,
-        "totals": jsonable(report.totals),
-    }
-
-
-def conflicts(report: reports.ConflictsReport) -> dict[str, Any]:
-    """The key-conflicts report document."""
-    return {
-        "since": timestamp(report.since),
-        "until": timestamp(report.until),
-        "sort": report.sort,
-        "items": _rows(report.items, CONFLICT_FIELDS),
-        "next_cursor": report.next_cursor,
-        "totals": jsonable(report.totals),
-    }
-
-
-def auth_failures(report: reports.AuthFailuresReport) -> dict[str, Any]:
-    """The authentication-failures report document."""
-    return {
-        "since": timestamp(report.since),
-        "until": timestamp(report.until),
-        "by_reason": _rows(report.by_reason, AUTH_REASON_FIELDS),
-        "per_minute": _rows(report.per_minute, AUTH_MINUTE_FIELDS),
-        "next_cursor": report.next_cursor,
-    }
-
-
 def effect(view: reports.EffectView) -> dict[str, Any]:
     """The lineage document of one effect."""
     return {
@@ -188,17 +116,6 @@ def effect(view: reports.EffectView) -> dict[str, Any]:
         "rejects": _rows(view.rejects, EFFECT_REJECT_FIELDS),
         "attempts": _rows(view.attempts, ATTEMPT_FIELDS),
         "steps": _rows(view.steps, STEP_FIELDS),
-    }
-
-
-def jobs(report: reports.JobsReport) -> dict[str, Any]:
-    """The jobs list document."""
-    return {
-        "since": timestamp(report.since) if report.since else None,
-        "until": timestamp(report.until) if report.until else None,
-        "sort": report.sort,
-        "items": _rows(report.items, JOB_FIELDS),
-        "next_cursor": report.next_cursor,
     }
 
 

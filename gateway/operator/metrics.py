@@ -37,7 +37,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from effectgate.handlers.observe import WorkerObserver
+from effectgate.handlers.outcomes import SliceOutcome
 from effectgate.ledger import bulk, db, reports, retention
+from effectgate.ledger.vocabulary import DeliveryOutcome
 
 log = logging.getLogger("effectgate.metrics")
 
@@ -158,7 +160,7 @@ def delivery(source: str, outcome: str) -> None:
     DELIVERIES.labels(source, outcome).inc()
 
 
-def claimed(source: str, outcomes: Iterable[str]) -> None:
+def claimed(source: str, outcomes: Iterable[DeliveryOutcome]) -> None:
     """Count one claimed delivery of ``source`` per effect outcome (accepted, duplicate, rejected), or as
     ``unmatched`` when no handler asked for an effect."""
     counted = False
@@ -166,7 +168,7 @@ def claimed(source: str, outcomes: Iterable[str]) -> None:
         DELIVERIES.labels(source, outcome).inc()
         counted = True
     if not counted:
-        DELIVERIES.labels(source, "unmatched").inc()
+        DELIVERIES.labels(source, DeliveryOutcome.UNMATCHED).inc()
 
 
 def verification_failure(source: str, reason: str) -> None:
@@ -179,7 +181,7 @@ def claim_latency(seconds: float) -> None:
     CLAIM_LATENCY.observe(seconds)
 
 
-def job_run(kind: str, outcome: str, seconds: float) -> None:
+def job_run(kind: str, outcome: SliceOutcome, seconds: float) -> None:
     """Record how long one job slice of ``kind`` ran and how it ended."""
     JOB_RUN_TIME.labels(kind, outcome).observe(seconds)
 

@@ -1,8 +1,9 @@
 """The OpenAPI 3.1 document of the operator API, served at ``/api/openapi.json``.
 
-Written by hand next to the documents it describes (``documents.py``) rather than generated: the
-schemas are strict (``additionalProperties: false``, every field required), and a test validates real
-answers of every operation against them, so the two cannot drift apart unnoticed.
+The reports' paths, parameters and schemas are derived from their specs (``ledger.reports.REPORTS``);
+the rest is written by hand next to the documents it describes (``documents.py``). The schemas are
+strict (``additionalProperties: false``, every field required), and a test validates real answers of
+every operation against them, so the two cannot drift apart unnoticed.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from effectgate.ledger import reports
+from effectgate.ledger.report_spec import Column, ColumnType, ReportSpec
 
-from . import documents
+from . import documents, reporting
 
 _STRING = {"type": "string"}
 _INTEGER = {"type": "integer"}
@@ -51,48 +53,35 @@ def _fields(names: tuple[str, ...], types: dict[str, dict[str, Any]]) -> dict[st
     return {name: types[name] for name in names}
 
 
+_COLUMN_TYPES: dict[ColumnType, dict[str, Any]] = {
+    ColumnType.TEXT: _STRING,
+    ColumnType.INTEGER: _INTEGER,
+    ColumnType.NUMBER: {"type": "number"},
+    ColumnType.TIME: _TIME,
+    ColumnType.BOOLEAN: _BOOLEAN,
+    ColumnType.JSON: _ANY,
+    ColumnType.STATE: {"type": "string", "enum": list(reports.JOB_STATES)},
+    ColumnType.DIFF: _array(_ref("DiffEntry")),
+}
+
+
+def _column_schema(column: Column) -> dict[str, Any]:
+    schema = _COLUMN_TYPES[column.type]
+    return _nullable(schema) if column.nullable else schema
+
+
+def _columns(columns: tuple[Column, ...]) -> dict[str, Any]:
+    return _object({c.name: _column_schema(c) for c in columns})
+
+
+# Every report column's schema comes from the vocabulary (ledger.reports.FIELDS); these are the fields only
+# the lineage and job documents have.
 _FIELD_TYPES: dict[str, dict[str, Any]] = {
-    "tenant": _STRING,
-    "effect_key": _STRING,
-    "source": _STRING,
-    "event_type": _STRING,
-    "event_id": _STRING,
+    **{name: _column_schema(column) for name, column in reports.FIELDS.items()},
     "handler": _STRING,
     "fingerprint": _STRING,
     "payload": _ANY,
-    "delivery_count": _INTEGER,
     "reject_count": _INTEGER,
-    "first_seen_at": _TIME,
-    "last_seen_at": _TIME,
-    "received_at": _TIME,
-    "held_event_id": _STRING,
-    "held_event_type": _STRING,
-    "held_fingerprint": _STRING,
-    "rejected_fingerprint": _STRING,
-    "diff": _array(_ref("DiffEntry")),
-    "diff_truncated": _BOOLEAN,
-    "reason": _STRING,
-    "count": _INTEGER,
-    "bytes_total": _INTEGER,
-    "first_minute": _TIME,
-    "minute": _TIME,
-    "last_detail": _STRING,
-    "id": _INTEGER,
-    "kind": _STRING,
-    "state": {"type": "string", "enum": list(reports.JOB_STATES)},
-    "attempt": _INTEGER,
-    "max_attempts": _INTEGER,
-    "run_at": _TIME,
-    "lease_token": _INTEGER,
-    "lease_owner": _nullable(_STRING),
-    "lease_expires_at": _nullable(_TIME),
-    "cancel_requested": _BOOLEAN,
-    "unrecoverable": _BOOLEAN,
-    "terminal_reason": _nullable(_STRING),
-    "terminal_by": _nullable(_STRING),
-    "created_at": _TIME,
-    "updated_at": _TIME,
-    "finished_at": _nullable(_TIME),
     "orphan_policy": {"type": "string", "enum": ["redrive", "park"]},
     "last_error": _ANY,
     "checkpoint": _ANY,
@@ -138,64 +127,9 @@ SCHEMAS: dict[str, Any] = {
         },
         optional=("held", "rejected"),
     ),
-    "Duplicate": _object(_fields(documents.DUPLICATE_FIELDS, _FIELD_TYPES)),
-    "DuplicateTotal": _object(
-        {
-            "source": _STRING,
-            "event_type": _STRING,
-            "effects": _INTEGER,
-            "deliveries": _INTEGER,
-            "duplicate_deliveries": _INTEGER,
-        }
-    ),
-    "DuplicatesReport": _object(
-        {
-            "since": _TIME,
-            "until": _TIME,
-            "sort": {"type": "string", "enum": list(reports.DUPLICATE_SORTS)},
-            "items": _array(_ref("Duplicate")),
-            "next_cursor": _nullable(_STRING),
-            "totals": _array(_ref("DuplicateTotal")),
-        }
-    ),
-    "Conflict": _object(_fields(documents.CONFLICT_FIELDS, _FIELD_TYPES)),
-    "ConflictTotal": _object(
-        {"source": _STRING, "event_type": _STRING, "rejects": _INTEGER, "effects": _INTEGER}
-    ),
-    "ConflictsReport": _object(
-        {
-            "since": _TIME,
-            "until": _TIME,
-            "sort": {"type": "string", "enum": list(reports.CONFLICT_SORTS)},
-            "items": _array(_ref("Conflict")),
-            "next_cursor": _nullable(_STRING),
-            "totals": _array(_ref("ConflictTotal")),
-        }
-    ),
-    "AuthFailureReason": _object(_fields(documents.AUTH_REASON_FIELDS, _FIELD_TYPES)),
-    "AuthFailureMinute": _object(_fields(documents.AUTH_MINUTE_FIELDS, _FIELD_TYPES)),
-    "AuthFailuresReport": _object(
-        {
-            "since": _TIME,
-            "until": _TIME,
-            "by_reason": _array(_ref("AuthFailureReason")),
-            "per_minute": _array(_ref("AuthFailureMinute")),
-            "next_cursor": _nullable(_STRING),
-        }
-    ),
-    "Job": _object(_fields(documents.JOB_FIELDS, _FIELD_TYPES)),
     "JobDetail": _object(_fields(documents.JOB_DETAIL_FIELDS, _FIELD_TYPES)),
     "Attempt": _object(_fields(documents.ATTEMPT_FIELDS, _ATTEMPT_TYPES)),
     "Step": _object(_fields(documents.STEP_FIELDS, _FIELD_TYPES)),
-    "JobsReport": _object(
-        {
-            "since": _nullable(_TIME),
-            "until": _nullable(_TIME),
-            "sort": {"type": "string", "enum": list(reports.JOB_SORTS)},
-            "items": _array(_ref("Job")),
-            "next_cursor": _nullable(_STRING),
-        }
-    ),
     "JobView": _object(
         {"job": _ref("JobDetail"), "attempts": _array(_ref("Attempt")), "steps": _array(_ref("Step"))}
     ),
@@ -267,19 +201,7 @@ def _query(name: str, description: str, schema: dict[str, Any] | None = None) ->
     }
 
 
-_TIME_TEXT = "An ISO 8601 time (UTC if it names no zone) or a duration back from now: 30m, 24h, 7d, 2w."
 PARAMETERS: dict[str, Any] = {
-    "source": _query("source", "Only this webhook source."),
-    "tenant": _query("tenant", "Only this tenant."),
-    "event_type": _query("event_type", "Only this event type."),
-    "since": _query("since", f"Start of the window (inclusive). {_TIME_TEXT}"),
-    "until": _query("until", f"End of the window (exclusive). {_TIME_TEXT}"),
-    "limit": _query(
-        "limit",
-        f"Page size, 1..{reports.MAX_LIMIT} (default {reports.DEFAULT_LIMIT}).",
-        {"type": "integer", "minimum": 1, "maximum": reports.MAX_LIMIT},
-    ),
-    "cursor": _query("cursor", "The next_cursor of the previous page, unchanged."),
     "job_id": {"name": "job_id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}},
 }
 
@@ -324,23 +246,63 @@ def _p(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/parameters/{name}"}
 
 
-def _sort(sorts: dict[str, Any], default: str) -> dict[str, Any]:
-    return _query(
-        "sort",
-        f"Order; a leading '-' is descending. Default {default}.",
-        {"type": "string", "enum": list(sorts)},
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _report_schemas(spec: ReportSpec) -> dict[str, Any]:
+    """The schemas of one report's document, from its spec: ``<Name>Report``, ``<Name>Row`` and the
+    summary's rows."""
+    name = _camel(spec.name)
+    time = _nullable(_TIME) if spec.window is None else _TIME
+    document: dict[str, Any] = {"since": time, "until": time}
+    if reporting.has_sorts(spec):
+        document["sort"] = {"type": "string", "enum": [s.name for s in spec.sorts]}
+    document[spec.items_key] = _array(_ref(f"{name}Row"))
+    document["next_cursor"] = _nullable(_STRING)
+    schemas = {
+        f"{name}Report": _object(document, description=spec.description),
+        f"{name}Row": _columns(spec.columns),
+    }
+    if spec.summary is not None:
+        summary = f"{name}{_camel(spec.summary.key)}"
+        document[spec.summary.key] = _array(_ref(summary))
+        schemas[summary] = _columns(spec.summary.columns)
+    return schemas
+
+
+def _report_parameter(spec: ReportSpec, name: str) -> dict[str, Any]:
+    schema: dict[str, Any] | None = None
+    if name == "sort":
+        schema = {"type": "string", "enum": [s.name for s in spec.sorts]}
+    elif name == "limit":
+        schema = {"type": "integer", "minimum": 1, "maximum": reports.MAX_LIMIT}
+    return _query(name, reporting.describe(spec, name), schema)
+
+
+def _report_operation(spec: ReportSpec) -> dict[str, Any]:
+    return _operation(
+        spec.title,
+        "view",
+        f"{_camel(spec.name)}Report",
+        [_report_parameter(spec, name) for name in reporting.parameters(spec)],
+        description=spec.description,
     )
 
 
-_WINDOW = [_p("since"), _p("until"), _p("limit"), _p("cursor")]
-_FILTERS = [_p("source"), _p("tenant"), _p("event_type")]
+for _spec in reports.REPORTS:
+    SCHEMAS.update(_report_schemas(_spec))
+
 _NOT_FOUND = {"404": _error("No such thing (`not_found`).")}
 
 _BULK_FILTERS = [
     _query("state", "One state or several, comma-separated: " + ", ".join(reports.JOB_STATES)),
     _query("kind", "Only this handler kind."),
-    _p("source"),
-    _query("since", f"Jobs finished (or, not finished, created) since. {_TIME_TEXT}"),
+    _query("source", "Only this webhook source."),
+    _query(
+        "since",
+        "Jobs finished (or, not finished, created) since. An ISO 8601 time or a duration back from now: 30m, 24h, 7d.",
+    ),
     _query("limit", "At most this many jobs, 1..100000 (default 10000).", {"type": "integer", "minimum": 1}),
     _query("dry_run", "Report what would happen; change nothing.", {"type": "boolean"}),
 ]
@@ -357,34 +319,7 @@ DOCUMENT: dict[str, Any] = {
         "`next_cursor` back as `cursor` until it is null.",
     },
     "paths": {
-        "/api/duplicates": {
-            "get": _operation(
-                "Effects delivered more than once",
-                "view",
-                "DuplicatesReport",
-                [*_FILTERS, _sort(reports.DUPLICATE_SORTS, "-last_seen"), *_WINDOW],
-                description="Effects whose last delivery fell in [since, until) (default: the last 24 hours), "
-                "with totals over the whole window by source and event type.",
-            )
-        },
-        "/api/rejects/conflicts": {
-            "get": _operation(
-                "Deliveries rejected because another payload held their effect key",
-                "view",
-                "ConflictsReport",
-                [*_FILTERS, _sort(reports.CONFLICT_SORTS, "-received"), *_WINDOW],
-                description="Each with both fingerprints, both events and a field-level diff of the payloads.",
-            )
-        },
-        "/api/rejects/auth": {
-            "get": _operation(
-                "Deliveries whose signature verification failed",
-                "view",
-                "AuthFailuresReport",
-                [_p("source"), *_WINDOW],
-                description="Totals by (source, reason) and counts per minute, newest first.",
-            )
-        },
+        **{"/api" + reporting.api_path(spec): {"get": _report_operation(spec)} for spec in reports.REPORTS},
         "/api/effects/{key}": {
             "get": _operation(
                 "One effect's lineage, from delivery to outcome",
@@ -398,24 +333,6 @@ DOCUMENT: dict[str, Any] = {
                     ),
                 ],
                 extra=_NOT_FOUND,
-            )
-        },
-        "/api/jobs": {
-            "get": _operation(
-                "Jobs by state, kind, source and age",
-                "view",
-                "JobsReport",
-                [
-                    _query(
-                        "state", "One state or several, comma-separated: " + ", ".join(reports.JOB_STATES)
-                    ),
-                    _query("kind", "Only this handler kind."),
-                    _p("source"),
-                    _sort(reports.JOB_SORTS, "-created"),
-                    *_WINDOW,
-                ],
-                description="Jobs created in [since, until), both open unless given: `until=1h` lists jobs "
-                "older than an hour.",
             )
         },
         "/api/jobs/{job_id}": {

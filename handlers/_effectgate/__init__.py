@@ -2,7 +2,7 @@
 
 This is the one import a handler module needs::
 
-    from effectgate import EffectContext, Event, TransientError, effect
+    from effectgate import HAND_BACK, EffectContext, Event, TransientError, effect
 
 The names in ``__all__`` are the public handler API, pinned by a test. The gateway, the worker runtime
 and the ledger live in ``effectgate.gateway``, ``effectgate.handlers`` and ``effectgate.ledger``. (In the
@@ -19,10 +19,13 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from effectgate.handlers import (
+        HAND_BACK,
         EffectContext,
         EffectKind,
         Event,
+        HandBack,
         HandlerError,
+        JobState,
         Services,
         StepAlreadyRun,
         TerminalError,
@@ -39,10 +42,13 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - only when run from 
     __version__ = "0+unknown"
 
 __all__ = [
+    "HAND_BACK",
     "EffectContext",
     "EffectKind",
     "Event",
+    "HandBack",
     "HandlerError",
+    "JobState",
     "Services",
     "StepAlreadyRun",
     "TerminalError",

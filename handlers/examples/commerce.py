@@ -1,8 +1,10 @@
 """Example handlers: a paid order is captured and shipped once, however often Stripe says so.
 
 The effect key is the order, not the Stripe event: ``payment_intent.succeeded`` and
-``charge.succeeded`` for the same order are one logical effect, so whichever arrives second (with a
-different payload) is rejected as key reuse and never runs a second capture.
+``charge.succeeded`` for the same order are one logical effect. Stripe sends both for one payment,
+so "the same request" is the amount and currency both events carry (``fingerprint``), not the whole
+payload: whichever arrives second is a duplicate (200, counted, never a second capture), while an
+event for the same order with another amount is a conflict, recorded as a reject and never run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ def order_key(ev: Event) -> str:
     events=["payment_intent.succeeded", "charge.succeeded"],
     key=order_key,
     name="commerce.fulfil_order",
+    # Both event types carry these; the rest of the two payloads differ by design.
+    fingerprint=["/data/object/amount", "/data/object/currency"],
     # Safe: every side effect below goes through ctx.step with a downstream idempotency key.
     orphan_policy="redrive",
 )

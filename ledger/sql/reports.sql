@@ -1,6 +1,8 @@
 -- Operator reports. Every optional filter is `(%(x)s IS NULL OR col = %(x)s)`; ledger/reports.py runs these
 -- unprepared, so Postgres plans each with its actual values, folds away the unused filters and picks the
--- index of the one that is set. Pagination is keyset on (sort column, id): a page costs the same at any depth.
+-- index of the one that is set. Pagination is keyset on (sort columns, id): a page costs the same at any depth.
+-- A paged report has one block with two holes that ledger/report_spec.py fills from the report's declared
+-- sort columns (never from input): {after}, the keyset condition (TRUE on the first page), and {order}.
 
 -- name: effect_by_key
 -- One effect by (tenant, key): the claim, and the id of the job it created.
@@ -33,64 +35,16 @@ SELECT id, event_id, event_type, rejected_fingerprint, rejected_payload, receive
 FROM effect_rejects WHERE effect_id = %(effect_id)s
 ORDER BY received_at, id;
 
--- name: report_duplicates_last_seen_desc
--- Effects delivered more than once, last seen in [since, until), most recently seen first.
+-- name: report_duplicates
+-- Effects delivered more than once, last seen in [since, until), one keyset page in the sort order given.
 SELECT id, tenant, effect_key, source, event_type, delivery_count, first_seen_at, last_seen_at
 FROM effects
 WHERE delivery_count > 1 AND last_seen_at >= %(since)s AND last_seen_at < %(until)s
   AND (%(source)s::text IS NULL OR source = %(source)s)
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)
-  AND (%(after_id)s::bigint IS NULL OR (last_seen_at, id) < (%(after_ts)s::timestamptz, %(after_id)s))
-ORDER BY last_seen_at DESC, id DESC
-LIMIT %(limit)s;
-
--- name: report_duplicates_last_seen_asc
--- Effects delivered more than once, last seen in [since, until), least recently seen first.
-SELECT id, tenant, effect_key, source, event_type, delivery_count, first_seen_at, last_seen_at
-FROM effects
-WHERE delivery_count > 1 AND last_seen_at >= %(since)s AND last_seen_at < %(until)s
-  AND (%(source)s::text IS NULL OR source = %(source)s)
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)
-  AND (%(after_id)s::bigint IS NULL OR (last_seen_at, id) > (%(after_ts)s::timestamptz, %(after_id)s))
-ORDER BY last_seen_at, id
-LIMIT %(limit)s;
-
--- name: report_duplicates_first_seen_desc
--- Effects delivered more than once, last seen in [since, until), first claimed most recently first.
-SELECT id, tenant, effect_key, source, event_type, delivery_count, first_seen_at, last_seen_at
-FROM effects
-WHERE delivery_count > 1 AND last_seen_at >= %(since)s AND last_seen_at < %(until)s
-  AND (%(source)s::text IS NULL OR source = %(source)s)
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)
-  AND (%(after_id)s::bigint IS NULL OR (first_seen_at, id) < (%(after_ts)s::timestamptz, %(after_id)s))
-ORDER BY first_seen_at DESC, id DESC
-LIMIT %(limit)s;
-
--- name: report_duplicates_first_seen_asc
--- Effects delivered more than once, last seen in [since, until), first claimed longest ago first.
-SELECT id, tenant, effect_key, source, event_type, delivery_count, first_seen_at, last_seen_at
-FROM effects
-WHERE delivery_count > 1 AND last_seen_at >= %(since)s AND last_seen_at < %(until)s
-  AND (%(source)s::text IS NULL OR source = %(source)s)
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)
-  AND (%(after_id)s::bigint IS NULL OR (first_seen_at, id) > (%(after_ts)s::timestamptz, %(after_id)s))
-ORDER BY first_seen_at, id
-LIMIT %(limit)s;
-
--- name: report_duplicates_deliveries_desc
--- Effects delivered more than once, last seen in [since, until), most deliveries first.
-SELECT id, tenant, effect_key, source, event_type, delivery_count, first_seen_at, last_seen_at
-FROM effects
-WHERE delivery_count > 1 AND last_seen_at >= %(since)s AND last_seen_at < %(until)s
-  AND (%(source)s::text IS NULL OR source = %(source)s)
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)
-  AND (%(after_id)s::bigint IS NULL OR (delivery_count, id) < (%(after_n)s::integer, %(after_id)s))
-ORDER BY delivery_count DESC, id DESC
+  AND {after}
+ORDER BY {order}
 LIMIT %(limit)s;
 
 -- name: report_duplicate_totals
@@ -105,8 +59,8 @@ WHERE delivery_count > 1 AND last_seen_at >= %(since)s AND last_seen_at < %(unti
 GROUP BY source, event_type
 ORDER BY source, event_type;
 
--- name: report_key_conflicts_desc
--- Deliveries rejected because their key was held by a different payload, newest first, with both payloads.
+-- name: report_key_conflicts
+-- Deliveries rejected because their key was held by a different payload, with both payloads: one page.
 SELECT r.id, r.tenant, r.effect_key, r.source, r.event_id, r.event_type, r.held_fingerprint,
        r.rejected_fingerprint, r.received_at, r.rejected_payload, e.event_id AS held_event_id,
        e.event_type AS held_event_type, e.payload AS held_payload
@@ -115,22 +69,8 @@ WHERE r.received_at >= %(since)s AND r.received_at < %(until)s
   AND (%(source)s::text IS NULL OR r.source = %(source)s)
   AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
   AND (%(event_type)s::text IS NULL OR r.event_type = %(event_type)s)
-  AND (%(after_id)s::bigint IS NULL OR (r.received_at, r.id) < (%(after_ts)s::timestamptz, %(after_id)s))
-ORDER BY r.received_at DESC, r.id DESC
-LIMIT %(limit)s;
-
--- name: report_key_conflicts_asc
--- Deliveries rejected because their key was held by a different payload, oldest first, with both payloads.
-SELECT r.id, r.tenant, r.effect_key, r.source, r.event_id, r.event_type, r.held_fingerprint,
-       r.rejected_fingerprint, r.received_at, r.rejected_payload, e.event_id AS held_event_id,
-       e.event_type AS held_event_type, e.payload AS held_payload
-FROM effect_rejects r JOIN effects e ON e.id = r.effect_id
-WHERE r.received_at >= %(since)s AND r.received_at < %(until)s
-  AND (%(source)s::text IS NULL OR r.source = %(source)s)
-  AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
-  AND (%(event_type)s::text IS NULL OR r.event_type = %(event_type)s)
-  AND (%(after_id)s::bigint IS NULL OR (r.received_at, r.id) > (%(after_ts)s::timestamptz, %(after_id)s))
-ORDER BY r.received_at, r.id
+  AND {after}
+ORDER BY {order}
 LIMIT %(limit)s;
 
 -- name: report_key_conflict_totals
@@ -160,39 +100,44 @@ SELECT minute, source, reason, count, bytes_total, last_detail, last_seen_at
 FROM signature_failures
 WHERE minute >= date_trunc('minute', %(since)s::timestamptz) AND minute < %(until)s
   AND (%(source)s::text IS NULL OR source = %(source)s)
-  AND (%(after_minute)s::timestamptz IS NULL
-       OR (minute, source, reason) < (%(after_minute)s::timestamptz, %(after_source)s::text, %(after_reason)s::text))
-ORDER BY minute DESC, source DESC, reason DESC
+  AND {after}
+ORDER BY {order}
 LIMIT %(limit)s;
 
--- name: report_jobs_desc
--- Jobs created in [since, until) by state, kind and source, newest first.
+-- name: report_jobs
+-- Jobs created in [since, until) (either end open when NULL) by state, kind, source and tenant: one keyset page.
 SELECT j.id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts, j.run_at, j.lease_token,
        j.lease_owner, j.lease_expires_at, j.cancel_requested, j.unrecoverable, j.terminal_reason,
        j.terminal_by, j.created_at, j.updated_at, j.finished_at, e.effect_key, e.source, e.event_type
 FROM jobs j JOIN effects e ON e.id = j.effect_id
 WHERE j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND j.created_at < coalesce(%(until)s::timestamptz, 'infinity')
-  AND (%(states)s::job_state[] IS NULL OR j.state = ANY(%(states)s::job_state[]))
+  AND (%(state)s::job_state[] IS NULL OR j.state = ANY(%(state)s::job_state[]))
   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
   AND (%(source)s::text IS NULL OR e.source = %(source)s)
-  AND (%(after_id)s::bigint IS NULL OR (j.created_at, j.id) < (%(after_ts)s::timestamptz, %(after_id)s))
-ORDER BY j.created_at DESC, j.id DESC
+  AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+  AND {after}
+ORDER BY {order}
 LIMIT %(limit)s;
 
--- name: report_jobs_asc
--- Jobs created in [since, until) by state, kind and source, oldest first.
-SELECT j.id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts, j.run_at, j.lease_token,
-       j.lease_owner, j.lease_expires_at, j.cancel_requested, j.unrecoverable, j.terminal_reason,
-       j.terminal_by, j.created_at, j.updated_at, j.finished_at, e.effect_key, e.source, e.event_type
-FROM jobs j JOIN effects e ON e.id = j.effect_id
-WHERE j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
-  AND j.created_at < coalesce(%(until)s::timestamptz, 'infinity')
-  AND (%(states)s::job_state[] IS NULL OR j.state = ANY(%(states)s::job_state[]))
-  AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
-  AND (%(source)s::text IS NULL OR e.source = %(source)s)
-  AND (%(after_id)s::bigint IS NULL OR (j.created_at, j.id) > (%(after_ts)s::timestamptz, %(after_id)s))
-ORDER BY j.created_at, j.id
+-- name: report_delivery_outcomes
+-- Deliveries received in [since, until) per source by outcome, with duplicate and reject rates: one page.
+SELECT * FROM (
+    SELECT source, count(*)::bigint AS deliveries,
+           count(*) FILTER (WHERE outcome = 'accepted')::bigint AS accepted,
+           count(*) FILTER (WHERE outcome = 'duplicate')::bigint AS duplicates,
+           count(*) FILTER (WHERE outcome = 'rejected')::bigint AS rejected,
+           count(*) FILTER (WHERE outcome = 'unmatched')::bigint AS unmatched,
+           (count(*) FILTER (WHERE outcome = 'duplicate'))::float8 / count(*) AS duplicate_rate,
+           (count(*) FILTER (WHERE outcome = 'rejected'))::float8 / count(*) AS reject_rate
+    FROM deliveries
+    WHERE received_at >= %(since)s AND received_at < %(until)s
+      AND (%(source)s::text IS NULL OR source = %(source)s)
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+    GROUP BY source
+) per_source
+WHERE {after}
+ORDER BY {order}
 LIMIT %(limit)s;
 
 -- name: metrics_jobs_not_done_by_state_kind

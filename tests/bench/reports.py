@@ -22,9 +22,16 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qsl
 
+from psycopg import sql
+
+from effectgate.gateway.operator import reporting
+from effectgate.gateway.operator.params import parse_window
 from effectgate.ledger import db, reports
+from effectgate.ledger.report_spec import ReportSpec
 
 from .common import drop_database, fresh_database, server_url
 
@@ -147,9 +154,8 @@ class ExplainingConn:
         self.plans: list[dict[str, Any]] = []
 
     async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        row = await (
-            await self.conn.execute("EXPLAIN (FORMAT JSON) " + query, params, prepare=False)
-        ).fetchone()
+        explain = sql.SQL("EXPLAIN (FORMAT JSON) ") + (sql.SQL(query) if isinstance(query, str) else query)
+        row = await (await self.conn.execute(explain, params, prepare=False)).fetchone()
         assert row is not None
         plan = row["QUERY PLAN"]
         self.plans.append(plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"])
@@ -164,7 +170,7 @@ def _walk(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _count(result: Any) -> int:
-    for name in ("items", "per_minute", "by_state_kind", "rows"):
+    for name in ("items", "by_state_kind", "rows"):
         if hasattr(result, name):
             return len(getattr(result, name))
     if isinstance(result, reports.EffectView):
@@ -200,81 +206,68 @@ async def bench(
     return ok
 
 
+# Each report with each filter and order, as the query string an operator would send.
+REPORT_CASES = [
+    *(
+        (reports.DUPLICATES, q)
+        for q in ("", "source=rare", "tenant=tenant-2", "event_type=type.3", "since=30d")
+    ),
+    *((reports.DUPLICATES, f"since=30d&sort={s.name}") for s in reports.DUPLICATES.sorts[1:]),
+    (reports.DUPLICATES, "since=30d&source=rare&limit=1000"),
+    *((reports.KEY_CONFLICTS, q) for q in ("", "since=30d&source=rare", "since=30d&tenant=tenant-1")),
+    (reports.KEY_CONFLICTS, "since=30d&event_type=type.7"),
+    *((reports.AUTH_FAILURES, q) for q in ("", "since=7d&source=shopify")),
+    *((reports.JOBS, q) for q in ("", "state=parked", "state=failed,parked", "kind=kind-3", "source=rare")),
+    *((reports.JOBS, q) for q in ("source=github&state=parked", "since=1h", "until=7d&sort=created")),
+    # Every report, those added since included, over its default window and over a week.
+    *((spec, query) for spec in reports.REPORTS for query in ("", "since=7d")),
+]
+
+
+def report(spec: ReportSpec, **text: str) -> Callable[[Any], Awaitable[Any]]:
+    """Run a report the way every face does: from text parameters, through the gateway's reading."""
+    return lambda c: reporting.fetch(c, spec, text)
+
+
+def activity(since: str | None = None) -> Callable[[Any], Awaitable[Any]]:
+    start, end = parse_window(since, None, now=datetime.now(UTC), default=reports.DEFAULT_WINDOW)
+    assert start is not None and end is not None
+    return lambda c: reports.activity(c, since=start, until=end)
+
+
 async def run_reports(url: str) -> bool:
     conn = await db.connect(url)
     async with conn:
-        first = await reports.duplicates(conn, since="30d", limit=5)
+        first = await reporting.fetch(conn, reports.DUPLICATES, {"since": "30d", "limit": "5"})
         deep = first
         for _ in range(20):
-            deep = await reports.duplicates(conn, since="30d", limit=5, cursor=deep.next_cursor)
+            cursor = reporting.next_cursor(deep)
+            assert cursor is not None
+            deep = await reporting.fetch(
+                conn, reports.DUPLICATES, {"since": "30d", "limit": "5", "cursor": cursor}
+            )
+        deep_cursor = reporting.next_cursor(deep) or ""
         some_key = first.items[0]["effect_key"]
-        failed = await reports.jobs(conn, state="failed", limit=1)
+        failed = await reporting.fetch(conn, reports.JOBS, {"state": "failed", "limit": "1"})
         job_id = failed.items[0]["id"]
         cases: list[tuple[str, Callable[[Any], Awaitable[Any]]]] = [
-            ("duplicates (last 24h)", lambda c: reports.duplicates(c)),
-            ("duplicates source=rare", lambda c: reports.duplicates(c, source="rare")),
-            ("duplicates tenant=tenant-2", lambda c: reports.duplicates(c, tenant="tenant-2")),
-            ("duplicates event_type=type.3", lambda c: reports.duplicates(c, event_type="type.3")),
-            ("duplicates since=30d", lambda c: reports.duplicates(c, since="30d")),
-            (
-                "duplicates since=30d sort=last_seen",
-                lambda c: reports.duplicates(c, since="30d", sort="last_seen"),
-            ),
-            (
-                "duplicates since=30d sort=-first_seen",
-                lambda c: reports.duplicates(c, since="30d", sort="-first_seen"),
-            ),
-            (
-                "duplicates since=30d sort=first_seen",
-                lambda c: reports.duplicates(c, since="30d", sort="first_seen"),
-            ),
-            (
-                "duplicates since=30d sort=-deliveries",
-                lambda c: reports.duplicates(c, since="30d", sort="-deliveries"),
-            ),
+            (f"{spec.name} {query or '(default window)'}", report(spec, **dict(parse_qsl(query))))
+            for spec, query in REPORT_CASES
+        ]
+        cases += [
             (
                 "duplicates since=30d page 22 (cursor)",
-                lambda c: reports.duplicates(c, since="30d", limit=5, cursor=deep.next_cursor),
-            ),
-            (
-                "duplicates since=30d source=rare limit=1000",
-                lambda c: reports.duplicates(c, since="30d", source="rare", limit=1000),
-            ),
-            ("key conflicts (last 24h)", lambda c: reports.key_conflicts(c)),
-            (
-                "key conflicts since=30d source=rare",
-                lambda c: reports.key_conflicts(c, since="30d", source="rare"),
-            ),
-            (
-                "key conflicts since=30d tenant=tenant-1",
-                lambda c: reports.key_conflicts(c, since="30d", tenant="tenant-1"),
-            ),
-            (
-                "key conflicts since=30d event_type=type.7",
-                lambda c: reports.key_conflicts(c, since="30d", event_type="type.7"),
-            ),
-            ("auth failures (last 24h)", lambda c: reports.auth_failures(c)),
-            (
-                "auth failures since=7d source=shopify",
-                lambda c: reports.auth_failures(c, since="7d", source="shopify"),
+                report(reports.DUPLICATES, since="30d", limit="5", cursor=deep_cursor),
             ),
             (
                 "effect lineage by key + tenant",
                 lambda c: reports.effect_view(c, some_key, tenant=first.items[0]["tenant"]),
             ),
             ("effect lineage by key, any tenant", lambda c: reports.effect_view(c, some_key)),
-            ("jobs (newest)", lambda c: reports.jobs(c)),
-            ("jobs state=parked", lambda c: reports.jobs(c, state="parked")),
-            ("jobs state=failed,parked", lambda c: reports.jobs(c, state="failed,parked")),
-            ("jobs kind=kind-3", lambda c: reports.jobs(c, kind="kind-3")),
-            ("jobs source=rare", lambda c: reports.jobs(c, source="rare")),
-            ("jobs source=github state=parked", lambda c: reports.jobs(c, source="github", state="parked")),
-            ("jobs since=1h", lambda c: reports.jobs(c, since="1h")),
-            ("jobs until=7d sort=created (oldest)", lambda c: reports.jobs(c, until="7d", sort="created")),
             ("job view", lambda c: reports.job_view(c, job_id)),
             ("metrics job gauges", lambda c: reports.job_gauges(c)),
-            ("dashboard activity (24h, hourly)", lambda c: reports.activity(c)),
-            ("dashboard activity (30d, daily)", lambda c: reports.activity(c, since="30d")),
+            ("dashboard activity (24h, hourly)", activity()),
+            ("dashboard activity (30d, daily)", activity("30d")),
         ]
         sizes = {}
         for table in LEDGER_TABLES:

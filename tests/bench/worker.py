@@ -16,7 +16,8 @@ import time
 import uuid
 from typing import Any
 
-from effectgate.handlers.registry import EffectKind, Event, Registry
+from effectgate.handlers.event import Event
+from effectgate.handlers.registry import EffectKind, Registry
 from effectgate.handlers.worker import Worker, WorkerConfig
 from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_delivery

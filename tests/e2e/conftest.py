@@ -40,9 +40,9 @@ class Stack:
         proc.wait_log("worker.started")
         return proc
 
-    def deliver(self, body: bytes) -> httpx.Response:
+    def deliver(self, body: bytes, source: str = "shop") -> httpx.Response:
         return httpx.post(
-            f"{self.gateway_url}/webhooks/shop", content=body, headers=headers(body), timeout=30
+            f"{self.gateway_url}/webhooks/{source}", content=body, headers=headers(body), timeout=30
         )
 
     def stats(self) -> dict[str, Any]:
@@ -67,14 +67,31 @@ class Stack:
         return self.job(effect_key)
 
 
-def event(order_id: str, event_id: str, type_: str = "payment_intent.succeeded") -> bytes:
-    obj = {
-        "id": f"pi_{order_id}",
+def event(
+    order_id: str,
+    event_id: str,
+    type_: str = "payment_intent.succeeded",
+    *,
+    amount: int = 1000,
+    intent: str | None = None,
+    account: str | None = None,
+) -> bytes:
+    """A Stripe event for an order: a payment intent, or (``charge.*``) a charge of that intent, as
+    Stripe sends both for one payment; ``account`` as Stripe Connect adds it for a connected account."""
+    intent = intent or f"pi_{order_id}"
+    obj: dict[str, Any] = {
+        "id": intent,
         "object": "payment_intent",
-        "amount": 1000,
+        "amount": amount,
+        "currency": "eur",
         "metadata": {"order_id": order_id},
     }
-    return json.dumps({"id": event_id, "type": type_, "data": {"object": obj}}).encode()
+    if type_.startswith("charge."):
+        obj = {**obj, "id": f"ch_{order_id}", "object": "charge", "payment_intent": intent}
+    body: dict[str, Any] = {"id": event_id, "type": type_, "data": {"object": obj}}
+    if account is not None:
+        body["account"] = account
+    return json.dumps(body).encode()
 
 
 def headers(body: bytes) -> dict[str, str]:
@@ -94,6 +111,12 @@ modules = ["tests.e2e.e2e_handlers"]
 [sources.shop]
 scheme = "stripe"
 secrets = ["E2E_STRIPE_SECRET"]
+
+# A platform receiving Stripe Connect events for many connected accounts: one tenant per account.
+[sources.connect]
+scheme = "stripe"
+secrets = ["E2E_STRIPE_SECRET"]
+tenant_from = "/account"
 
 [worker]
 concurrency = 4

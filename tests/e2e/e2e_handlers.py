@@ -28,6 +28,11 @@ def _crash_once() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+# As the README's example: both event types Stripe sends for one payment are one effect per order,
+# and "the same request" is the amount and currency both carry.
+SAME_PAYMENT = ["/data/object/amount", "/data/object/currency"]
+
+
 @effect(
     source="shop",
     events=["payment_intent.succeeded", "charge.succeeded"],
@@ -36,13 +41,15 @@ def _crash_once() -> None:
     orphan_policy="redrive",
     lease_ttl=LEASE_TTL,
     max_attempts=MAX_ATTEMPTS,
+    fingerprint=SAME_PAYMENT,
 )
 async def fulfil(ctx: EffectContext, ev: Event) -> None:
     obj = ev.payload["data"]["object"]
     order_id = obj["metadata"]["order_id"]
+    intent = obj["id"] if obj["object"] == "payment_intent" else obj["payment_intent"]
 
     async def capture(key: str) -> dict[str, Any]:
-        result = await ctx.payments.capture_payment_intent(obj["id"], idempotency_key=key)
+        result = await ctx.payments.capture_payment_intent(intent, idempotency_key=key)
         _crash_once()
         return result
 
@@ -56,3 +63,16 @@ async def fulfil(ctx: EffectContext, ev: Event) -> None:
             idempotency_key=key,
         ),
     )
+
+
+# The same effect for a Connect platform's source, whose tenant is each event's connected account.
+effect(
+    source="connect",
+    events=["payment_intent.succeeded", "charge.succeeded"],
+    key=order_key,
+    name="e2e.connect_fulfil",
+    orphan_policy="redrive",
+    lease_ttl=LEASE_TTL,
+    max_attempts=MAX_ATTEMPTS,
+    fingerprint=SAME_PAYMENT,
+)(fulfil)

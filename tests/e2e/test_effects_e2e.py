@@ -38,15 +38,74 @@ def test_the_same_delivery_twenty_times_at_once_runs_the_effect_once(stack: Stac
     assert (stats["captures"], stats["shipments"], stats["double_capture_attempts"]) == (1, 1, 0)
 
 
-def test_a_different_event_reusing_the_order_key_is_rejected_and_never_captures(stack: Stack) -> None:
+def test_both_events_stripe_sends_for_one_payment_capture_once_and_reject_nothing(stack: Stack) -> None:
     stack.worker("worker")
     assert stack.deliver(event("2002", "evt_pi_2002")).status_code == 202
     stack.wait_state("order-paid:2002", "succeeded")
-    conflict = stack.deliver(event("2002", "evt_ch_2002", "charge.succeeded"))
-    assert conflict.status_code == 409
-    assert conflict.json()["effects"][0]["outcome"] == "rejected"
+    # charge.succeeded for the same payment: another event, another payload, the same amount and currency.
+    charge = stack.deliver(event("2002", "evt_ch_2002", "charge.succeeded"))
+    assert charge.status_code == 200
+    assert charge.json()["effects"][0]["outcome"] == "duplicate"
     stats = stack.stats()
     assert (stats["captures"], stats["shipments"]) == (1, 1)
+    with psycopg.connect(stack.db_url, row_factory=dict_row) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM effect_rejects").fetchone() == {"n": 0}
+        effect = conn.execute("SELECT delivery_count, reject_count FROM effects").fetchone()
+    assert effect == {"delivery_count": 2, "reject_count": 0}
+
+
+def test_the_same_order_with_another_amount_is_rejected_and_never_captures(stack: Stack) -> None:
+    stack.worker("worker")
+    assert stack.deliver(event("2003", "evt_pi_2003")).status_code == 202
+    stack.wait_state("order-paid:2003", "succeeded")
+    changed = stack.deliver(event("2003", "evt_ch_2003", "charge.succeeded", amount=1999))
+    # Recorded as a reject, never run; Stripe is answered 200 (its source's default), so it does not
+    # retry the event for days or disable the endpoint.
+    assert changed.status_code == 200
+    assert changed.json()["effects"][0]["outcome"] == "rejected"
+    stats = stack.stats()
+    assert (stats["captures"], stats["shipments"]) == (1, 1)
+    with psycopg.connect(stack.db_url, row_factory=dict_row) as conn:
+        [reject] = conn.execute("SELECT event_id, rejected_payload FROM effect_rejects").fetchall()
+    assert reject["event_id"] == "evt_ch_2003"
+    assert reject["rejected_payload"]["data"]["object"]["amount"] == 1999
+
+
+def test_two_connected_accounts_with_the_same_order_id_are_two_effects_and_two_captures(
+    stack: Stack,
+) -> None:
+    stack.worker("worker")
+    for account in ("acct_alpha", "acct_beta"):
+        body = event("5005", f"evt_{account}", intent=f"pi_5005_{account}", account=account)
+        assert stack.deliver(body, source="connect").status_code == 202
+    with psycopg.connect(stack.db_url, row_factory=dict_row) as conn:
+        effects = conn.execute("SELECT tenant, effect_key FROM effects ORDER BY tenant").fetchall()
+    assert effects == [
+        {"tenant": "acct_alpha", "effect_key": "order-paid:5005"},
+        {"tenant": "acct_beta", "effect_key": "order-paid:5005"},
+    ]
+    wait_until(
+        lambda: stack.stats()["shipments"] == 2, 30, "both accounts' orders to be captured and shipped"
+    )
+    stats = stack.stats()
+    assert stats["captures_by_intent"] == {"pi_5005_acct_alpha": 1, "pi_5005_acct_beta": 1}
+    assert (stats["captures"], stats["replays"]) == (2, 0)
+    with psycopg.connect(stack.db_url, row_factory=dict_row) as conn:
+        keys = conn.execute(
+            "SELECT j.tenant, s.idempotency_key FROM steps s JOIN jobs j ON j.id = s.job_id "
+            "WHERE s.name = 'capture' ORDER BY j.tenant"
+        ).fetchall()
+    assert [k["tenant"] for k in keys] == ["acct_alpha", "acct_beta"]
+    assert keys[0]["idempotency_key"] != keys[1]["idempotency_key"]
+
+
+def test_a_connect_event_without_an_account_is_400_and_claims_nothing(stack: Stack) -> None:
+    answer = stack.deliver(event("6006", "evt_no_account"), source="connect")
+    assert answer.status_code == 400
+    assert answer.json()["error"] == "tenant_missing"
+    with psycopg.connect(stack.db_url, row_factory=dict_row) as conn:
+        for table in ("effects", "deliveries", "jobs", "effect_rejects"):
+            assert conn.execute(f"SELECT count(*) AS n FROM {table}").fetchone() == {"n": 0}, table
 
 
 def test_a_worker_killed_between_capture_and_its_record_captures_once(stack: Stack) -> None:

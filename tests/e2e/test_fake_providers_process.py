@@ -45,7 +45,7 @@ def free_port() -> int:
 def fake_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("fake_providers") / "server.log"
-    code = f"from handlers.fake_providers import serve; serve('127.0.0.1', {port})"
+    code = f"from effectgate.gateway.testing.fake_providers import serve; serve('127.0.0.1', {port})"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT

@@ -7,6 +7,7 @@ root); the browser test is skipped, saying why, only where no browser can be ins
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from effectgate.gateway.operator.auth import hash_token
-from tests.integration.test_reports_seed import seeded_database
+from effectgate.ledger import db
+from tests.integration.test_reports_seed import NOW, deliver, paid, seeded_database
 
 from .processes import Process, free_port
 
@@ -270,3 +273,96 @@ async def test_an_operator_answers_the_three_questions_and_redrives_in_the_brows
     assert "pending" in await page.eval(
         "document.querySelector('table:not(:first-of-type), table').innerText"
     )
+
+
+# -- at 1280 px ------------------------------------------------------------------------------------
+
+SCREEN_WIDTH = 1280
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where screenshots go: EFFECTGATE_SCREENSHOTS (to keep and look at), else the test's tmp dir."""
+    directory = Path(os.environ.get("EFFECTGATE_SCREENSHOTS") or tmp_path / "screenshots")
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+async def test_every_page_fits_a_1280_px_screen_and_is_photographed(
+    gateway: Gateway, page: Page, shots: Path
+) -> None:
+    """Each page at 1280 px: nothing wider than the screen, photographed for a human to look at."""
+    window = "since=2025-03-03T12:00:00Z&until=2025-03-04T12:00:00Z"
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as client:
+        root = await client.get("/")
+        assert (root.status_code, root.headers["location"]) == (307, "/ui/")
+        view = {"Authorization": f"Bearer {VIEW_TOKEN}"}
+        failed = (await client.get("/api/jobs?state=failed", headers=view)).json()["items"][0]["id"]
+    # One effect whose key and event id are long single words, delivered twice: the tables must still fit.
+    long_key = "order-paid:" + "9" * 240
+    conn = await db.connect(gateway.db_url)
+    async with conn:
+        for _ in range(2):
+            await deliver(
+                conn, paid("9" * 240), long_key, NOW - timedelta(hours=6), event_id="evt_" + "x" * 120
+            )
+    await page.call(
+        "Emulation.setDeviceMetricsOverride",
+        width=SCREEN_WIDTH,
+        height=900,
+        deviceScaleFactor=1,
+        mobile=False,
+    )
+    await page.goto(f"{gateway.url}/ui/login")
+    await page.settle(
+        f"document.querySelector('input[name=token]').value = {json.dumps(OPERATE_TOKEN)};"
+        "document.querySelector('form').submit()"
+    )
+    pages = {
+        "overview": f"/ui/?{window}",
+        "rejects": f"/ui/rejects?{window}",
+        "failed-job": f"/ui/jobs/{failed}",
+        "effect": "/ui/effects/order-paid%3A1234",
+        "duplicates": f"/ui/duplicates?{window}",
+        "jobs": "/ui/jobs",
+        "delivery-outcomes": f"/ui/delivery-outcomes?{window}",
+    }
+    widths = {}
+    for name, path in pages.items():
+        assert await page.goto(gateway.url + path) == path
+        # The stylesheet is loaded under the CSP (no inline style is allowed): the header is dark.
+        assert await page.eval("getComputedStyle(document.querySelector('header')).backgroundColor") == (
+            "rgb(29, 35, 48)"
+        )
+        widths[name] = await page.eval(
+            "Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)"
+        )
+        height = await page.eval("document.documentElement.scrollHeight")
+        shot = await page.call(
+            "Page.captureScreenshot",
+            format="png",
+            captureBeyondViewport=True,
+            clip={"x": 0, "y": 0, "width": SCREEN_WIDTH, "height": min(height, 6000), "scale": 1},
+        )
+        (shots / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
+    assert {name: w for name, w in widths.items() if w > SCREEN_WIDTH} == {}, widths
+
+    # A failed job's error reads as type, message and a folded traceback, not as escaped JSON.
+    await page.goto(f"{gateway.url}/ui/jobs/{failed}")
+    assert await page.eval("document.querySelector('.errorbox .type').innerText") == "TerminalError"
+    assert "card declined" in await page.eval("document.querySelector('.errorbox').innerText")
+    assert await page.eval("document.querySelector('.errorbox details').open") is False
+    assert "most recent call last" in await page.eval("document.querySelector('.errorbox pre').textContent")
+    assert "{" not in await page.eval("document.querySelector('.errorbox').innerText")
+
+    # The overview puts what needs a human first, then the rates.
+    await page.goto(f"{gateway.url}/ui/?{window}")
+    cards = await page.eval(
+        "[...document.querySelectorAll('.card')].map(c => c.innerText.replace(/\\s+/g, ' '))"
+    )
+    assert cards[:2] == ["1 failed jobs", "0 parked jobs"]
+    rates = await page.eval(
+        "[...document.querySelectorAll('table')[0].rows].slice(1).map(r => [...r.cells].map(c => c.innerText))"
+    )
+    assert [r[0] for r in rates] == ["stripe", "shopify"]
+    assert rates[0][6].strip() == "42.9 %"  # duplicates / deliveries for stripe: 3 of 7

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import control
-from effectgate.handlers.registry import Transition
+from effectgate.handlers.event import Transition
 from effectgate.ledger import db, jobs
 
 from .jobs_fixtures import claim, kind, registry

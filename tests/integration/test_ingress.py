@@ -14,7 +14,8 @@ import stripe
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
-from effectgate.handlers.registry import Event, Registry
+from effectgate.handlers.event import Event
+from effectgate.handlers.registry import Registry
 from effectgate.ledger import db
 
 pytestmark = pytest.mark.anyio
@@ -29,11 +30,16 @@ max_body_bytes = 4096
 [sources.stripe]
 scheme = "stripe"
 secrets = ["STRIPE_SECRET"]
+on_conflict = 409
 
 [sources.lenient]
 scheme = "stripe"
 secrets = ["STRIPE_SECRET"]
-on_conflict = 200
+
+[sources.connect]
+scheme = "stripe"
+secrets = ["STRIPE_SECRET"]
+tenant_from = "/account"
 
 [sources.standard]
 scheme = "standard-webhooks"
@@ -63,6 +69,12 @@ def make_registry() -> Registry:
         lock_key=lambda ev: f"intent:{ev.payload['data']['object']['id']}",
     )(_noop)
     registry.effect(source="standard", events=["invoice.*"], name="standard.invoice")(_noop)
+    registry.effect(
+        source="connect",
+        events=["payment_intent.succeeded"],
+        key=lambda ev: order.format(ev.payload["data"]["object"]["metadata"]["order_id"]),
+        name="connect.fulfil",
+    )(_noop)
     return registry
 
 
@@ -312,3 +324,57 @@ async def test_readiness_without_a_database_is_503_and_names_no_host() -> None:
             r = await c.get("/readyz")
     assert (r.status_code, r.json()["error"]) == (503, "ledger_unavailable")
     assert "secretuser" not in r.text and "127.0.0.1" not in r.text
+
+
+def connect_event(account: object, event_id: str = "evt_c1", order_id: str = "1234") -> bytes:
+    event: dict[str, Any] = {
+        "id": event_id,
+        "type": "payment_intent.succeeded",
+        "data": {"object": {"id": f"pi_{event_id}", "metadata": {"order_id": order_id}}},
+    }
+    if account is not None:
+        event["account"] = account
+    return json.dumps(event).encode()
+
+
+async def test_the_tenant_comes_from_the_event_so_two_accounts_keep_one_order_id_apart(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    for account in ("acct_1", "acct_2"):
+        body = connect_event(account, event_id=f"evt_{account}")
+        r = await post(client, "connect", body, stripe_headers(body))
+        assert r.status_code == 202
+    again = connect_event("acct_1", event_id="evt_acct_1")
+    assert (await post(client, "connect", again, stripe_headers(again))).status_code == 200
+    effects = await rows(conn, "SELECT tenant, effect_key, delivery_count FROM effects ORDER BY tenant")
+    assert effects == [
+        {"tenant": "acct_1", "effect_key": "order-paid:1234", "delivery_count": 2},
+        {"tenant": "acct_2", "effect_key": "order-paid:1234", "delivery_count": 1},
+    ]
+    assert [j["tenant"] for j in await rows(conn, "SELECT tenant FROM jobs ORDER BY tenant")] == [
+        "acct_1",
+        "acct_2",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("account", "code"),
+    [
+        (None, "tenant_missing"),
+        (42, "tenant_missing"),
+        ("", "tenant_missing"),
+        ({"id": "acct_1"}, "tenant_missing"),
+        ("acct\x1f1", "tenant_invalid"),
+        ("a" * 201, "tenant_invalid"),
+    ],
+)
+async def test_an_event_without_a_usable_tenant_is_400_and_nothing_is_claimed(
+    client: httpx.AsyncClient, conn: db.Conn, account: object, code: str
+) -> None:
+    body = connect_event(account)
+    r = await post(client, "connect", body, stripe_headers(body))
+    assert r.status_code == 400
+    assert r.json()["error"] == code
+    assert "/account" in r.json()["detail"]
+    for table in ("effects", "jobs", "deliveries", "effect_rejects"):
+        assert await rows(conn, f"SELECT * FROM {table}") == [], table

@@ -20,11 +20,12 @@ from referencing.jsonschema import DRAFT202012
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
-from effectgate.gateway.operator import documents
+from effectgate.gateway.operator import documents, reporting
 from effectgate.gateway.operator.auth import hash_token
 from effectgate.gateway.operator.openapi import DOCUMENT
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, jobs, reports
+from effectgate.ledger.report_spec import ReportQuery
 
 from .test_reports_seed import NOW, seed, seeded_database
 
@@ -189,6 +190,15 @@ async def test_every_documented_answer_is_real_and_matches_the_document(db_url: 
         ("post", "/api/kinds/ship_order/resume", "/api/kinds/{kind}/resume", None, 401),
         ("post", "/api/kinds/ship_order/resume", "/api/kinds/{kind}/resume", VIEW, 403),
     ]
+    for spec in reports.REPORTS:
+        # Every report, by its spec: a page, a bad parameter, and no token.
+        path = "/api" + reporting.api_path(spec)
+        cases += [
+            ("get", f"{path}?{WINDOW}", path, VIEW, 200),
+            ("get", f"{path}?limit=0", path, VIEW, 400),
+            ("get", f"{path}?{spec.filters[0].name}=", path, VIEW, 400),
+            ("get", path, path, None, 401),
+        ]
     async with gateway(db_url) as client:
         for method, url, template, headers, status in cases:
             response = await client.request(method, url, headers=headers)
@@ -215,8 +225,9 @@ async def test_every_documented_answer_is_real_and_matches_the_document(db_url: 
 
 async def test_the_api_answers_exactly_what_the_report_says(api: httpx.AsyncClient, seeded: db.Conn) -> None:
     body = check(await api.get(f"/api/duplicates?{WINDOW}&source=stripe", headers=VIEW), "/api/duplicates")
-    report = await reports.duplicates(seeded, source="stripe", since=NOW - timedelta(hours=24), until=NOW)
-    assert body == documents.jsonable(documents.duplicates(report))
+    query = ReportQuery(since=NOW - timedelta(hours=24), until=NOW, filters={"source": "stripe"})
+    page = await reports.run(seeded, reports.DUPLICATES, query)
+    assert body == documents.jsonable(reporting.document(page))
     assert [i["effect_key"] for i in body["items"]] == ["order-paid:1234"]
     assert body["items"][0]["last_seen_at"] == "2025-03-04T11:00:00Z"
 

@@ -250,3 +250,21 @@ def test_ledger_retention_reports_windows_purges_and_tombstones(
     monkeypatch.setenv("S", "whsec_x")
     code, _, err = run(capsys, "ledger", "retention", "--config", str(tmp_path / "eg.toml"))
     assert code == operator_cli.EXIT_USAGE and "retention.history_days" in err
+
+
+def test_every_report_is_a_ledger_command_from_its_spec(
+    ledger: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "ledger", "delivery-outcomes", *WINDOW)
+    assert code == 0
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("SOURCE"))
+    assert lines[header].split()[:3] == ["SOURCE", "DELIVERIES", "ACCEPTED"]
+    assert lines[header + 1].split()[:5] == ["stripe", "5", "2", "2", "1"]
+    code, out, _ = run(capsys, "ledger", "delivery-outcomes", *WINDOW, "--sort", "source", "--format", "json")
+    assert [(r["source"], r["duplicate_rate"]) for r in json.loads(out)["items"]] == [
+        ("shopify", 0.5),
+        ("stripe", 0.4),
+    ]
+    code, _, err = run(capsys, "ledger", "delivery-outcomes", "--sort", "amount")
+    assert code == 2 and err.startswith("effectgate: --sort: ") and "[invalid_sort]" in err

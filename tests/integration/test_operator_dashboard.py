@@ -156,7 +156,8 @@ async def test_lineage_page_shows_the_idempotency_key_and_the_answer(seeded_url:
         assert page.status_code == 200
         body = text(page.text)
         assert "capture succeeded eg_capture_key" in body
-        assert "{&quot;id&quot;:&quot;pi_1234&quot;,&quot;status&quot;:&quot;succeeded&quot;}" in page.text
+        # Jinja2 escapes a quote as &#34;.
+        assert "{&#34;id&#34;:&#34;pi_1234&#34;,&#34;status&#34;:&#34;succeeded&#34;}" in page.text
         assert (await client.get("/ui/effects/nope")).status_code == 404
 
 
@@ -203,14 +204,20 @@ async def test_the_bulk_form_dry_runs_first_then_acts_and_counts_refusals(db_url
     await seed(conn)
     before = await (await conn.execute("SELECT id, state::text AS s FROM jobs ORDER BY id")).fetchall()
     async with dashboard(db_url, VIEW_TOKEN) as viewer:
-        assert 'id="bulk"' not in (await viewer.get("/ui/jobs")).text
+        assert 'id="bulk-link"' not in (await viewer.get("/ui/jobs")).text
+        assert 'id="bulk"' not in (await viewer.get("/ui/jobs/bulk")).text
         assert (
             await viewer.post("/ui/jobs/bulk", data={"csrf": "x", "action": "redrive"})
         ).status_code == 403
     async with dashboard(db_url, OPERATE_TOKEN) as operator:
         jobs_page = (await operator.get("/ui/jobs?state=failed,succeeded")).text
-        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', jobs_page)
-        assert csrf is not None and 'id="bulk"' in jobs_page
+        link = re.search(r'href="(/ui/jobs/bulk\?[^"]*)" id="bulk-link"', jobs_page)
+        assert link is not None
+        form_page = (await operator.get(link[1].replace("&amp;", "&"))).text
+        assert 'id="bulk"' in form_page and 'value="failed,succeeded"' in form_page
+        assert "style=" not in form_page  # the dashboard's CSP allows no inline style
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', form_page)
+        assert csrf is not None
         form = {"csrf": csrf[1], "state": "failed,succeeded", "action": "redrive"}
         dry = await operator.post("/ui/jobs/bulk", data={**form, "dry_run": "true"})
         assert dry.status_code == 200
@@ -230,3 +237,51 @@ async def test_the_bulk_form_dry_runs_first_then_acts_and_counts_refusals(db_url
         assert {after[j] for j in failed} == {"pending"}
         empty = await operator.post("/ui/jobs/bulk", data={"csrf": csrf[1], "action": "cancel"})
         assert empty.status_code == 400 and "filter" in empty.text
+
+
+async def test_root_redirects_and_the_page_needs_no_inline_style(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        root = await client.get("/")
+        assert (root.status_code, root.headers["location"]) == (307, "/ui/")
+        page = await client.get(f"/ui/?{WINDOW}")
+        csp = page.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "style-src 'self'" in csp and "unsafe-inline" not in csp
+        assert "<style" not in page.text and "style=" not in page.text and "<script" not in page.text
+        assert '<link rel="stylesheet" href="/ui/static/dashboard.css">' in page.text
+        css = await client.get("/ui/static/dashboard.css")
+        assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+        assert "overflow-wrap" in css.text
+
+
+async def test_auto_refresh_is_off_unless_asked_for(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        assert 'http-equiv="refresh"' not in (await client.get(f"/ui/?{WINDOW}")).text
+        page = await client.get(f"/ui/rejects?{WINDOW}&refresh=60")
+        assert '<meta http-equiv="refresh" content="60">' in page.text
+        # The choice is kept by the quick ranges and the filter form.
+        assert "refresh=60" in page.text and 'name="refresh" value="60"' in page.text
+        bad = await client.get("/ui/?refresh=1")
+        assert bad.status_code == 400 and "invalid_refresh" in bad.text
+
+
+async def test_overview_puts_jobs_that_need_a_human_first_and_shows_rates(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        body = text((await client.get(f"/ui/?{WINDOW}")).text)
+        assert (
+            body.index("1 failed jobs") < body.index("0 parked jobs") < body.index("oldest due job waiting")
+        )
+        assert body.index("oldest due job waiting") < body.index("duplicate rate")
+        assert "stripe 5 2 2 1 0 40.0 % 20.0 %" in body
+        # Relative times beside timestamps.
+        assert re.search(r"2025-03-04 11:00:00 \d+ d \d+ h ago", body)
+
+
+async def test_a_report_added_to_the_specs_has_a_page(seeded_url: str) -> None:
+    async with dashboard(seeded_url, VIEW_TOKEN) as client:
+        page = await client.get(f"/ui/delivery-outcomes?{WINDOW}&sort=source")
+        assert page.status_code == 200
+        body = text(page.text)
+        assert "shopify 2 1 1 0 0 50.0 % 0.0 %" in body
+        assert body.index("shopify") < body.index("stripe 5")
+        assert '<a href="/ui/delivery-outcomes">' in page.text
+        assert (await client.get("/ui/delivery-outcomes?sort=amount")).status_code == 400

@@ -26,6 +26,16 @@ from effectgate.ledger.claims import (
 from effectgate.ledger.fingerprints import fingerprint
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
+# What the worker stores for a handler's exception (handlers/worker.py storable_error), abridged.
+TRACEBACK = """Traceback (most recent call last):
+  File "/srv/app/effectgate/handlers/worker.py", line 312, in _run_slice
+    await handler(ctx, event)
+  File "/srv/app/shop/effects.py", line 41, in fulfil_order
+    await ctx.step("capture", lambda idem: ctx.payments.capture(pi, idempotency_key=idem))
+  File "/srv/app/effectgate/handlers/context.py", line 97, in step
+    raise TerminalError(answer["error"]["message"], code=answer["error"]["code"])
+effectgate.handlers.errors.TerminalError: card declined
+"""
 
 
 def paid(order: str, amount: int = 1000, **extra: Any) -> dict[str, Any]:
@@ -163,7 +173,7 @@ async def seed(conn: db.Conn) -> dict[str, int]:
         state="failed",
         by="worker-b",
         reason="card declined",
-        error={"type": "TerminalError", "message": "card declined"},
+        error={"type": "TerminalError", "message": "card declined", "traceback": TRACEBACK},
         now=NOW - timedelta(minutes=116),
     )
 

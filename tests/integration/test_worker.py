@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import (
+    HAND_BACK,
     EffectContext,
     Event,
+    HandBack,
     TerminalError,
     TransientError,
     Transition,
     UnrecoverableError,
 )
-from effectgate.handlers.worker import HANDED_BACK
 from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.reconciler import Reconciler
@@ -151,11 +152,11 @@ async def test_a_recorded_step_is_not_rerun_by_a_retry(pool: db.Pool, conn: db.C
 async def test_a_handler_handing_back_resumes_from_its_checkpoint(pool: db.Pool, conn: db.Conn) -> None:
     done: list[int] = []
 
-    async def handler(ctx: EffectContext, ev: Event) -> str | None:
+    async def handler(ctx: EffectContext, ev: Event) -> HandBack | None:
         item = (ctx.checkpoint or {"next": 0})["next"]
         done.append(item)
         await ctx.save_checkpoint({"next": item + 1})
-        return HANDED_BACK if item < 4 else None
+        return HAND_BACK if item < 4 else None
 
     job_id = await claim(conn, max_attempts=1)
     await make_worker(pool, registry(kind(handler))).run_until_idle()
@@ -179,8 +180,8 @@ async def test_a_handler_that_hands_back_without_committing_is_parked_as_poison(
     async def hook(c: db.Conn, transition: Transition) -> None:
         seen.append(transition)
 
-    async def handler(ctx: EffectContext, ev: Event) -> str:
-        return HANDED_BACK
+    async def handler(ctx: EffectContext, ev: Event) -> HandBack:
+        return HAND_BACK
 
     job_id = await claim(conn)
     await make_worker(pool, registry(kind(handler, poison_threshold=2, on_transition=hook))).run_until_idle()
@@ -190,6 +191,19 @@ async def test_a_handler_that_hands_back_without_committing_is_parked_as_poison(
         "poison: handed back 2 times without committing",
     )
     assert [(t.job_id, t.state) for t in seen] == [(job_id, "parked")]
+
+
+async def test_the_old_budget_string_fails_the_job_instead_of_succeeding_it(
+    pool: db.Pool, conn: db.Conn
+) -> None:
+    async def handler(ctx: EffectContext, ev: Event) -> str:
+        return "budget"
+
+    job_id = await claim(conn)
+    await make_worker(pool, registry(kind(handler))).run_until_idle()
+    row = await job(conn, job_id)
+    assert row["state"] == "failed"
+    assert "return effectgate.HAND_BACK" in row["terminal_reason"]
 
 
 async def test_the_transition_hook_commits_in_the_terminal_transaction(

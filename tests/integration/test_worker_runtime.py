@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from effectgate.handlers import EffectContext, Event
-from effectgate.handlers.worker import HANDED_BACK, LISTEN_APPLICATION_NAME
+from effectgate.handlers import HAND_BACK, EffectContext, Event, HandBack
+from effectgate.handlers.worker import LISTEN_APPLICATION_NAME
 from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.reconciler import Reconciler
@@ -140,7 +140,7 @@ async def test_stop_drains_slices_that_yield_and_leaves_the_rest_to_lease_expiry
     entered: set[str] = set()
     saw_yield: list[bool] = []
 
-    async def polite(ctx: EffectContext, ev: Event) -> str | None:
+    async def polite(ctx: EffectContext, ev: Event) -> HandBack | None:
         if ctx.checkpoint == "half":
             return None
         entered.add("polite")
@@ -150,7 +150,7 @@ async def test_stop_drains_slices_that_yield_and_leaves_the_rest_to_lease_expiry
             await asyncio.sleep(0.01)
         saw_yield.append(ctx.draining)
         await ctx.save_checkpoint("half")
-        return HANDED_BACK
+        return HAND_BACK
 
     deaf_contexts: list[EffectContext] = []
     stopped: list[str] = []

@@ -19,7 +19,9 @@ secrets = ["S1", "S2"]
 def test_minimal_configuration_has_documented_defaults() -> None:
     config = parse(MINIMAL, path="eg.toml", env=ENV)
     source = config.sources["stripe"]
-    assert (source.tenant, source.conflict_status, source.secret_envs) == ("default", 409, ("S1", "S2"))
+    # Stripe retries a non-2xx for days and may disable the endpoint: a conflict is answered 200.
+    assert (source.tenant, source.conflict_status, source.secret_envs) == ("default", 200, ("S1", "S2"))
+    assert source.tenant_from is None
     assert config.gateway.max_body_bytes == 1024 * 1024
     assert (config.gateway.host, config.gateway.port) == ("127.0.0.1", 8000)
     assert config.worker.concurrency == 4
@@ -185,6 +187,40 @@ def test_retention_mistakes_name_the_key() -> None:
     ):
         with pytest.raises(ConfigError, match=match):
             parse(MINIMAL + text, env=ENV)
+
+
+def test_the_conflict_answer_defaults_per_provider_and_on_conflict_overrides_it() -> None:
+    env = {"S": "secret-value-for-github"}
+    github = parse('[sources.gh]\nscheme = "github"\nsecrets = ["S"]', env=env).sources["gh"]
+    assert github.conflict_status == 409  # GitHub never retries: the 409 costs nothing
+    strict = parse(MINIMAL + "on_conflict = 409\n", env=ENV).sources["stripe"]
+    assert strict.conflict_status == 409
+
+
+def test_tenant_from_is_a_json_pointer_into_the_payload() -> None:
+    source = parse(MINIMAL + 'tenant_from = "/account"\n', env=ENV).sources["stripe"]
+    assert source.tenant_from is not None and source.tenant_from.tokens == ("account",)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            'tenant_from = "account"',
+            r"sources\.stripe\.tenant_from: JSON Pointer 'account' must start with '/'",
+        ),
+        ('tenant_from = "/a~2"', r"sources\.stripe\.tenant_from: .*'~' must be followed by 0 or 1"),
+        ('tenant_from = ""', r"sources\.stripe\.tenant_from: must point inside the payload"),
+        (
+            'tenant_from = "/account"\ntenant = "acme"',
+            r"sources\.stripe\.tenant_from: set tenant or tenant_from",
+        ),
+        ("tenant_from = 1", r"sources\.stripe\.tenant_from: must be a string"),
+    ],
+)
+def test_a_bad_tenant_from_names_the_key(line: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(MINIMAL + line + "\n", path="eg.toml", env=ENV)
 
 
 def test_the_connection_guard_metrics_token_and_dashboard_sessions_are_configured() -> None:

@@ -13,11 +13,14 @@ import effectgate.ledger as ledger
 
 def test_handlers_exports_the_documented_names() -> None:
     assert handlers.__all__ == [
+        "HAND_BACK",
         "REGISTRY",
         "EffectContext",
         "EffectKind",
         "Event",
+        "HandBack",
         "HandlerError",
+        "JobState",
         "Registry",
         "Services",
         "StepAlreadyRun",
@@ -44,10 +47,13 @@ def test_ledger_exports_its_error_tree() -> None:
 
 def test_effectgate_exports_the_public_handler_api() -> None:
     assert effectgate.__all__ == [
+        "HAND_BACK",
         "EffectContext",
         "EffectKind",
         "Event",
+        "HandBack",
         "HandlerError",
+        "JobState",
         "Services",
         "StepAlreadyRun",
         "TerminalError",

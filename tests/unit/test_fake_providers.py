@@ -13,9 +13,9 @@ import pytest
 from starlette.applications import Starlette
 from starlette.types import Message
 
+from effectgate.gateway.testing.fake_providers import FaultConfig, create_app
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
-from effectgate.handlers.fake_providers import FaultConfig, create_app
 from effectgate.handlers.payments import PaymentsClient
 from effectgate.handlers.shipping import ShippingClient
 
@@ -473,3 +473,25 @@ async def test_drop_after_effect_performs_stores_and_truncates() -> None:
         assert replay.headers["Idempotent-Replayed"] == "true"
         assert replay.json()["status"] == "succeeded"
         assert (await stats(http))["captures"] == 1
+
+
+async def test_requests_are_recorded_with_the_headers_tests_assert_on_until_reset(
+    http: httpx.AsyncClient,
+) -> None:
+    await http.post(
+        CAPTURE.format("pi_rec"),
+        headers={"Idempotency-Key": "k-rec", "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+    )
+    await http.get("/v1/payment_intents/pi_rec", headers={"Authorization": "Bearer sk_secret"})
+    recorded = (await http.get("/_fake/requests")).json()
+    assert recorded == [
+        {
+            "method": "POST",
+            "path": "/v1/payment_intents/pi_rec/capture",
+            "headers": {"idempotency-key": "k-rec", "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        },
+        # Only the listed headers: an API key sent to the fake is never echoed back.
+        {"method": "GET", "path": "/v1/payment_intents/pi_rec", "headers": {}},
+    ]
+    await http.post("/_fake/reset")
+    assert (await http.get("/_fake/requests")).json() == []

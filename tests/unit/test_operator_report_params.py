@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from effectgate.gateway.operator import params
+from effectgate.gateway.operator.params import BadParameter
 from effectgate.ledger import reports
 from effectgate.ledger.queries import SQL_DIR, parse
-from effectgate.ledger.reports import InvalidParameter, payload_diff
+from effectgate.ledger.reports import payload_diff
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 
@@ -30,39 +32,39 @@ NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
     ],
 )
 def test_times_are_durations_back_from_now_or_iso_8601(text: str, expected: datetime) -> None:
-    assert reports.parse_time(text, "since", now=NOW) == expected
+    assert params.parse_time(text, "since", now=NOW) == expected
 
 
-def test_a_naive_datetime_is_utc() -> None:
-    assert reports.parse_time(datetime(2025, 1, 1), "since", now=NOW) == datetime(2025, 1, 1, tzinfo=UTC)
+def test_a_time_without_a_zone_is_utc() -> None:
+    assert params.parse_time("2025-01-01T00:00", "since", now=NOW) == datetime(2025, 1, 1, tzinfo=UTC)
     aware = datetime(2025, 1, 1, tzinfo=timezone(timedelta(hours=3)))
-    assert reports.parse_time(aware, "since", now=NOW) == aware
+    assert params.parse_time(aware.isoformat(), "since", now=NOW) == aware
 
 
 @pytest.mark.parametrize(
     "text", ["", "  ", "24", "h", "1.5h", "24 h", "-1h", "1y", "tomorrow", "٣h", "9999999d"]
 )
 def test_bad_times_name_the_parameter(text: str) -> None:
-    with pytest.raises(InvalidParameter) as info:
-        reports.parse_time(text, "until", now=NOW)
+    with pytest.raises(BadParameter) as info:
+        params.parse_time(text, "until", now=NOW)
     assert (info.value.code, info.value.parameter) == ("invalid_until", "until")
 
 
 def test_limits_are_whole_numbers_up_to_the_cap() -> None:
-    assert reports.parse_limit(None) == reports.DEFAULT_LIMIT
-    assert reports.parse_limit("7") == 7
-    assert reports.parse_limit(reports.MAX_LIMIT) == reports.MAX_LIMIT
-    for bad in [0, reports.MAX_LIMIT + 1, "0", "1e3", "٣", "", " ", 2.0, False]:
-        with pytest.raises(InvalidParameter, match="limit"):
-            reports.parse_limit(bad)  # type: ignore[arg-type]
+    assert params.parse_limit(None, reports.DEFAULT_LIMIT) == reports.DEFAULT_LIMIT
+    assert params.parse_limit("7", 100) == 7
+    assert params.parse_limit(str(reports.MAX_LIMIT), 100) == reports.MAX_LIMIT
+    for bad in [0, str(reports.MAX_LIMIT + 1), "0", "1e3", "٣", "", " ", 2.0, False]:
+        with pytest.raises(BadParameter, match="limit"):
+            params.parse_limit(bad, 100)  # type: ignore[arg-type]
 
 
 def test_states_are_validated_and_deduplicated() -> None:
-    assert reports.parse_states("parked,failed,parked") == ["failed", "parked"]
-    assert reports.parse_states(None) is None
+    assert params.parse_states("parked,failed,parked") == ("failed", "parked")
+    assert params.parse_states(None) is None
     for bad in ["", "done", "failed,,parked", ["failed", 3]]:
-        with pytest.raises(InvalidParameter) as info:
-            reports.parse_states(bad)  # type: ignore[arg-type]
+        with pytest.raises(BadParameter) as info:
+            params.parse_states(bad)  # type: ignore[arg-type]
         assert info.value.code == "invalid_state"
 
 

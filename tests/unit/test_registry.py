@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import registry as reg_module
-from effectgate.handlers.registry import EffectKind, Event, Registry
+from effectgate.handlers.event import Event
+from effectgate.handlers.registry import EffectKind, Registry
 
 
 async def handler(ctx: Any, ev: Event) -> None:
@@ -162,3 +163,42 @@ def test_the_effect_key_defaults_to_source_event_and_kind() -> None:
     assert make(key=lambda ev: f"order:{ev.payload['order']}").effect_key(EVENT) == "order:o-1"
     with pytest.raises(ValueError, match="not a non-empty string"):
         make(key=lambda ev: "").effect_key(EVENT)
+
+
+def test_fingerprint_fields_are_parsed_at_registration_and_select_what_is_hashed() -> None:
+    registry = Registry()
+
+    async def handler(ctx: Any, ev: Event) -> None:
+        return None
+
+    registry.effect(source="s", events=["e"], name="k", fingerprint=["/amount", "/currency"])(handler)
+    kind = registry.get("k")
+    assert kind is not None and kind.fingerprint is not None
+    assert [p.text for p in kind.fingerprint] == ["/amount", "/currency"]
+    one = Event("s", "1", "e", {"amount": 5, "currency": "eur", "id": "a"})
+    other = Event("s", "2", "e", {"amount": 5, "currency": "eur", "id": "b"})
+    assert kind.fingerprint_of(one) == kind.fingerprint_of(other)
+    assert kind.fingerprint_of(Event("s", "3", "e", {"amount": 6, "currency": "eur"})) != kind.fingerprint_of(
+        one
+    )
+    registry.effect(source="s", events=["e"], name="whole")(handler)
+    whole = registry.get("whole")
+    assert whole is not None and whole.fingerprint_of(one) is None  # the delivery's whole-payload fingerprint
+
+
+@pytest.mark.parametrize(
+    ("fingerprint", "message"),
+    [
+        ("/amount", "must be a list of JSON Pointers"),
+        ([], "at least one field"),
+        (["amount"], "fingerprint: JSON Pointer 'amount' must start with '/'"),
+        (["/a", "/a"], "names a field twice"),
+        ([1], "must be a string"),
+    ],
+)
+def test_a_bad_fingerprint_is_refused_at_registration(fingerprint: Any, message: str) -> None:
+    async def handler(ctx: Any, ev: Event) -> None:
+        return None
+
+    with pytest.raises(ValueError, match=message):
+        Registry().effect(source="s", events=["e"], name="k", fingerprint=fingerprint)(handler)

@@ -14,7 +14,9 @@ them to an account):
     same key, first still running    → 409 idempotency_error / idempotency_key_in_use
     parameters that fail validation  → the error, and the key stays unused (Stripe saves no result then)
 
-Control endpoints: `GET /_fake/stats`, `POST /_fake/reset`, `GET|POST /_fake/faults`.
+Control endpoints: `GET /_fake/stats`, `POST /_fake/reset`, `GET|POST /_fake/faults`, and `GET /_fake/requests`:
+the latest provider requests (method, path and the headers a test asserts on: `Idempotency-Key`,
+`traceparent`, `tracestate`), oldest first, at most `_RECORDED_REQUESTS` of them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import math
 import random
 import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast, get_args
@@ -45,6 +48,8 @@ FaultMode = Literal["none", "error_500", "hang", "drop_after_effect"]
 # Stripe refuses longer keys; the fake does too, so a client that sends one fails here and not in production.
 _MAX_KEY_LENGTH = 255
 _INTENT_AMOUNT = 1000
+_RECORDED_REQUESTS = 1000
+_RECORDED_HEADERS = ("idempotency-key", "traceparent", "tracestate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,7 @@ class _FakeProviders:
         self._refunded: dict[str, int] = {}
         self._shipments: dict[str, dict[str, Any]] = {}
         self._counters = _Counters()
+        self._requests: deque[dict[str, Any]] = deque(maxlen=_RECORDED_REQUESTS)
 
     def _set_faults(self, faults: FaultConfig) -> None:
         self._faults = faults
@@ -202,6 +208,13 @@ class _FakeProviders:
             key = None  # Stripe ignores idempotency keys on GET: reading twice has no effect to guard
         async with self._lock:
             self._counters.requests += 1
+            self._requests.append(
+                {
+                    "method": request.method,
+                    "path": request.url.path,
+                    "headers": {h: request.headers[h] for h in _RECORDED_HEADERS if h in request.headers},
+                }
+            )
             if mutating and key is None:
                 self._counters.requests_without_key += 1
             fault = self._draw_fault(request.url.path)
@@ -404,6 +417,10 @@ class _FakeProviders:
         async with self._lock:
             return JSONResponse(asdict(self._counters))
 
+    async def requests(self, request: Request) -> Response:
+        async with self._lock:
+            return JSONResponse(list(self._requests))
+
     async def reset(self, request: Request) -> Response:
         async with self._lock:
             self._clear()
@@ -442,6 +459,7 @@ def create_app(*, faults: FaultConfig | None = None) -> Starlette:
         Route("/v1/shipments/{id}", fake.endpoint(fake.get_shipment, mutating=False), methods=["GET"]),
         Route("/v1/shipments/{id}/label", fake.shipment_label, methods=["GET"], name="shipment_label"),
         Route("/_fake/stats", fake.stats, methods=["GET"]),
+        Route("/_fake/requests", fake.requests, methods=["GET"]),
         Route("/_fake/reset", fake.reset, methods=["POST"]),
         Route("/_fake/faults", fake.faults, methods=["GET", "POST"]),
     ]

@@ -1,0 +1,55 @@
+"""The ledger's words, typed: job states, delivery outcomes, refusal codes.
+
+Each is a ``StrEnum`` whose values are exactly what the database stores and what the operator API
+and CLI print, so a member compares equal to, serialises as and is sent to Postgres as its text.
+Code names a member, never the bare string: a typo is then an ``AttributeError`` at import or a
+mypy error, not a branch that silently never runs.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    """A job's state (the ``job_state`` type of migrations/0001); docs/state_machine.md draws them."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PARKED = "parked"
+
+
+#: Reached once, left only by a redrive (failed, parked).
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PARKED})
+#: The states an operator may redrive from.
+REDRIVABLE_STATES = frozenset({JobState.FAILED, JobState.PARKED})
+
+
+class DeliveryOutcome(StrEnum):
+    """What one effect of a delivery came to (``deliveries.outcome``)."""
+
+    ACCEPTED = "accepted"  # a new claim: the effect will run
+    DUPLICATE = "duplicate"  # the same request again: counted, not run
+    REJECTED = "rejected"  # another request under a held key: recorded, never run
+    UNMATCHED = "unmatched"  # no handler asked for the event
+
+
+class StepStatus(StrEnum):
+    """How a recorded step ended (``steps.status``): its result, or the terminal error it raised."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class RefusalCode(StrEnum):
+    """Why an operator action on a job was not carried out."""
+
+    NOT_FOUND = "not_found"
+    NOT_CANCELLABLE = "not_cancellable"
+    NOT_REDRIVABLE = "not_redrivable"
+    UNRECOVERABLE_REQUIRES_FORCE = "unrecoverable_requires_force"
+    LOCK_KEY_HELD = "lock_key_held"
+    PAYLOAD_PURGED = "payload_purged"  # retention purged what the job would run on

@@ -1,0 +1,207 @@
+"""Tracing over a real ledger: a signed delivery through the gateway app, its job run by a worker against the
+fake providers, the spans read from the OpenTelemetry SDK's in-memory exporter and the ``traceparent``
+read from the fake provider's recorded requests."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import stripe
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from effectgate.gateway.app import create_app
+from effectgate.gateway.config import parse
+from effectgate.gateway.testing.fake_providers import create_app as create_fake
+from effectgate.handlers import tracing
+from effectgate.handlers.context import Services
+from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.examples.commerce import fulfil_order, order_key
+from effectgate.handlers.payments import PaymentsClient
+from effectgate.handlers.registry import Registry
+from effectgate.handlers.shipping import ShippingClient
+from effectgate.handlers.worker import Worker
+from effectgate.ledger import db
+from tests.integration import jobs_fixtures as jf
+
+pytestmark = pytest.mark.anyio
+pool = jf.pool
+
+SECRET = "whsec_tracing"
+CONFIG = """
+[gateway]
+run_reconciler = false
+
+[sources.stripe]
+scheme = "stripe"
+secrets = ["TRACING_STRIPE_SECRET"]
+"""
+FAKE = "http://fake.test"
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.uninstall()
+        provider.shutdown()
+
+
+def registry() -> Registry:
+    reg = Registry()
+    reg.effect(source="stripe", events=["payment_intent.succeeded"], key=order_key, name="fulfil")(
+        fulfil_order
+    )
+    return reg
+
+
+def delivery(order: str) -> tuple[bytes, dict[str, str]]:
+    obj = {"id": f"pi_{order}", "object": "payment_intent", "metadata": {"order_id": order}}
+    body = json.dumps({"id": f"evt_{order}", "type": "payment_intent.succeeded", "data": {"object": obj}})
+    signature = stripe.WebhookSignature.generate_signature_header(body, SECRET)
+    return body.encode(), {"stripe-signature": signature, "content-type": "application/json"}
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_fake()), base_url=FAKE) as client:
+        yield client
+
+
+async def deliver_and_run(db_url: str, pool: db.Pool, fake: httpx.AsyncClient, order: str) -> httpx.Response:
+    reg = registry()
+    app = create_app(parse(CONFIG, env={"TRACING_STRIPE_SECRET": SECRET}), reg, db_url)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as gateway,
+    ):
+        body, headers = delivery(order)
+        answer = await gateway.post("/webhooks/stripe", content=body, headers=headers)
+    services = Services(
+        http=fake,
+        payments=PaymentsClient(fake, DownstreamConfig(FAKE, "sk_test_tracing")),
+        shipping=ShippingClient(fake, DownstreamConfig(FAKE, None)),
+    )
+    worker = Worker(
+        pool, reg, config=jf.worker_config(), services=services, owner=f"test-{uuid.uuid4().hex[:6]}"
+    )
+    assert await worker.run_until_idle() == 1
+    return answer
+
+
+def one(spans: list[ReadableSpan], name: str) -> ReadableSpan:
+    found = [s for s in spans if s.name == name]
+    assert len(found) == 1, f"{name}: {[s.name for s in spans]}"
+    return found[0]
+
+
+def parent_of(span: ReadableSpan) -> int | None:
+    return span.parent.span_id if span.parent is not None else None
+
+
+def traceparent(span: ReadableSpan) -> str:
+    context = span.get_span_context()
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+async def recorded(fake: httpx.AsyncClient) -> list[dict[str, Any]]:
+    requests: list[dict[str, Any]] = (await fake.get("/_fake/requests")).json()
+    return requests
+
+
+async def test_a_delivery_and_its_job_are_traced_and_the_provider_receives_traceparent(
+    db_url: str, pool: db.Pool, fake: httpx.AsyncClient, spans: InMemorySpanExporter
+) -> None:
+    answer = await deliver_and_run(db_url, pool, fake, "42")
+    assert answer.status_code == 202, answer.text
+    finished = list(spans.get_finished_spans())
+
+    delivery_span = one(finished, "effectgate.delivery")
+    assert delivery_span.attributes == {"effectgate.source": "stripe", "http.response.status_code": 202}
+    verify = one(finished, "effectgate.verify")
+    claim = one(finished, "effectgate.claim")
+    assert parent_of(verify) == parent_of(claim) == delivery_span.context.span_id
+    assert dict(verify.attributes or {}) == {"effectgate.source": "stripe", "effectgate.scheme": "stripe"}
+    assert claim.attributes is not None
+    assert list(claim.attributes["effectgate.effect_keys"]) == ["order-paid:42"]  # type: ignore[arg-type]
+    assert list(claim.attributes["effectgate.outcomes"]) == ["accepted"]  # type: ignore[arg-type]
+
+    job = one(finished, "effectgate.job")
+    assert job.attributes is not None
+    assert {
+        k: job.attributes[k] for k in ("effectgate.effect_key", "effectgate.kind", "effectgate.attempt")
+    } == {
+        "effectgate.effect_key": "order-paid:42",
+        "effectgate.kind": "fulfil",
+        "effectgate.attempt": 1,
+    }
+    assert job.attributes["effectgate.job.outcome"] == "succeeded"
+    steps = {
+        s.attributes["effectgate.step"]: s for s in finished if s.name == "effectgate.step" and s.attributes
+    }
+    assert set(steps) == {"capture", "ship"}
+    for step in steps.values():
+        assert parent_of(step) == job.context.span_id
+        assert step.context.trace_id == job.context.trace_id
+        assert step.attributes is not None
+        assert step.attributes["effectgate.effect_key"] == "order-paid:42"
+        assert step.attributes["effectgate.step.replayed"] is False
+
+    # The provider saw each mutating call carry the trace context of the step that made it.
+    calls = {r["path"]: r["headers"] for r in await recorded(fake) if r["method"] == "POST"}
+    assert calls["/v1/payment_intents/pi_42/capture"]["traceparent"] == traceparent(steps["capture"])
+    assert calls["/v1/shipments"]["traceparent"] == traceparent(steps["ship"])
+
+
+async def test_a_failed_signature_is_recorded_on_the_verify_span(
+    db_url: str, spans: InMemorySpanExporter
+) -> None:
+    app = create_app(parse(CONFIG, env={"TRACING_STRIPE_SECRET": SECRET}), registry(), db_url)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as gateway,
+    ):
+        body, _ = delivery("7")
+        answer = await gateway.post(
+            "/webhooks/stripe", content=body, headers={"stripe-signature": "t=1,v1=00"}
+        )
+    assert answer.status_code == 401
+    finished = list(spans.get_finished_spans())
+    verify = one(finished, "effectgate.verify")
+    assert verify.status.status_code is StatusCode.ERROR
+    assert [e.name for e in verify.events] == ["exception"]
+    assert one(finished, "effectgate.delivery").attributes == {
+        "effectgate.source": "stripe",
+        "http.response.status_code": 401,
+    }
+    assert not [s for s in finished if s.name == "effectgate.claim"]
+
+
+async def test_with_tracing_off_no_span_is_recorded_and_no_traceparent_is_sent(
+    db_url: str, pool: db.Pool, fake: httpx.AsyncClient
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    # A provider exists in the process, but effectgate was never told to use it.
+    assert not tracing.enabled()
+    answer = await deliver_and_run(db_url, pool, fake, "43")
+    assert answer.status_code == 202
+    posts = [r for r in await recorded(fake) if r["method"] == "POST"]
+    assert len(posts) == 2
+    assert all("traceparent" not in r["headers"] for r in posts)
+    assert all(r["headers"]["idempotency-key"] for r in posts)
+    assert exporter.get_finished_spans() == ()
+    provider.shutdown()

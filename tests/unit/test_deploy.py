@@ -1,0 +1,463 @@
+"""The deploy/ artefacts, parsed: what the linters cannot know about effectgate.
+
+hadolint, kubernetes-validate and systemd-analyze (``make deploy-check``) check each file against its
+own format; these tests check them against effectgate: every command parses with effectgate's own
+argument parser and starts without migrating, the probes name the real endpoints, the containers run
+locked down as the image's user, every secret the configuration names is supplied, and every
+worker is given longer to stop than it takes to drain.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from effectgate.gateway.cli import build_parser
+from effectgate.gateway.config import Config, parse
+from effectgate.handlers.worker import DEFAULT_DRAIN_TIMEOUT
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CONFIG_TEXT = (DEPLOY / "effectgate.toml").read_text()
+# After drain_timeout the worker still closes its HTTP client and pool: the stop budget must leave room.
+STOP_MARGIN_SECONDS = 5
+
+
+def config_env_names() -> set[str]:
+    """Every environment variable deploy/effectgate.toml names for a secret: each source's ``secrets``
+    and every ``*_env`` key, wherever it is."""
+    data = tomllib.loads(CONFIG_TEXT)
+    names = {name for source in data["sources"].values() for name in source["secrets"]}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key.endswith("_env") and isinstance(item, str):
+                    names.add(item)
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(data)
+    return names
+
+
+def load_config(env_names: set[str]) -> Config:
+    """The deploy configuration as effectgate loads it, with only ``env_names`` set."""
+    return parse(
+        CONFIG_TEXT,
+        path="deploy/effectgate.toml",
+        env=dict.fromkeys(env_names, "placeholder-secret-0123456789"),
+    )
+
+
+def drain_timeout() -> float:
+    return load_config(config_env_names()).worker.drain_timeout
+
+
+def command_args(argv: list[str]) -> Any:
+    """Parse an artefact's effectgate command line with effectgate's own parser."""
+    return build_parser().parse_args(argv)
+
+
+def assert_production_command(argv: list[str], command: str) -> None:
+    args = command_args(argv)
+    assert args.command == command, argv
+    if command in ("serve", "worker"):
+        # Production processes never migrate at start: migrations run once, from their own job.
+        assert args.no_migrate, f"{argv} must pass --no-migrate"
+
+
+def test_the_deploy_configuration_loads_and_has_the_drain_timeout_the_artefacts_assume() -> None:
+    config = load_config(config_env_names())
+    assert config.handler_modules
+    # Several gateway processes sign dashboard sessions with one shared secret, and /metrics asks a token.
+    assert config.dashboard.session_secret is not None and config.metrics_token_sha256 is not None
+    assert config.worker.drain_timeout == 30
+    # The artefacts size their stop budgets for a drain no longer than the worker's own default.
+    assert config.worker.drain_timeout <= DEFAULT_DRAIN_TIMEOUT
+
+
+# -- Dockerfile -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Instruction:
+    keyword: str
+    rest: str
+
+
+def dockerfile_stages() -> list[list[Instruction]]:
+    text = (DEPLOY / "Dockerfile").read_text()
+    logical = re.sub(
+        r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    )
+    stages: list[list[Instruction]] = []
+    for line in logical.splitlines():
+        if not line.strip():
+            continue
+        keyword, _, rest = line.strip().partition(" ")
+        if keyword.upper() == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(Instruction(keyword.upper(), rest.strip()))
+    return stages
+
+
+def only(stage: list[Instruction], keyword: str) -> Instruction:
+    found = [i for i in stage if i.keyword == keyword]
+    assert len(found) == 1, f"expected one {keyword} in the final stage, got {found}"
+    return found[0]
+
+
+def image_uid() -> int:
+    user = only(dockerfile_stages()[-1], "USER").rest
+    return int(user.split(":")[0])
+
+
+def test_the_image_is_built_in_a_builder_stage_and_installed_without_build_tools() -> None:
+    builder, *_, final = dockerfile_stages()
+    assert re.search(r"\bAS builder$", builder[0].rest)
+    assert any(i.keyword == "RUN" and "pip wheel" in i.rest and '".[otel]"' in i.rest for i in builder)
+    runs = " ".join(i.rest for i in final if i.keyword == "RUN")
+    assert "from=builder" in runs and "--no-index" in runs and "/wheels/*.whl" in runs and "pip check" in runs
+    for tool in ("gcc", "build-essential", "apt-get install", "python3-dev", "libpq-dev"):
+        assert tool not in runs, f"the final stage installs {tool}"
+    assert not any(i.keyword == "COPY" and "--from=builder" in i.rest for i in final), (
+        "the wheels are bind-mounted, never copied into a layer"
+    )
+
+
+def test_the_image_runs_as_a_non_root_numeric_user() -> None:
+    # Numeric, so Kubernetes' runAsNonRoot can verify it without resolving a name.
+    assert image_uid() >= 1000
+
+
+def test_the_image_healthcheck_probes_healthz_with_python_and_stops_on_sigterm() -> None:
+    final = dockerfile_stages()[-1]
+    check = only(final, "HEALTHCHECK").rest
+    command = yaml.safe_load(check.split("CMD", 1)[1].strip())
+    assert command[:2] == ["python", "-c"]
+    compile(command[2], "<healthcheck>", "exec")
+    assert "http://127.0.0.1:8000/healthz" in command[2]
+    assert only(final, "STOPSIGNAL").rest == "SIGTERM"
+    entrypoint = yaml.safe_load(only(final, "ENTRYPOINT").rest)
+    assert entrypoint == ["effectgate"]
+    cmd = yaml.safe_load(only(final, "CMD").rest)
+    assert_production_command(cmd, "serve")
+    assert command_args(cmd).port == 8000 and command_args(cmd).host == "0.0.0.0"
+    env = " ".join(i.rest for i in final if i.keyword == "ENV")
+    assert "EFFECTGATE_CONFIG=/etc/effectgate/effectgate.toml" in env
+
+
+def copy_sources(stage: list[Instruction]) -> set[str]:
+    """The build-context paths a stage's COPY instructions read (not those copied from another stage)."""
+    sources = set()
+    for i in stage:
+        words = i.rest.split()
+        if i.keyword == "COPY" and not any(w.startswith("--from") for w in words):
+            sources |= {w.rstrip("/") for w in words[:-1] if not w.startswith("--")}
+    return sources
+
+
+def test_the_build_context_sends_every_package_folder_the_wheel_needs() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = {f.split("/")[0] for f in pyproject["tool"]["setuptools"]["package-dir"].values()}
+    stages = dockerfile_stages()
+    assert {"pyproject.toml", "README.md"} | folders <= copy_sources(stages[0])
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    sources = set().union(*(copy_sources(stage) for stage in stages))
+    assert sources <= allowed, f"COPY sources excluded by Dockerfile.dockerignore: {sources - allowed}"
+
+
+# -- compose --------------------------------------------------------------------------------------
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    return data
+
+
+def seconds(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|m)", duration)
+    assert match, duration
+    return int(match[1]) * (60 if match[2] == "m" else 1)
+
+
+def test_compose_has_postgres_migrate_gateway_and_worker() -> None:
+    services = compose()["services"]
+    assert set(services) == {"postgres", "migrate", "gateway", "worker"}
+    postgres = services["postgres"]
+    volume = postgres["volumes"][0].split(":")
+    assert volume[1] == "/var/lib/postgresql/data" and volume[0] in compose()["volumes"]
+    assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
+
+
+def test_compose_runs_migrate_once_before_gateway_and_worker() -> None:
+    services = compose()["services"]
+    migrate = services["migrate"]
+    assert_production_command(migrate["command"], "migrate")
+    assert migrate["restart"] == "no"
+    assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    for name, command in (("gateway", "serve"), ("worker", "worker")):
+        service = services[name]
+        assert_production_command(service["command"], command)
+        assert service["depends_on"] == {
+            "postgres": {"condition": "service_healthy"},
+            "migrate": {"condition": "service_completed_successfully"},
+        }
+
+
+def test_compose_runs_two_of_each_and_gives_workers_time_to_drain() -> None:
+    services = compose()["services"]
+    gateway_args = command_args(services["gateway"]["command"])
+    assert gateway_args.workers == 2 or services["gateway"].get("deploy", {}).get("replicas") == 2
+    # The image's HEALTHCHECK probes 127.0.0.1:8000 inside the container.
+    assert (gateway_args.host, gateway_args.port) == ("0.0.0.0", 8000)
+    assert services["worker"]["deploy"]["replicas"] == 2
+    # Compose's default stop_grace_period is 10 s: a draining worker would be SIGKILLed.
+    assert seconds(services["worker"]["stop_grace_period"]) >= drain_timeout() + STOP_MARGIN_SECONDS
+    # The image's HEALTHCHECK probes the gateway port; workers and migrate have none.
+    assert services["worker"]["healthcheck"] == {"disable": True}
+    assert services["migrate"]["healthcheck"] == {"disable": True}
+    assert "healthcheck" not in services["gateway"]
+
+
+def test_compose_supplies_every_secret_the_configuration_names() -> None:
+    for name in ("migrate", "gateway", "worker"):
+        service = compose()["services"][name]
+        env = service["environment"]
+        assert env["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in env["DATABASE_URL"]
+        assert f"./effectgate.toml:{env['EFFECTGATE_CONFIG']}:ro" in service["volumes"]
+        assert config_env_names() <= set(env)
+        for var in config_env_names():
+            # Interpolated from deploy/.env, and an unset one stops compose with a message.
+            assert env[var] == f"${{{var}:?set {var}}}"
+        assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
+
+
+# -- Kubernetes -----------------------------------------------------------------------------------
+
+
+def manifests() -> dict[tuple[str, str], dict[str, Any]]:
+    found = {}
+    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                found[(doc["kind"], doc["metadata"]["name"])] = doc
+    return found
+
+
+def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    for (kind, name), doc in manifests().items():
+        if kind in ("Deployment", "Job"):
+            yield name, doc["spec"]["template"]["spec"]
+
+
+def container(name: str) -> dict[str, Any]:
+    kind = "Job" if name == "effectgate-migrate" else "Deployment"
+    containers: list[dict[str, Any]] = manifests()[(kind, name)]["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def test_the_manifests_are_the_expected_set() -> None:
+    assert set(manifests()) == {
+        ("ConfigMap", "effectgate-config"),
+        ("Job", "effectgate-migrate"),
+        ("Deployment", "effectgate-gateway"),
+        ("Service", "effectgate-gateway"),
+        ("PodDisruptionBudget", "effectgate-gateway"),
+        ("Deployment", "effectgate-worker"),
+    }
+
+
+def test_the_configmap_is_deploy_effectgate_toml_verbatim() -> None:
+    assert manifests()[("ConfigMap", "effectgate-config")]["data"]["effectgate.toml"] == CONFIG_TEXT
+
+
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [("effectgate-migrate", "migrate"), ("effectgate-gateway", "serve"), ("effectgate-worker", "worker")],
+)
+def test_each_pod_runs_its_command_without_migrating_at_start(name: str, command: str) -> None:
+    c = container(name)
+    assert "command" not in c, "the image's ENTRYPOINT is effectgate; pods pass args"
+    assert_production_command(c["args"], command)
+
+
+def test_every_pod_is_locked_down_as_the_image_user() -> None:
+    specs = dict(pod_specs())
+    assert set(specs) == {"effectgate-migrate", "effectgate-gateway", "effectgate-worker"}
+    for name, spec in specs.items():
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True, name
+        assert pod["runAsUser"] == pod["runAsGroup"] == image_uid(), name
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert spec["automountServiceAccountToken"] is False, name
+        c = spec["containers"][0]
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False, name
+        assert sc["readOnlyRootFilesystem"] is True, name
+        assert sc["runAsNonRoot"] is True and sc["privileged"] is False, name
+        assert sc["capabilities"] == {"drop": ["ALL"]}, name
+        # A read-only root needs a writable /tmp for anything that asks tempfile for a file.
+        assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"], name
+        resources = c["resources"]
+        assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"], name
+
+
+def test_the_gateway_probes_readyz_and_healthz_on_its_port() -> None:
+    c = container("effectgate-gateway")
+    port = command_args(c["args"]).port
+    assert c["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert command_args(c["args"]).forwarded_allow_ips, "behind an Ingress the proxy must be trusted"
+
+
+def test_the_service_and_the_budget_select_the_gateway_pods() -> None:
+    m = manifests()
+    deployment = m[("Deployment", "effectgate-gateway")]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    service = m[("Service", "effectgate-gateway")]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    budget = m[("PodDisruptionBudget", "effectgate-gateway")]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert 1 <= budget["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+
+
+def test_the_worker_grace_period_exceeds_its_drain_timeout() -> None:
+    spec = manifests()[("Deployment", "effectgate-worker")]["spec"]["template"]["spec"]
+    configmap = manifests()[("ConfigMap", "effectgate-config")]["data"]["effectgate.toml"]
+    in_cluster = parse(
+        configmap, path="configmap", env=dict.fromkeys(config_env_names(), "placeholder-secret-0123456789")
+    ).worker.drain_timeout
+    assert spec["terminationGracePeriodSeconds"] >= in_cluster + STOP_MARGIN_SECONDS
+    # Someone deleting drain_timeout from the ConfigMap falls back to the worker's default: still fits.
+    assert spec["terminationGracePeriodSeconds"] >= DEFAULT_DRAIN_TIMEOUT + STOP_MARGIN_SECONDS
+
+
+@pytest.mark.parametrize("name", ["effectgate-gateway", "effectgate-worker"])
+def test_secrets_come_from_the_secret_and_the_config_from_the_configmap(name: str) -> None:
+    c = container(name)
+    env = {e["name"]: e for e in c["env"]}
+    assert set(env) == config_env_names() | {"DATABASE_URL"}
+    for var, entry in env.items():
+        assert "value" not in entry, f"{var} must come from the Secret, not the manifest"
+        assert entry["valueFrom"]["secretKeyRef"]["name"] == "effectgate"
+    assert {"name": "config", "mountPath": "/etc/effectgate", "readOnly": True} in c["volumeMounts"]
+    spec = manifests()[("Deployment", name)]["spec"]["template"]["spec"]
+    assert {"name": "config", "configMap": {"name": "effectgate-config"}} in spec["volumes"]
+    load_config(set(env))  # every secret the configuration names is supplied
+
+
+def test_the_migrate_job_needs_only_the_database() -> None:
+    c = container("effectgate-migrate")
+    assert [e["name"] for e in c["env"]] == ["DATABASE_URL"]
+    job = manifests()[("Job", "effectgate-migrate")]["spec"]
+    assert job["template"]["spec"]["restartPolicy"] == "Never"
+    assert job["backoffLimit"] >= 1
+
+
+# -- systemd --------------------------------------------------------------------------------------
+
+
+def unit(name: str) -> dict[str, dict[str, list[str]]]:
+    """A unit file as section -> key -> values (systemd allows a key more than once)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] = {}
+    for line in (DEPLOY / "systemd" / name).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+UNITS = ["effectgate-migrate.service", "effectgate-gateway.service", "effectgate-worker.service"]
+SANDBOX = {
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "PrivateDevices": "yes",
+    "NoNewPrivileges": "yes",
+    "RemoveIPC": "yes",
+    "PrivateMounts": "yes",
+    "CapabilityBoundingSet": "",
+    "AmbientCapabilities": "",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectControlGroups": "yes",
+    "RestrictSUIDSGID": "yes",
+    "RestrictNamespaces": "yes",
+    "LockPersonality": "yes",
+}
+
+
+def test_the_units_are_the_expected_set() -> None:
+    assert sorted(p.name for p in (DEPLOY / "systemd").glob("*.service")) == sorted(UNITS)
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_every_unit_is_sandboxed_and_runs_as_the_effectgate_user(name: str) -> None:
+    service = unit(name)["Service"]
+    for key, value in SANDBOX.items():
+        assert service.get(key) == [value], f"{name}: {key}={value}"
+    assert service["User"] == ["effectgate"]
+    assert service["EnvironmentFile"] == ["/etc/effectgate/effectgate.env"]
+
+
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [
+        ("effectgate-migrate.service", "migrate"),
+        ("effectgate-gateway.service", "serve"),
+        ("effectgate-worker.service", "worker"),
+    ],
+)
+def test_every_unit_runs_its_command_without_migrating_at_start(name: str, command: str) -> None:
+    (exec_start,) = unit(name)["Service"]["ExecStart"]
+    executable, *argv = shlex.split(exec_start)
+    assert executable == "/opt/effectgate/bin/effectgate"
+    assert_production_command(argv, command)
+
+
+def test_the_migrate_oneshot_runs_before_gateway_and_worker() -> None:
+    assert unit("effectgate-migrate.service")["Service"]["Type"] == ["oneshot"]
+    for name in ("effectgate-gateway.service", "effectgate-worker.service"):
+        sections = unit(name)
+        assert "effectgate-migrate.service" in " ".join(sections["Unit"]["After"]).split()
+        assert "effectgate-migrate.service" in " ".join(sections["Unit"]["Wants"]).split()
+        assert sections["Service"]["Environment"] == ["EFFECTGATE_CONFIG=/etc/effectgate/effectgate.toml"]
+
+
+def test_the_gateway_unit_listens_on_loopback_and_trusts_only_the_local_proxy() -> None:
+    (exec_start,) = unit("effectgate-gateway.service")["Service"]["ExecStart"]
+    args = command_args(shlex.split(exec_start)[1:])
+    assert args.host == "127.0.0.1"
+    assert args.forwarded_allow_ips == ("127.0.0.1",)
+
+
+def test_the_worker_unit_waits_longer_than_the_drain() -> None:
+    service = unit("effectgate-worker.service")["Service"]
+    assert service["KillSignal"] == ["SIGTERM"]
+    (timeout,) = service["TimeoutStopSec"]
+    assert int(timeout) >= max(drain_timeout(), DEFAULT_DRAIN_TIMEOUT) + STOP_MARGIN_SECONDS
