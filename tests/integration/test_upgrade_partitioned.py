@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db, jobs, reports, steps
+from effectgate.gateway.operator import reporting
+from effectgate.ledger import db, jobs, steps
 from effectgate.ledger.claims import (
     Accepted,
     Duplicate,
@@ -26,6 +27,7 @@ from effectgate.ledger.claims import (
 from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate
 from effectgate.ledger.partitions import PartitionKeeper
 from effectgate.ledger.reconciler import Reconciler
+from effectgate.ledger.reports import DUPLICATES, KEY_CONFLICTS
 from tests.integration.test_retention import delivery
 
 pytestmark = pytest.mark.anyio
@@ -157,10 +159,9 @@ async def test_the_upgrade_keeps_every_row_and_the_ledger_works_after_it(
             await conn.execute("SELECT max(id) AS m, count(DISTINCT id) AS n FROM deliveries")
         ).fetchone()
         assert ids is not None and (ids["m"], ids["n"]) == (33, 33)
-        report = await reports.duplicates(conn, since=now - timedelta(hours=1))
-        assert len(report.items) == 5
-        conflicts = await reports.key_conflicts(conn, since=now - timedelta(hours=1))
-        assert len(conflicts.items) == 5
+        window = {"since": (now - timedelta(hours=1)).isoformat()}
+        assert len((await reporting.fetch(conn, DUPLICATES, window)).items) == 5
+        assert len((await reporting.fetch(conn, KEY_CONFLICTS, window)).items) == 5
         # Maintenance runs on it: partitions made ahead; the legacy partition is kept inside its window.
         result = await Reconciler().run_once(conn)
         assert result.service_errors == {} and result.partitions.created
