@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: install check lint typecheck test test-lowest chaos bench bench-short up metrics-check deploy-check
+.PHONY: install check lint typecheck test test-lowest chaos bench bench-short soak soak-short up metrics-check deploy-check
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -44,6 +44,15 @@ bench:
 	$(PYTHON) -m tests.bench.worker
 	$(PYTHON) -m tests.bench.ingress
 	$(PYTHON) -m tests.bench.reports
+
+# The soak: steady deliveries with retention windows of minutes; prints table sizes and claim latency over time and
+# exits 1 if a table kept growing or a late duplicate after its payload purge was claimed again. `soak-short`
+# (under a minute, a simulated clock at x30) is the version for CI.
+soak:
+	$(PYTHON) -m tests.bench.soak --minutes 15
+
+soak-short:
+	$(PYTHON) -m tests.bench.soak --minutes 0.7 --speed 30 --rate 100
 
 bench-short:
 	$(PYTHON) -m tests.bench.claims --seconds 1 --clients 4

@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from effectgate.handlers import tracing
+from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
-from effectgate.handlers.worker import reconcile_forever
 from effectgate.ledger import db
 from effectgate.ledger.migrate import unapplied
 

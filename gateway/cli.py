@@ -40,10 +40,11 @@ import httpx
 
 from effectgate.handlers import tracing
 from effectgate.handlers.context import Services
+from effectgate.handlers.maintenance import make_reconciler
 from effectgate.handlers.payments import PaymentsClient
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.shipping import ShippingClient
-from effectgate.handlers.worker import Worker, make_reconciler
+from effectgate.handlers.worker import Worker
 from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate, unapplied
@@ -464,6 +465,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                 "woken": result.woken,
                 "sweeps": result.sweep_acted,
                 "sweep_errors": result.sweep_errors,
+                "partitions_created": result.partitions.created,
+                "partitions_dropped": result.partitions.dropped,
+                "purged": {what: n for what, n in result.retention.purged.items() if n},
+                "skipped": result.skipped,
+                "service_errors": result.service_errors,
             }
         )
     )

@@ -5,10 +5,14 @@
                                   auth-failures, jobs, …; `effectgate ledger REPORT --help` lists its flags)
     effectgate ledger rejects     [filters] [--kind all|conflicts|auth] [--sort -received|received]
     effectgate ledger show KEY    [--tenant T]
+    effectgate ledger replay --unmatched --source S --since 24h [--until …] [--config PATH]
+    effectgate ledger retention   [--config PATH]   what retention keeps, has purged, and whether it is behind
     effectgate jobs list          [--state S[,S…]] [--kind K] [--source S] [--since …] [--until …] [--sort -created|created]
     effectgate jobs show JOB_ID
     effectgate jobs redrive JOB_ID [--force]
     effectgate jobs cancel JOB_ID  [--reason TEXT]
+    effectgate jobs redrive|cancel --state S --kind K --source S --since 24h [--limit N] [--dry-run]
+    effectgate jobs pause --kind K [--reason TEXT] | resume --kind K | paused
 
 A report's flags, their help and its table come from its spec (``ReportSpec``), read the way the HTTP
 API reads its query string (``gateway/operator/reporting.py``). ``--since`` and ``--until`` are ISO 8601
@@ -22,7 +26,8 @@ Exit codes scripts can rely on:
     2  usage mistake: a bad flag or filter (the message names it and its code, e.g. invalid_since)
     3  not found (no such effect key or job)
     4  refused: the job action was not carried out; the refusal code is printed (not_redrivable,
-       unrecoverable_requires_force, lock_key_held, not_cancellable)
+       unrecoverable_requires_force, lock_key_held, payload_purged, not_cancellable, not_paused); a bulk
+       action some of whose jobs were refused (some_refused; the summary counts them by code)
 
 These commands read and act on the ledger directly (``DATABASE_URL``, or the embedded Postgres); they
 need no configuration file and no running gateway. The event loop is gateway/cli.py's: it passes in the
@@ -42,15 +47,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from effectgate.handlers import control
+from effectgate.handlers import bulk as bulk_actions
+from effectgate.handlers import control, replay
 from effectgate.handlers.registry import REGISTRY
-from effectgate.ledger import db, reports
+from effectgate.ledger import bulk as ledger_bulk
+from effectgate.ledger import db, reports, retention
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS, REPORTS, ReportSpec
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 
 from .operator import documents, reporting
-from .operator.params import PARAMETER_ERRORS, BadParameter, parse_id, parse_name
+from .operator.params import PARAMETER_ERRORS, BadParameter, parse_id, parse_name, parse_states, parse_time
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -68,10 +75,12 @@ class NotFound(Exception):
 class Refused(Exception):
     """A job action was refused by the ledger, with its code."""
 
-    def __init__(self, code: str, detail: str) -> None:
+    def __init__(self, code: str, detail: str, document: dict[str, Any] | None = None) -> None:
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+        # What --format json prints instead of the bare error (a bulk action's summary).
+        self.document = document
 
 
 Command = Callable[[db.Conn, argparse.Namespace, TextIO], Awaitable[None]]
@@ -98,7 +107,8 @@ def _run(command: Command, run_on_ledger: LedgerRunner) -> Callable[[argparse.Na
         except Refused as exc:
             print(f"effectgate: refused: {exc.code}: {exc.detail}", file=sys.stderr)
             if args.format == "json":
-                print(json.dumps({"error": exc.code, "detail": exc.detail}), file=out)
+                document = {"error": exc.code, "detail": exc.detail, **(exc.document or {})}
+                print(json.dumps(documents.jsonable(document)), file=out)
             return EXIT_REFUSED
         return EXIT_OK
 
@@ -497,6 +507,10 @@ def _refusal(refusal: ledger_jobs.Refused) -> Exception:
 
 
 async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    if args.job_id is None:
+        await _bulk(conn, args, out, "redrive")
+        return
+    _no_filters(args)
     job_id = parse_id(args.job_id, "job_id")
     refusal = await ledger_jobs.redrive(conn, job_id, force=args.force)
     if refusal is not None:
@@ -507,13 +521,150 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
         print(f"job {job_id}: redriven, now pending", file=out)
 
 
-async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    job_id = parse_id(args.job_id, "job_id")
-    for module in args.handlers or ():
+def _job_filter(args: argparse.Namespace) -> ledger_bulk.JobFilter:
+    now = datetime.now(UTC)
+    states = parse_states(args.state)
+    where = ledger_bulk.JobFilter(
+        states=tuple(states) if states else None,
+        kind=parse_name(args.kind, "kind"),
+        source=parse_name(args.source, "source"),
+        since=parse_time(args.since, "since", now=now),
+        limit=_bulk_limit(args.limit),
+    )
+    if where.empty:
+        raise BadParameter(
+            "job_id", "give a JOB_ID, or a filter (--state, --kind, --source, --since) for a bulk action"
+        )
+    return where
+
+
+def _bulk_limit(value: str | None) -> int:
+    if value is None:
+        return ledger_bulk.DEFAULT_LIMIT
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100_000:
+        raise BadParameter("limit", f"expected a whole number from 1 to 100000, got {value!r}")
+    return limit
+
+
+def _no_filters(args: argparse.Namespace) -> None:
+    for flag in ("state", "kind", "source", "since", "limit"):
+        if getattr(args, flag) is not None:
+            raise BadParameter(flag, "filters select jobs for a bulk action; give them without a JOB_ID")
+    if args.dry_run:
+        raise BadParameter("dry_run", "--dry-run is for bulk actions (filters without a JOB_ID)")
+
+
+class _Bar:
+    """A progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.shown = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.shown or not total:
+            return
+        width = 30
+        filled = width * done // total
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+async def _bulk(conn: db.Conn, args: argparse.Namespace, out: TextIO, action: bulk_actions.Action) -> None:
+    where = _job_filter(args)
+    _import_handlers(args)
+    result = await bulk_actions.run(
+        conn,
+        REGISTRY,
+        action,
+        where,
+        by=_operator(),
+        reason=getattr(args, "reason", "cancelled by operator"),
+        force=getattr(args, "force", False),
+        dry_run=args.dry_run,
+        progress=_Bar("dry run" if args.dry_run else action),
+    )
+    summary = result.summary()
+    document = {**summary, "job_ids": result.done, "refused_job_ids": result.refused}
+    refused = bool(result.refused) and not args.dry_run
+    if args.format == "json":
+        if not refused:  # else printed once, with the error, by _run
+            _json(out, document)
+    else:
+        verb = {"redrive": "redriven", "cancel": "cancelled or cancel requested"}[action]
+        would = "would be " if args.dry_run else ""
+        print(f"{'dry run: ' if args.dry_run else ''}{len(result.matched)} jobs matched", file=out)
+        print(f"  {would}{verb}: {len(result.done)}", file=out)
+        for code, ids in sorted(result.refused.items()):
+            print(f"  {'would be ' if args.dry_run else ''}refused {code}: {len(ids)}", file=out)
+    if refused:
+        codes = ", ".join(f"{code} {len(ids)}" for code, ids in sorted(result.refused.items()))
+        raise Refused("some_refused", f"{len(result.done)} done, refused: {codes}", document)
+
+
+def _import_handlers(args: argparse.Namespace) -> None:
+    for module in getattr(args, "handlers", None) or ():
         try:
             importlib.import_module(module)
         except Exception as exc:
             raise BadParameter("handlers", f"cannot import {module!r}: {type(exc).__name__}: {exc}") from exc
+
+
+async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    kind = parse_name(args.kind, "kind")
+    assert kind is not None
+    row = await ledger_bulk.pause(conn, kind, by=_operator(), reason=args.reason)
+    if args.format == "json":
+        _json(out, row)
+    else:
+        print(
+            f"kind {kind}: paused; its jobs wait pending until `effectgate jobs resume --kind {kind}`",
+            file=out,
+        )
+
+
+async def cmd_jobs_resume(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    kind = parse_name(args.kind, "kind")
+    assert kind is not None
+    if not await ledger_bulk.resume(conn, kind):
+        raise Refused("not_paused", f"kind {kind} is not paused")
+    if args.format == "json":
+        _json(out, {"kind": kind, "paused": False})
+    else:
+        print(f"kind {kind}: resumed", file=out)
+
+
+async def cmd_jobs_paused(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    rows = await ledger_bulk.paused(conn)
+    if args.format == "json":
+        _json(out, {"paused": rows})
+        return
+    print_table(
+        out,
+        rows,
+        [
+            ("KIND", "kind"),
+            ("PAUSED AT", "paused_at"),
+            ("BY", "paused_by"),
+            ("PENDING", "pending"),
+            ("REASON", "reason"),
+        ],
+    )
+
+
+async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    if args.job_id is None:
+        await _bulk(conn, args, out, "cancel")
+        return
+    _no_filters(args)
+    job_id = parse_id(args.job_id, "job_id")
+    _import_handlers(args)
     outcome = await control.cancel(conn, REGISTRY, job_id, by=_operator(), reason=args.reason)
     if isinstance(outcome, ledger_jobs.Refused):
         raise _refusal(outcome)
@@ -523,6 +674,122 @@ async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
         print(f"job {job_id}: cancelled", file=out)
     else:
         print(f"job {job_id}: cancel requested; it ends cancelled at its worker's next heartbeat", file=out)
+
+
+def _retention_config(args: argparse.Namespace) -> tuple[str | None, retention.RetentionConfig]:
+    """The windows that apply: --config, EFFECTGATE_CONFIG or ./effectgate.toml when there is one, else the
+    defaults. Raises ``ConfigError``."""
+    import os
+    from pathlib import Path
+
+    from .config import DEFAULT_CONFIG_FILE, load
+
+    path = args.config or os.environ.get("EFFECTGATE_CONFIG")
+    if path is None and Path(DEFAULT_CONFIG_FILE).exists():
+        path = DEFAULT_CONFIG_FILE
+    if path is None:
+        return None, retention.RetentionConfig()
+    return path, load(path).worker.reconciler.retention_config()
+
+
+def run_replay(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
+    """``effectgate ledger replay --unmatched``: the handlers come from the configuration, read first."""
+    import os
+
+    from .config import DEFAULT_CONFIG_FILE, ConfigError, import_handlers, load
+
+    try:
+        config = load(args.config or os.environ.get("EFFECTGATE_CONFIG") or DEFAULT_CONFIG_FILE)
+        import_handlers(config)
+    except ConfigError as exc:
+        print(f"effectgate: --config: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.source not in config.sources:
+        print(f"effectgate: --source: {args.source!r} is not a configured source", file=sys.stderr)
+        return EXIT_USAGE
+    return _run(cmd_replay, run_on_ledger)(args)
+
+
+async def cmd_replay(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    now = datetime.now(UTC)
+    since = parse_time(args.since, "since", now=now)
+    until = parse_time(args.until, "until", now=now)
+    assert since is not None  # required by the parser
+    result = await replay.replay_unmatched(
+        conn, REGISTRY, source=args.source, since=since, until=until, limit=_bulk_limit(args.limit)
+    )
+    if args.format == "json":
+        _json(out, result.summary())
+        return
+    print(f"{result.deliveries} unmatched deliveries of {args.source} replayed", file=out)
+    for outcome, n in sorted(result.outcomes.items()):
+        print(f"  effects {outcome}: {n}", file=out)
+    print(f"  still unmatched (no handler yet): {result.still_unmatched}", file=out)
+    if result.key_failed:
+        print(f"  key function failed: {result.key_failed}", file=out)
+
+
+def run_retention(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
+    """``effectgate ledger retention``: the configuration is read before the ledger is touched."""
+    from .config import ConfigError
+
+    try:
+        args.retention = _retention_config(args)
+    except ConfigError as exc:
+        print(f"effectgate: --config: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _run(cmd_retention, run_on_ledger)(args)
+
+
+async def cmd_retention(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    path, config = args.retention
+    lines, tombstones = await retention.report(conn, config)
+    now = datetime.now(UTC)
+    # A pass may lag a tick or two behind; only a row older than its window by more than a day is "behind".
+    behind = [retention.overdue(line, now, slack=86400) for line in lines]
+    rows = [
+        {
+            "what": line.what,
+            "window_days": None if line.window_seconds is None else round(line.window_seconds / 86400, 4),
+            "oldest_held": line.oldest_held,
+            "purged_total": line.purged_total,
+            "last_purged_at": line.last_purged_at,
+            "last_run_at": line.last_run_at,
+            "behind": late,
+        }
+        for line, late in zip(lines, behind, strict=True)
+    ]
+    if args.format == "json":
+        _json(out, {"config": path, "tombstones": tombstones, "tables": rows})
+        return
+    if args.format == "csv":
+        print_csv(out, [documents.jsonable(r) for r in rows], list(rows[0]))
+        return
+    print(f"windows from: {path or 'the defaults (no configuration file)'}", file=out)
+    print(f"tombstones held: {tombstones} (kept for the dedupe window; forever unless opted in)\n", file=out)
+    table = [
+        {
+            "what": line.what,
+            "window": "forever" if line.window_seconds is None else f"{line.window_seconds / 86400:g}",
+            "oldest": _age(line.oldest_held.isoformat(), now) if line.oldest_held else "",
+            "purged": line.purged_total,
+            "last": line.last_purged_at.isoformat(timespec="seconds") if line.last_purged_at else "",
+            "behind": "BEHIND" if late else "",
+        }
+        for line, late in zip(lines, behind, strict=True)
+    ]
+    print_table(
+        out,
+        table,
+        [
+            ("WHAT", "what"),
+            ("WINDOW (DAYS)", "window"),
+            ("OLDEST HELD", "oldest"),
+            ("PURGED", "purged"),
+            ("LAST PURGED", "last"),
+            ("", "behind"),
+        ],
+    )
 
 
 # -- parser ----------------------------------------------------------------------------------------
@@ -540,6 +807,17 @@ def _report_flags(p: argparse.ArgumentParser, spec: ReportSpec) -> None:
     for name in reporting.parameters(spec):
         p.add_argument("--" + name.replace("_", "-"), dest=name, help=reporting.describe(spec, name))
     _output(p)
+
+
+def _bulk_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", help=f"bulk: one or more, comma-separated: {', '.join(JobState)}")
+    p.add_argument("--kind", help="bulk: only this handler kind")
+    p.add_argument("--source", help="bulk: only jobs of this webhook source")
+    p.add_argument(
+        "--since", help="bulk: finished (or, not finished, created) since: ISO 8601 or 30m, 24h, 7d"
+    )
+    p.add_argument("--limit", help=f"bulk: at most this many jobs (default {ledger_bulk.DEFAULT_LIMIT})")
+    p.add_argument("--dry-run", action="store_true", help="bulk: show what would happen, change nothing")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_ledger: LedgerRunner) -> None:
@@ -567,6 +845,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
     _output(show)
     show.set_defaults(func=_run(cmd_show, run_on_ledger))
 
+    rep = reports_sub.add_parser(
+        "replay", help="claim kept unmatched deliveries as if they had just arrived", epilog=_EPILOG
+    )
+    rep.add_argument("--unmatched", action="store_true", required=True, help="replay unmatched deliveries")
+    rep.add_argument("--source", required=True, help="the webhook source whose deliveries to replay")
+    rep.add_argument("--since", required=True, help="received since: ISO 8601 or 30m, 24h, 7d")
+    rep.add_argument("--until", help="received before (default now)")
+    rep.add_argument("--limit", help=f"at most this many deliveries (default {ledger_bulk.DEFAULT_LIMIT})")
+    rep.add_argument(
+        "--config", help="the configuration naming the handler modules (default: EFFECTGATE_CONFIG)"
+    )
+    _output(rep)
+    rep.set_defaults(func=lambda args: run_replay(args, run_on_ledger))
+
+    ret = reports_sub.add_parser(
+        "retention", help="what retention keeps and has purged, per table", epilog=_EPILOG
+    )
+    ret.add_argument("--config", help="the configuration whose windows apply (default: EFFECTGATE_CONFIG)")
+    _output(ret)
+    ret.set_defaults(func=lambda args: run_retention(args, run_on_ledger))
+
     jobs = sub.add_parser("jobs", help="list, show, redrive and cancel jobs", epilog=_EPILOG)
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
 
@@ -580,15 +879,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
     show_job.set_defaults(func=_run(cmd_jobs_show, run_on_ledger))
 
     redrive = jobs_sub.add_parser(
-        "redrive", help="put a failed or parked job back to pending", epilog=_EPILOG
+        "redrive",
+        help="put a failed or parked job (or every job a filter matches) back to pending",
+        epilog=_EPILOG,
     )
-    redrive.add_argument("job_id", metavar="JOB_ID")
+    redrive.add_argument("job_id", metavar="JOB_ID", nargs="?", help="one job; or give filters instead")
     redrive.add_argument("--force", action="store_true", help="redrive an unrecoverable failure too")
+    _bulk_filters(redrive)
     _output(redrive)
     redrive.set_defaults(func=_run(cmd_jobs_redrive, run_on_ledger))
 
-    cancel = jobs_sub.add_parser("cancel", help="cancel a pending or running job", epilog=_EPILOG)
-    cancel.add_argument("job_id", metavar="JOB_ID")
+    cancel = jobs_sub.add_parser(
+        "cancel", help="cancel a pending or running job (or every job a filter matches)", epilog=_EPILOG
+    )
+    cancel.add_argument("job_id", metavar="JOB_ID", nargs="?", help="one job; or give filters instead")
     cancel.add_argument("--reason", default="cancelled by operator", help="recorded with the job")
     cancel.add_argument(
         "--handlers",
@@ -596,5 +900,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
         metavar="MODULE",
         help="import this handler module so its kind's on_transition mirrors the cancel (repeatable)",
     )
+    _bulk_filters(cancel)
     _output(cancel)
     cancel.set_defaults(func=_run(cmd_jobs_cancel, run_on_ledger))
+
+    pause = jobs_sub.add_parser(
+        "pause", help="stop leasing one kind's jobs (they wait pending)", epilog=_EPILOG
+    )
+    pause.add_argument("--kind", required=True, help="the handler kind, e.g. commerce.fulfil_order")
+    pause.add_argument("--reason", help="recorded with the pause, shown by `jobs paused`")
+    _output(pause)
+    pause.set_defaults(func=_run(cmd_jobs_pause, run_on_ledger))
+
+    resume = jobs_sub.add_parser("resume", help="lease a paused kind's jobs again", epilog=_EPILOG)
+    resume.add_argument("--kind", required=True, help="the paused handler kind")
+    _output(resume)
+    resume.set_defaults(func=_run(cmd_jobs_resume, run_on_ledger))
+
+    paused = jobs_sub.add_parser("paused", help="the paused kinds and their waiting jobs", epilog=_EPILOG)
+    _output(paused)
+    paused.set_defaults(func=_run(cmd_jobs_paused, run_on_ledger))

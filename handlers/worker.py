@@ -27,16 +27,20 @@ from typing import Any
 
 from effectgate.ledger import db, jobs, steps
 from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
-from effectgate.ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfig, ReconcileResult, Repaired
+from effectgate.ledger.reconciler import ReconcilerConfig, ReconcileResult
 from effectgate.ledger.vocabulary import JobState
 
 from . import tracing
 from .context import EffectContext, Services
 from .errors import TerminalError, TransientError, UnrecoverableError
 from .event import Event, Transition
+from .maintenance import make_reconciler, reconcile_forever
 from .observe import WorkerObserver
 from .outcomes import HAND_BACK, SliceOutcome
 from .registry import EffectKind, Registry
+
+# Re-exported: they lived here before the maintenance loop moved to .maintenance.
+__all__ = ["Worker", "WorkerConfig", "backoff_delay", "error_record", "make_reconciler", "reconcile_forever"]
 
 log = logging.getLogger("effectgate.worker")
 
@@ -97,49 +101,6 @@ def error_record(exc: BaseException) -> dict[str, Any]:
         "code": getattr(exc, "code", None),
         "traceback": "".join(traceback.format_exception(exc))[-8000:],
     }
-
-
-def make_reconciler(registry: Registry, config: ReconcilerConfig | None = None) -> Reconciler:
-    """A reconciler wired to ``registry``: its sweeps, each kind's pending TTL and poison threshold, and
-    each kind's ``on_transition`` run inside the terminal transitions the reconciler makes."""
-
-    async def on_transition(conn: db.Conn, repaired: Repaired) -> None:
-        kind = registry.get(repaired.kind)
-        if kind is not None and kind.on_transition is not None:
-            await kind.on_transition(
-                conn, Transition(repaired.job_id, repaired.effect_key, repaired.state, repaired.reason)
-            )
-
-    policies = {k.name: KindPolicy(k.pending_ttl, k.poison_threshold) for k in registry.kinds()}
-    return Reconciler(config, registry.sweeps(), kinds=policies, on_transition=on_transition)
-
-
-async def reconcile_forever(
-    pool: db.Pool,
-    registry: Registry,
-    config: ReconcilerConfig,
-    stopping: asyncio.Event,
-    *,
-    observer: WorkerObserver | None = None,
-) -> None:
-    """Run a reconciler pass every ``config.tick`` until ``stopping`` is set; logs only what it repaired.
-
-    Workers and gateways both run it: each pass takes an advisory lock, so however many processes
-    tick, one owns each pass, and a process that dies takes no repair with it. ``observer`` hears of
-    each job a pass of this process reclaimed.
-    """
-    while not stopping.is_set():
-        try:
-            async with db.connection(pool) as conn:
-                result = await make_reconciler(registry, config).run_once(conn)
-            if observer is not None:
-                observer.reconciled(result)
-            if result.changed:
-                log.info("reconciler.repaired", extra={"result": str(result)})
-        except Exception as exc:
-            log.warning("reconciler.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), config.tick)
 
 
 class Worker:
@@ -437,7 +398,7 @@ class Worker:
     ) -> SliceOutcome:
         job_id, token = lease.job_id, lease.lease_token
         if outcome is _Ended.HANDED_BACK:
-            threshold = kind.poison_threshold or self.config.reconciler.poison_threshold
+            threshold = kind.poison_threshold or self.config.reconciler.rescuer_config().poison_threshold
             reached = await self._transition(
                 lease,
                 kind,

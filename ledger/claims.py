@@ -125,7 +125,7 @@ async def claim_deliveries(
             "now": now,
         }
         if not effects:
-            unmatched.append(base)
+            unmatched.append({**base, "payload": Jsonb(delivery.payload)})
             continue
         payload = Jsonb(delivery.payload)
         for e_index, effect in enumerate(effects):

@@ -289,6 +289,7 @@ class JobRow(TypedDict):
     updated_at: datetime
     finished_at: datetime | None
     lock_key: str | None
+    payload_purged: bool
     lock_key_held_by: int | None
     effect_key: str
     source: str
@@ -378,6 +379,11 @@ async def redrive(
         return Refused(
             RefusalCode.NOT_REDRIVABLE,
             f"job {job_id} is {job['state']}; only failed and parked jobs can be redriven",
+        )
+    if job["payload_purged"]:
+        return Refused(
+            RefusalCode.PAYLOAD_PURGED,
+            f"job {job_id} finished before its retention window; its payload is purged",
         )
     if job["unrecoverable"] and not force:
         return Refused(

@@ -1,36 +1,67 @@
-"""The reconciler: repairs jobs whose workers are gone. Any process may run it; one owns each pass.
+"""The reconciler: the scheduler that runs the maintenance services, once per tick, in any process.
 
-Shape of every maintenance service here: a config with defaults validated at construction,
-``run_once() -> Result`` with counts, and a loop (in the worker runtime) that logs non-zero results
-and carries on after errors.
+A pass runs, in order, each in a transaction of its own under an advisory lock of its own (see
+``maintenance``): the lease rescuer (``rescuer``), the pending waker (``waker``), the partition keeper
+(``partitions``), the retention keeper (``retention``) and the sweeps (``sweeps``). Of several processes ticking at once, one runs each service;
+each service's statements are also guarded in their own WHERE clauses, so even a second pass on the same
+rows finds nothing left to do. A service that throws is one error in the result and stops nothing else.
 
-A pass, in order: expired leases → re-queued (orphan policy ``redrive``), parked (``park``), parked as
-poison (orphaned N times in a row without a commit) or cancelled (a cancel was asked); stale pending
-jobs → woken again; then every sweep. Job repairs commit together under a transaction-scoped advisory
-lock, so of several processes ticking at once one does them; each repair is also guarded in its own
-WHERE clause, so even a second pass on the same rows finds nothing left to do.
+``ReconcilerConfig`` is the flat, backward-compatible view of the services' configs (the
+``[reconciler]`` keys of effectgate.toml map onto it); each service still validates its own.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from .db import Conn
-from .queries import Q
-from .vocabulary import JobState
+from .maintenance import R, lock_id, run_locked, run_session_locked
+from .partitions import PartitionConfig, PartitionKeeper, PartitionResult
+from .rescuer import (
+    DEFAULT_BATCH,
+    DEFAULT_POISON_THRESHOLD,
+    LeaseRescuer,
+    Repaired,
+    RescuerConfig,
+    RescueResult,
+    TransitionHook,
+)
+from .retention import DEFAULT_SIGNATURE_FAILURES, RetentionConfig, RetentionKeeper, RetentionResult
+from .sweeps import Sweep, SweepConfig, SweepResult, SweepRunner, sweep_lock_id
+from .waker import DEFAULT_PENDING_TTL, PendingWaker, WakerConfig, WakeResult
+
+__all__ = [
+    "DEFAULT_BATCH",
+    "DEFAULT_PENDING_TTL",
+    "DEFAULT_POISON_THRESHOLD",
+    "DEFAULT_SIGNATURE_FAILURE_RETENTION",
+    "DEFAULT_TICK",
+    "RECONCILER_LOCK_ID",
+    "KindPolicy",
+    "ReconcileResult",
+    "Reconciler",
+    "ReconcilerConfig",
+    "Repaired",
+    "Sweep",
+    "TransitionHook",
+    "service_lock_id",
+    "sweep_lock_id",
+]
 
 DEFAULT_TICK = 15.0
-DEFAULT_PENDING_TTL = 900.0
-DEFAULT_POISON_THRESHOLD = 3
-DEFAULT_BATCH = 1000
-DEFAULT_SIGNATURE_FAILURE_RETENTION = 30 * 24 * 3600.0
-# Fixed, arbitrary: the advisory lock that makes one process the owner of a pass.
+DEFAULT_SIGNATURE_FAILURE_RETENTION = DEFAULT_SIGNATURE_FAILURES
+# Fixed, arbitrary: the lease rescuer's lock, the one a whole pass took before the services were split
+# (so a process of the previous version and one of this version never rescue at once).
 RECONCILER_LOCK_ID = 0x6566_6765_7265_636F  # "efgereco"
 
-Sweep = Callable[[Conn], Awaitable[int]]
+
+def service_lock_id(service: str) -> int:
+    """The advisory lock a maintenance service runs under."""
+    if service == LeaseRescuer.name:
+        return RECONCILER_LOCK_ID
+    return lock_id("effectgate.maintenance", service)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,22 +73,9 @@ class KindPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class Repaired:
-    """A job the reconciler took off ``running``: what it became and why (the transition hook sees this)."""
-
-    job_id: int
-    kind: str
-    effect_key: str
-    state: JobState
-    reason: str | None
-
-
-TransitionHook = Callable[[Conn, Repaired], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
 class ReconcilerConfig:
-    """How the reconciler repairs: tick, pending TTL, poison threshold, batch size."""
+    """How often the services run, and their settings: pending TTL, poison threshold, batch size,
+    retention windows (``retention``; ``signature_failure_retention`` is its older spelling)."""
 
     tick: float = DEFAULT_TICK
     pending_ttl: float = DEFAULT_PENDING_TTL
@@ -65,67 +83,122 @@ class ReconcilerConfig:
     batch: int = DEFAULT_BATCH
     # How long failed-verification counters are kept: they are bounded per minute, this bounds them in time.
     signature_failure_retention: float = DEFAULT_SIGNATURE_FAILURE_RETENTION
+    # Each service's own config; None builds it from the flat fields above (the older spelling).
+    rescuer: RescuerConfig | None = None
+    waker: WakerConfig | None = None
+    retention: RetentionConfig | None = None
+    partitions: PartitionConfig = field(default_factory=PartitionConfig)
+    sweeps: SweepConfig = field(default_factory=SweepConfig)
 
     def __post_init__(self) -> None:
         if not self.tick > 0:
             raise ValueError("reconciler tick must be > 0 seconds")
-        if not self.pending_ttl > 0:
-            raise ValueError("pending_ttl must be > 0 seconds")
-        if self.poison_threshold < 1:
-            raise ValueError("poison_threshold must be >= 1")
-        if self.batch < 1:
-            raise ValueError("reconciler batch must be >= 1")
-        if not self.signature_failure_retention > 0:
-            raise ValueError("signature_failure_retention must be > 0 seconds")
+        # Each service validates its own settings; building them here reports a mistake at start.
+        self.rescuer_config()
+        self.waker_config()
+        self.retention_config()
+
+    def rescuer_config(self) -> RescuerConfig:
+        """The lease rescuer's settings."""
+        if self.rescuer is not None:
+            return self.rescuer
+        return RescuerConfig(batch=self.batch, poison_threshold=self.poison_threshold)
+
+    def waker_config(self) -> WakerConfig:
+        """The pending waker's settings."""
+        if self.waker is not None:
+            return self.waker
+        return WakerConfig(pending_ttl=self.pending_ttl, batch=self.batch)
+
+    def retention_config(self) -> RetentionConfig:
+        """The retention keeper's settings."""
+        if self.retention is not None:
+            return self.retention
+        return RetentionConfig(signature_failures=self.signature_failure_retention, batch=self.batch)
 
 
 @dataclass(slots=True)
 class ReconcileResult:
-    """What one pass repaired; ``owned`` is false when another process held the pass."""
+    """What one pass did, per service; ``owned`` is false when another process held the lease rescue."""
 
     owned: bool = True
-    redriven: list[int] = field(default_factory=list)
-    parked: list[int] = field(default_factory=list)
-    cancelled: list[int] = field(default_factory=list)
-    woken: int = 0
-    expired_signature_failures: int = 0
-    sweep_acted: dict[str, int] = field(default_factory=dict)
-    sweep_errors: dict[str, str] = field(default_factory=dict)
-    sweeps_skipped: list[str] = field(default_factory=list)
-    hook_errors: dict[int, str] = field(default_factory=dict)
-    # Every job this pass took off ``running``, with its kind (what metrics count reclaims by); kept out of
-    # the repr, which the reconciler loop logs and which the id lists above already tell.
-    repaired: list[Repaired] = field(default_factory=list, repr=False)
+    rescue: RescueResult = field(default_factory=RescueResult)
+    wake: WakeResult = field(default_factory=WakeResult)
+    partitions: PartitionResult = field(default_factory=PartitionResult)
+    retention: RetentionResult = field(default_factory=RetentionResult)
+    sweep: SweepResult = field(default_factory=SweepResult)
+    # Services another process ran this tick, and services that threw (name → error).
+    skipped: list[str] = field(default_factory=list)
+    service_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def redriven(self) -> list[int]:
+        """Jobs re-queued after their lease expired."""
+        return self.rescue.redriven
+
+    @property
+    def parked(self) -> list[int]:
+        """Jobs parked after their lease expired (orphan policy park, or poison)."""
+        return self.rescue.parked
+
+    @property
+    def cancelled(self) -> list[int]:
+        """Jobs whose asked-for cancel the rescuer completed."""
+        return self.rescue.cancelled
+
+    @property
+    def repaired(self) -> list[Repaired]:
+        """Every job this pass took off ``running``, with its kind (what metrics count reclaims by)."""
+        return self.rescue.repaired
+
+    @property
+    def hook_errors(self) -> dict[int, str]:
+        """Transition hooks that threw, by job id (the transition stood)."""
+        return self.rescue.hook_errors
+
+    @property
+    def woken(self) -> int:
+        """Due jobs woken again."""
+        return self.wake.woken
+
+    @property
+    def expired_signature_failures(self) -> int:
+        """Failed-verification counters forgotten."""
+        return self.retention.purged.get("signature_failures", 0)
+
+    @property
+    def sweep_acted(self) -> dict[str, int]:
+        """Per sweep, how many things it acted on."""
+        return self.sweep.acted
+
+    @property
+    def sweep_errors(self) -> dict[str, str]:
+        """Per sweep that threw, its error."""
+        return self.sweep.errors
+
+    @property
+    def sweeps_skipped(self) -> list[str]:
+        """Sweeps another process was running."""
+        return self.sweep.skipped
 
     @property
     def errors(self) -> int:
-        """How many things in this pass threw: one per failing sweep, one per failing transition hook."""
-        return len(self.sweep_errors) + len(self.hook_errors)
+        """How many things in this pass threw: services, sweeps, transition hooks."""
+        return len(self.service_errors) + len(self.sweep.errors) + len(self.rescue.hook_errors)
 
     @property
     def changed(self) -> bool:
         """Whether the pass did anything worth logging."""
-        return bool(
-            self.redriven
-            or self.parked
-            or self.cancelled
-            or self.woken
-            or self.expired_signature_failures
-            or self.errors
-        ) or any(self.sweep_acted.values())
-
-
-def sweep_lock_id(sweep_id: str) -> int:
-    """The advisory lock one sweep runs under: stable across processes and versions, signed 64-bit."""
-    digest = hashlib.sha256(f"effectgate.sweep:{sweep_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+        return bool(self.service_errors) or any(
+            r.changed for r in (self.rescue, self.wake, self.partitions, self.retention, self.sweep)
+        )
 
 
 class Reconciler:
-    """Expired leases → redrive or park (by orphan policy), poison → park, stale pending → wake, sweeps.
+    """Runs the maintenance services in order, each under its own advisory lock.
 
     ``kinds`` gives per-kind pending TTL and poison threshold; ``on_transition`` runs in the same
-    transaction as each terminal transition the reconciler makes (parked, cancelled).
+    transaction as each terminal transition the lease rescuer makes (parked, cancelled).
     """
 
     def __init__(
@@ -140,108 +213,73 @@ class Reconciler:
         self.sweeps = dict(sweeps or {})
         self.kinds = dict(kinds or {})
         self.on_transition = on_transition
+        self.rescuer = LeaseRescuer(
+            self.config.rescuer_config(),
+            poison_thresholds={
+                k: p.poison_threshold for k, p in self.kinds.items() if p.poison_threshold is not None
+            },
+            on_transition=on_transition,
+        )
+        self.waker = PendingWaker(
+            self.config.waker_config(),
+            pending_ttls={k: p.pending_ttl for k, p in self.kinds.items() if p.pending_ttl is not None},
+        )
+        self.keeper = RetentionKeeper(self.config.retention_config())
+        self.partitioner = PartitionKeeper(self.config.partitions, self.config.retention_config())
+        self.sweeper = SweepRunner(self.sweeps, self.config.sweeps)
 
     def poison_threshold(self, kind: str) -> int:
         """The poison threshold that applies to ``kind``."""
-        policy = self.kinds.get(kind)
-        if policy is not None and policy.poison_threshold is not None:
-            return policy.poison_threshold
-        return self.config.poison_threshold
+        return self.rescuer.poison_thresholds.get(kind, self.rescuer.config.poison_threshold)
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> ReconcileResult:
-        """One pass, if this process can own it; job repairs commit together, then each sweep on its own."""
+        """One pass: each service that this process can own, in order, each committed on its own."""
         result = ReconcileResult()
-        async with conn.transaction():
-            row = await (
-                await conn.execute(Q["reconciler_tick_lock"], {"lock_id": RECONCILER_LOCK_ID})
-            ).fetchone()
-            if row is None or not row["owned"]:
-                result.owned = False
-                return result
-            expired = await (
-                await conn.execute(Q["job_expired_leases_lock"], {"now": now, "limit": self.config.batch})
-            ).fetchall()
-            for job in expired:
-                await self._rescue(conn, job["id"], job["kind"], now, result)
-            pending_ttls = {
-                kind: policy.pending_ttl
-                for kind, policy in self.kinds.items()
-                if policy.pending_ttl is not None
-            }
-            woken = await (
-                await conn.execute(
-                    Q["job_wake_stale_pending"],
-                    {
-                        "now": now,
-                        "kinds": list(pending_ttls),
-                        "pending_ttls": list(pending_ttls.values()),
-                        "pending_ttl": self.config.pending_ttl,
-                        "limit": self.config.batch,
-                    },
-                )
-            ).fetchone()
-            result.woken = int(woken["woken"]) if woken else 0
-            deleted = await conn.execute(
-                Q["signature_failures_delete_expired"],
-                {
-                    "now": now,
-                    "retention": self.config.signature_failure_retention,
-                    "limit": self.config.batch,
-                },
-            )
-            result.expired_signature_failures = deleted.rowcount
-        # Sweeps run after the job repairs have committed, each in a transaction of its own under a lock of
-        # its own: one that throws counts as one error and stops nothing else, and two processes never run
-        # the same sweep at once.
-        for name, sweep in self.sweeps.items():
-            try:
-                async with conn.transaction():
-                    lock = await (
-                        await conn.execute(Q["reconciler_tick_lock"], {"lock_id": sweep_lock_id(name)})
-                    ).fetchone()
-                    if lock is None or not lock["owned"]:
-                        result.sweeps_skipped.append(name)
-                        continue
-                    result.sweep_acted[name] = await sweep(conn)
-            except Exception as exc:
-                result.sweep_errors[name] = f"{type(exc).__name__}: {exc}"
+        rescued = await self._service(
+            conn, LeaseRescuer.name, lambda: self.rescuer.run_once(conn, now=now), result
+        )
+        result.owned = rescued is not None
+        if rescued is not None:
+            result.rescue = rescued
+        woken = await self._service(
+            conn, PendingWaker.name, lambda: self.waker.run_once(conn, now=now), result
+        )
+        if woken is not None:
+            result.wake = woken
+        # Partitions first: what a dropped partition held is not deleted row by row afterwards.
+        parted = await self._service(
+            conn,
+            PartitionKeeper.name,
+            lambda: self.partitioner.run_once(conn, now=now),
+            result,
+            session=True,
+        )
+        if parted is not None:
+            result.partitions = parted
+        kept = await self._service(
+            conn, RetentionKeeper.name, lambda: self.keeper.run_once(conn, now=now), result
+        )
+        if kept is not None:
+            result.retention = kept
+        # Sweeps run after the job repairs have committed; each takes its own lock (sweeps.SweepRunner).
+        result.sweep = await self.sweeper.run_once(conn, now=now)
         return result
 
-    async def _rescue(
-        self, conn: Conn, job_id: int, kind: str, now: datetime | None, result: ReconcileResult
-    ) -> None:
-        params = {"job_id": job_id, "now": now, "poison_threshold": self.poison_threshold(kind)}
-        repaired: Repaired | None = None
+    @staticmethod
+    async def _service(
+        conn: Conn,
+        name: str,
+        run: Callable[[], Awaitable[R]],
+        result: ReconcileResult,
+        *,
+        session: bool = False,
+    ) -> R | None:
+        locked = run_session_locked if session else run_locked
         try:
-            # A savepoint per job: the kind's hook commits with the transition or neither does.
-            async with conn.transaction():
-                repaired = await self._rescue_one(conn, params)
-                if (
-                    repaired is not None
-                    and repaired.state != JobState.PENDING
-                    and self.on_transition is not None
-                ):
-                    await self.on_transition(conn, repaired)
+            owned, value = await locked(conn, service_lock_id(name), run)
         except Exception as exc:
-            if repaired is None:
-                raise
-            # The hook failed. A job left running forever is worse than a user row that missed its mirror
-            # (which a sweep can repair), so the transition is made again without the hook, and reported.
-            result.hook_errors[job_id] = f"{type(exc).__name__}: {exc}"
-            async with conn.transaction():
-                repaired = await self._rescue_one(conn, params)
-        if repaired is not None:
-            result.repaired.append(repaired)
-            {
-                JobState.PENDING: result.redriven,
-                JobState.PARKED: result.parked,
-                JobState.CANCELLED: result.cancelled,
-            }[repaired.state].append(repaired.job_id)
-
-    async def _rescue_one(self, conn: Conn, params: Mapping[str, object]) -> Repaired | None:
-        row = await (await conn.execute(Q["job_rescue_if_expired"], params)).fetchone()
-        if row is None:
+            result.service_errors[name] = f"{type(exc).__name__}: {exc}"
             return None
-        return Repaired(
-            row["id"], row["kind"], row["effect_key"], JobState(row["state"]), row["terminal_reason"]
-        )
+        if not owned:
+            result.skipped.append(name)
+        return value

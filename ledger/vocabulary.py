@@ -52,3 +52,4 @@ class RefusalCode(StrEnum):
     NOT_REDRIVABLE = "not_redrivable"
     UNRECOVERABLE_REQUIRES_FORCE = "unrecoverable_requires_force"
     LOCK_KEY_HELD = "lock_key_held"
+    PAYLOAD_PURGED = "payload_purged"  # retention purged what the job would run on

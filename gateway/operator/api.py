@@ -6,6 +6,11 @@
     GET  /api/jobs/{id}                                                                         view
     POST /api/jobs/{id}/redrive       ?force                                                    operate
     POST /api/jobs/{id}/cancel        ?reason                                                   operate
+    POST /api/jobs/redrive            ?state&kind&source&since&limit&dry_run&force             operate
+    POST /api/jobs/cancel             ?state&kind&source&since&limit&dry_run&reason            operate
+    GET  /api/kinds/paused                                                                      view
+    POST /api/kinds/{kind}/pause      ?reason                                                   operate
+    POST /api/kinds/{kind}/resume                                                               operate
     GET  /api/openapi.json                                                                      view
 
 Every answer that is not a 2xx has the shape ``{"error": CODE, "detail": …}``: 401 ``missing_token`` or
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.datastructures import MutableHeaders
@@ -32,7 +38,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers import control
+from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
@@ -41,7 +49,7 @@ from effectgate.ledger.vocabulary import JobState, RefusalCode
 
 from . import documents, openapi, reporting
 from .auth import AuthFailure, OperatorToken, authenticate
-from .params import PARAMETER_ERRORS, BadParameter, parse_flag, parse_id, parse_name
+from .params import PARAMETER_ERRORS, BadParameter, parse_flag, parse_id, parse_name, parse_states, parse_time
 
 log = logging.getLogger("effectgate.operator")
 
@@ -188,6 +196,89 @@ async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Que
     return json_response({"job_id": job_id, "state": outcome, "cancel_requested": True})
 
 
+_BULK = ("state", "kind", "source", "since", "limit", "dry_run")
+
+
+def _job_filter(query: Query) -> ledger_bulk.JobFilter:
+    states = parse_states(query.get("state"))
+    limit = query.get("limit")
+    if limit is not None and not (limit.isdigit() and 1 <= int(limit) <= 100_000):
+        raise BadParameter("limit", f"expected a whole number from 1 to 100000, got {limit!r}")
+    where = ledger_bulk.JobFilter(
+        states=tuple(states) if states else None,
+        kind=parse_name(query.get("kind"), "kind"),
+        source=parse_name(query.get("source"), "source"),
+        since=parse_time(query.get("since"), "since", now=datetime.now(UTC)),
+        limit=int(limit) if limit is not None else ledger_bulk.DEFAULT_LIMIT,
+    )
+    if where.empty:
+        raise BadParameter(
+            "filter", "a bulk action needs at least one of state, kind, source, since", code="filter_required"
+        )
+    return where
+
+
+async def _bulk(request: Request, who: OperatorToken, conn: db.Conn, query: Query, action: str) -> Response:
+    where = _job_filter(query)
+    reason = query.get("reason") or f"cancelled by operator {who.name}"
+    if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
+        raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+    result = await bulk_actions.run(
+        conn,
+        request.app.state.registry,
+        "redrive" if action == "redrive" else "cancel",
+        where,
+        by=f"operator:{who.name}",
+        reason=reason,
+        force=parse_flag(query.get("force"), "force"),
+        dry_run=parse_flag(query.get("dry_run"), "dry_run"),
+    )
+    log.info("operator.bulk", extra={"operator": who.name, "action": action, **result.summary()})
+    return json_response({**result.summary(), "job_ids": result.done, "refused_job_ids": result.refused})
+
+
+@endpoint("operate", (*_BULK, "force"))
+async def bulk_redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Redrive every job a filter matches; refusals counted by code (``dry_run=true`` changes nothing)."""
+    return await _bulk(request, who, conn, query, "redrive")
+
+
+@endpoint("operate", (*_BULK, "reason"))
+async def bulk_cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Cancel every job a filter matches; refusals counted by code (``dry_run=true`` changes nothing)."""
+    return await _bulk(request, who, conn, query, "cancel")
+
+
+@endpoint("view")
+async def kinds_paused(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """The paused kinds, with who paused them, why, and how many of their jobs wait."""
+    return json_response({"paused": await ledger_bulk.paused(conn)})
+
+
+@endpoint("operate", ("reason",))
+async def kind_pause(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Stop leasing one kind's jobs (they wait pending) until it is resumed."""
+    kind = parse_name(request.path_params["kind"], "kind")
+    assert kind is not None
+    reason = query.get("reason")
+    if reason is not None and (len(reason) > MAX_REASON_LENGTH or not reason.isprintable()):
+        raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+    row = await ledger_bulk.pause(conn, kind, by=f"operator:{who.name}", reason=reason)
+    log.info("operator.pause", extra={"operator": who.name, "kind": kind})
+    return json_response(row)
+
+
+@endpoint("operate")
+async def kind_resume(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Lease a paused kind's jobs again."""
+    kind = parse_name(request.path_params["kind"], "kind")
+    assert kind is not None
+    if not await ledger_bulk.resume(conn, kind):
+        return error(409, "not_paused", f"kind {kind} is not paused")
+    log.info("operator.resume", extra={"operator": who.name, "kind": kind})
+    return json_response({"kind": kind, "paused": False})
+
+
 async def openapi_document(request: Request) -> Response:
     """The OpenAPI 3.1 description of this API (``view`` scope, like the reports it describes)."""
     who = authenticate(request.headers.get("authorization"), request.app.state.config.operators, "view")
@@ -227,6 +318,11 @@ def routes() -> list[BaseRoute]:
         Route("/openapi.json", openapi_document, methods=["GET"]),
         *(Route(reporting.api_path(spec), report(spec), methods=["GET"]) for spec in REPORTS),
         Route("/effects/{key:path}", effect, methods=["GET"]),
+        Route("/jobs/redrive", bulk_redrive, methods=["POST"]),
+        Route("/jobs/cancel", bulk_cancel, methods=["POST"]),
+        Route("/kinds/paused", kinds_paused, methods=["GET"]),
+        Route("/kinds/{kind}/pause", kind_pause, methods=["POST"]),
+        Route("/kinds/{kind}/resume", kind_resume, methods=["POST"]),
         Route("/jobs/{job_id}", job_show, methods=["GET"]),
         Route("/jobs/{job_id}/redrive", redrive, methods=["POST"]),
         Route("/jobs/{job_id}/cancel", cancel, methods=["POST"]),

@@ -3,7 +3,8 @@
 Pages: an overview for the on-call engineer (failed and parked jobs and the oldest due job up front;
 duplicate and reject rates per source; duplicates, key conflicts and authentication failures over
 time; the latest of each), a page for every report (its filter form, rows and summary come from its
-spec), the rejects, effect lineage, and jobs with redrive and cancel buttons for ``operate`` tokens.
+spec), the rejects, effect lineage, and jobs with redrive and cancel buttons for ``operate`` tokens, and
+a bulk form (``/ui/jobs/bulk``: redrive or cancel every job a filter matches, dry run first).
 Every page reads ``ledger.reports``, the code path of the API and the CLI.
 
 Templates are Jinja2, shipped as package data (``templates/``), with escaping on by default. The
@@ -34,7 +35,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers import control
+from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
@@ -51,7 +54,15 @@ from effectgate.ledger.vocabulary import JobState
 
 from . import documents, reporting, sessions
 from .auth import OperatorToken, authenticate
-from .params import PARAMETER_ERRORS, BadParameter, parse_id, parse_name, parse_window
+from .params import (
+    PARAMETER_ERRORS,
+    BadParameter,
+    parse_id,
+    parse_name,
+    parse_states,
+    parse_time,
+    parse_window,
+)
 from .sessions import COOKIE, SignedIn
 
 log = logging.getLogger("effectgate.operator")
@@ -759,6 +770,76 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
     return act
 
 
+_BULK_FIELDS = ("state", "kind", "source", "since")
+
+
+@view()
+async def bulk_form(
+    request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
+) -> Response:
+    """The bulk form, filled from the jobs page's filters: a dry run first."""
+    values = {k: v for k, v in query.items() if k in (*_BULK_FIELDS, "action")}
+    return render(
+        "bulk.html",
+        "Bulk action",
+        operator,
+        summary=None,
+        show_form=True,
+        fields=_BULK_FIELDS,
+        values=values,
+        dry_run=True,
+    )
+
+
+async def bulk(request: Request) -> Response:
+    """Redrive or cancel every job a filter matches; a dry run shows what would happen and offers the same
+    filter again, unticked, to act. Refusals are counted by code."""
+    operator = _operator(request, "view")
+    if operator is None:
+        return RedirectResponse("/ui/login", status_code=303)
+    form = await _form(request)
+    if not operator.allows("operate") or not hmac.compare_digest(form.get("csrf", ""), _csrf(operator)):
+        return message("Not allowed", "Not allowed.", operator, status=403)
+    action = form.get("action", "")
+    dry_run = form.get("dry_run") == "true"
+    try:
+        if action not in ("redrive", "cancel"):
+            raise BadParameter("action", "expected redrive or cancel")
+        states = parse_states(form.get("state") or None)
+        where = ledger_bulk.JobFilter(
+            states=states,
+            kind=parse_name(form.get("kind") or None, "kind"),
+            source=parse_name(form.get("source") or None, "source"),
+            since=parse_time(form.get("since") or None, "since", now=datetime.now(UTC)),
+        )
+        if where.empty:
+            raise BadParameter("filter", "give at least one of state, kind, source, since")
+        async with db.connection(request.app.state.pool) as conn:
+            result = await bulk_actions.run(
+                conn,
+                request.app.state.registry,
+                "redrive" if action == "redrive" else "cancel",
+                where,
+                by=f"operator:{operator.name}",
+                dry_run=dry_run,
+            )
+    except PARAMETER_ERRORS as exc:
+        return message("Bad request", f"{exc.parameter}: {exc.detail}", operator, status=400)
+    except LedgerError:
+        return message("Ledger unavailable", "The ledger could not answer.", operator, status=503)
+    values = {k: v for k, v in form.items() if k in (*_BULK_FIELDS, "action")}
+    return render(
+        "bulk.html",
+        f"Bulk {action}",
+        operator,
+        summary=result.summary(),
+        show_form=dry_run,
+        fields=_BULK_FIELDS,
+        values=values,
+        dry_run=False,
+    )
+
+
 def routes() -> list[BaseRoute]:
     """The routes of ``/ui``, relative to the mount."""
     return [
@@ -769,6 +850,8 @@ def routes() -> list[BaseRoute]:
         Route("/logout", logout, methods=["POST"]),
         Route("/rejects", rejects, methods=["GET"]),
         *(Route("/" + reporting.slug(spec), report_page(spec), methods=["GET"]) for spec in REPORTS),
+        Route("/jobs/bulk", bulk_form, methods=["GET"]),
+        Route("/jobs/bulk", bulk, methods=["POST"]),
         Route("/jobs/{job_id}", job_show, methods=["GET"]),
         Route("/jobs/{job_id}/redrive", _action("redrive"), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", _action("cancel"), methods=["POST"]),

@@ -26,7 +26,7 @@ import hashlib
 import hmac
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -38,7 +38,7 @@ from starlette.routing import Route
 
 from effectgate.handlers.observe import WorkerObserver
 from effectgate.handlers.outcomes import SliceOutcome
-from effectgate.ledger import db, reports
+from effectgate.ledger import bulk, db, reports, retention
 from effectgate.ledger.vocabulary import DeliveryOutcome
 
 log = logging.getLogger("effectgate.metrics")
@@ -254,6 +254,32 @@ def render_job_gauges(gauges: reports.JobGauges | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_retention(purged: Mapping[str, int] | None) -> str:
+    """Rows retention purged so far, per table or column: counters kept in the ledger, so every process
+    reports the same totals whichever one ran the purge."""
+    if purged is None:
+        return ""
+    lines = [
+        "# HELP effectgate_retention_purged_rows_total Rows (or column values) retention purged, by table.",
+        "# TYPE effectgate_retention_purged_rows_total counter",
+    ]
+    for what in sorted(purged):
+        lines.append(f"effectgate_retention_purged_rows_total{_labels(('table',), (what,))} {purged[what]}")
+    return "\n".join(lines) + "\n"
+
+
+def render_paused(kinds: Sequence[str] | None) -> str:
+    """One series per paused kind (``effectgate jobs pause``): its jobs are not being leased."""
+    if kinds is None:
+        return ""
+    lines = [
+        "# HELP effectgate_kind_paused 1 for each handler kind an operator paused; its jobs wait pending.",
+        "# TYPE effectgate_kind_paused gauge",
+    ]
+    lines += [f"effectgate_kind_paused{_labels(('kind',), (kind,))} 1" for kind in kinds]
+    return "\n".join(lines) + "\n"
+
+
 def bearer_ok(request: Request, token_sha256: bytes | None) -> bool:
     """Whether ``request`` may scrape: always when no token is configured, else with ``Bearer <token>``."""
     if token_sha256 is None:
@@ -264,7 +290,7 @@ def bearer_ok(request: Request, token_sha256: bytes | None) -> bool:
 
 
 async def endpoint(request: Request) -> Response:
-    """``GET /metrics``: the counted metrics and the ledger's job gauges."""
+    """``GET /metrics``: the counted metrics, the ledger's job gauges, retention counters and paused kinds."""
     if not bearer_ok(request, getattr(request.app.state, "metrics_token_sha256", None)):
         return Response(
             '{"error":"invalid_token","detail":"GET /metrics needs Authorization: Bearer <metrics token>"}',
@@ -273,14 +299,19 @@ async def endpoint(request: Request) -> Response:
             headers={"WWW-Authenticate": 'Bearer realm="effectgate-metrics"', "Cache-Control": "no-store"},
         )
     gauges: reports.JobGauges | None
+    purged: dict[str, int] | None
+    paused: list[str] | None
     try:
         async with db.connection(request.app.state.pool) as conn:
             gauges = await reports.job_gauges(conn)
+            purged = await retention.purge_totals(conn)
+            paused = [row["kind"] for row in await bulk.paused(conn)]
     except Exception as exc:
         # A scrape must answer even when the database does not: ledger_up 0 is the signal.
         log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})
-        gauges = None
-    return Response(render() + render_job_gauges(gauges), media_type=CONTENT_TYPE)
+        gauges, purged, paused = None, None, None
+    body = render() + render_job_gauges(gauges) + render_retention(purged) + render_paused(paused)
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 def app(pool: db.Pool, *, token_sha256: bytes | None = None) -> Starlette:

@@ -147,6 +147,37 @@ SCHEMAS: dict[str, Any] = {
         },
         description="One effect from delivery to outcome.",
     ),
+    "BulkAction": _object(
+        {
+            "action": {"type": "string", "enum": ["redrive", "cancel"]},
+            "dry_run": _BOOLEAN,
+            "matched": _INTEGER,
+            "done": _INTEGER,
+            "refused": {"type": "object", "additionalProperties": _INTEGER},
+            "job_ids": _array(_INTEGER),
+            "refused_job_ids": {"type": "object", "additionalProperties": _array(_INTEGER)},
+        },
+        description="What a bulk action did (with dry_run, would do): jobs matched, done, refused by code.",
+    ),
+    "PausedKind": _object(
+        {"kind": _STRING, "paused_at": _TIME, "paused_by": _STRING, "reason": _nullable(_STRING)},
+    ),
+    "PausedKinds": _object(
+        {
+            "paused": _array(
+                _object(
+                    {
+                        "kind": _STRING,
+                        "paused_at": _TIME,
+                        "paused_by": _STRING,
+                        "reason": _nullable(_STRING),
+                        "pending": _INTEGER,
+                    }
+                )
+            )
+        }
+    ),
+    "KindResumed": _object({"kind": _STRING, "paused": {"type": "boolean", "const": False}}),
     "JobAction": _object(
         {
             "job_id": _INTEGER,
@@ -264,6 +295,19 @@ for _spec in reports.REPORTS:
 
 _NOT_FOUND = {"404": _error("No such thing (`not_found`).")}
 
+_BULK_FILTERS = [
+    _query("state", "One state or several, comma-separated: " + ", ".join(reports.JOB_STATES)),
+    _query("kind", "Only this handler kind."),
+    _query("source", "Only this webhook source."),
+    _query(
+        "since",
+        "Jobs finished (or, not finished, created) since. An ISO 8601 time or a duration back from now: 30m, 24h, 7d.",
+    ),
+    _query("limit", "At most this many jobs, 1..100000 (default 10000).", {"type": "integer", "minimum": 1}),
+    _query("dry_run", "Report what would happen; change nothing.", {"type": "boolean"}),
+]
+_KIND = {"name": "kind", "in": "path", "required": True, "schema": _STRING}
+
 DOCUMENT: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {
@@ -319,6 +363,47 @@ DOCUMENT: dict[str, Any] = {
                 extra={**_NOT_FOUND, "409": _error("Refused: `not_cancellable` (the job is done already).")},
                 description="A pending job is cancelled at once; a running one at its worker's next "
                 "heartbeat, and it can then never be reported succeeded.",
+            )
+        },
+        "/api/jobs/redrive": {
+            "post": _operation(
+                "Redrive every job a filter matches",
+                "operate",
+                "BulkAction",
+                [*_BULK_FILTERS, _query("force", "Redrive unrecoverable failures too.", {"type": "boolean"})],
+                description="Each job as `POST /api/jobs/{job_id}/redrive` would; refusals are counted by code, "
+                "not answered as errors. At least one filter is required (`filter_required`).",
+            )
+        },
+        "/api/jobs/cancel": {
+            "post": _operation(
+                "Cancel every job a filter matches",
+                "operate",
+                "BulkAction",
+                [*_BULK_FILTERS, _query("reason", "Why, for each job's record.")],
+                description="Each job as `POST /api/jobs/{job_id}/cancel` would; refusals are counted by code. "
+                "At least one filter is required (`filter_required`).",
+            )
+        },
+        "/api/kinds/paused": {
+            "get": _operation("The paused handler kinds", "view", "PausedKinds", []),
+        },
+        "/api/kinds/{kind}/pause": {
+            "post": _operation(
+                "Stop leasing one kind's jobs",
+                "operate",
+                "PausedKind",
+                [_KIND, _query("reason", "Why, shown with the pause.")],
+                description="Claims still land; the kind's jobs wait pending until it is resumed.",
+            )
+        },
+        "/api/kinds/{kind}/resume": {
+            "post": _operation(
+                "Lease a paused kind's jobs again",
+                "operate",
+                "KindResumed",
+                [_KIND],
+                extra={"409": _error("Refused: `not_paused`.")},
             )
         },
         "/api/openapi.json": {

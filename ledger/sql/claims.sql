@@ -53,11 +53,12 @@ SELECT o.effect_id, o.outcome, o.delivery_count, o.held_fingerprint,
 FROM outcome o;
 
 -- name: delivery_record_unmatched
--- Records a verified delivery that no handler asked for, so "why did nothing run?" has an answer.
+-- Records a verified delivery that no handler asked for, so "why did nothing run?" has an answer; its payload
+-- is kept (for the payload window) so it can be replayed once a handler exists.
 INSERT INTO deliveries (request_id, received_at, tenant, source, event_id, event_type, effect_id, effect_key,
-                        outcome, fingerprint, secret_index)
+                        outcome, fingerprint, secret_index, payload)
 VALUES (%(request_id)s, coalesce(%(now)s, now()), %(tenant)s, %(source)s, %(event_id)s, %(event_type)s,
-        NULL, NULL, 'unmatched', %(fingerprint)s, %(secret_index)s);
+        NULL, NULL, 'unmatched', %(fingerprint)s, %(secret_index)s, %(payload)s);
 
 -- name: signature_failure_count
 -- Counts a failed verification in its (source, reason, minute) bucket; never stores the body.

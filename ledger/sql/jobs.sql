@@ -2,9 +2,11 @@
 -- Leases up to %(limit)s due pending jobs of the given kinds to one worker, each under a new fencing token
 -- and its own kind's TTL, and opens an attempt row for each. SKIP LOCKED lets many workers fetch at once
 -- without waiting on each other. A job whose lock key a running job holds stays pending, and one batch
--- takes at most one job per lock key: the partial unique index would refuse a second.
+-- takes at most one job per lock key: the partial unique index would refuse a second. Paused kinds wait.
 WITH kinds AS (
     SELECT k.kind, k.ttl FROM unnest(%(kinds)s::text[], %(ttls)s::float8[]) AS k(kind, ttl)
+    -- A paused kind (an operator's `jobs pause`) is not leased; its jobs wait pending.
+    WHERE NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = k.kind)
 ),
 candidates AS (
     SELECT j.id, j.tenant, j.lock_key, j.run_at, k.ttl
@@ -139,12 +141,12 @@ SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FRO
 -- A hand-back is progress only if something was committed since the last release; after
 -- %(poison_threshold)s releases in a row without one, the job is parked as poison.
 WITH held AS (
+    -- The release rule (migration 0006) is shared with the lease rescuer; a hand-back's "orphan policy"
+    -- is always to re-queue.
     SELECT id,
-           CASE WHEN cancel_requested THEN 'cancelled'
-                WHEN NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s
-                    THEN 'poison'
-                ELSE 'requeue' END AS verdict,
-           CASE WHEN committed_since_release THEN 0 ELSE releases_without_commit + 1 END AS releases
+           job_release_verdict(cancel_requested, committed_since_release, releases_without_commit,
+                               %(poison_threshold)s, 'redrive') AS verdict,
+           job_release_count(committed_since_release, releases_without_commit) AS releases
     FROM jobs
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
     FOR UPDATE
@@ -161,7 +163,7 @@ done AS (
             END,
         terminal_by = CASE held.verdict WHEN 'cancelled' THEN coalesce(j.terminal_by, 'operator')
                                         WHEN 'poison' THEN %(by)s END,
-        finished_at = CASE WHEN held.verdict <> 'requeue' THEN coalesce(%(now)s, now()) END,
+        finished_at = CASE WHEN held.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
         -- A hand-back is not a failed attempt: it does not use up max_attempts.
         attempt = j.attempt - 1,
         run_at = coalesce(%(now)s, now()),
@@ -199,7 +201,8 @@ RETURNING state::text AS state;
 
 -- name: job_redrive_if_allowed
 -- Puts a failed or parked job back to pending with a fresh set of attempts. Succeeded and cancelled jobs
--- are done; an unrecoverable failure needs force; a lock key another live job holds refuses it. The row
+-- are done; an unrecoverable failure needs force; a lock key another live job holds refuses it; a job whose
+-- payload retention purged cannot run again. The row
 -- lock and the WHERE clause make two racing redrives one: the second re-reads a pending row and matches
 -- nothing.
 WITH redriven AS (
@@ -216,6 +219,8 @@ WITH redriven AS (
         committed_since_release = false,
         updated_at = coalesce(%(now)s, now())
     WHERE j.id = %(job_id)s AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
+      -- Retention purged what it would run on (payload, recorded steps): a redrive could repeat a step.
+      AND NOT j.payload_purged
       AND NOT EXISTS (
           SELECT 1 FROM jobs holder
           WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
@@ -231,6 +236,7 @@ SELECT j.id, j.effect_id, j.tenant, j.kind, j.state::text AS state, j.attempt, j
        j.orphan_policy, j.run_at, j.lease_token, j.lease_owner, j.lease_expires_at, j.checkpoint,
        j.cancel_requested, j.unrecoverable, j.releases_without_commit, j.committed_since_release,
        j.last_error, j.terminal_reason, j.terminal_by, j.created_at, j.updated_at, j.finished_at, j.lock_key,
+       j.payload_purged,
        (SELECT holder.id FROM jobs holder
         WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
           AND holder.state IN ('pending', 'running')
@@ -246,65 +252,6 @@ SELECT job_id, attempt, lease_token, worker, started_at, finished_at, outcome, e
        traceback
 FROM job_attempts WHERE job_id = %(job_id)s
 ORDER BY lease_token;
-
--- name: job_expired_leases_lock
--- Reconciler: locks up to %(limit)s running jobs whose lease expired, oldest first. SKIP LOCKED passes over
--- a job whose worker is inside a fenced write right now; the next pass sees it again.
-SELECT id, kind FROM jobs
-WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s, now())
-ORDER BY lease_expires_at, id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
-
--- name: job_rescue_if_expired
--- Reconciler: takes one job whose lease expired off 'running': re-queued (orphan_policy redrive), parked
--- for a human (park), parked as poison after %(poison_threshold)s orphanings in a row without a commit,
--- or cancelled if a cancel was asked. The guard makes a second rescue of the same lease match nothing.
-WITH expired AS (
-    SELECT id,
-           CASE WHEN cancel_requested THEN 'cancelled'
-                WHEN NOT committed_since_release AND releases_without_commit + 1 >= %(poison_threshold)s
-                    THEN 'poison'
-                WHEN orphan_policy = 'redrive' THEN 'redrive'
-                ELSE 'park' END AS verdict,
-           CASE WHEN committed_since_release THEN 0 ELSE releases_without_commit + 1 END AS releases
-    FROM jobs
-    WHERE id = %(job_id)s AND state = 'running' AND lease_expires_at < coalesce(%(now)s, now())
-    FOR UPDATE
-),
-rescued AS (
-    UPDATE jobs j SET
-        releases_without_commit = expired.releases,
-        committed_since_release = false,
-        state = CASE expired.verdict WHEN 'redrive' THEN 'pending' WHEN 'cancelled' THEN 'cancelled'
-                                     ELSE 'parked' END::job_state,
-        terminal_reason = CASE expired.verdict
-            WHEN 'cancelled' THEN 'cancelled; its worker lost the lease'
-            WHEN 'poison' THEN 'poison: orphaned ' || expired.releases || ' times without committing'
-            WHEN 'park' THEN 'orphaned: lease expired and orphan_policy is park'
-            END,
-        terminal_by = CASE expired.verdict WHEN 'redrive' THEN NULL
-                                           WHEN 'cancelled' THEN coalesce(j.terminal_by, 'reconciler')
-                                           ELSE 'reconciler' END,
-        finished_at = CASE WHEN expired.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
-        -- run_at is kept: a re-queued orphan was due first and stays first in line (for its lock key too).
-        lease_owner = NULL,
-        lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s, now())
-    FROM expired
-    WHERE j.id = expired.id
-    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token, j.effect_id
-),
-closed AS (
-    UPDATE job_attempts a SET finished_at = coalesce(%(now)s, now()), outcome = 'lease_expired'
-    FROM rescued
-    WHERE a.job_id = rescued.id AND a.lease_token = rescued.lease_token
-),
-woken AS (
-    SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM rescued WHERE state = 'pending'
-)
-SELECT r.id, r.kind, r.state::text AS state, r.terminal_reason, e.effect_key, (SELECT n FROM woken) AS woken
-FROM rescued r JOIN effects e ON e.id = r.effect_id;
 
 -- name: job_wake_stale_pending
 -- Reconciler: due jobs that waited longer than their kind's pending_ttl get a fresh wake-up, in case every
@@ -333,10 +280,6 @@ SELECT count(*) AS woken,
        (SELECT count(pg_notify('effectgate_jobs', k.kind))
         FROM (SELECT DISTINCT kind FROM woken) k) AS notified
 FROM woken;
-
--- name: reconciler_tick_lock
--- One process owns each reconciler pass (or sweep): a transaction-scoped advisory lock, released at commit.
-SELECT pg_try_advisory_xact_lock(%(lock_id)s) AS owned;
 
 -- name: job_notifications_listen
 -- Subscribes this session to the wake-ups sent when a job is claimed, re-queued or redriven.

@@ -163,6 +163,32 @@ async def test_every_documented_answer_is_real_and_matches_the_document(db_url: 
         ("post", "/api/jobs/0/cancel", "/api/jobs/{job_id}/cancel", OPERATE, 400),
         ("post", f"/api/jobs/{failed}/cancel", "/api/jobs/{job_id}/cancel", None, 401),
         ("post", f"/api/jobs/{failed}/cancel", "/api/jobs/{job_id}/cancel", VIEW, 403),
+        ("post", "/api/jobs/redrive?state=failed&dry_run=true", "/api/jobs/redrive", OPERATE, 200),
+        ("post", "/api/jobs/redrive", "/api/jobs/redrive", OPERATE, 400),
+        ("post", "/api/jobs/redrive?state=failed", "/api/jobs/redrive", None, 401),
+        ("post", "/api/jobs/redrive?state=failed", "/api/jobs/redrive", VIEW, 403),
+        ("post", "/api/jobs/cancel?kind=nope&source=stripe", "/api/jobs/cancel", OPERATE, 200),
+        ("post", "/api/jobs/cancel?state=done", "/api/jobs/cancel", OPERATE, 400),
+        ("post", "/api/jobs/cancel?kind=nope", "/api/jobs/cancel", None, 401),
+        ("post", "/api/jobs/cancel?kind=nope", "/api/jobs/cancel", VIEW, 403),
+        (
+            "post",
+            "/api/kinds/ship_order/pause?reason=carrier%20down",
+            "/api/kinds/{kind}/pause",
+            OPERATE,
+            200,
+        ),
+        ("post", "/api/kinds/ship_order/pause?reason=%01", "/api/kinds/{kind}/pause", OPERATE, 400),
+        ("post", "/api/kinds/ship_order/pause", "/api/kinds/{kind}/pause", None, 401),
+        ("post", "/api/kinds/ship_order/pause", "/api/kinds/{kind}/pause", VIEW, 403),
+        ("get", "/api/kinds/paused", "/api/kinds/paused", VIEW, 200),
+        ("get", "/api/kinds/paused?kind=x", "/api/kinds/paused", VIEW, 400),
+        ("get", "/api/kinds/paused", "/api/kinds/paused", None, 401),
+        ("post", "/api/kinds/ship_order/resume", "/api/kinds/{kind}/resume", OPERATE, 200),
+        ("post", "/api/kinds/ship_order/resume", "/api/kinds/{kind}/resume", OPERATE, 409),
+        ("post", "/api/kinds/ship_order/resume?force=1", "/api/kinds/{kind}/resume", OPERATE, 400),
+        ("post", "/api/kinds/ship_order/resume", "/api/kinds/{kind}/resume", None, 401),
+        ("post", "/api/kinds/ship_order/resume", "/api/kinds/{kind}/resume", VIEW, 403),
     ]
     for spec in reports.REPORTS:
         # Every report, by its spec: a page, a bad parameter, and no token.
@@ -327,6 +353,37 @@ async def seeded(seeded_url: str) -> AsyncIterator[db.Conn]:
     conn = await db.connect(seeded_url)
     async with conn:
         yield conn
+
+
+async def test_bulk_redrive_over_the_api_counts_refusals_and_a_dry_run_changes_nothing(
+    db_url: str, conn: db.Conn
+) -> None:
+    await seed(conn)
+    before = await (await conn.execute("SELECT id, state::text FROM jobs ORDER BY id")).fetchall()
+    async with gateway(db_url) as client:
+        dry = check(
+            await client.post("/api/jobs/redrive?state=failed,succeeded&dry_run=true", headers=OPERATE),
+            "/api/jobs/redrive",
+            "post",
+        )
+        assert (dry["dry_run"], dry["matched"], dry["done"]) == (
+            True,
+            dry["done"] + sum(dry["refused"].values()),
+            dry["done"],
+        )
+        assert dry["refused"].get("not_redrivable", 0) >= 1  # the succeeded ones
+        assert await (await conn.execute("SELECT id, state::text FROM jobs ORDER BY id")).fetchall() == before
+        real = check(
+            await client.post("/api/jobs/redrive?state=failed,succeeded", headers=OPERATE),
+            "/api/jobs/redrive",
+            "post",
+        )
+    assert (real["done"], real["refused"]) == (dry["done"], dry["refused"])
+    for job_id in real["job_ids"]:
+        row = await (
+            await conn.execute("SELECT state::text AS s FROM jobs WHERE id = %s", (job_id,))
+        ).fetchone()
+        assert row is not None and row["s"] == "pending"
 
 
 @pytest.mark.parametrize(

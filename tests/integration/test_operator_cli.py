@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -209,6 +210,46 @@ def test_redrive_and_cancel_with_exit_codes_for_refusals(
     job = json.loads(out)["job"]
     assert (job["state"], job["terminal_reason"]) == ("cancelled", "customer asked")
     assert job["terminal_by"].startswith("cli")
+
+
+def test_ledger_retention_reports_windows_purges_and_tombstones(
+    own_ledger: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    from datetime import UTC, datetime
+
+    from effectgate.ledger import db
+    from effectgate.ledger.retention import DAY, RetentionConfig, RetentionKeeper
+
+    async def purge() -> None:
+        conn = await db.connect(own_ledger)
+        async with conn:
+            config = RetentionConfig(payloads=1 * DAY, history=2 * DAY)
+            await RetentionKeeper(config).run_once(conn, now=datetime(2032, 1, 1, tzinfo=UTC))
+
+    asyncio.run(purge())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EFFECTGATE_CONFIG", raising=False)
+    code, out, _ = run(capsys, "ledger", "retention")
+    assert code == operator_cli.EXIT_OK
+    assert "windows from: the defaults" in out
+    [deliveries] = [line for line in out.splitlines() if line.startswith("deliveries ")]
+    assert deliveries.split()[1] == "90"  # the default history window, in days
+    code, out, _ = run(capsys, "ledger", "retention", "--format", "json")
+    document = json.loads(out)
+    by = {t["what"]: t for t in document["tables"]}
+    assert by["deliveries"]["purged_total"] > 0 and by["deliveries"]["oldest_held"] is None
+    assert by["effects"]["window_days"] is None and document["tombstones"] > 0
+    # A configuration file's windows apply; a broken one is a usage mistake naming the key.
+    (tmp_path / "eg.toml").write_text(
+        '[sources.s]\nscheme = "stripe"\nsecrets = ["S"]\n[retention]\nhistory_days = "x"\n'
+    )
+    monkeypatch.setenv("S", "whsec_x")
+    code, _, err = run(capsys, "ledger", "retention", "--config", str(tmp_path / "eg.toml"))
+    assert code == operator_cli.EXIT_USAGE and "retention.history_days" in err
 
 
 def test_every_report_is_a_ledger_command_from_its_spec(

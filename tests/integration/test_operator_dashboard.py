@@ -200,6 +200,45 @@ async def test_everything_from_the_ledger_is_escaped(db_url: str, conn: db.Conn)
             assert "<script>" not in page.text and "&lt;script&gt;" in page.text
 
 
+async def test_the_bulk_form_dry_runs_first_then_acts_and_counts_refusals(db_url: str, conn: db.Conn) -> None:
+    await seed(conn)
+    before = await (await conn.execute("SELECT id, state::text AS s FROM jobs ORDER BY id")).fetchall()
+    async with dashboard(db_url, VIEW_TOKEN) as viewer:
+        assert 'id="bulk-link"' not in (await viewer.get("/ui/jobs")).text
+        assert 'id="bulk"' not in (await viewer.get("/ui/jobs/bulk")).text
+        assert (
+            await viewer.post("/ui/jobs/bulk", data={"csrf": "x", "action": "redrive"})
+        ).status_code == 403
+    async with dashboard(db_url, OPERATE_TOKEN) as operator:
+        jobs_page = (await operator.get("/ui/jobs?state=failed,succeeded")).text
+        link = re.search(r'href="(/ui/jobs/bulk\?[^"]*)" id="bulk-link"', jobs_page)
+        assert link is not None
+        form_page = (await operator.get(link[1].replace("&amp;", "&"))).text
+        assert 'id="bulk"' in form_page and 'value="failed,succeeded"' in form_page
+        assert "style=" not in form_page  # the dashboard's CSP allows no inline style
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', form_page)
+        assert csrf is not None
+        form = {"csrf": csrf[1], "state": "failed,succeeded", "action": "redrive"}
+        dry = await operator.post("/ui/jobs/bulk", data={**form, "dry_run": "true"})
+        assert dry.status_code == 200
+        body = text(dry.text)
+        assert "Dry run: nothing was changed." in body and "refused not_redrivable" in body
+        assert (
+            await (await conn.execute("SELECT id, state::text AS s FROM jobs ORDER BY id")).fetchall()
+            == before
+        )
+        real = await operator.post("/ui/jobs/bulk", data=form)
+        assert real.status_code == 200 and "Dry run" not in text(real.text)
+        failed = [r["id"] for r in before if r["s"] == "failed"]
+        after = {
+            r["id"]: r["s"]
+            for r in await (await conn.execute("SELECT id, state::text AS s FROM jobs")).fetchall()
+        }
+        assert {after[j] for j in failed} == {"pending"}
+        empty = await operator.post("/ui/jobs/bulk", data={"csrf": csrf[1], "action": "cancel"})
+        assert empty.status_code == 400 and "filter" in empty.text
+
+
 async def test_root_redirects_and_the_page_needs_no_inline_style(seeded_url: str) -> None:
     async with dashboard(seeded_url, VIEW_TOKEN) as client:
         root = await client.get("/")

@@ -61,6 +61,25 @@ async def test_metrics_answer_without_the_ledger(db_url: str) -> None:
     assert "effectgate_deliveries_total" in response.text
 
 
+async def test_metrics_count_what_retention_purged_per_table(db_url: str, conn: db.Conn) -> None:
+    from datetime import UTC, datetime
+
+    from effectgate.ledger.retention import DAY, RetentionConfig, RetentionKeeper
+
+    await seed(conn)
+    # The seed's rows are from 2025: a pass "in 2032" with short windows purges every finished one.
+    later = datetime(2032, 1, 1, tzinfo=UTC)
+    result = await RetentionKeeper(RetentionConfig(payloads=1 * DAY, history=2 * DAY)).run_once(
+        conn, now=later
+    )
+    assert result.purged["deliveries"] > 0
+    lines = (await scrape(db_url)).text.splitlines()
+    assert "# TYPE effectgate_retention_purged_rows_total counter" in lines
+    for what in ("deliveries", "effects.payload", "jobs"):
+        line = f'effectgate_retention_purged_rows_total{{table="{what}"}} {result.purged[what]}'
+        assert line in lines
+
+
 async def test_a_configured_metrics_token_is_required(db_url: str) -> None:
     token = "scrape-token-0123456789"
     config = parse(

@@ -52,7 +52,8 @@ async def test_an_expired_lease_is_redriven_or_parked_by_orphan_policy(
     job_id = await claim(conn, orphan_policy=policy, now=at(0))
     await orphan(conn, job_id, at_s=0, ttl=10, commit=True)
     early = await Reconciler().run_once(conn, now=at(9))
-    assert (early.redriven, early.parked, early.changed) == ([], [], False)
+    # Nothing to rescue yet (the pass may still make history partitions ahead: another service).
+    assert (early.redriven, early.parked, early.rescue.changed) == ([], [], False)
     assert (await job(conn, job_id))["state"] == "running"
     result = await Reconciler().run_once(conn, now=at(11))
     assert {"pending": result.redriven, "parked": result.parked}[state] == [job_id]

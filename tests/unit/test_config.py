@@ -108,6 +108,89 @@ def test_a_gateway_can_leave_the_reconciler_to_the_workers() -> None:
         parse(MINIMAL + '[gateway]\nrun_reconciler = "no"', env=ENV)
 
 
+def test_maintenance_sections_configure_each_service() -> None:
+    config = parse(
+        MINIMAL
+        + "[maintenance]\ntick = 5\n[maintenance.lease_rescuer]\nbatch = 50\npoison_threshold = 2\n"
+        + "[maintenance.pending_waker]\npending_ttl = 60\n[maintenance.sweeps]\nenabled = false\n"
+        + "[maintenance.partitions]\ninterval_hours = 0.5\npremake = 5\n",
+        env=ENV,
+    ).worker.reconciler
+    assert config.tick == 5
+    assert (config.rescuer_config().batch, config.rescuer_config().poison_threshold) == (50, 2)
+    assert (config.waker_config().pending_ttl, config.waker_config().batch) == (60, 1000)
+    assert config.sweeps.enabled is False
+    assert (config.partitions.interval, config.partitions.premake) == (1800, 5)
+
+
+def test_the_older_reconciler_section_still_works_and_cannot_be_mixed_with_maintenance() -> None:
+    config = parse(MINIMAL + "[reconciler]\ntick = 3\npoison_threshold = 4\n", env=ENV).worker.reconciler
+    assert (config.tick, config.rescuer_config().poison_threshold) == (3, 4)
+    with pytest.raises(ConfigError, match=r"reconciler: is the older name of \[maintenance\]"):
+        parse(MINIMAL + "[reconciler]\ntick = 3\n[maintenance]\ntick = 3\n", env=ENV)
+    with pytest.raises(ConfigError, match=r"maintenance\.lease_rescuer\.batch: must be >= 1"):
+        parse(MINIMAL + "[maintenance.lease_rescuer]\nbatch = 0\n", env=ENV)
+    with pytest.raises(ConfigError, match=r"maintenance\.pending_waker\.typo: is not a known setting"):
+        parse(MINIMAL + "[maintenance.pending_waker]\ntypo = 1\n", env=ENV)
+
+
+SOURCE = "stripe"
+
+
+def test_retention_windows_are_read_in_days_with_per_source_overrides() -> None:
+    text = (
+        MINIMAL
+        + "[retention]\npayloads_days = 7\nhistory_days = 30\ntombstones_days = 10\nbatch = 500\n"
+        + f'[retention.sources.{SOURCE}]\npayloads_days = 0.5\ntombstones_days = "forever"\n'
+    )
+    config = parse(text, env=ENV).worker.reconciler.retention_config()
+    assert (config.payloads, config.history, config.tombstones, config.batch) == (
+        7 * 86400,
+        30 * 86400,
+        10 * 86400,
+        500,
+    )
+    assert config.source_payloads == {SOURCE: 43200}
+    assert config.dedupe_window(SOURCE) is None
+    # Without a [retention] section: the defaults, tombstones kept forever.
+    default = parse(MINIMAL, env=ENV).worker.reconciler.retention_config()
+    assert (default.payloads, default.history, default.tombstones) == (30 * 86400, 90 * 86400, None)
+
+
+def test_a_dedupe_window_shorter_than_a_providers_retries_is_refused_naming_the_source() -> None:
+    with pytest.raises(
+        ConfigError, match=rf"retention\.tombstones_days: 1 days is shorter than source '{SOURCE}'"
+    ):
+        parse(MINIMAL + "[retention]\ntombstones_days = 1\n", env=ENV)
+    with pytest.raises(
+        ConfigError, match=rf"retention\.sources\.{SOURCE}\.tombstones_days: 2 days is shorter"
+    ):
+        parse(
+            MINIMAL
+            + f"[retention]\ntombstones_days = 40\n[retention.sources.{SOURCE}]\ntombstones_days = 2\n",
+            env=ENV,
+        )
+    # At the provider's window it is accepted; an operator who knows the sender better may say so.
+    assert parse(MINIMAL + "[retention]\ntombstones_days = 3\n", env=ENV)
+    text = f"[retention]\ntombstones_days = 1\n[retention.sources.{SOURCE}]\nprovider_retry_hours = 24\n"
+    assert parse(MINIMAL + text, env=ENV)
+
+
+def test_retention_mistakes_name_the_key() -> None:
+    for text, match in (
+        ("[retention]\npayloads_days = 0\n", r"retention\.payloads_days: must be a number of days > 0"),
+        ('[retention]\nhistory_days = "forever"\n', r"retention\.history_days: only tombstones_days"),
+        ("[retention]\npayloads_days = 100\n", r"retention\.payloads_days: .*must not exceed history"),
+        (
+            "[retention.sources.nope]\npayloads_days = 1\n",
+            r"retention\.sources\.nope: is not a configured source",
+        ),
+        ("[retention]\ntypo_days = 1\n", r"retention\.typo_days: is not a known setting"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            parse(MINIMAL + text, env=ENV)
+
+
 def test_the_conflict_answer_defaults_per_provider_and_on_conflict_overrides_it() -> None:
     env = {"S": "secret-value-for-github"}
     github = parse('[sources.gh]\nscheme = "github"\nsecrets = ["S"]', env=env).sources["gh"]

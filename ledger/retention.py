@@ -1,0 +1,316 @@
+"""Retention keeper: what the ledger forgets, and when — tombstones keep what must never be forgotten.
+
+Effects are claimed forever in meaning, not in bytes. In order, each a batch at a time:
+
+1. **payloads** (per source): once an effect's job has finished and its payload window has passed, its
+   payload and its steps' recorded answers are purged and the effects row becomes a **tombstone** (tenant,
+   key, fingerprint, outcome, first and last seen). A late provider retry still meets the unique
+   constraint and is answered duplicate: the claim never reads the payload. Rejected payloads and the
+   payloads unmatched deliveries keep for replay go at the same window.
+2. **history**: delivery rows, key-conflict rows, and finished jobs (with their attempts and steps) older
+   than the history window. The tombstone keeps the job's outcome.
+3. **tombstones** (opt-in, per source): the dedupe window. Without one, tombstones are kept forever; with
+   one, a tombstone last seen before it is deleted with whatever still references it, and a later delivery
+   of that key counts as **new**. ``gateway.config`` refuses a window shorter than the automatic-retry
+   window of any configured source's provider (docs/providers.md).
+4. **signature_failures**: failed-verification counters.
+
+What each pass purged is added to ``retention_purges`` (cumulative, per table or column) in the same
+transaction, so ``/metrics`` and ``report()`` say the same whichever process ran the pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .db import Conn
+from .queries import Q
+
+DAY = 86400.0
+DEFAULT_PAYLOADS = 30 * DAY
+DEFAULT_HISTORY = 90 * DAY
+DEFAULT_TOMBSTONES: float | None = None  # kept forever unless the operator opts in
+DEFAULT_SIGNATURE_FAILURES = 30 * DAY
+DEFAULT_BATCH = 1000
+DEFAULT_BATCHES_PER_PASS = 20
+
+#: What the keeper purges, in the order it does, by the name counters and reports use.
+PURGED = (
+    "effects.payload",
+    "steps.answer",
+    "effect_rejects.payload",
+    "deliveries.payload",
+    "deliveries",
+    "effect_rejects",
+    "jobs",
+    "job_attempts",
+    "steps",
+    "effects",
+    "signature_failures",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionConfig:
+    """Retention windows in seconds, per source where it matters, and how much one pass purges.
+
+    ``source_payloads`` overrides ``payloads`` per source; ``source_tombstones`` overrides ``tombstones``
+    (the dedupe window) per source, where ``None`` keeps that source's tombstones forever.
+    """
+
+    payloads: float = DEFAULT_PAYLOADS
+    history: float = DEFAULT_HISTORY
+    tombstones: float | None = DEFAULT_TOMBSTONES
+    signature_failures: float = DEFAULT_SIGNATURE_FAILURES
+    batch: int = DEFAULT_BATCH
+    batches_per_pass: int = DEFAULT_BATCHES_PER_PASS
+    source_payloads: Mapping[str, float] = field(default_factory=dict)
+    source_tombstones: Mapping[str, float | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.signature_failures > 0:
+            raise ValueError("signature_failure_retention must be > 0 seconds")
+        if self.batch < 1:
+            raise ValueError("retention batch must be >= 1")
+        if self.batches_per_pass < 1:
+            raise ValueError("retention batches_per_pass must be >= 1")
+        for name, window in {"payloads": self.payloads, **self._named(self.source_payloads)}.items():
+            if not window > 0:
+                raise ValueError(f"retention {name} must be > 0 seconds")
+            # History rows (and the jobs that run on the payload) outlive the payload, never the reverse:
+            # a finished job is deleted only once its payload is gone.
+            if window > self.history:
+                raise ValueError(
+                    f"retention {name} ({window:g} s) must not exceed history ({self.history:g} s)"
+                )
+        for name, maybe in {"tombstones": self.tombstones, **self._named(self.source_tombstones)}.items():
+            if maybe is not None and not maybe > 0:
+                raise ValueError(f"retention {name} must be > 0 seconds (or unset: kept forever)")
+
+    @staticmethod
+    def _named(per_source: Mapping[str, Any]) -> dict[str, Any]:
+        return {f"sources.{source}": window for source, window in per_source.items()}
+
+    def dedupe_window(self, source: str) -> float | None:
+        """How long ``source``'s tombstones are kept; ``None`` for ever."""
+        if source in self.source_tombstones:
+            return self.source_tombstones[source]
+        return self.tombstones
+
+    def payload_window(self, source: str) -> float:
+        """How long after its job finished ``source``'s payloads are kept."""
+        return self.source_payloads.get(source, self.payloads)
+
+
+@dataclass(slots=True)
+class RetentionResult:
+    """Rows purged by one pass, per table or column (``PURGED`` names)."""
+
+    purged: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the pass purged anything."""
+        return any(self.purged.values())
+
+    def add(self, what: str, n: int) -> None:
+        """Count ``n`` more rows of ``what``."""
+        self.purged[what] = self.purged.get(what, 0) + int(n)
+
+
+class RetentionKeeper:
+    """Purges what has outlived its window: up to ``batches_per_pass`` batches per table per pass."""
+
+    name = "retention"
+
+    def __init__(self, config: RetentionConfig | None = None) -> None:
+        self.config = config or RetentionConfig()
+
+    async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RetentionResult:
+        """One pass over every window, oldest rows first, committed with its counters."""
+        c = self.config
+        result = RetentionResult(dict.fromkeys(PURGED, 0))
+        limit = {"now": now, "limit": c.batch}
+        payload_policy = {
+            **limit,
+            "window": c.payloads,
+            "sources": list(c.source_payloads),
+            "windows": list(c.source_payloads.values()),
+        }
+        async with conn.transaction():
+            for _ in range(c.batches_per_pass):
+                row = await self._one(conn, "effect_payloads_purge_expired", payload_policy)
+                result.add("effects.payload", row["payloads"])
+                result.add("steps.answer", row["answers"])
+                if row["jobs"] < c.batch:
+                    break
+            await self._repeat(
+                conn, "reject_payloads_purge_expired", payload_policy, "effect_rejects.payload", result
+            )
+            await self._repeat(
+                conn, "unmatched_payloads_purge_expired", payload_policy, "deliveries.payload", result
+            )
+            history = {**limit, "window": c.history}
+            # Time partitions are dropped whole by the partition keeper; the row deletes only reach what lies
+            # before the first of them (the legacy partition) and the DEFAULT partition.
+            clock = now or await self._clock(conn)
+            first = await self._first_partition_starts(conn)
+
+            def before(parent: str, window: float) -> datetime:
+                cutoff = clock - timedelta(seconds=window)
+                start = first.get(parent)
+                return cutoff if start is None else min(cutoff, start)
+
+            for parent, rows_query, default_query in (
+                ("deliveries", "deliveries_delete_expired", "deliveries_default_delete_expired"),
+                ("effect_rejects", "effect_rejects_delete_expired", "effect_rejects_default_delete_expired"),
+            ):
+                params = {**limit, "before": before(parent, c.history)}
+                await self._repeat(conn, rows_query, params, parent, result)
+                await self._repeat(conn, default_query, history, parent, result)
+            for _ in range(c.batches_per_pass):
+                row = await self._one(conn, "jobs_delete_expired", history)
+                for what in ("jobs", "job_attempts", "steps"):
+                    result.add(what, row[what.removeprefix("job_")])
+                if row["jobs"] < c.batch:
+                    break
+            if c.tombstones is not None or any(w is not None for w in c.source_tombstones.values()):
+                tombstones = {
+                    **limit,
+                    "window": c.tombstones,
+                    "sources": list(c.source_tombstones),
+                    "windows": list(c.source_tombstones.values()),
+                }
+                for _ in range(c.batches_per_pass):
+                    row = await self._one(conn, "effect_tombstones_delete_expired", tombstones)
+                    result.add("effects", row["tombstones"])
+                    for what in ("deliveries", "effect_rejects", "jobs", "job_attempts", "steps"):
+                        result.add(
+                            what,
+                            row[{"effect_rejects": "rejects", "job_attempts": "attempts"}.get(what, what)],
+                        )
+                    if row["tombstones"] < c.batch:
+                        break
+            sig = c.signature_failures
+            await self._repeat(
+                conn,
+                "signature_failures_delete_expired",
+                {**limit, "before": before("signature_failures", sig)},
+                "signature_failures",
+                result,
+            )
+            await self._repeat(
+                conn,
+                "signature_failures_default_delete_expired",
+                {**limit, "window": sig},
+                "signature_failures",
+                result,
+            )
+            await conn.execute(
+                Q["retention_purges_count"],
+                {"now": now, "whats": list(result.purged), "counts": list(result.purged.values())},
+            )
+        return result
+
+    @staticmethod
+    async def _clock(conn: Conn) -> datetime:
+        row = await (await conn.execute(Q["maintenance_clock"])).fetchone()
+        assert row is not None
+        return row["now"]  # type: ignore[no-any-return]
+
+    @staticmethod
+    async def _first_partition_starts(conn: Conn) -> dict[str, datetime]:
+        first: dict[str, datetime] = {}
+        for row in await (await conn.execute(Q["history_partitions_list"])).fetchall():
+            start = row["range_from"]
+            if start is not None and (row["parent"] not in first or start < first[row["parent"]]):
+                first[row["parent"]] = start
+        return first
+
+    @staticmethod
+    async def _one(conn: Conn, query: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        row = await (await conn.execute(Q[query], params)).fetchone()
+        assert row is not None  # an aggregate always yields its row
+        return row
+
+    async def _repeat(
+        self, conn: Conn, query: str, params: Mapping[str, Any], what: str, result: RetentionResult
+    ) -> None:
+        for _ in range(self.config.batches_per_pass):
+            n = (await conn.execute(Q[query], params)).rowcount
+            result.add(what, n)
+            if n < self.config.batch:
+                return
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionLine:
+    """One line of the retention report: a table (or column), its window, what it holds and what went."""
+
+    what: str
+    window_seconds: float | None
+    oldest_held: datetime | None
+    purged_total: int
+    last_purged_at: datetime | None
+    last_run_at: datetime | None
+
+
+# Which window governs each line, and which column of retention_oldest_held says what it still holds.
+_REPORT = (
+    ("effects.payload", "payloads", "payloads"),
+    ("steps.answer", "payloads", None),
+    ("effect_rejects.payload", "payloads", None),
+    ("deliveries.payload", "payloads", None),
+    ("deliveries", "history", "deliveries"),
+    ("effect_rejects", "history", "effect_rejects"),
+    ("jobs", "history", "jobs"),
+    ("job_attempts", "history", None),
+    ("steps", "history", None),
+    ("effects", "tombstones", "tombstones"),
+    ("signature_failures", "signature_failures", "signature_failures"),
+)
+
+
+async def purge_totals(conn: Conn) -> dict[str, int]:
+    """Rows purged so far, per table or column, by every process (what ``/metrics`` reports)."""
+    rows = await (await conn.execute(Q["retention_purges_all"])).fetchall()
+    return {row["what"]: int(row["purged"]) for row in rows}
+
+
+async def report(conn: Conn, config: RetentionConfig | None = None) -> tuple[list[RetentionLine], int]:
+    """What retention keeps and has purged: one line per table or column (window, oldest row still held,
+    rows purged so far, when last), and how many tombstones the ledger holds."""
+    config = config or RetentionConfig()
+    totals = {row["what"]: row for row in await (await conn.execute(Q["retention_purges_all"])).fetchall()}
+    oldest = await (await conn.execute(Q["retention_oldest_held"])).fetchone()
+    assert oldest is not None
+    windows: dict[str, float | None] = {
+        "payloads": config.payloads,
+        "history": config.history,
+        "tombstones": config.tombstones,
+        "signature_failures": config.signature_failures,
+    }
+    lines = []
+    for what, window, held in _REPORT:
+        total = totals.get(what)
+        lines.append(
+            RetentionLine(
+                what=what,
+                window_seconds=windows[window],
+                oldest_held=oldest[held] if held else None,
+                purged_total=int(total["purged"]) if total else 0,
+                last_purged_at=total["last_purged_at"] if total else None,
+                last_run_at=total["last_run_at"] if total else None,
+            )
+        )
+    return lines, int(oldest["tombstone_count"])
+
+
+def overdue(line: RetentionLine, now: datetime, *, slack: float = 0.0) -> bool:
+    """Whether ``line`` holds a row older than its window (plus ``slack``): retention is behind."""
+    if line.window_seconds is None or line.oldest_held is None:
+        return False
+    return line.oldest_held < now - timedelta(seconds=line.window_seconds + slack)

@@ -1,0 +1,174 @@
+"""The upgrade from the schema before retention (0001-0005) to partitioned history keeps every row, and the
+ledger works afterwards: a ledger populated through the real code paths, then migrated, then used.
+
+Deliveries, rejects and signature failures are written on the old schema by the claim code (unchanged); jobs'
+leases, steps and outcomes after 0006 (the fetch now skips paused kinds, a table 0006 adds), before 0007-0008.
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectgate.gateway.operator import reporting
+from effectgate.ledger import db, jobs, steps
+from effectgate.ledger.claims import (
+    Accepted,
+    Duplicate,
+    EffectRequest,
+    Rejected,
+    claim_delivery,
+    record_signature_failure,
+)
+from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate
+from effectgate.ledger.partitions import PartitionKeeper
+from effectgate.ledger.reconciler import Reconciler
+from effectgate.ledger.reports import DUPLICATES, KEY_CONFLICTS
+from tests.integration.test_retention import delivery
+
+pytestmark = pytest.mark.anyio
+
+TABLES = ("effects", "jobs", "job_attempts", "steps", "deliveries", "effect_rejects", "signature_failures")
+FIRST_OF_MINE = "0006"
+
+
+async def snapshot(conn: db.Conn) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for table in TABLES:
+        rows = await (await conn.execute(f"SELECT to_jsonb(t) AS r FROM {table} t")).fetchall()  # type: ignore[arg-type]
+        out[table] = sorted((r["r"] for r in rows), key=lambda r: sorted((k, str(v)) for k, v in r.items()))
+    return out
+
+
+def only_keys(after: list[dict[str, Any]], like: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    keys = set(like[0]) if like else set()
+    trimmed = [{k: v for k, v in row.items() if k in keys} for row in after]
+    return sorted(trimmed, key=lambda r: sorted((k, str(v)) for k, v in r.items()))
+
+
+async def populate_arrivals(conn: db.Conn, now: datetime) -> None:
+    """What arrived, written by the claim code the gateway runs (its statement is unchanged by 0006-0008)."""
+    for n in range(20):
+        key = f"order-{n}"
+        [outcome] = await claim_delivery(
+            conn, delivery(key), [EffectRequest(key, "k", 3, "redrive")], now=now
+        )
+        assert isinstance(outcome, Accepted)
+    for n in range(5):  # duplicates and conflicts
+        [dup] = await claim_delivery(
+            conn, delivery(f"order-{n}"), [EffectRequest(f"order-{n}", "k", 3, "redrive")], now=now
+        )
+        assert isinstance(dup, Duplicate)
+        other = delivery(f"order-{n}", payload={"other": n})
+        [rej] = await claim_delivery(conn, other, [EffectRequest(f"order-{n}", "k", 3, "redrive")], now=now)
+        assert isinstance(rej, Rejected)
+    # An unmatched delivery, recorded as the code before 0008 did (that statement now also keeps the payload,
+    # in a column the old schema does not have).
+    await conn.execute(
+        "INSERT INTO deliveries (request_id, received_at, tenant, source, event_id, event_type, outcome, "
+        "fingerprint) VALUES ('r-unmatched', %s, 'default', 'stripe', 'evt-x', 'thing.happened', 'unmatched', 'f')",
+        (now,),
+    )
+    for reason in ("signature_invalid", "signature_missing"):
+        await record_signature_failure(
+            conn, source="stripe", reason=reason, size=3, body_sha256="0" * 64, detail="d", now=now
+        )
+
+
+async def populate_work(conn: db.Conn, now: datetime) -> None:
+    """Leases, steps and outcomes, written by the worker's code (its fetch reads paused_kinds, from 0006)."""
+    for lease in await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 30}, limit=10, now=now):
+        await steps.record(
+            conn,
+            job_id=lease.job_id,
+            lease_token=lease.lease_token,
+            name="capture",
+            idempotency_key=f"idem-{lease.job_id}",
+            status="succeeded",
+            result={"ok": True},
+            now=now,
+        )
+        await jobs.finish(conn, lease.job_id, lease.lease_token, state="succeeded", by="w", now=now)
+
+
+async def test_the_upgrade_keeps_every_row_and_the_ledger_works_after_it(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    def up_to(name: str, last: str) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        for migration in discover():
+            if migration.name < last:
+                shutil.copyfile(str(MIGRATIONS_DIR.joinpath(migration.name)), directory / migration.name)
+        return directory
+
+    before_mine, before_history = up_to("before", FIRST_OF_MINE), up_to("rules", "0007")
+    now = datetime.now(UTC) - timedelta(hours=1)
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        applied = await migrate(conn, before_mine)
+        assert applied and max(applied) < FIRST_OF_MINE
+        await populate_arrivals(conn, now)
+        assert await migrate(conn, before_history) == ["0006_job_release_rule_and_pauses.sql"]
+        await populate_work(conn, now)
+        before = await snapshot(conn)
+        assert {t: len(rows) for t, rows in before.items()} == {
+            "effects": 20,
+            "jobs": 20,
+            "job_attempts": 10,
+            "steps": 10,
+            "deliveries": 31,
+            "effect_rejects": 5,
+            "signature_failures": 2,
+        }
+
+        mine = await migrate(conn)
+        assert mine and min(mine) >= FIRST_OF_MINE
+        after = await snapshot(conn)
+        for table in TABLES:
+            assert only_keys(after[table], before[table]) == before[table], table
+        # The columns the upgrade added are empty on the old rows.
+        assert {row["payload"] for row in after["deliveries"]} == {None}
+        kinds = await (
+            await conn.execute(
+                "SELECT relname, relkind FROM pg_class WHERE relname = ANY(%s) ORDER BY relname",
+                (["deliveries", "effect_rejects", "signature_failures", "deliveries_legacy"],),
+            )
+        ).fetchall()
+        assert {r["relname"]: r["relkind"] for r in kinds} == {
+            "deliveries": "p",
+            "deliveries_legacy": "r",
+            "effect_rejects": "p",
+            "signature_failures": "p",
+        }
+
+        # The ledger works: old keys are duplicates, new ones claimed with ids after the old ones.
+        [again] = await claim_delivery(
+            conn, delivery("order-1"), [EffectRequest("order-1", "k", 3, "redrive")]
+        )
+        assert isinstance(again, Duplicate) and again.delivery_count == 3
+        [new] = await claim_delivery(
+            conn, delivery("order-new"), [EffectRequest("order-new", "k", 3, "redrive")]
+        )
+        assert isinstance(new, Accepted)
+        ids = await (
+            await conn.execute("SELECT max(id) AS m, count(DISTINCT id) AS n FROM deliveries")
+        ).fetchone()
+        assert ids is not None and (ids["m"], ids["n"]) == (33, 33)
+        window = {"since": (now - timedelta(hours=1)).isoformat()}
+        assert len((await reporting.fetch(conn, DUPLICATES, window)).items) == 5
+        assert len((await reporting.fetch(conn, KEY_CONFLICTS, window)).items) == 5
+        # Maintenance runs on it: partitions made ahead; the legacy partition is kept inside its window.
+        result = await Reconciler().run_once(conn)
+        assert result.service_errors == {} and result.partitions.created
+        assert result.partitions.dropped == {}
+        # And once the legacy rows are past the history window, the legacy partition is dropped whole.
+        far = datetime.now(UTC) + timedelta(days=200)
+        dropped = await PartitionKeeper().run_once(conn, now=far)
+        assert dropped.dropped["deliveries_legacy"] == 33
+        assert dropped.dropped["effect_rejects_legacy"] == 5
+        assert dropped.dropped["signature_failures_legacy"] == 2
