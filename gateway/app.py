@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker import reconcile_forever
-from effectgate.ledger import db
+from effectgate.ledger import claims, db
 from effectgate.ledger.migrate import unapplied
 
 from .config import Config
@@ -62,6 +62,9 @@ def create_app(
         # answers 503, rather than crash-looping behind its load balancer.
         await pool.open(wait=False)
         app.state.pool = pool
+        # Group commit: the claims of concurrent deliveries in this process share a statement and a commit.
+        batcher = claims.ClaimBatcher(pool)
+        app.state.batcher = batcher
         # Gateways tick the reconciler too, so jobs are repaired even while no worker runs.
         stopping = asyncio.Event()
         reconciler = (
@@ -79,6 +82,7 @@ def create_app(
             stopping.set()
             if reconciler is not None:
                 await reconciler
+            await batcher.close()
             await pool.close()
 
     app = Starlette(
