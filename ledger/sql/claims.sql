@@ -2,21 +2,22 @@
 -- Claims the effects of many deliveries in one statement: new keys get a claim and a job, the same payload is
 -- counted a duplicate, another payload is recorded as a reject; every delivery gets its rows; workers are woken.
 -- Entries are parallel arrays, one element per effect (effect_key NULL: a delivery no handler asked for);
--- payloads are sent once per delivery (%(payloads)s, indexed by payload_ix). A key appears at most once per
--- statement (ledger/claims.py splits repeats into rounds): ON CONFLICT DO UPDATE may touch a row only once.
--- Rows are inserted in (tenant, key) order under the C collation, as Python sorts them, so concurrent batches
+-- payloads are sent once per delivery (the payloads array, indexed by payload_ix). The arrays go in binary:
+-- psycopg dumps a text array in Python, escaping every quote of every JSON payload (~1 ms a batch of 32).
+-- A key appears at most once per statement (ledger/claims.py splits repeats into rounds): ON CONFLICT DO
+-- UPDATE may touch a row only once. Rows are inserted in (tenant, key) order under the C collation, as Python sorts them, so concurrent batches
 -- lock their keys in one global order and cannot deadlock. DO UPDATE (not DO NOTHING) so a claim committed
 -- concurrently by another replica is locked and returned to us: a DO NOTHING would leave the snapshot blind.
 WITH input AS (
-    SELECT * FROM unnest(%(ord)s::int[], %(request_id)s::text[], %(tenant)s::text[], %(effect_key)s::text[],
-                         %(source)s::text[], %(handler)s::text[], %(event_id)s::text[], %(event_type)s::text[],
-                         %(fingerprint)s::text[], %(payload_ix)s::int[], %(max_attempts)s::int[],
-                         %(orphan_policy)s::text[], %(lock_key)s::text[], %(secret_index)s::int[])
+    SELECT * FROM unnest(%(ord)b::int[], %(request_id)b::text[], %(tenant)b::text[], %(effect_key)b::text[],
+                         %(source)b::text[], %(handler)b::text[], %(event_id)b::text[], %(event_type)b::text[],
+                         %(fingerprint)b::text[], %(payload_ix)b::int[], %(max_attempts)b::int[],
+                         %(orphan_policy)b::text[], %(lock_key)b::text[], %(secret_index)b::int[])
         AS i(ord, request_id, tenant, effect_key, source, handler, event_id, event_type, fingerprint,
              payload_ix, max_attempts, orphan_policy, lock_key, secret_index)
 ),
 payloads AS (
-    SELECT p.ix::int AS ix, p.body::jsonb AS body FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS p(body, ix)
+    SELECT p.ix::int AS ix, p.body::jsonb AS body FROM unnest(%(payloads)b::text[]) WITH ORDINALITY AS p(body, ix)
 ),
 claim AS (
     INSERT INTO effects AS e (tenant, effect_key, source, handler, event_id, event_type, fingerprint, payload,
