@@ -148,9 +148,21 @@ def write_config(directory: Path) -> Path:
 
 
 def load(
-    wrk: str, command: list[str], port: int, db_url: str, deliveries: Path, *, connections: int, seconds: int
+    wrk: str,
+    command: list[str],
+    port: int,
+    db_url: str,
+    deliveries: Path,
+    *,
+    connections: int,
+    seconds: int,
+    warmup: Path | None = None,
 ) -> LoadResult:
-    """Start ``command`` (a gateway on ``port``), drive it with wrk replaying ``deliveries``, stop it."""
+    """Start ``command`` (a gateway on ``port``), drive it with wrk replaying ``deliveries``, stop it.
+
+    ``warmup``, other deliveries, is replayed for a second first: every worker process is up, every
+    connection opened and every statement prepared before the clock starts (its rows are in the counts).
+    """
     env = {
         **os.environ,
         "DATABASE_URL": db_url,
@@ -169,23 +181,25 @@ def load(
                 break
             except httpx.TransportError:
                 time.sleep(0.1)
-        result = subprocess.run(
-            [
-                wrk,
-                "-t1",
-                f"-c{connections}",
-                f"-d{seconds}s",
-                "--latency",
-                "-s",
-                str(script),
-                base,
-                "--",
-                str(deliveries),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        runs = [(warmup, 1)] if warmup is not None else []
+        for replay, duration in [*runs, (deliveries, seconds)]:
+            result = subprocess.run(
+                [
+                    wrk,
+                    "-t1",
+                    f"-c{connections}",
+                    f"-d{duration}s",
+                    "--latency",
+                    "-s",
+                    str(script),
+                    base,
+                    "--",
+                    str(replay),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
         with psycopg.connect(db_url) as conn:
             outcomes = dict(conn.execute("SELECT outcome, count(*) FROM deliveries GROUP BY 1").fetchall())
             jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()
@@ -225,6 +239,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             deliveries = Path(tmp) / "deliveries.tsv"
             write_deliveries(deliveries, args.requests)
+            warmup = Path(tmp) / "warmup.tsv"
+            write_deliveries(warmup, 4000)
             port = free_port()
             if args.reference:
                 what = f"reference gateway, {args.gateway_workers} workers"
@@ -233,7 +249,14 @@ def main() -> None:
                 what = f"effectgate serve --workers {args.gateway_workers}"
                 command = effectgate_command(write_config(Path(tmp)), port, args.gateway_workers)
             result = load(
-                wrk, command, port, db_url, deliveries, connections=args.connections, seconds=args.seconds
+                wrk,
+                command,
+                port,
+                db_url,
+                deliveries,
+                connections=args.connections,
+                seconds=args.seconds,
+                warmup=warmup,
             )
     finally:
         drop_database(server, db_url)
