@@ -9,7 +9,9 @@ so the provider's own retry is safe.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
+import os
 import time
 import uuid
 from typing import Any
@@ -30,6 +32,24 @@ from .operator import metrics
 from .signatures import PayloadError, SignatureError, Verified
 
 log = logging.getLogger("effectgate.gateway")
+
+
+# Request ids unique across processes without a uuid4 (an os.urandom call) per request: a random prefix per
+# process (a forked child draws its own), then a counter.
+_request_id_prefix = uuid.uuid4().hex[:16]
+_request_numbers = itertools.count()
+
+
+def _new_request_id() -> str:
+    return f"{_request_id_prefix}{next(_request_numbers):016x}"
+
+
+def _new_request_id_prefix() -> None:
+    global _request_id_prefix
+    _request_id_prefix = uuid.uuid4().hex[:16]
+
+
+os.register_at_fork(after_in_child=_new_request_id_prefix)
 
 
 class BodyTooLarge(Exception):
@@ -70,7 +90,7 @@ async def receive(request: Request) -> Response:
     pool: db.Pool = request.app.state.pool
     batcher: claims.ClaimBatcher = request.app.state.batcher
     name = request.path_params["source"]
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    request_id = request.headers.get("x-request-id") or _new_request_id()
     source = config.sources.get(name)
     if source is None:
         return error(404, "unknown_source", f"no source named {name!r} is configured")
