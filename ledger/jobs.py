@@ -78,7 +78,12 @@ async def fetch_and_lease(
     }
     for _ in range(FETCH_LOCK_KEY_RETRIES):
         try:
-            async with conn.transaction():
+            if conn.info.transaction_status:
+                # Inside the caller's transaction: a savepoint, so a refused fetch does not abort it.
+                async with conn.transaction():
+                    rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()
+            else:
+                # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT trips.
                 rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()
             break
         except pg_errors.UniqueViolation as exc:
