@@ -208,6 +208,7 @@ class Worker:
                     await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
         finally:
             await self._drain()
+            background.extend(t for t in (self._beat_task, self._finishes.flusher) if t is not None)
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -364,7 +365,8 @@ class Worker:
             handler.add_done_callback(functools.partial(_log_settled, lease.job_id))
             raise
         finally:
-            self._beats.pop(lease.job_id, None)
+            if self._beats.pop(lease.job_id, None) is not None:
+                self._beat_changed.set()  # the last lease gone ends the heartbeat task now, not a beat later
         if outcome == "abandoned":
             return "abandoned"
         if ctx.fenced_off:
@@ -598,13 +600,13 @@ class _FinishBatcher:
         self._pool = pool
         self._max_batch = max_batch
         self._queue: list[_Finishing] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self.flusher: asyncio.Task[None] | None = None
 
     async def finish(self, lease: jobs.Lease, kind: EffectKind, finish: jobs.Finish) -> jobs.Reached:
         item = _Finishing(lease, kind, finish, asyncio.get_running_loop().create_future())
         self._queue.append(item)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="finishes")
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.create_task(self._flush(), name="finishes")
         return await item.future
 
     async def _flush(self) -> None:
