@@ -62,6 +62,10 @@ async def batched_claim_rate(url: str, clients: int, seconds: float) -> float:
     return done / elapsed
 
 
+def show(figure: float | None) -> str:
+    return "n/a" if figure is None else f"{figure:.0f}"
+
+
 def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "n/a"
 
