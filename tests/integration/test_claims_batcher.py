@@ -264,3 +264,24 @@ async def test_a_batch_that_cannot_be_written_answers_every_request_and_leaves_n
     conn = await db.connect(db_url)
     async with conn:
         assert (await ledger_state(conn))["rows"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_request_right_after_a_batch_ends_starts_the_next_one(db_url: str) -> None:
+    # The flusher's slot is given back in its last synchronous step: a request arriving as the previous batch
+    # is answered (before a done callback would run) must still find a flusher, or it waits forever.
+    pool = db.make_pool(db_url, max_size=2)
+    await pool.open(wait=True)
+    try:
+        batcher = ClaimBatcher(pool, max_in_flight=1)
+
+        async def one_after_another() -> int:
+            for i in range(40):
+                [[outcome]] = await batcher.claim([make(Spec(0, (f"order:{i}",)), i)])
+                assert isinstance(outcome, Accepted)
+            return 40
+
+        # A bound on a hang, not on speed: 40 sequential claims finish in well under a second.
+        assert await asyncio.wait_for(one_after_another(), 60) == 40
+    finally:
+        await pool.close()
