@@ -35,17 +35,20 @@ async def drain(url: str, jobs: int, batch_size: int = 10) -> float | None:
             await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
         manager = QueueManager(queries)
         done = 0
+        finished = 0.0
 
         @manager.entrypoint("noop")
         async def noop(job: object) -> None:
-            nonlocal done
+            nonlocal done, finished
             done += 1
             if done == jobs:
+                finished = time.monotonic()
                 manager.shutdown.set()
 
         started = time.monotonic()
         await asyncio.wait_for(manager.run(batch_size=batch_size), 600)
-        return jobs / (time.monotonic() - started)
+        # Up to the last handler's start, as effectgate's drain is timed: shutting down is not draining.
+        return jobs / (finished - started)
 
 
 def main() -> None:
