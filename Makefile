@@ -39,10 +39,11 @@ chaos:
 	CHAOS_ORDERS=$${CHAOS_ORDERS:-200} CHAOS_KILLS=$${CHAOS_KILLS:-10} $(PYTHON) -m pytest -q -s -m chaos tests/e2e/test_chaos.py
 
 # Benchmarks print figures and assert nothing. `bench-short` is the version CI runs to keep them working.
+# `bench` measures every performance target side by side in one run (tests/bench/compare.py) and prints the
+# ratios. PgQueuer comes from the bench extra; without it (no registry) that one figure says n/a.
 bench:
-	$(PYTHON) -m tests.bench.claims
-	$(PYTHON) -m tests.bench.worker
-	$(PYTHON) -m tests.bench.ingress
+	-$(PYTHON) -m pip install -q -e '.[bench]'
+	$(PYTHON) -m tests.bench.compare
 	$(PYTHON) -m tests.bench.reports
 
 # The soak: steady deliveries with retention windows of minutes; prints table sizes and claim latency over time and
@@ -55,9 +56,8 @@ soak-short:
 	$(PYTHON) -m tests.bench.soak --minutes 0.7 --speed 30 --rate 100
 
 bench-short:
-	$(PYTHON) -m tests.bench.claims --seconds 1 --clients 4
-	$(PYTHON) -m tests.bench.worker --jobs 200 --latency-samples 10
-	$(PYTHON) -m tests.bench.ingress --seconds 1 --connections 8 --requests 2000
+	-$(PYTHON) -m pip install -q -e '.[bench]'
+	$(PYTHON) -m tests.bench.compare --short
 	$(PYTHON) -m tests.bench.reports --effects 20000
 
 # The shipped Prometheus alert rules: syntax, then behaviour on the series in alerts_test.yml. promtool is

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from effectgate.handlers import tracing
 from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db
+from effectgate.ledger import claims, db
 from effectgate.ledger.migrate import unapplied
 
 from .config import Config
@@ -85,6 +85,9 @@ def create_app(
         # answers 503, rather than crash-looping behind its load balancer.
         await pool.open(wait=False)
         app.state.pool = pool
+        # Group commit: the claims of concurrent deliveries in this process share a statement and a commit.
+        batcher = claims.ClaimBatcher(pool)
+        app.state.batcher = batcher
         # Gateways tick the reconciler too, so jobs are repaired even while no worker runs.
         stopping = asyncio.Event()
         reconciler = (
@@ -102,6 +105,7 @@ def create_app(
             stopping.set()
             if reconciler is not None:
                 await reconciler
+            await batcher.close()
             await pool.close()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)

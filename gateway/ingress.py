@@ -10,7 +10,9 @@ so the provider's own retry is safe.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
+import os
 import time
 import uuid
 from typing import Any
@@ -23,8 +25,8 @@ from effectgate.handlers.event import Event as HandlerEvent
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import claims, db
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
-from effectgate.ledger.errors import LedgerError, LedgerUnavailable
-from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.errors import DeliveryRefused, LedgerError, LedgerUnavailable
+from effectgate.ledger.fingerprints import canonical_json
 from effectgate.ledger.pointers import PointerMissing
 from effectgate.ledger.storable import jsonb_problem
 
@@ -33,6 +35,24 @@ from .operator import metrics
 from .signatures import Event, PayloadError, SignatureError, Verified
 
 log = logging.getLogger("effectgate.gateway")
+
+
+# Request ids unique across processes without a uuid4 (an os.urandom call) per request: a random prefix per
+# process (a forked child draws its own), then a counter.
+_request_id_prefix = uuid.uuid4().hex[:16]
+_request_numbers = itertools.count()
+
+
+def _new_request_id() -> str:
+    return f"{_request_id_prefix}{next(_request_numbers):016x}"
+
+
+def _new_request_id_prefix() -> None:
+    global _request_id_prefix
+    _request_id_prefix = uuid.uuid4().hex[:16]
+
+
+os.register_at_fork(after_in_child=_new_request_id_prefix)
 
 
 class BodyTooLarge(Exception):
@@ -79,8 +99,9 @@ async def _receive(request: Request) -> Response:
     config: Config = request.app.state.config
     registry: Registry = request.app.state.registry
     pool: db.Pool = request.app.state.pool
+    batcher: claims.ClaimBatcher = request.app.state.batcher
     name = request.path_params["source"]
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    request_id = request.headers.get("x-request-id") or _new_request_id()
     source = config.sources.get(name)
     if source is None:
         return error(404, "unknown_source", f"no source named {name!r} is configured")
@@ -130,13 +151,17 @@ async def _receive(request: Request) -> Response:
 
     started = time.perf_counter()
     try:
-        # The span includes the wait for a pooled connection: a starved pool shows in the trace.
-        async with tracing.span("effectgate.claim") as span, db.connection(pool) as conn:
-            outcomes = await claims.claim_deliveries(conn, planned)
+        # The span includes the wait for the batch the claim joined: a busy ledger shows in the trace.
+        with tracing.span("effectgate.claim") as span:
+            outcomes = await batcher.claim(planned)
             if tracing.enabled():
                 claimed = [o for per_event in outcomes for o in per_event]
                 span.set_attribute("effectgate.effect_keys", [o.effect_key for o in claimed])
                 span.set_attribute("effectgate.outcomes", [str(o.outcome) for o in claimed])
+    except DeliveryRefused as exc:
+        # Postgres refused what this delivery holds; the deliveries batched with it were claimed without it.
+        metrics.delivery(name, "malformed_payload")
+        return error(400, "malformed_payload", str(exc))
     except LedgerUnavailable as exc:
         metrics.delivery(name, "ledger_unavailable")
         log.warning("delivery.ledger_unavailable", extra={"source": name, "request_id": request_id})
@@ -154,15 +179,17 @@ async def _receive(request: Request) -> Response:
     metrics.claimed(name, [o.outcome for o in flat])
     effects_json = [_outcome_json(o) for o in flat]
     event_ids = [d.event_id for d, _ in planned]
-    log.info(
-        "delivery.claimed",
-        extra={
-            "source": name,
-            "request_id": request_id,
-            "event_ids": event_ids,
-            "outcomes": [(o.effect_key, o.outcome) for o in flat],
-        },
-    )
+    if log.isEnabledFor(logging.DEBUG):
+        # Every delivery is a row in the ledger already; a log line each is for debugging, not the default.
+        log.debug(
+            "delivery.claimed",
+            extra={
+                "source": name,
+                "request_id": request_id,
+                "event_ids": event_ids,
+                "outcomes": [(o.effect_key, o.outcome) for o in flat],
+            },
+        )
     body_json: dict[str, Any] = {"request_id": request_id, "event_ids": event_ids, "effects": effects_json}
     if any(isinstance(o, Rejected) for o in flat) and source.conflict_status == 409:
         return error(
@@ -249,6 +276,8 @@ def _plan(
                     fingerprint=kind.fingerprint_of(handler_event),
                 )
             )
+        # Serialised once: the canonical text is both what the fingerprint hashes and what is stored.
+        canonical = canonical_json(event.payload)
         delivery = Delivery(
             request_id=request_id,
             tenant=tenant,
@@ -256,8 +285,9 @@ def _plan(
             event_id=event.id,
             event_type=event.type,
             payload=event.payload,
-            fingerprint=fingerprint(event.payload),
+            fingerprint=hashlib.sha256(canonical).hexdigest(),
             secret_index=verified.secret_index,
+            payload_text=canonical.decode(),
         )
         planned.append((delivery, effects))
     return planned

@@ -134,6 +134,12 @@ class Worker:
         self._contexts: dict[int, EffectContext] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        # One heartbeat for every lease this worker holds, one statement per beat.
+        self._beats: dict[int, _Beat] = {}
+        self._beat_changed = asyncio.Event()
+        self._beat_task: asyncio.Task[None] | None = None
+        # Terminal transitions of many jobs, one statement (and one commit) per batch.
+        self._finishes = _FinishBatcher(pool)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -167,6 +173,7 @@ class Worker:
                     await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
         finally:
             await self._drain()
+            background.extend(t for t in (self._beat_task, self._finishes.flusher) if t is not None)
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -327,7 +334,7 @@ class Worker:
         ctx.draining = self._stopping.is_set()
         self._contexts[lease.job_id] = ctx
         handler = asyncio.create_task(_call(kind, ctx, event), name=f"handler-{lease.job_id}")
-        heartbeat = asyncio.create_task(self._heartbeat(ctx, lease, kind, handler))
+        self._beat(_Beat(lease, kind, ctx, handler, asyncio.get_running_loop().time() + kind.lease_ttl / 3))
         try:
             outcome, exc = await self._await_slice(ctx, kind, handler)
         except asyncio.CancelledError:
@@ -337,35 +344,63 @@ class Worker:
             handler.add_done_callback(functools.partial(_log_settled, lease.job_id))
             raise
         finally:
-            heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            if self._beats.pop(lease.job_id, None) is not None:
+                self._beat_changed.set()  # the last lease gone ends the heartbeat task now, not a beat later
         if outcome is _Ended.ABANDONED:
             return SliceOutcome.ABANDONED
         if ctx.fenced_off:
             return SliceOutcome.LEASE_LOST
         return await self._record_outcome(lease, kind, outcome, exc)
 
-    async def _heartbeat(
-        self, ctx: EffectContext, lease: jobs.Lease, kind: EffectKind, handler: asyncio.Task[Any]
-    ) -> None:
-        interval = kind.lease_ttl / 3
-        while True:
-            await asyncio.sleep(interval)
+    def _beat(self, beat: _Beat) -> None:
+        self._beats[beat.lease.job_id] = beat
+        self._beat_changed.set()
+        if self._beat_task is None or self._beat_task.done():
+            self._beat_task = asyncio.create_task(self._heartbeats(), name="heartbeats")
+
+    async def _heartbeats(self) -> None:
+        """Extend every lease due within half its interval, all in one statement, each at a third of
+        its own kind's TTL; returns when this worker holds no lease."""
+        loop = asyncio.get_running_loop()
+        while self._beats:
+            self._beat_changed.clear()
+            now = loop.time()
+            wait = min(beat.due for beat in self._beats.values()) - now
+            if wait > 0:
+                # A new lease (perhaps of a shorter-TTL kind) recomputes the wait.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._beat_changed.wait(), wait)
+                continue
+            due = [b for b in self._beats.values() if b.due <= now + b.kind.lease_ttl / 6]
+            for beat in due:
+                beat.due = now + beat.kind.lease_ttl / 3
             try:
                 async with db.connection(self.pool) as conn:
-                    if await jobs.extend_lease(conn, lease.job_id, lease.lease_token, ttl=kind.lease_ttl):
-                        ctx.cancel_requested = True
-            except LeaseLost:
-                # Someone else holds the job now: refuse every later write from this slice, and stop it —
-                # nothing it does from here on could be committed.
-                ctx.fenced_off = True
-                handler.cancel()
-                log.warning(
-                    "worker.lease_lost", extra={"job_id": lease.job_id, "lease_token": lease.lease_token}
-                )
-                return
+                    held = await jobs.extend_leases(
+                        conn, [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due]
+                    )
             except LedgerError as exc:
-                log.warning("worker.heartbeat_failed", extra={"job_id": lease.job_id, "error": str(exc)})
+                log.warning(
+                    "worker.heartbeat_failed",
+                    extra={"job_ids": [b.lease.job_id for b in due], "error": str(exc)},
+                )
+                continue
+            for beat in due:
+                if self._beats.get(beat.lease.job_id) is not beat:
+                    continue  # its slice ended while the beat was in flight: the answer is not about it
+                cancel = held.get(beat.lease.job_id)
+                if cancel is None:
+                    # Someone else holds the job now: refuse every later write from this slice, and stop
+                    # it — nothing it does from here on could be committed.
+                    beat.ctx.fenced_off = True
+                    beat.handler.cancel()
+                    del self._beats[beat.lease.job_id]
+                    log.warning(
+                        "worker.lease_lost",
+                        extra={"job_id": beat.lease.job_id, "lease_token": beat.lease.lease_token},
+                    )
+                elif cancel:
+                    beat.ctx.cancel_requested = True
 
     async def _await_slice(
         self, ctx: EffectContext, kind: EffectKind, handler: asyncio.Task[Any]
@@ -407,10 +442,8 @@ class Worker:
             log.info("worker.handed_back", extra={"job_id": job_id, "state": reached.state})
             return _ended(reached, requeued=SliceOutcome.HANDED_BACK)
         if outcome is _Ended.RETURNED:
-            reached = await self._transition(
-                lease,
-                kind,
-                lambda conn: jobs.finish(conn, job_id, token, state=JobState.SUCCEEDED, by=self.owner),
+            reached = await self._finish(
+                lease, kind, jobs.Finish(job_id, token, JobState.SUCCEEDED, self.owner)
             )
             log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
             return SliceOutcome(reached.state)
@@ -426,21 +459,16 @@ class Worker:
                 f"attempts exhausted ({lease.attempt}/{lease.max_attempts}): {type(exc).__name__}: {exc}"
             )
         if failed_reason is not None:
-            unrecoverable = isinstance(exc, UnrecoverableError)
-            reached = await self._transition(
-                lease,
-                kind,
-                lambda conn: jobs.finish(
-                    conn,
-                    job_id,
-                    token,
-                    state=JobState.FAILED,
-                    by=self.owner,
-                    reason=failed_reason,
-                    error=error,
-                    unrecoverable=unrecoverable,
-                ),
+            finish = jobs.Finish(
+                job_id,
+                token,
+                JobState.FAILED,
+                self.owner,
+                failed_reason,
+                error,
+                isinstance(exc, UnrecoverableError),
             )
+            reached = await self._finish(lease, kind, finish)
             log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
             return SliceOutcome(reached.state)
         delay = backoff_delay(lease.attempt, self.config.backoff_base, self.config.backoff_cap)
@@ -457,6 +485,21 @@ class Worker:
         if reached.state == JobState.PENDING and self.observer is not None:
             self.observer.retry_scheduled(lease.kind)
         return _ended(reached, requeued=SliceOutcome.RETRY)
+
+    async def _finish(self, lease: jobs.Lease, kind: EffectKind, finish: jobs.Finish) -> jobs.Reached:
+        """A terminal transition, batched with the other jobs finishing now; retried as ``_transition``."""
+        for delay in (*TRANSITION_RETRY_DELAYS, None):
+            try:
+                return await self._finishes.finish(lease, kind, finish)
+            except LedgerUnavailable as exc:
+                if delay is None:
+                    raise
+                log.warning(
+                    "worker.transition_retry",
+                    extra={"job_id": lease.job_id, "delay": delay, "error": str(exc)},
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def _transition(
         self,
@@ -525,6 +568,93 @@ class _Ended(enum.Enum):
 # What the handler side called a hand-back before HAND_BACK. Returned now, it would read as success and
 # leave the rest of the work undone, so it fails the job with a message saying what to return instead.
 _OLD_HAND_BACK = "budget"
+
+
+@dataclass(slots=True)
+class _Beat:
+    """A lease the worker's heartbeat keeps alive, and what to tell when it is lost or cancelled."""
+
+    lease: jobs.Lease
+    kind: EffectKind
+    ctx: EffectContext
+    handler: asyncio.Task[Any]
+    due: float
+
+
+@dataclass(slots=True)
+class _Finishing:
+    lease: jobs.Lease
+    kind: EffectKind
+    finish: jobs.Finish
+    future: asyncio.Future[jobs.Reached]
+
+
+class _FinishBatcher:
+    """Terminal transitions of the jobs that finish together, written by one statement in one commit.
+
+    Each row is fenced by its own token: a stale one raises ``LeaseLost`` for its job alone. A kind's
+    ``on_transition`` runs in the batch's transaction, each in a savepoint, so a failing hook rolls
+    back its own writes and no one else's (the transition stands: a job left running is worse than a
+    user row that missed its mirror, which a sweep can repair). One batch is in flight at a time; the
+    next takes what queued meanwhile, so an idle worker's lone transition goes at once.
+    """
+
+    def __init__(self, pool: db.Pool, max_batch: int = 256) -> None:
+        self._pool = pool
+        self._max_batch = max_batch
+        self._queue: list[_Finishing] = []
+        self.flusher: asyncio.Task[None] | None = None
+
+    async def finish(self, lease: jobs.Lease, kind: EffectKind, finish: jobs.Finish) -> jobs.Reached:
+        item = _Finishing(lease, kind, finish, asyncio.get_running_loop().create_future())
+        self._queue.append(item)
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.create_task(self._flush(), name="finishes")
+        return await item.future
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            try:
+                answers = await self._write(batch)
+            except BaseException as exc:
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for item, reached in zip(batch, answers, strict=True):
+                if item.future.done():
+                    continue
+                if reached is None:
+                    item.future.set_exception(LeaseLost(item.finish.job_id, item.finish.lease_token))
+                else:
+                    item.future.set_result(reached)
+
+    async def _write(self, batch: list[_Finishing]) -> list[jobs.Reached | None]:
+        async with db.connection(self._pool) as conn:
+            if not any(item.kind.on_transition is not None for item in batch):
+                # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
+                return await jobs.finish_many(conn, [item.finish for item in batch])
+            async with conn.transaction():
+                answers = await jobs.finish_many(conn, [item.finish for item in batch])
+                for item, reached in zip(batch, answers, strict=True):
+                    hook = item.kind.on_transition
+                    if reached is None or not reached.terminal or hook is None:
+                        continue
+                    transition = Transition(
+                        item.lease.job_id, item.lease.effect_key, reached.state, reached.reason
+                    )
+                    try:
+                        async with conn.transaction():
+                            await hook(conn, transition)
+                    except Exception as exc:
+                        log.error(
+                            "worker.transition_hook_failed",
+                            extra={"job_id": item.lease.job_id, "error": f"{type(exc).__name__}: {exc}"},
+                        )
+            return answers
 
 
 def _ended(reached: jobs.Reached, *, requeued: SliceOutcome) -> SliceOutcome:

@@ -2,6 +2,7 @@
 
 LedgerError
 ├── LedgerUnavailable    Postgres could not be reached or the pool ran dry
+├── DeliveryRefused      Postgres refused one delivery's data (its batch-mates were claimed without it)
 ├── LeaseLost            a fenced write found a newer lease token (or no live lease)
 ├── StepAlreadyRecorded  a step name was recorded already for this effect
 ├── MigrationError       a migration could not be applied, or an applied one changed
@@ -20,6 +21,10 @@ class LedgerError(Exception):
 
 class LedgerUnavailable(LedgerError):
     """The ledger database could not be reached; nothing was written."""
+
+
+class DeliveryRefused(LedgerError):
+    """Postgres refused this delivery's data (a value it cannot store); nothing of it was written."""
 
 
 class LeaseLost(LedgerError):

@@ -8,7 +8,8 @@ whose lease was reclaimed changes nothing and gets ``LeaseLost``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -76,7 +77,12 @@ async def fetch_and_lease(
     }
     for _ in range(FETCH_LOCK_KEY_RETRIES):
         try:
-            async with conn.transaction():
+            if conn.info.transaction_status:
+                # Inside the caller's transaction: a savepoint, so a refused fetch does not abort it.
+                async with conn.transaction():
+                    rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()
+            else:
+                # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT trips.
                 rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()
             break
         except pg_errors.UniqueViolation as exc:
@@ -117,12 +123,34 @@ async def extend_lease(
     conn: Conn, job_id: int, lease_token: int, *, ttl: float, now: datetime | None = None
 ) -> bool:
     """Heartbeat: extend the lease; returns whether a cancel was requested. Raises ``LeaseLost``."""
-    row = await (
+    held = await extend_leases(conn, [(job_id, lease_token, ttl)], now=now)
+    if job_id not in held:
+        raise LeaseLost(job_id, lease_token)
+    return held[job_id]
+
+
+async def extend_leases(
+    conn: Conn, leases: Sequence[tuple[int, int, float]], *, now: datetime | None = None
+) -> dict[int, bool]:
+    """Heartbeat for many leases, given as (job id, lease token, TTL), in one statement.
+
+    Returns {job id: whether a cancel was requested} for every lease still held; a job missing from it
+    lost its lease (the write changed nothing for it, and only for it).
+    """
+    if not leases:
+        return {}
+    rows = await (
         await conn.execute(
-            Q["lease_extend_if_held"], {"job_id": job_id, "lease_token": lease_token, "ttl": ttl, "now": now}
+            Q["lease_extend_if_held"],
+            {
+                "job_ids": [job_id for job_id, _, _ in leases],
+                "lease_tokens": [token for _, token, _ in leases],
+                "ttls": [float(ttl) for _, _, ttl in leases],
+                "now": now,
+            },
         )
-    ).fetchone()
-    return bool(_fenced(job_id, lease_token, row)["cancel_requested"])
+    ).fetchall()
+    return {row["id"]: bool(row["cancel_requested"]) for row in rows}
 
 
 async def save_checkpoint(
@@ -174,6 +202,19 @@ def _reached(job_id: int, lease_token: int, row: Any) -> Reached:
     return Reached(JobState(row["state"]), row["terminal_reason"])
 
 
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """One terminal transition a worker asks for: the job, its token, and the state it should reach."""
+
+    job_id: int
+    lease_token: int
+    state: FinishState
+    by: str
+    reason: str | None = None
+    error: dict[str, Any] | None = None
+    unrecoverable: bool = False
+
+
 async def finish(
     conn: Conn,
     job_id: int,
@@ -190,22 +231,43 @@ async def finish(
 
     Raises ``LeaseLost`` if ``lease_token`` no longer holds the job.
     """
-    row = await (
+    [reached] = await finish_many(
+        conn, [Finish(job_id, lease_token, state, by, reason, error, unrecoverable)], now=now
+    )
+    if reached is None:
+        raise LeaseLost(job_id, lease_token)
+    return reached
+
+
+async def finish_many(
+    conn: Conn, transitions: Sequence[Finish], *, now: datetime | None = None
+) -> list[Reached | None]:
+    """Many terminal transitions in one statement, each fenced by its own token; as ``finish`` each.
+
+    Returns one answer per transition, in order: where the job got to, or ``None`` where the token no
+    longer held it — that row changed nothing, and the others were made all the same.
+    """
+    if not transitions:
+        return []
+    rows = await (
         await conn.execute(
             Q["job_finish_if_leased"],
             {
-                "job_id": job_id,
-                "lease_token": lease_token,
-                "state": state,
-                "by": by,
-                "reason": storable_text(reason) if reason is not None else None,
-                "error": Jsonb(storable_error(error)) if error is not None else None,
-                "unrecoverable": unrecoverable,
+                "job_ids": [t.job_id for t in transitions],
+                "lease_tokens": [t.lease_token for t in transitions],
+                "states": [t.state for t in transitions],
+                "bys": [t.by for t in transitions],
+                "reasons": [storable_text(t.reason) if t.reason is not None else None for t in transitions],
+                "errors": [
+                    json.dumps(storable_error(t.error)) if t.error is not None else None for t in transitions
+                ],
+                "unrecoverables": [t.unrecoverable for t in transitions],
                 "now": now,
             },
         )
-    ).fetchone()
-    return _reached(job_id, lease_token, row)
+    ).fetchall()
+    reached = {row["job_id"]: Reached(JobState(row["state"]), row["terminal_reason"]) for row in rows}
+    return [reached.get(t.job_id) for t in transitions]
 
 
 async def retry(

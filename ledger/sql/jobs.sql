@@ -51,12 +51,24 @@ FROM leased l JOIN effects e ON e.id = l.effect_id
 ORDER BY l.id;
 
 -- name: lease_extend_if_held
--- Heartbeat: pushes the lease expiry out, only for the holder of the current token; tells it of a cancel.
-UPDATE jobs SET
-    lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => %(ttl)s),
+-- Heartbeat for many leases at once: each pushed out by its own TTL, only where its token still holds; a lease
+-- missing from the answer is lost. Rows are locked in id order, as the terminal transitions lock them, so a
+-- worker's heartbeat and its finishes cannot deadlock. Each answer row says whether a cancel was asked.
+WITH held AS (
+    SELECT j.id, h.ttl
+    FROM jobs j
+    JOIN unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(ttls)b::float8[]) AS h(job_id, lease_token, ttl)
+        ON j.id = h.job_id AND j.lease_token = h.lease_token
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE jobs j SET
+    lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => held.ttl),
     updated_at = coalesce(%(now)s, now())
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-RETURNING cancel_requested;
+FROM held
+WHERE j.id = held.id
+RETURNING j.id, j.cancel_requested;
 
 -- name: lease_hold_if_leased
 -- Locks the job row for the rest of the caller's transaction, only for the holder of the current token:
@@ -75,33 +87,48 @@ WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
 RETURNING id;
 
 -- name: job_finish_if_leased
--- The one terminal transition a worker makes (succeeded, failed or parked), fenced by the token. A cancel
--- requested while the job ran wins in this same statement, so a cancelled job is never reported succeeded.
-WITH done AS (
-    UPDATE jobs SET
-        state = CASE WHEN cancel_requested THEN 'cancelled'::job_state ELSE %(state)s::job_state END,
-        terminal_reason = CASE WHEN cancel_requested THEN 'cancelled while running' ELSE %(reason)s END,
-        terminal_by = CASE WHEN cancel_requested THEN coalesce(terminal_by, 'operator') ELSE %(by)s END,
-        last_error = coalesce(%(error)s::jsonb, last_error),
-        unrecoverable = %(unrecoverable)s AND NOT cancel_requested,
+-- The one terminal transition a worker makes (succeeded, failed or parked), for many jobs at once, each row
+-- fenced by its own token: a stale row changes nothing and is missing from the answer, the others go through.
+-- A cancel requested while a job ran wins in this same statement, so a cancelled job is never reported
+-- succeeded. Rows are locked in id order (as the heartbeat locks them).
+WITH input AS (
+    SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(states)b::text[], %(bys)b::text[],
+                         %(reasons)b::text[], %(errors)b::text[], %(unrecoverables)b::bool[])
+        AS i(job_id, lease_token, state, by, reason, error, unrecoverable)
+),
+held AS (
+    SELECT i.*
+    FROM jobs j JOIN input i ON j.id = i.job_id AND j.lease_token = i.lease_token
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+done AS (
+    UPDATE jobs j SET
+        state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE held.state::job_state END,
+        terminal_reason = CASE WHEN j.cancel_requested THEN 'cancelled while running' ELSE held.reason END,
+        terminal_by = CASE WHEN j.cancel_requested THEN coalesce(j.terminal_by, 'operator') ELSE held.by END,
+        last_error = coalesce(held.error::jsonb, j.last_error),
+        unrecoverable = held.unrecoverable AND NOT j.cancel_requested,
         lease_owner = NULL,
         lease_expires_at = NULL,
         finished_at = coalesce(%(now)s, now()),
         updated_at = coalesce(%(now)s, now())
-    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-    RETURNING id, state, terminal_reason, lease_token
+    FROM held
+    WHERE j.id = held.job_id
+    RETURNING j.id, j.state, j.terminal_reason, j.lease_token, held.error::jsonb AS error
 ),
 closed AS (
     UPDATE job_attempts a SET
         finished_at = coalesce(%(now)s, now()),
         outcome = done.state::text,
-        error_type = %(error)s::jsonb ->> 'type',
-        error_message = %(error)s::jsonb ->> 'message',
-        traceback = %(error)s::jsonb ->> 'traceback'
+        error_type = done.error ->> 'type',
+        error_message = done.error ->> 'message',
+        traceback = done.error ->> 'traceback'
     FROM done
     WHERE a.job_id = done.id AND a.lease_token = done.lease_token
 )
-SELECT state::text AS state, terminal_reason FROM done;
+SELECT id AS job_id, state::text AS state, terminal_reason FROM done;
 
 -- name: job_retry_if_leased
 -- Gives the job back for another attempt at run_at = now + delay, fenced by the token; a pending cancel

@@ -2,7 +2,7 @@
 
     python -m tests.bench.claims [--seconds 10] [--clients 8,16,32]
 
-Both run the same statement (``effect_claim`` from ledger/sql/claims.sql, one new key per
+Both run the same statement (``effect_claim_batch`` from ledger/sql/claims.sql, one new key per
 transaction) on the same Postgres, so the ratio says how much of the database's capacity the
 Python side leaves on the table. Prints figures; asserts nothing about speed.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import subprocess
 import tempfile
@@ -49,30 +50,34 @@ async def effectgate_rate(url: str, clients: int, seconds: float) -> float:
 
 
 def pgbench_script() -> str:
-    """``effect_claim`` with pgbench variables for the parameters, one new key per statement."""
+    """``effect_claim_batch`` for one delivery with one effect, pgbench variables for the parameters, one new
+    key per statement: the claim transaction as a one-request batch sends it."""
     values = {
-        "tenant": "'default'",
-        "effect_key": "'k:' || :key",
-        "source": "'bench'",
-        "handler": "'bench'",
-        "event_id": "'e:' || :key",
-        "event_type": "'payment_intent.succeeded'",
-        "fingerprint": "'" + fingerprint(PAYLOAD) + "'",
-        "payload": "'" + __import__("json").dumps(PAYLOAD) + "'::jsonb",
+        "ord": "ARRAY[0]",
+        "tenant": "ARRAY['default']",
+        "effect_key": "ARRAY['k:' || :key]",
+        "source": "ARRAY['bench']",
+        "handler": "ARRAY['bench']",
+        "event_id": "ARRAY['e:' || :key]",
+        "event_type": "ARRAY['payment_intent.succeeded']",
+        "fingerprint": "ARRAY['" + fingerprint(PAYLOAD) + "']",
+        "payload_ix": "ARRAY[1]",
+        "payloads": "ARRAY['" + json.dumps(PAYLOAD) + "']",
         "now": "NULL::timestamptz",
-        "max_attempts": "5",
-        "orphan_policy": "'park'",
-        "lock_key": "NULL",
-        "request_id": "'r:' || :key",
-        "secret_index": "0",
+        "max_attempts": "ARRAY[5]",
+        "orphan_policy": "ARRAY['park']",
+        "lock_key": "ARRAY[NULL]",
+        "request_id": "ARRAY['r:' || :key]",
+        "secret_index": "ARRAY[0]",
     }
-    sql = re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], Q["effect_claim"])
+    sql = re.sub(r"%\((\w+)\)[sb]", lambda m: values[m.group(1)], Q["effect_claim_batch"])
     sql = " ".join(line.split("--")[0].strip() for line in sql.splitlines())
-    # One statement in autocommit, as ledger.claims sends a one-effect delivery: its own transaction.
+    # One statement in autocommit, as ledger.claims sends a batch: its own transaction.
     return "\\set key random(1, 9000000000000)\n" + sql + ";\n"
 
 
 def pgbench_rate(url: str, clients: int, seconds: float) -> float | None:
+    """The claim transaction's rate under pgbench, or ``None`` without pgbench."""
     binary = pgbench_binary()
     if binary is None:
         return None

@@ -378,3 +378,30 @@ async def test_an_event_without_a_usable_tenant_is_400_and_nothing_is_claimed(
     assert "/account" in r.json()["detail"]
     for table in ("effects", "jobs", "deliveries", "effect_rejects"):
         assert await rows(conn, f"SELECT * FROM {table}") == [], table
+
+
+async def test_a_delivery_postgres_refuses_gets_its_own_400_and_its_batch_mates_are_claimed(
+    db_url: str, conn: db.Conn
+) -> None:
+    # A key function that lets a NUL through (user code can): Postgres refuses that delivery's row, and only it.
+    registry = Registry()
+    registry.effect(
+        source="stripe",
+        events=["payment_intent.succeeded"],
+        key=lambda ev: "order:" + ev.payload["data"]["object"]["metadata"]["order_id"].replace("bad", "\x00"),
+        name="stripe.fulfil",
+    )(_noop)
+    app = create_app(parse(CONFIG, env=ENV), registry, db_url)
+    bodies = [stripe_event(order_id=f"{n}", event_id=f"evt_{n}") for n in range(12)]
+    bodies[5] = stripe_event(order_id="bad", event_id="evt_bad")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            answers = await asyncio.gather(*(post(c, "stripe", b, stripe_headers(b)) for b in bodies))
+    assert [r.status_code for r in answers] == [202] * 5 + [400] + [202] * 6
+    assert answers[5].json()["error"] == "malformed_payload"
+    delivered = await rows(conn, "SELECT event_id, outcome FROM deliveries ORDER BY event_id")
+    assert delivered == sorted(
+        ({"event_id": f"evt_{n}", "outcome": "accepted"} for n in range(12) if n != 5),
+        key=lambda r: r["event_id"],
+    )

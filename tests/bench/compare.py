@@ -1,0 +1,205 @@
+"""Benchmark: every figure of the performance targets, measured side by side in one run, with the ratios.
+
+    python -m tests.bench.compare [--short]
+
+On one Postgres (``BENCH_DATABASE_URL`` / ``TEST_DATABASE_URL``, else a throwaway embedded one), one load
+generator (wrk) and one machine, in this order:
+
+1. pgbench running the claim transaction (``effect_claim_batch`` for one delivery);
+2. the hand-written reference gateway (tests/bench/reference_gateway.py, 2 uvicorn workers) and effectgate
+   ``serve --workers 1`` and ``--workers 2``, each driven by wrk with distinct deliveries, one signature each;
+3. PgQueuer's drain of no-op jobs (the ``bench`` extra) and effectgate's worker drain, fencing on;
+4. the cost of growth: batched claim throughput with 10^6 effects already in the ledger against an empty one;
+5. claim commit -> handler start latency (LISTEN/NOTIFY wake-up).
+
+Ratios are only meaningful within one run: figures move with whatever else the machine is doing. Each
+figure is printed as it is measured, the ratios and targets at the end. Asserts nothing about speed;
+``--short`` (what CI runs) is a smoke run that keeps the benchmark working, its figures are not the targets'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+
+from effectgate.ledger import db
+from effectgate.ledger.claims import ClaimBatcher, Delivery, EffectRequest
+from effectgate.ledger.fingerprints import fingerprint
+
+from . import ingress, pgqueuer_drain, worker
+from .claims import PAYLOAD, pgbench_rate
+from .common import drop_database, fresh_database, percentile, server_url
+from .reports import fill
+
+
+async def batched_claim_rate(url: str, clients: int, seconds: float) -> float:
+    """Claims per second through one ClaimBatcher with ``clients`` concurrent requests, each a new key."""
+    pool = db.make_pool(url, max_size=8)
+    await pool.open(wait=True)
+    batcher = ClaimBatcher(pool)
+    fp = fingerprint(PAYLOAD)
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            key = uuid.uuid4().hex
+            delivery = Delivery(key, "default", "bench", key, "payment_intent.succeeded", PAYLOAD, fp, 0)
+            await batcher.claim([(delivery, [EffectRequest(f"k:{key}", "bench", 5, "park")])])
+            done += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    elapsed = time.monotonic() - started
+    await batcher.close()
+    await pool.close()
+    return done / elapsed
+
+
+def show(figure: float | None) -> str:
+    return "n/a" if figure is None else f"{figure:.0f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "n/a"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="a smoke run (CI): small and quick")
+    args = parser.parse_args()
+    short = args.short
+    seconds = 2 if short else 10
+    connections = 16 if short else 64
+    drain_jobs = 500 if short else 5000
+    growth_effects = 20_000 if short else 1_000_000
+    server = server_url()
+    figures: dict[str, float | None] = {}
+
+    def fresh() -> str:
+        return fresh_database(server)
+
+    print(f"== one run, {'short' if short else 'full'}; Postgres {server.split('@')[-1]}", flush=True)
+
+    url = fresh()
+    try:
+        figures["pgbench"] = pgbench_rate(url, 4 if short else 32, seconds)
+    finally:
+        drop_database(server, url)
+    print(
+        f"pgbench, claim transaction, {4 if short else 32} clients: {figures['pgbench'] or 'n/a'} tx/s",
+        flush=True,
+    )
+
+    wrk = shutil.which("wrk")
+    p99: dict[str, float] = {}
+    if wrk is None:
+        print("ingress: no figures — wrk is not installed (apt-get install wrk)")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            deliveries = Path(tmp) / "deliveries.tsv"
+            # More distinct deliveries than any run here sends: every request claims a new key.
+            ingress.write_deliveries(deliveries, 6000 * seconds)
+            warmup = Path(tmp) / "warmup.tsv"
+            ingress.write_deliveries(warmup, 4000)
+            config = ingress.write_config(Path(tmp))
+            runs = {
+                "reference": lambda port: ingress.reference_command(port, 2),
+                "effectgate_w1": lambda port: ingress.effectgate_command(config, port, 1),
+                "effectgate_w2": lambda port: ingress.effectgate_command(config, port, 2),
+            }
+            for name, command in runs.items():
+                url = fresh()
+                try:
+                    port = ingress.free_port()
+                    result = ingress.load(
+                        wrk,
+                        command(port),
+                        port,
+                        url,
+                        deliveries,
+                        connections=connections,
+                        seconds=seconds,
+                        warmup=warmup,
+                    )
+                finally:
+                    drop_database(server, url)
+                ok = result.non_2xx == 0 and result.socket_errors == 0
+                figures[name] = result.rate if ok else None
+                p99[name] = result.p99_ms
+                print(result.line(f"ingress {name}, {connections} connections"), flush=True)
+
+    url = fresh()
+    try:
+        figures["pgqueuer"] = asyncio.run(pgqueuer_drain.drain(url, drain_jobs))
+    finally:
+        drop_database(server, url)
+    print(
+        f"pgqueuer drain, batch 10: {figures['pgqueuer'] or 'n/a (pip install -e .[bench])'} jobs/s",
+        flush=True,
+    )
+    url = fresh()
+    try:
+        figures["worker"] = asyncio.run(worker.drain(url, drain_jobs, 16))
+    finally:
+        drop_database(server, url)
+    print(f"effectgate worker drain, fencing on, concurrency 16: {figures['worker']:.0f} jobs/s", flush=True)
+
+    url = fresh()
+    try:
+        figures["claims_empty"] = asyncio.run(batched_claim_rate(url, 64, seconds))
+    finally:
+        drop_database(server, url)
+    print(f"batched claims, empty ledger, 64 concurrent: {figures['claims_empty']:.0f} claims/s", flush=True)
+    url = fresh()
+    try:
+        asyncio.run(fill(url, growth_effects))
+        # The fill's dirty pages written out now, not while the claims are timed.
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+        figures["claims_full"] = asyncio.run(batched_claim_rate(url, 64, seconds))
+    finally:
+        drop_database(server, url)
+    print(
+        f"batched claims, {growth_effects} effects in the ledger: {figures['claims_full']:.0f} claims/s",
+        flush=True,
+    )
+
+    url = fresh()
+    try:
+        delays = asyncio.run(worker.latency(url, 20 if short else 200))
+    finally:
+        drop_database(server, url)
+    wake_p50 = percentile(delays, 50) * 1000
+    print(f"claim commit -> handler start: p50 {wake_p50:.1f} ms, p99 {percentile(delays, 99) * 1000:.1f} ms")
+
+    print("== ratios in this run (targets in brackets)")
+    print(
+        f"effectgate serve --workers 2 / reference gateway: {ratio(figures.get('effectgate_w2'), figures.get('reference'))} (>= 1.5x)"
+    )
+    print(
+        f"effectgate serve --workers 1 / reference gateway: {ratio(figures.get('effectgate_w1'), figures.get('reference'))}"
+    )
+    print(
+        f"effectgate serve --workers 2 p99: {p99.get('effectgate_w2', float('nan')):.1f} ms (<= 50 ms at 64 connections)"
+    )
+    print(
+        f"effectgate serve --workers 2 / pgbench claim transaction: {ratio(figures.get('effectgate_w2'), figures['pgbench'])}"
+    )
+    print(f"effectgate worker / PgQueuer drain: {ratio(figures['worker'], figures['pgqueuer'])} (>= 1.0x)")
+    print(
+        f"claims with {growth_effects} effects / empty ledger: {ratio(figures['claims_full'], figures['claims_empty'])} (>= 0.9x)"
+    )
+    print(f"wake-up p50: {wake_p50:.1f} ms (<= 10 ms)")
+
+
+if __name__ == "__main__":
+    main()
