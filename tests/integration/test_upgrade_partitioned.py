@@ -1,7 +1,8 @@
 """The upgrade from the schema before retention (0001-0005) to partitioned history keeps every row, and the
 ledger works afterwards: a ledger populated through the real code paths, then migrated, then used.
 
-Deliveries, rejects and signature failures are written on the old schema by the claim code (unchanged); jobs'
+Deliveries, rejects and signature failures are written on the old schema by the claim statement of that release
+(tests/data/claims_before_0006.sql: today's batched statement names columns the old schema lacks); jobs'
 leases, steps and outcomes after 0006 (the fetch now skips paused kinds, a table 0006 adds), before 0007-0008.
 """
 
@@ -13,19 +14,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from effectgate.gateway.operator import reporting
 from effectgate.ledger import db, jobs, steps
 from effectgate.ledger.claims import (
     Accepted,
+    Delivery,
     Duplicate,
     EffectRequest,
-    Rejected,
     claim_delivery,
     record_signature_failure,
 )
 from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate
 from effectgate.ledger.partitions import PartitionKeeper
+from effectgate.ledger.queries import parse
 from effectgate.ledger.reconciler import Reconciler
 from effectgate.ledger.reports import DUPLICATES, KEY_CONFLICTS
 from tests.integration.test_retention import delivery
@@ -50,22 +54,42 @@ def only_keys(after: list[dict[str, Any]], like: list[dict[str, Any]]) -> list[d
     return sorted(trimmed, key=lambda r: sorted((k, str(v)) for k, v in r.items()))
 
 
+OLD_CLAIM = parse((Path(__file__).parents[1] / "data" / "claims_before_0006.sql").read_text())["effect_claim"]
+
+
+async def old_claim(conn: db.Conn, arrived: Delivery, effect: EffectRequest, now: datetime) -> str:
+    """One effect claimed as the release before 0006 claimed it; returns the outcome."""
+    params = {
+        "request_id": arrived.request_id,
+        "tenant": arrived.tenant,
+        "source": arrived.source,
+        "event_id": arrived.event_id,
+        "event_type": arrived.event_type,
+        "fingerprint": arrived.fingerprint,
+        "secret_index": arrived.secret_index,
+        "now": now,
+        "effect_key": effect.effect_key,
+        "handler": effect.handler,
+        "payload": Jsonb(arrived.payload),
+        "max_attempts": effect.max_attempts,
+        "orphan_policy": effect.orphan_policy,
+        "lock_key": effect.lock_key,
+    }
+    row = await (await conn.execute(sql.SQL(OLD_CLAIM), params)).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return str(row["outcome"])
+
+
 async def populate_arrivals(conn: db.Conn, now: datetime) -> None:
-    """What arrived, written by the claim code the gateway runs (its statement is unchanged by 0006-0008)."""
+    """What arrived, written by the claim statement of the release before 0006, on its schema."""
     for n in range(20):
         key = f"order-{n}"
-        [outcome] = await claim_delivery(
-            conn, delivery(key), [EffectRequest(key, "k", 3, "redrive")], now=now
-        )
-        assert isinstance(outcome, Accepted)
+        assert await old_claim(conn, delivery(key), EffectRequest(key, "k", 3, "redrive"), now) == "accepted"
     for n in range(5):  # duplicates and conflicts
-        [dup] = await claim_delivery(
-            conn, delivery(f"order-{n}"), [EffectRequest(f"order-{n}", "k", 3, "redrive")], now=now
-        )
-        assert isinstance(dup, Duplicate)
+        effect = EffectRequest(f"order-{n}", "k", 3, "redrive")
+        assert await old_claim(conn, delivery(f"order-{n}"), effect, now) == "duplicate"
         other = delivery(f"order-{n}", payload={"other": n})
-        [rej] = await claim_delivery(conn, other, [EffectRequest(f"order-{n}", "k", 3, "redrive")], now=now)
-        assert isinstance(rej, Rejected)
+        assert await old_claim(conn, other, effect, now) == "rejected"
     # An unmatched delivery, recorded as the code before 0008 did (that statement now also keeps the payload,
     # in a column the old schema does not have).
     await conn.execute(
