@@ -338,12 +338,17 @@ def _serve(args: argparse.Namespace, config: Config, url: str, host: str, port: 
 
 
 def _listen_metrics(host: str, port: int) -> socket.socket:
-    # Bound before the database is touched, so a port taken is a message and exit 2, not a worker that
-    # starts, leases jobs and then dies.
+    # Bound before the database is touched, so a port taken is a message and exit 1 (as for the gateway's
+    # port: the machine's state, not a mistake in the command), not a worker that starts, leases jobs and
+    # then dies.
     try:
         return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as exc:
-        raise UsageError(f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        # create_server rewrites strerror to name the address again; the plain reason reads better here.
+        what = os.strerror(exc.errno) if exc.errno else str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            what += " (another process listens there: stop it, or choose another port)"
+        raise StartFailure(f"--metrics-port: cannot listen on {host}:{port}: {what}") from exc
 
 
 @contextlib.asynccontextmanager

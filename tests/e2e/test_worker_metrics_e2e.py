@@ -41,7 +41,7 @@ def test_a_worker_serves_metrics_with_the_jobs_it_ran_until_it_stops(stack: Stac
         httpx.get(url, timeout=2)
 
 
-def test_a_metrics_port_already_taken_is_a_usage_error_before_any_job_runs(stack: Stack) -> None:
+def test_a_metrics_port_already_taken_is_exit_1_before_any_job_runs(stack: Stack) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -52,9 +52,11 @@ def test_a_metrics_port_already_taken_is_a_usage_error_before_any_job_runs(stack
             stack.tmp / "refused.log",
         )
         stack.processes.append(proc)
-        assert proc.popen.wait(timeout=30) == 2
+        assert proc.popen.wait(timeout=30) == 1
     log = proc.log()
-    assert f"--metrics-port: cannot listen on 127.0.0.1:{port}" in log
+    assert (
+        f"--metrics-port: cannot listen on 127.0.0.1:{port}: Address already in use (another process" in log
+    )
     assert "worker.started" not in log
 
 
