@@ -344,10 +344,12 @@ def _retention(
             return default
         if value == "forever":
             if key != "tombstones_days":
-                raise reader.error(key, 'only tombstones_days may be "forever"')
+                reader.problem(key, 'only tombstones_days may be "forever"')
+                return default
             return None
         if isinstance(value, str) or not value > 0:
-            raise reader.error(key, f"must be a number of days > 0, got {value!r}")
+            reader.problem(key, f"must be a number of days > 0, got {value!r}")
+            return default
         return float(value) * DAY
 
     payloads = days(rt, "payloads_days", DEFAULT_PAYLOADS)
@@ -361,7 +363,9 @@ def _retention(
     provider_floor: dict[str, float] = {}
     for name in per.table:
         if name not in sources:
-            raise per.error(name, f"is not a configured source (known: {', '.join(sorted(sources))})")
+            per.problem(name, f"is not a configured source (known: {', '.join(sorted(sources))})")
+            per.used.add(name)
+            continue
         one = per.table_of(name)
         if "payloads_days" in one.table:
             source_payloads[name] = days(one, "payloads_days", None) or 0.0
@@ -370,8 +374,9 @@ def _retention(
         floor = one.get("provider_retry_hours", (int, float))
         if floor is not None:
             if floor < 0:
-                raise one.error("provider_retry_hours", f"must be >= 0, got {floor!r}")
-            provider_floor[name] = float(floor) * HOUR
+                one.problem("provider_retry_hours", f"must be >= 0, got {floor!r}")
+            else:
+                provider_floor[name] = float(floor) * HOUR
         one.no_unknown_keys()
     rt.no_unknown_keys()
     assert payloads is not None and history is not None and signature_failures is not None
@@ -386,7 +391,8 @@ def _retention(
             source_tombstones=source_tombstones,
         )
     except ValueError as exc:
-        raise rt.error("payloads_days", str(exc)) from exc
+        rt.problem("payloads_days", str(exc))
+        return RetentionConfig()
     # The dedupe window may never be shorter than the provider's own retries: a late retry would be new.
     for name, source in sources.items():
         window = config.dedupe_window(name)
@@ -397,7 +403,7 @@ def _retention(
             where = per.table_of(name) if name in source_tombstones else rt
             basis = RETRY_WINDOWS.get(source.scheme_name)
             because = basis.basis if basis is not None and name not in provider_floor else "as configured"
-            raise where.error(
+            where.problem(
                 "tombstones_days",
                 f"{window / DAY:g} days is shorter than source {name!r} ({source.scheme_name}) retries: "
                 f"{floor / DAY:g} days ({because}); a late retry would run its effect again. "

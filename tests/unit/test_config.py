@@ -378,3 +378,22 @@ def test_every_unimportable_handler_module_is_named_with_its_error_and_the_fix(p
     assert f"it imports 'no_such_dependency_{tag}', which is not installed" in needs_dep
     assert raises.startswith(f"{prefix} 'raises_{tag}': RuntimeError: bad handler config")
     assert f"raises_{tag}.py:2" in raises
+
+
+def test_every_retention_mistake_is_reported_with_the_others_at_once() -> None:
+    text = (
+        '[sources.stripe]\nscheme = "stripe"\nsecrets = ["S"]\n'
+        "[retention]\npayloads_days = -1\ntombstones_days = 1\n"
+        "[retention.sources.nope]\npayloads_days = 1\n"
+        "[gateway]\nprot = 8000\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        parse(text, path="x.toml", env={"S": "whsec_x"})
+    lines = str(caught.value).splitlines()
+    assert "x.toml: gateway.prot: is not a known setting; did you mean 'port'?" in lines
+    assert "x.toml: retention.payloads_days: must be a number of days > 0, got -1" in lines
+    assert "x.toml: retention.sources.nope: is not a configured source (known: stripe)" in lines
+    assert any(
+        line.startswith("x.toml: retention.tombstones_days: 1 days is shorter than source 'stripe'")
+        for line in lines
+    )
