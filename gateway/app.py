@@ -19,7 +19,7 @@ from starlette.routing import Route
 from effectgate.handlers import tracing
 from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import claims, db
+from effectgate.ledger import claim_batcher, db
 from effectgate.ledger.migrate import unapplied
 
 from .config import Config
@@ -85,8 +85,24 @@ def create_app(
         # answers 503, rather than crash-looping behind its load balancer.
         await pool.open(wait=False)
         app.state.pool = pool
+        # The claim path has a pool of its own, so its lock and statement timeouts bound claims and nothing else
+        # (reports and maintenance on the other pool may rightly run longer): one connection per batch in
+        # flight, and one for the probe that finds a locked key.
+        gw = config.gateway
+        claim_pool = db.make_pool(
+            database_url,
+            min_size=1,
+            max_size=claim_batcher.DEFAULT_MAX_IN_FLIGHT + 1,
+            timeout=pool_timeout,
+            name="effectgate-claims",
+            lock_timeout=gw.claim_lock_timeout,
+            statement_timeout=gw.claim_statement_timeout,
+        )
+        await claim_pool.open(wait=False)
         # Group commit: the claims of concurrent deliveries in this process share a statement and a commit.
-        batcher = claims.ClaimBatcher(pool)
+        batcher = claim_batcher.ClaimBatcher(
+            claim_pool, max_queue=gw.claim_queue_max, deadline=gw.claim_deadline
+        )
         app.state.batcher = batcher
         # Gateways tick the reconciler too, so jobs are repaired even while no worker runs.
         stopping = asyncio.Event()
@@ -106,6 +122,7 @@ def create_app(
             if reconciler is not None:
                 await reconciler
             await batcher.close()
+            await claim_pool.close()
             await pool.close()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)

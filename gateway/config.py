@@ -22,6 +22,7 @@ from typing import Any
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
 from effectgate.handlers.worker import WorkerConfig
+from effectgate.ledger import claim_batcher
 from effectgate.ledger import rescuer as rescuer_defaults
 from effectgate.ledger import waker as waker_defaults
 from effectgate.ledger.partitions import DEFAULT_INTERVAL as DEFAULT_PARTITION_INTERVAL
@@ -95,6 +96,13 @@ class GatewayConfig:
     header_timeout: float = guard.DEFAULT_HEADER_TIMEOUT
     body_timeout: float = guard.DEFAULT_BODY_TIMEOUT
     max_header_bytes: int = guard.DEFAULT_MAX_HEADER_BYTES
+    # The claim path's bounds (ledger.claim_batcher): waiting requests per process (past it: 503 overloaded),
+    # seconds a request may wait to be taken into a batch, and the claim pool's lock and statement timeouts
+    # (past any: 503 claim_timeout). Nothing is half-written in any case.
+    claim_queue_max: int = claim_batcher.DEFAULT_MAX_QUEUE
+    claim_deadline: float = claim_batcher.DEFAULT_DEADLINE
+    claim_lock_timeout: float = claim_batcher.DEFAULT_LOCK_TIMEOUT
+    claim_statement_timeout: float = claim_batcher.DEFAULT_STATEMENT_TIMEOUT
 
     @property
     def limits(self) -> guard.Limits:
@@ -434,9 +442,25 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         max_header_bytes=gw.number(
             "max_header_bytes", guard.DEFAULT_MAX_HEADER_BYTES, minimum=1024, integer=True
         ),
+        claim_queue_max=gw.number(
+            "claim_queue_max", claim_batcher.DEFAULT_MAX_QUEUE, minimum=1, integer=True
+        ),
+        claim_deadline=gw.number("claim_deadline", claim_batcher.DEFAULT_DEADLINE, minimum=0.001),
+        claim_lock_timeout=gw.number("claim_lock_timeout", claim_batcher.DEFAULT_LOCK_TIMEOUT, minimum=0.001),
+        claim_statement_timeout=gw.number(
+            "claim_statement_timeout", claim_batcher.DEFAULT_STATEMENT_TIMEOUT, minimum=0.001
+        ),
     )
     if gateway.port > 65535:
         gw.problem("port", f"must be <= 65535, got {gateway.port}")
+    if gateway.claim_lock_timeout >= gateway.claim_statement_timeout:
+        # A lock wait must end as a lock timeout (only the requests needing the key fail), not as a statement
+        # timeout (the whole batch fails).
+        gw.problem(
+            "claim_lock_timeout",
+            f"must be shorter than claim_statement_timeout ({gateway.claim_statement_timeout:g}), "
+            f"got {gateway.claim_lock_timeout:g}",
+        )
     gw.no_unknown_keys()
 
     dbt = root.table_of("database")

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from effectgate.ledger import db
+from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import (
     Accepted,
-    ClaimBatcher,
     ClaimOutcome,
     Delivery,
     Duplicate,
