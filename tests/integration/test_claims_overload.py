@@ -73,13 +73,13 @@ async def make_batcher(
 
 
 async def until(check: Callable[[], Awaitable[bool]]) -> None:
-    """Wait for a condition Postgres will reach; the bound is a guard against a hang, not a timing."""
-
-    async def poll() -> None:
-        while not await check():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), 60)
+    """Wait for a condition Postgres will reach (it is Postgres's state, so polled); the bound of about a minute
+    guards against a hang, it is not a timing."""
+    for _ in range(6000):
+        if await check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition was never reached")
 
 
 async def waiting_on_a_lock(admin: db.Conn) -> int:
