@@ -37,7 +37,7 @@ async def admin(db_url: str) -> AsyncIterator[db.Conn]:
 
 
 async def test_a_delivery_postgres_refuses_is_400_recorded_and_the_50_sent_with_it_are_claimed(
-    db_url: str, admin: db.Conn
+    db_url: str, admin: db.Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     # An authentic event whose type is over the btree row limit (the type is indexed with the effect): Postgres
     # refuses that delivery with SQLSTATE 54000, which once failed every batch it shared with 503.
@@ -72,6 +72,9 @@ async def test_a_delivery_postgres_refuses_is_400_recorded_and_the_50_sent_with_
     )
     assert "54000" in record["last_detail"] and "evt_poison" in record["last_detail"]
     assert long_type[:40] not in record["last_detail"]
+    # The gateway says why, at warning, with the SQLSTATE: not a database outage.
+    [logged] = [r for r in caplog.records if r.getMessage() == "delivery.refused"]
+    assert (logged.levelname, logged.sqlstate) == ("WARNING", "54000")  # type: ignore[attr-defined]
 
 
 async def test_past_the_queue_bound_the_answer_is_503_overloaded_at_once(db_url: str, admin: db.Conn) -> None:
@@ -131,3 +134,31 @@ async def test_a_held_key_is_503_claim_timeout_while_a_delivery_beside_it_is_cla
     assert beside.status_code == 202
     counts = await rows(admin, "SELECT delivery_count FROM effects WHERE effect_key = 'order-paid:1'")
     assert counts == [{"delivery_count": 1}]
+
+
+async def test_a_connection_lost_mid_batch_is_503_without_the_drivers_words(
+    db_url: str, admin: db.Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = config(claim_deadline=600, claim_lock_timeout=300, claim_statement_timeout=600)
+    app = create_app(parse(text, env=ENV), make_registry(), db_url)
+    first = stripe_event(order_id="1", event_id="evt_1")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            assert (await post(c, "stripe", first, stripe_headers(first))).status_code == 202
+            holder = await hold_row_lock(db_url, "order-paid:1")
+            try:
+                stalled = asyncio.create_task(post(c, "stripe", first, stripe_headers(first)))
+                pid = await waiting_on_a_lock(admin)
+                await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+                answer = await stalled
+            finally:
+                await holder.rollback()
+                await holder.close()
+    assert (answer.status_code, answer.json()["error"]) == (503, "ledger_unavailable")
+    assert "Shutdown" not in answer.text and "terminat" not in answer.text
+    assert await rows(admin, "SELECT delivery_count FROM effects WHERE effect_key = 'order-paid:1'") == [
+        {"delivery_count": 1}
+    ]
+    [logged] = [r for r in caplog.records if r.getMessage() == "delivery.ledger_unavailable"]
+    assert (logged.levelname, logged.sqlstate) == ("WARNING", "57P01")  # type: ignore[attr-defined]
