@@ -377,3 +377,32 @@ async def test_a_replayed_delivery_in_a_flood_does_not_hold_back_unrelated_ones(
     assert last_unrelated == 0, [(b["unrelated"], b["n"]) for b in batches[:5]]
     # And the flood drains several copies a batch, not one.
     assert len(batches) <= 500 // claim_batcher.DEFAULT_MAX_ROUNDS + 2
+
+
+async def test_a_request_passed_over_for_a_repeat_keeps_its_place_for_every_key_it_names(
+    db_url: str, admin: db.Conn
+) -> None:
+    # R2 repeats A (so it waits for a later statement) and names B too: R3, behind it, must not win B first.
+    pool, batcher = await make_batcher(db_url, deadline=600)
+
+    def request(name: str, *keys: str) -> Item:
+        body = {
+            "id": f"evt_{name}",
+            "from": name,
+        }  # every request a different payload: a later claim is a reject
+        delivery = Delivery(name, "default", "stripe", f"evt_{name}", "charge", body, fingerprint(body), 0)
+        return delivery, [EffectRequest(k, f"h{n}", 5, "redrive") for n, k in enumerate(keys)]
+
+    try:
+        r1, r2, r3, r4 = await asyncio.gather(
+            batcher.claim([request("r1", "A")]),
+            batcher.claim([request("r2", "A", "B")]),
+            batcher.claim([request("r3", "B")]),
+            batcher.claim([request("r4", "A")]),
+        )
+    finally:
+        await pool.close()
+    assert [o.outcome for o in r1[0]] == ["accepted"]
+    assert [o.outcome for o in r2[0]] == ["rejected", "accepted"]
+    assert [o.outcome for o in r3[0]] == ["rejected"]
+    assert [o.outcome for o in r4[0]] == ["rejected"]
