@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries
@@ -214,15 +214,15 @@ class ClaimBatcher:
                     # _write answers every failure it knows; this is for the one it does not (a bug): the
                     # requests it held are answered, and the loop goes on to the next batch.
                     log.exception("claims.batch_failed", extra={"requests": len(batch)})
-                    failure = LedgerError("the claim could not be written; nothing was acknowledged")
-                    failure.__cause__ = exc
                     for waiting in batch:
-                        waiting.answer(failure)
+                        failure = LedgerError("the claim could not be written; nothing was acknowledged")
+                        waiting.answer(_cause(failure, exc))
                 except BaseException:
                     # Cancelled (the process is stopping): nobody will write what it holds or what waits.
-                    stopping = LedgerUnavailable("the gateway is stopping; the claim was not written")
                     for waiting in [*batch, *self._queue]:
-                        waiting.answer(stopping)
+                        waiting.answer(
+                            LedgerUnavailable("the gateway is stopping; the claim was not written")
+                        )
                     self._queue.clear()
                     self._expired = 0
                     raise
@@ -252,13 +252,15 @@ class ClaimBatcher:
                 "claims.batch_unavailable",
                 extra={"sqlstate": state, "error": type(exc).__name__, "requests": len(batch)},
             )
-            failure: LedgerError = (
-                ClaimTimeout(
-                    "statement_timeout", "the claim statement ran past statement_timeout; nothing was written"
-                )
-                if kind == "statement_timeout"
-                else LedgerUnavailable("the ledger database is unavailable; nothing was written")
-            )
+
+            def failure() -> LedgerError:
+                if kind == "statement_timeout":
+                    return ClaimTimeout(
+                        "statement_timeout",
+                        "the claim statement ran past statement_timeout; nothing was written",
+                    )
+                return LedgerUnavailable("the ledger database is unavailable; nothing was written")
+
             self._answer_all(batch, failure, exc)
             return
         if len(batch) == 1:
@@ -286,7 +288,7 @@ class ClaimBatcher:
                     "claims.lock_timeout",
                     extra={"sqlstate": state, "requests": len(stuck), "keys": len(locked)},
                 )
-                self._answer_all(stuck, ClaimTimeout("lock_timeout", _LOCKED), exc)
+                self._answer_all(stuck, lambda: ClaimTimeout("lock_timeout", _LOCKED), exc)
                 rest = [w for w in batch if w.keys.isdisjoint(locked)]
                 if rest:
                     await self._write(rest)
@@ -311,10 +313,10 @@ class ClaimBatcher:
             return set()
 
     @staticmethod
-    def _answer_all(batch: list[_Waiting], failure: LedgerError, cause: BaseException) -> None:
-        _cause(failure, cause)
+    def _answer_all(batch: list[_Waiting], failure: Callable[[], LedgerError], cause: BaseException) -> None:
+        # One exception each: an instance raised in many tasks would gather every one's traceback.
         for waiting in batch:
-            waiting.answer(failure)
+            waiting.answer(_cause(failure(), cause))
 
 
 _LOCKED = "another transaction held this delivery's effect key past lock_timeout; nothing was written"

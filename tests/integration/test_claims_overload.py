@@ -83,13 +83,15 @@ async def until(check: Callable[[], Awaitable[bool]]) -> None:
 
 
 async def waiting_on_a_lock(admin: db.Conn) -> int:
-    """The pid of a backend of this database waiting for a lock, once there is one."""
+    """The pid of a claim statement of this database waiting for a lock, once there is one (a claim's, not a
+    maintenance pass's that may also wait on the held row)."""
     pids: list[int] = []
 
     async def found() -> bool:
         rows = await (
             await admin.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                " AND query LIKE '%%INSERT INTO effects%%'"
             )
         ).fetchall()
         pids[:] = [r["pid"] for r in rows]
