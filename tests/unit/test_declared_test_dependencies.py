@@ -96,7 +96,7 @@ def test_every_test_import_is_declared_in_pyproject() -> None:
 
 
 def test_the_check_reports_undeclared_and_missing_modules(tmp_path: Path) -> None:
-    # pip is in every virtual environment yet declared nowhere: exactly the "it was just there" case.
+    # h11 arrives with uvicorn, yet nothing here declares it: exactly the "it was just there" case.
     probe = tmp_path / "test_probe.py"
     probe.write_text(
         "import os\nimport yaml\nimport pip\nimport not_a_module_anywhere\n"
@@ -104,7 +104,7 @@ def test_the_check_reports_undeclared_and_missing_modules(tmp_path: Path) -> Non
     )
     assert undeclared_imports([probe]) == [
         "test_probe.py: imports 'not_a_module_anywhere', which no installed distribution provides",
-        "test_probe.py: imports 'pip' from pip, which pyproject.toml does not declare (add it to the dev extra)",
+        "test_probe.py: imports 'h11' from h11, which pyproject.toml does not declare (add it to the dev extra)",
     ]
 
 
