@@ -99,12 +99,12 @@ def test_the_check_reports_undeclared_and_missing_modules(tmp_path: Path) -> Non
     # h11 arrives with uvicorn, yet nothing here declares it: exactly the "it was just there" case.
     probe = tmp_path / "test_probe.py"
     probe.write_text(
-        "import os\nimport yaml\nimport pip\nimport not_a_module_anywhere\n"
+        "import os\nimport yaml\nimport h11\nimport not_a_module_anywhere\n"
         "from . import sibling\nimport tests.conftest\n"
     )
     assert undeclared_imports([probe]) == [
-        "test_probe.py: imports 'not_a_module_anywhere', which no installed distribution provides",
         "test_probe.py: imports 'h11' from h11, which pyproject.toml does not declare (add it to the dev extra)",
+        "test_probe.py: imports 'not_a_module_anywhere', which no installed distribution provides",
     ]
 
 
