@@ -19,7 +19,11 @@ def forge(body: bytes, target_crc: int, *, filler: bytes = FILLER) -> bytes:
     """``body`` with ``filler`` (which must occur once, inside a JSON string) rewritten so that the result's
     CRC32 is ``target_crc``. Raises ValueError if the chosen bits cannot reach it (they always can here)."""
     position = body.index(filler)
-    if body.count(filler) != 1 or any(byte & 0x0F for byte in filler) or any(b & 0xF0 != 0x40 for b in filler):
+    if (
+        body.count(filler) != 1
+        or any(byte & 0x0F for byte in filler)
+        or any(b & 0xF0 != 0x40 for b in filler)
+    ):
         raise ValueError("filler must occur once and be made of '@' (0x40)")
     base = zlib.crc32(body)
     columns: list[tuple[int, int]] = []  # (effect on the CRC, which bit of the filler)
