@@ -4,7 +4,7 @@ the body only by its CRC32, does not bind the body.
 CRC32 is affine over GF(2): for inputs of one length, flipping a set of bits changes the CRC by the XOR of
 what each flip alone changes, whatever the rest of the input. So each free bit is a known 32-bit column,
 and reaching a target CRC is solving 32 linear equations. The free bits are the low four bits of letters
-in ``@ABCDEFGHIJKLMNO`` (0x40–0x4F), so the forged body stays plain ASCII inside a JSON string.
+in ``@ABCDEFGHIJKLMNO`` (0x40 to 0x4F), so the forged body stays plain ASCII inside a JSON string.
 """
 
 from __future__ import annotations
