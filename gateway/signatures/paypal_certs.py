@@ -168,7 +168,8 @@ class CertificateStore:
             state = "has expired" if now >= trusted.not_after else "is not valid yet"
             raise CertificateUntrusted(f"the signing certificate (or its chain) {state}")
         raise CertificateUntrusted(
-            "the signing certificate has not been fetched; the gateway fetches it in prepare() before verify()"
+            "the signing certificate has not been fetched (too many certificate fetches were in flight, or "
+            "prepare() did not run before verify())"
         )
 
     def _forget(self, url: str, done: asyncio.Future[None]) -> None:
@@ -184,7 +185,13 @@ class CertificateStore:
         return failed is not None and clock < failed.retry_at
 
     async def _load(self, url: str, clock: float) -> None:
-        outcome = await self._fetch_and_check(url, clock)
+        try:
+            outcome = await self._fetch_and_check(url, clock)
+        except Exception as exc:
+            # A certificate odd enough to break the chain builder itself: untrusted, like any other failure,
+            # and never an exception in the waiting requests.
+            log.warning("paypal.certificate_untrusted", extra={"url": url[:300], "reason": repr(exc)[:500]})
+            outcome = _Failed(UNTRUSTED_CHAIN, clock + FAILURE_TTL)
         # Two bounded caches, so a flood of failing URLs can never evict a trusted certificate.
         if isinstance(outcome, _Trusted):
             self._failed.pop(url, None)
