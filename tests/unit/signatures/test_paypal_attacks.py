@@ -134,15 +134,22 @@ def test_a_hanging_fetch_delays_no_other_url() -> None:
     slow_headers = PAYPAL_PKI.headers(GENUINE, webhook_id=PAYPAL_WEBHOOK_ID, time=iso(NOW), url=slow)
     fast_headers = PAYPAL_PKI.headers(GENUINE, webhook_id=PAYPAL_WEBHOOK_ID, time=iso(NOW))
 
-    async def run() -> None:
+    async def run() -> bool:
         stuck = asyncio.ensure_future(scheme.prepare(GENUINE, slow_headers, now=NOW))
-        await scheme.prepare(GENUINE, fast_headers, now=NOW)
-        assert scheme.verify(GENUINE, fast_headers, now=NOW).secret_index == 0
-        assert not stuck.done()
+        fast = asyncio.ensure_future(scheme.prepare(GENUINE, fast_headers, now=NOW))
+        # Event-loop turns, not time: the fast URL's fetch needs a handful; behind one lock for every URL
+        # it cannot finish before the slow fetch is released.
+        for _ in range(200):
+            if fast.done():
+                break
+            await asyncio.sleep(0)
+        finished_first = fast.done()
         hang.set()
-        await stuck
+        await asyncio.gather(stuck, fast)
+        return finished_first
 
-    asyncio.run(run())
+    assert asyncio.run(run()), "the fast URL waited for the hanging one"
+    assert scheme.verify(GENUINE, fast_headers, now=NOW).secret_index == 0
 
 
 def test_fresh_urls_beyond_the_in_flight_bound_are_not_fetched() -> None:
