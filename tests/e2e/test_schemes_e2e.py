@@ -14,6 +14,7 @@ import json
 import re
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from psycopg.rows import dict_row
 from svix.webhooks import Webhook as SvixWebhook
 from twilio.request_validator import RequestValidator
 
+from tests.unit.signatures.crc_forge import FILLER, forge
 from tests.unit.signatures.paypal_pki import Pki, iso
 from tests.unit.signatures.signing import hex_mac, hmac_headers, shopify_headers, slack_headers
 
@@ -237,6 +239,48 @@ def test_paypal_with_its_certificate_fetched_once_over_loopback_https(gateway: G
         assert r.status_code == 202, r.text
         gateway.effect("paypal", f"WH-e2e-{n}")
     assert gateway.certs.hits.count(CERT_PATH) == 1
+
+
+def test_paypal_a_crc_forged_body_or_an_old_transmission_claims_nothing_on_a_running_gateway(
+    gateway: Gateway,
+) -> None:
+    # The measurement, repeated against `serve`: a captured delivery's signature over a body forged
+    # to its CRC32 (another event id and amount), and a transmission 20 days old.
+    url = gateway.certs.base_url + CERT_PATH
+    genuine = json.dumps(
+        {
+            "id": "WH-e2e-captured",
+            "event_type": "PAYMENT.CAPTURE.COMPLETED",
+            "resource": {"amount": {"currency_code": "USD", "value": "7.47"}},
+        }
+    ).encode()
+    headers = gateway.pki.headers(
+        genuine,
+        webhook_id=SECRETS["PAYPAL_WEBHOOK_ID"],
+        time=iso(now()),
+        transmission_id="t-captured",
+        url=url,
+    )
+    assert gateway.post("paypal", genuine, headers).status_code == 202
+    forged_ids = []
+    for n, value in enumerate(("9999.00", "123456.00")):
+        document = json.loads(genuine)
+        document["id"] = f"WH-e2e-forged-{n}"
+        document["resource"]["amount"]["value"] = value
+        document["resource"]["note_to_payer"] = FILLER.decode()
+        forged = forge(json.dumps(document).encode(), zlib.crc32(genuine))
+        forged_ids.append(document["id"])
+        r = gateway.post("paypal", forged, headers)
+        assert (r.status_code, r.json().get("error")) == (401, "transmission_reused"), r.text
+    old = json.dumps({"id": "WH-e2e-old", "event_type": "PAYMENT.CAPTURE.COMPLETED"}).encode()
+    old_headers = gateway.pki.headers(
+        old, webhook_id=SECRETS["PAYPAL_WEBHOOK_ID"], time=iso(now() - 20 * 86_400), url=url
+    )
+    r = gateway.post("paypal", old, old_headers)
+    assert (r.status_code, r.json().get("error")) == (401, "timestamp_out_of_tolerance")
+    keys = [f"paypal:{event_id}:schemes.paypal" for event_id in [*forged_ids, "WH-e2e-old"]]
+    assert gateway.rows("SELECT effect_key FROM effects WHERE effect_key = ANY(%s)", keys) == []
+    gateway.effect("paypal", "WH-e2e-captured")
 
 
 def test_paypal_concurrent_deliveries_naming_a_new_certificate_fetch_it_once(gateway: Gateway) -> None:
