@@ -49,7 +49,7 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate, unapplied
 
-from . import demo, embedded, logs, operator_cli, send
+from . import demo, embedded, guard, logs, operator_cli, send
 from .config import (
     DEFAULT_CONFIG_FILE,
     DEFAULT_STARTUP_WAIT,
@@ -235,7 +235,7 @@ def serve_app() -> Any:
     environment before uvicorn starts its processes, so every process builds the same app, imports the
     same handler modules and accepts the same sessions.
     """
-    from . import guard, serving
+    from . import serving
     from .app import create_app
 
     serving.die_with_parent()
@@ -285,7 +285,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, config: Config, url: str, host: str, port: int) -> None:
     import uvicorn
 
-    from . import guard, serving
+    from . import serving
     from .app import create_app
 
     options: dict[str, Any] = {
@@ -353,9 +353,17 @@ def _listen_metrics(host: str, port: int) -> socket.socket:
 
 @contextlib.asynccontextmanager
 async def _serving_metrics(
-    pool: db.Pool, sock: socket.socket | None, token_sha256: bytes | None = None
+    pool: db.Pool,
+    sock: socket.socket | None,
+    token_sha256: bytes | None = None,
+    limits: guard.Limits | None = None,
 ) -> AsyncIterator[None]:
-    """``GET /metrics`` on ``sock`` in this event loop while the block runs; nothing when ``sock`` is None."""
+    """``GET /metrics`` on ``sock`` in this event loop while the block runs; nothing when ``sock`` is None.
+
+    The listener has the gateway's connection guard (``[gateway]`` header and body timeouts, head size):
+    it shares the worker's event loop, so a client dripping a header into it would otherwise hold a
+    parser and its buffer for ever and slow every job the worker runs.
+    """
     if sock is None:
         yield
         return
@@ -369,7 +377,11 @@ async def _serving_metrics(
 
     server = Server(
         uvicorn.Config(
-            metrics.app(pool, token_sha256=token_sha256), lifespan="off", log_config=None, access_log=False
+            metrics.app(pool, token_sha256=token_sha256),
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            http=guard.configure(limits if limits is not None else guard.Limits()),
         )
     )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -405,7 +417,9 @@ async def _run_worker(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         try:
-            async with _serving_metrics(pool, metrics_socket, config.metrics_token_sha256):
+            async with _serving_metrics(
+                pool, metrics_socket, config.metrics_token_sha256, config.gateway.limits
+            ):
                 await worker.run()
         finally:
             await pool.close()
