@@ -53,6 +53,8 @@ DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_POOL_MAX = 10
 DEFAULT_SESSION_TTL = 8 * 3600.0
+DEFAULT_THROTTLE_LIMIT = 10
+DEFAULT_THROTTLE_WINDOW = 300.0
 # How long a process starting while Postgres is unreachable keeps trying before it exits 1: long enough
 # for a database container started alongside it to come up, short enough that a wrong host is noticed.
 DEFAULT_STARTUP_WAIT = 30.0
@@ -113,6 +115,47 @@ class DashboardConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    """The operator plane (``/ui``, ``/api``, ``/metrics``): where it listens, its cookies, its throttle.
+
+    With no ``listen`` it shares the gateway's listener (the quick start). With one, the gateway's
+    listener serves ``/webhooks/*``, ``/healthz`` and ``/readyz`` only, and the operator plane is
+    served on its own address by the same processes.
+    """
+
+    listen_host: str | None = None
+    listen_port: int | None = None
+    # None: Secure exactly when the request came over https (as a trusted proxy says); True/False: always
+    # or never, for a deployment whose TLS ends at a proxy that does not say so.
+    secure_cookies: bool | None = None
+    # Wrong operator tokens per client before its failures are answered 429 (gateway.operator.throttle).
+    throttle_limit: int = DEFAULT_THROTTLE_LIMIT
+    throttle_window: float = DEFAULT_THROTTLE_WINDOW
+
+    @property
+    def apart(self) -> bool:
+        """Whether the operator plane has a listener of its own."""
+        return self.listen_port is not None
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT`` for IPv6) as a host and port; ``ValueError`` naming what is wrong."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464), got {text!r}")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(f"an IPv6 address is written in brackets: [::1]:9464, got {text!r}")
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"an IPv6 address is written in brackets: [::1]:9464, got {text!r}")
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError(f"port must be 0..65535, got {port}")
+    return host, port
+
+
+@dataclass(frozen=True, slots=True)
 class DatabaseConfig:
     """How a process meets its database at start ([database]; the URL itself is ``DATABASE_URL``)."""
 
@@ -134,6 +177,7 @@ class Config:
     # Bearer tokens for the operator API and dashboard ([[operators]]); none configured, none let in.
     operators: tuple[OperatorToken, ...] = ()
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
+    operator: OperatorConfig = field(default_factory=OperatorConfig)
     # The SHA-256 of the bearer token GET /metrics asks for ([metrics] token_env); None: no token.
     metrics_token_sha256: bytes | None = None
     # OpenTelemetry export ([tracing]); None: no spans, and nothing of OpenTelemetry imported.
@@ -498,6 +542,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
 
     operators = read_operators(root, env)
     dashboard = _dashboard(root.table_of("dashboard"), env)
+    operator = _operator(root.table_of("operator"), gateway)
     metrics_token_sha256 = _metrics_token(root.table_of("metrics"), env)
     tracing = _tracing(root.table_of("tracing"))
     root.no_unknown_keys()
@@ -513,6 +558,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         shipping=shipping,
         operators=operators,
         dashboard=dashboard,
+        operator=operator,
         metrics_token_sha256=metrics_token_sha256,
         tracing=tracing,
         database=database,
@@ -538,6 +584,28 @@ def _dashboard(reader: TableReader, env: Mapping[str, str]) -> DashboardConfig:
     ttl = reader.number("session_ttl", DEFAULT_SESSION_TTL, minimum=60)
     reader.no_unknown_keys()
     return DashboardConfig(None if secret is None else secret.encode("utf-8"), ttl)
+
+
+def _operator(reader: TableReader, gateway: GatewayConfig) -> OperatorConfig:
+    host = port = None
+    listen = reader.get("listen", str)
+    if listen is not None:
+        try:
+            host, port = parse_listen(listen)
+        except ValueError as exc:
+            reader.problem("listen", str(exc))
+        else:
+            if port != 0 and port == gateway.port:
+                reader.problem("listen", f"must not be the gateway's own port ({gateway.port})")
+    config = OperatorConfig(
+        listen_host=host,
+        listen_port=port,
+        secure_cookies=reader.get("secure_cookies", bool),
+        throttle_limit=reader.number("throttle_limit", DEFAULT_THROTTLE_LIMIT, minimum=1, integer=True),
+        throttle_window=reader.number("throttle_window", DEFAULT_THROTTLE_WINDOW, minimum=1),
+    )
+    reader.no_unknown_keys()
+    return config
 
 
 def _metrics_token(reader: TableReader, env: Mapping[str, str]) -> bytes | None:
