@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from effectgate.ledger.migrate import migrate, unapplied
 from . import demo, embedded, guard, logs, operator_cli, send
 from .config import (
     DEFAULT_CONFIG_FILE,
+    DEFAULT_OPERATOR_HOST,
     DEFAULT_STARTUP_WAIT,
     Config,
     ConfigError,
@@ -245,11 +247,29 @@ def serve_app() -> Any:
     guard.configure(config.gateway.limits)
     tracing.configure(config.tracing, role="gateway")
     session_key = bytes.fromhex(os.environ.pop(_SESSION_KEY_ENV))
-    return create_app(config, REGISTRY, os.environ["DATABASE_URL"], session_key=session_key)
+    trusted = os.environ.get(_TRUSTED_ENV)
+    if trusted is not None:
+        config = replace(
+            config,
+            gateway=replace(config.gateway, forwarded_allow_ips=tuple(p for p in trusted.split(",") if p)),
+        )
+    operator_port = os.environ.get(_OPERATOR_PORT_ENV)
+    return create_app(
+        config,
+        REGISTRY,
+        os.environ["DATABASE_URL"],
+        session_key=session_key,
+        operator_port=int(operator_port) if operator_port else None,
+    )
 
 
 # The dashboard's signing key when no secret is configured: made by the supervisor, shared by its children.
 _SESSION_KEY_ENV = "EFFECTGATE_SESSION_KEY"
+# The supervisor's choices its children cannot read from the configuration file: the operator plane's
+# bound port (which may have been 0) and the trusted proxies (which --forwarded-allow-ips may override).
+_OPERATOR_PORT_ENV = "EFFECTGATE_OPERATOR_PORT"
+_TRUSTED_ENV = "EFFECTGATE_FORWARDED_ALLOW_IPS"
+_APP_FACTORY = "effectgate.gateway.cli:serve_app"
 
 
 def event_loop() -> str:
@@ -267,13 +287,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or config.gateway.host
     port = config.gateway.port if args.port is None else args.port
     _check_port_free("--port" if args.port is not None else "gateway.port", host, port)
+    operator = _operator_listen(args, config, port)
+    if operator is not None:
+        flag = "--operator-port" if args.operator_port is not None else "operator.listen"
+        _check_port_free(flag, *operator)
     with _database(embedded_allowed=args.embedded) as url:
         if args.no_migrate:
             asyncio.run(db.wait_until_reachable(url, wait))
         else:
             asyncio.run(_migrate(url, wait))
         try:
-            _serve(args, config, url, host, port)
+            _serve(args, config, url, host, port, operator)
         except SystemExit as exc:
             if exc.code != UVICORN_STARTUP_FAILURE:
                 raise
@@ -282,7 +306,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _serve(args: argparse.Namespace, config: Config, url: str, host: str, port: int) -> None:
+def _operator_listen(args: argparse.Namespace, config: Config, port: int) -> tuple[str, int] | None:
+    """Where the operator plane listens on its own (--operator-host/--operator-port, else [operator]
+    listen), or None when it shares the gateway's listener."""
+    op_port = args.operator_port if args.operator_port is not None else config.operator.listen_port
+    if op_port is None:
+        if args.operator_host is not None:
+            raise UsageError("--operator-host: needs --operator-port (or [operator] listen)")
+        return None
+    op_host = args.operator_host or config.operator.listen_host or DEFAULT_OPERATOR_HOST
+    if op_port != 0 and op_port == port:
+        raise UsageError(f"--operator-port: {op_port} is the gateway's own port; choose another")
+    return op_host, op_port
+
+
+def _serve(
+    args: argparse.Namespace,
+    config: Config,
+    url: str,
+    host: str,
+    port: int,
+    operator: tuple[str, int] | None = None,
+) -> None:
     import uvicorn
 
     from . import serving
@@ -305,7 +350,25 @@ def _serve(args: argparse.Namespace, config: Config, url: str, host: str, port: 
     options["proxy_headers"] = bool(trusted)
     if trusted:
         options["forwarded_allow_ips"] = list(trusted)
+    config = replace(config, gateway=replace(config.gateway, forwarded_allow_ips=tuple(trusted)))
     session_key = os.urandom(32)
+    # Both planes' sockets are bound here, before any process serves: every process (one, or each of
+    # the N children) serves both, and the app tells them apart by the local port (gateway.planes).
+    sockets: list[socket.socket] | None = None
+    operator_port: int | None = None
+    if operator is not None:
+        # uvicorn's own binding (its socket options, its message), for an app it never loads here.
+        public = uvicorn.Config(_APP_FACTORY, host=host, port=port).bind_socket()
+        private = uvicorn.Config(_APP_FACTORY, host=operator[0], port=operator[1]).bind_socket()
+        sockets = [public, private]
+        operator_port = private.getsockname()[1]
+        log.info(
+            "operator.listening",
+            extra={
+                "operator": f"{operator[0]}:{operator_port}",
+                "public": f"{host}:{public.getsockname()[1]}",
+            },
+        )
     if args.workers > 1:
         # Several processes share the listening socket; each builds its app from the environment and
         # imports the guarded protocol by name.
@@ -313,23 +376,27 @@ def _serve(args: argparse.Namespace, config: Config, url: str, host: str, port: 
         os.environ["DATABASE_URL"] = url
         os.environ["EFFECTGATE_LOG_LEVEL"] = args.log_level
         os.environ[_SESSION_KEY_ENV] = session_key.hex()
+        os.environ[_TRUSTED_ENV] = ",".join(trusted)
+        if operator_port is not None:
+            os.environ[_OPERATOR_PORT_ENV] = str(operator_port)
         serving.run(
             uvicorn.Config(
-                "effectgate.gateway.cli:serve_app",
+                _APP_FACTORY,
                 factory=True,
                 workers=args.workers,
                 http=guard.PROTOCOL_PATH,
                 **options,
-            )
+            ),
+            sockets,
         )
         return
     tracing.configure(config.tracing, role="gateway")
     protocol = guard.configure(config.gateway.limits)
-    app = create_app(config, REGISTRY, url, session_key=session_key)
+    app = create_app(config, REGISTRY, url, session_key=session_key, operator_port=operator_port)
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
     server = uvicorn.Server(uvicorn.Config(app, http=protocol, **options))
-    server.run()
+    server.run(sockets)
     if not server.started:
         sys.exit(UVICORN_STARTUP_FAILURE)
 
@@ -397,8 +464,6 @@ async def _run_worker(
 ) -> None:
     worker_config = config.worker
     if concurrency is not None:
-        from dataclasses import replace
-
         worker_config = replace(worker_config, concurrency=concurrency)
     tracing.configure(config.tracing, role="worker")
     pool = db.make_pool(url, max_size=worker_config.concurrency * 2 + 2, name="effectgate-worker")
@@ -617,6 +682,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _run_up(env, config, config_path, use_demo, host, port, fake_port, home)
 
 
+def _operator_base(config: Config, base: str) -> str:
+    """The URL of the dashboard and API: the operator listener's when it is apart, else ``base``."""
+    if not config.operator.apart:
+        return base
+    host = config.operator.listen_host or DEFAULT_OPERATOR_HOST
+    return f"http://{f'[{host}]' if ':' in host else host}:{config.operator.listen_port}"
+
+
 def _run_up(
     env: dict[str, str],
     config: Config,
@@ -663,7 +736,9 @@ def _run_up(
             print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234")
             print("or any example:   effectgate send --source stripe --example payment_intent.succeeded\n")
             token = env["EFFECTGATE_DEMO_OPERATOR_TOKEN"]
-            print(f"Dashboard: {base}/ui/  (operator token: {token})", flush=True)
+            print(f"Dashboard: {_operator_base(config, base)}/ui/  (operator token: {token})", flush=True)
+        elif config.operator.apart:
+            print(f"operator plane (/ui, /api, /metrics): {_operator_base(config, base)}", flush=True)
     exit_code = EXIT_OK
     while not stopping:
         dead = [p for p in procs if p.poll() is not None]
@@ -791,6 +866,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
     serve.add_argument(
         "--workers", type=_positive_int, default=1, help="gateway processes sharing the port (default: 1)"
+    )
+    serve.add_argument(
+        "--operator-port",
+        type=_port,
+        help="serve /ui, /api and /metrics on this port only; the gateway's port then serves /webhooks/*, "
+        "/healthz and /readyz alone (default: [operator] listen, else both on the gateway's port)",
+    )
+    serve.add_argument(
+        "--operator-host",
+        help=f"address for --operator-port (default: [operator] listen's, else {DEFAULT_OPERATOR_HOST})",
     )
     serve.add_argument(
         "--forwarded-allow-ips",

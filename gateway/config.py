@@ -53,6 +53,7 @@ DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_POOL_MAX = 10
 DEFAULT_SESSION_TTL = 8 * 3600.0
+DEFAULT_OPERATOR_HOST = "127.0.0.1"
 DEFAULT_THROTTLE_LIMIT = 10
 DEFAULT_THROTTLE_WINDOW = 300.0
 # How long a process starting while Postgres is unreachable keeps trying before it exits 1: long enough
