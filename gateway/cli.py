@@ -63,6 +63,7 @@ from .config import (
 )
 from .examples import EXAMPLE_TYPES
 from .operator import metrics
+from .secret_sources import Role
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -85,13 +86,14 @@ def _config_path(args: argparse.Namespace) -> str:
     return str(args.config or os.environ.get("EFFECTGATE_CONFIG") or DEFAULT_CONFIG_FILE)
 
 
-def _load_config(args: argparse.Namespace, *, database: bool = False) -> Config:
-    """The configuration, with its handler modules imported. With ``database``, a missing
-    ``DATABASE_URL`` (serve and worker) is reported together with the configuration's own mistakes."""
+def _load_config(args: argparse.Namespace, *, database: bool = False, role: Role = "all") -> Config:
+    """The configuration with the secrets ``role`` uses, its handler modules imported. With
+    ``database``, a missing ``DATABASE_URL`` (serve and worker) is reported together with the
+    configuration's own mistakes."""
     problems: list[str] = []
     config = None
     try:
-        config = load(_config_path(args))
+        config = load(_config_path(args), role=role)
     except ConfigError as exc:
         problems.extend(exc.problems)
     if database:
@@ -242,7 +244,7 @@ def serve_app() -> Any:
 
     serving.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
-    config = load(os.environ["EFFECTGATE_CONFIG"])
+    config = load(os.environ["EFFECTGATE_CONFIG"], role="gateway")
     import_handlers(config)
     guard.configure(config.gateway.limits)
     tracing.configure(config.tracing, role="gateway")
@@ -282,7 +284,7 @@ def event_loop() -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    config = _load_config(args, database=True)
+    config = _load_config(args, database=True, role="gateway")
     wait = _startup_wait(args, config)
     host = args.host or config.gateway.host
     port = config.gateway.port if args.port is None else args.port
@@ -493,7 +495,7 @@ async def _run_worker(
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    config = _load_config(args, database=True)
+    config = _load_config(args, database=True, role="worker")
     if not REGISTRY.kinds():
         raise ConfigError(f"{config.path}: handlers.modules: no effect handlers registered; nothing to run")
     wait = _startup_wait(args, config)
