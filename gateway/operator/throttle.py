@@ -10,9 +10,9 @@ address an operator shares — every client behind a proxy whose forwarded heade
 office's NAT — could lock that operator out (measured before this change: 20 wrong tokens, then the
 right one answered 429 with ``Retry-After: 296``). The price is that a throttled client still learns
 whether a token is right: the throttle is not what stops guessing. A token of at least 16 characters
-is (``MIN_TOKEN_LENGTH``; 32 random bytes are recommended). The throttle makes a flood of wrong tokens
-visible (one log line per client per window, not one per try) and tells a well-behaved script to back
-off.
+is (``MIN_TOKEN_LENGTH``; 32 random bytes are recommended). The throttle bounds what a flood of wrong tokens
+costs the logs (at most ``limit`` lines per client per window, not one per try; the 429s are not
+logged) and tells a well-behaved script to back off.
 
 **Who is a client.** The address the request came from, as resolved through trusted forwarding only:
 uvicorn believes ``X-Forwarded-For`` from the peers in ``[gateway] forwarded_allow_ips`` and takes the
