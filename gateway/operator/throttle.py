@@ -1,7 +1,7 @@
 """Throttling wrong operator tokens, per client, without ever locking the right token out.
 
-Both doors that take an operator token — ``POST /ui/login`` and the bearer ``/api`` — count the wrong
-tokens each client presents in a sliding window. Past ``limit`` of them, a wrong token is answered
+Every door that takes a token — ``POST /ui/login``, the bearer ``/api``, and ``/metrics`` (the gateway's
+and a worker's) — counts the wrong tokens each client presents in a sliding window. Past ``limit`` of them, a wrong token is answered
 ``429`` with ``Retry-After`` instead of ``401``.
 
 **A right token is always let in**, throttled client or not: the token is checked first and the
@@ -91,7 +91,9 @@ def retry_after(wait: float) -> str:
 def client_key(request: Request) -> str:
     """The client a request counts against: its address through trusted forwarding, IPv6 per /64."""
     host = request.client.host if request.client else ""
-    trusted = request.app.state.config.gateway.forwarded_allow_ips
+    # A worker's metrics listener has no configuration of its own here and trusts no proxy.
+    config = getattr(request.app.state, "config", None)
+    trusted = config.gateway.forwarded_allow_ips if config is not None else ()
     if "*" in trusted:
         # Every hop is believed: the left-most entry, which uvicorn took, is the client's own writing.
         forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
