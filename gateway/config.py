@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
@@ -44,7 +44,7 @@ from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
-from .signatures import SCHEMES, Scheme, SchemeConfigError, Verified, build_scheme
+from .signatures import SCHEMES, Scheme, SchemeConfigError, build_scheme
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
 
@@ -64,19 +64,19 @@ DEFAULT_STARTUP_WAIT = 30.0
 
 class SecretsNotLoaded:
     """A source's verifier in a process whose role holds no webhook secrets (a worker): it knows the
-    scheme's name and verifies nothing. Nothing in a worker verifies deliveries; if something ever
-    did, it fails loudly here rather than with a secret it should not have."""
+    scheme's name and does nothing else. Nothing in a worker verifies deliveries; if something ever
+    did, any use of it fails loudly here (whatever the ``Scheme`` interface grows to) rather than with a
+    secret the process should not have."""
 
     name: ClassVar[str] = "secrets-not-loaded"
 
     def __init__(self, scheme_name: str) -> None:
         self.scheme_name = scheme_name
 
-    async def prepare(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> None:
-        raise RuntimeError(f"this process does not hold the {self.scheme_name} webhook secrets")
-
-    def verify(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> Verified:
-        raise RuntimeError(f"this process does not hold the {self.scheme_name} webhook secrets")
+    def __getattr__(self, attribute: str) -> Any:
+        raise RuntimeError(
+            f"this process does not hold the {self.scheme_name} webhook secrets (scheme.{attribute})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +269,8 @@ def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Sou
     if conflict_status not in CONFLICT_STATUSES:
         table.problem("on_conflict", f"must be 409 or 200, got {conflict_status}")
     options = table.get("options", dict, {})
-    if scheme_name == "paypal" and options:
+    if scheme_name == "paypal" and options and env is not None:
+        # A role without webhook secrets holds PayPal's API credentials neither.
         options = _paypal_credentials(options, table, env)
     table.no_unknown_keys()
     if table.failed:
@@ -278,7 +279,7 @@ def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Sou
         if scheme_name not in SCHEMES:
             table.problem("scheme", f"unknown scheme {scheme_name!r} (known: {', '.join(sorted(SCHEMES))})")
             return None
-        unloaded = SecretsNotLoaded(scheme_name)
+        unloaded = cast(Scheme, SecretsNotLoaded(scheme_name))
         return Source(name, scheme_name, unloaded, tenant, conflict_status, tuple(secret_envs), tenant_from)
     try:
         scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
@@ -307,7 +308,7 @@ def _paypal_credentials(
         if not isinstance(var, str) or not var:
             table.problem(f"options.{option}", "must be the name of an environment variable")
         elif not env.get(var):
-            table.problem(f"options.{option}", f"environment variable {var} is not set (or empty)")
+            table.problem(f"options.{option}", missing(var))
         else:
             resolved[target] = env[var]
     return resolved

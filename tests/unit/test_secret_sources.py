@@ -150,3 +150,23 @@ def test_each_role_is_stopped_by_its_own_missing_secrets_only(
 def test_a_worker_still_refuses_a_mistyped_scheme() -> None:
     with pytest.raises(ConfigError, match=r"sources\.s\.scheme: unknown scheme 'strype'"):
         parse('[sources.s]\nscheme = "strype"\nsecrets = ["X"]\n', env={}, role="worker")
+
+
+PAYPAL = """
+[sources.paypal]
+scheme = "paypal"
+secrets = ["PAYPAL_WEBHOOK_ID"]
+options = { confirm = "verify_api", client_id_env = "PP_ID", client_secret_env = "PP_SECRET" }
+"""
+
+
+def test_paypals_api_credentials_are_the_gateways_and_may_come_from_files(tmp_path: Path) -> None:
+    # A worker neither reads nor needs them (nor the webhook id).
+    assert parse(PAYPAL, env={}, role="worker").sources["paypal"].scheme_name == "paypal"
+    with pytest.raises(
+        ConfigError, match=r"options\.client_secret_env: environment variable PP_SECRET is not set"
+    ):
+        parse(PAYPAL, env={"PAYPAL_WEBHOOK_ID": "WH-1", "PP_ID": "client-id"}, role="gateway")
+    (tmp_path / "PP_SECRET").write_text("client-secret\n")
+    env = {"PAYPAL_WEBHOOK_ID": "WH-1", "PP_ID": "client-id", "CREDENTIALS_DIRECTORY": str(tmp_path)}
+    assert parse(PAYPAL, env=env, role="gateway").sources["paypal"].scheme_name == "paypal"
