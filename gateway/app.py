@@ -27,7 +27,8 @@ from .ingress import error, receive
 from .operator import metrics
 from .operator.api import ApiHeaders
 from .operator.routes import operator_routes
-from .operator.sessions import SignInThrottle
+from .operator.throttle import FailureThrottle
+from .planes import PlaneGate
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -70,12 +71,15 @@ def create_app(
     *,
     pool_timeout: float = db.DEFAULT_POOL_TIMEOUT,
     session_key: bytes | None = None,
+    operator_port: int | None = None,
 ) -> Starlette:
     """The gateway app for ``config``; the pool opens with the lifespan and closes with it.
 
     ``pool_timeout`` bounds how long a request waits for a database connection before it is
     answered 503 ``ledger_unavailable``. ``session_key`` signs the dashboard's session cookies when
     the configuration names no secret (a random one otherwise: sessions then last as long as the app).
+    ``operator_port`` is the local port of the operator plane's own listener (``gateway.planes``; by
+    default ``[operator] listen``'s), or None when both planes share one listener.
     """
 
     @asynccontextmanager
@@ -135,7 +139,13 @@ def create_app(
             *operator_routes(),
         ],
         lifespan=lifespan,
-        middleware=[Middleware(ApiHeaders)],
+        middleware=[
+            Middleware(
+                PlaneGate,
+                operator_port=operator_port if operator_port is not None else config.operator.listen_port,
+            ),
+            Middleware(ApiHeaders),
+        ],
         exception_handlers={ClientDisconnect: client_disconnected},
     )
     app.state.config = config
@@ -148,5 +158,5 @@ def create_app(
         if secret is not None
         else session_key or os.urandom(32)
     )
-    app.state.sign_in_throttle = SignInThrottle()
+    app.state.auth_throttle = FailureThrottle(config.operator.throttle_limit, config.operator.throttle_window)
     return app
