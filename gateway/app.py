@@ -21,6 +21,8 @@ from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import claims, db
 from effectgate.ledger.migrate import unapplied
+from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
+from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
 
 from .config import Config
 from .ingress import error, receive
@@ -28,6 +30,7 @@ from .operator import metrics
 from .operator.api import ApiHeaders
 from .operator.routes import operator_routes
 from .operator.sessions import SignInThrottle
+from .signature_failures import SignatureFailures
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -70,12 +73,15 @@ def create_app(
     *,
     pool_timeout: float = db.DEFAULT_POOL_TIMEOUT,
     session_key: bytes | None = None,
+    failure_flush_interval: float = DEFAULT_FLUSH_INTERVAL,
 ) -> Starlette:
     """The gateway app for ``config``; the pool opens with the lifespan and closes with it.
 
     ``pool_timeout`` bounds how long a request waits for a database connection before it is
     answered 503 ``ledger_unavailable``. ``session_key`` signs the dashboard's session cookies when
     the configuration names no secret (a random one otherwise: sessions then last as long as the app).
+    ``failure_flush_interval`` is how often the failed-verification counts are written to the ledger
+    (and once more at shutdown).
     """
 
     @asynccontextmanager
@@ -88,6 +94,14 @@ def create_app(
         # Group commit: the claims of concurrent deliveries in this process share a statement and a commit.
         batcher = claims.ClaimBatcher(pool)
         app.state.batcher = batcher
+        # Failed verifications are counted in memory and written by this flusher on its own connection, never
+        # through the claim pool per request (a flood of 401s would otherwise queue genuine claims).
+        failures = SignatureFailures(FailureCounter())
+        app.state.signature_failures = failures
+        flusher = FailureFlusher(failures.counter, database_url, interval=failure_flush_interval)
+        app.state.signature_failure_flusher = flusher
+        stopping_flusher = asyncio.Event()
+        flushing = asyncio.create_task(flusher.run(stopping_flusher))
         # Gateways tick the reconciler too, so jobs are repaired even while no worker runs.
         stopping = asyncio.Event()
         reconciler = (
@@ -106,6 +120,10 @@ def create_app(
             if reconciler is not None:
                 await reconciler
             await batcher.close()
+            failures.diagnoser.close()
+            # Last: its final pass writes what the requests answered until now counted.
+            stopping_flusher.set()
+            await flushing
             await pool.close()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)

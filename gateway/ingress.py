@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from effectgate.handlers import tracing
 from effectgate.handlers.event import Event as HandlerEvent
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import claims, db
+from effectgate.ledger import claims
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
 from effectgate.ledger.errors import DeliveryRefused, LedgerError, LedgerUnavailable
 from effectgate.ledger.fingerprints import canonical_json
@@ -32,6 +32,7 @@ from effectgate.ledger.storable import jsonb_problem
 
 from .config import Config, Source
 from .operator import metrics
+from .signature_failures import SignatureFailures
 from .signatures import Event, PayloadError, SignatureError, Verified
 
 log = logging.getLogger("effectgate.gateway")
@@ -98,7 +99,6 @@ async def receive(request: Request) -> Response:
 async def _receive(request: Request) -> Response:
     config: Config = request.app.state.config
     registry: Registry = request.app.state.registry
-    pool: db.Pool = request.app.state.pool
     batcher: claims.ClaimBatcher = request.app.state.batcher
     name = request.path_params["source"]
     request_id = request.headers.get("x-request-id") or _new_request_id()
@@ -120,7 +120,9 @@ async def _receive(request: Request) -> Response:
             verified = source.scheme.verify(body, request.headers)
     except SignatureError as exc:
         metrics.verification_failure(name, exc.code)
-        await _count_signature_failure(pool, source, exc, body)
+        # Counted in memory and written by a background flusher: no database call, no diagnosis here.
+        failures: SignatureFailures = request.app.state.signature_failures
+        failures.failed(name, exc, body)
         log.info(
             "delivery.unauthenticated", extra={"source": name, "reason": exc.code, "request_id": request_id}
         )
@@ -291,19 +293,3 @@ def _plan(
         )
         planned.append((delivery, effects))
     return planned
-
-
-async def _count_signature_failure(pool: db.Pool, source: Source, exc: SignatureError, body: bytes) -> None:
-    # Best effort: the 401 does not depend on it, and a database outage must not turn it into a 5xx.
-    try:
-        async with db.connection(pool) as conn:
-            await claims.record_signature_failure(
-                conn,
-                source=source.name,
-                reason=exc.code,
-                size=len(body),
-                body_sha256=hashlib.sha256(body).hexdigest(),
-                detail=exc.detail,
-            )
-    except Exception as count_exc:
-        log.warning("signature_failure.not_counted", extra={"source": source.name, "error": str(count_exc)})

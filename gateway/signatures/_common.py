@@ -2,13 +2,14 @@
 
 Construction: secrets, tolerance and option checking. Reading a request: header lookup, strict
 timestamp and digest parsing. Matching: every configured secret against every presented signature,
-and the re-encoded-body hint when nothing matched. Events: JSON body to ``Event``.
+and the deferred re-encoded-body diagnosis when nothing matched. Events: JSON body to ``Event``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hmac
 import json
 import math
@@ -35,9 +36,14 @@ from .base import (
 
 DEFAULT_TOLERANCE = 300
 
-# The re-encoding hint costs a JSON parse and about ten re-serialisations on a request that already
-# failed; past this size an attacker could make rejected requests expensive, so the hint is skipped.
+# The re-encoding diagnosis costs a JSON parse and ten re-serialisations, each matched against every
+# secret. It never runs while answering (see ``require_match``); this caps what one sampled diagnosis
+# costs the worker thread that runs it.
 DIAGNOSE_MAX_BYTES = 256 * 1024
+REENCODED_HINT = (
+    "the body appears re-encoded in transit: a re-serialised form of its JSON would have matched, so "
+    "something between the provider and the gateway parses and rewrites JSON"
+)
 # Providers send one signature, or a few during a key rotation. Each presented signature costs a full
 # verification (an Ed25519 check hashes the whole body), so an unauthenticated sender must not be able
 # to present thousands of them and stall the event loop.
@@ -354,15 +360,27 @@ def require_match(body: bytes, match: Matcher, *, secrets: int, signatures: int)
     index = match(body)
     if index is not None:
         return index
-    detail = (
+    failure = SignatureInvalid(
         f"none of the {signatures} presented signature(s) matches any of the {secrets} configured secret(s)"
     )
-    if any(match(candidate) is not None for candidate in reencodings(body)):
-        detail += (
-            "; the body appears re-encoded in transit: a re-serialised form of its JSON would have "
-            "matched, so something between the provider and the gateway parses and rewrites JSON"
-        )
-    raise SignatureInvalid(detail)
+    # A failed request costs what a verified one does: one match. Whether a re-encoded form would have
+    # matched is for the operator, found later, sampled and off the event loop, by whoever calls this.
+    failure.diagnose = functools.partial(diagnose_reencoding, body, match)
+    raise failure
+
+
+def diagnose_reencoding(body: bytes, match: Matcher) -> str | None:
+    """``REENCODED_HINT`` when a re-serialised form of the JSON ``body`` matches, else None; never raises.
+
+    Bounded: bodies over ``DIAGNOSE_MAX_BYTES`` are not parsed, and at most ten forms are tried.
+    """
+    try:
+        if any(match(candidate) is not None for candidate in reencodings(body)):
+            return REENCODED_HINT
+    except Exception:
+        # A matcher is written for the bytes of a request; a re-serialised form must not make it a crash.
+        return None
+    return None
 
 
 def reencodings(body: bytes) -> Iterator[bytes]:
