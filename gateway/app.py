@@ -24,10 +24,12 @@ from effectgate.ledger.migrate import unapplied
 from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
 from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
 
+from .bodies import BodyTooLarge
 from .config import Config
 from .ingress import error, receive
 from .operator import metrics
 from .operator.api import ApiHeaders
+from .operator.dashboard import form_too_large
 from .operator.routes import operator_routes
 from .operator.sessions import SignInThrottle
 from .signature_failures import SignatureFailures
@@ -64,6 +66,14 @@ async def client_disconnected(request: Request, exc: Exception) -> Response:
         extra={"path": request.url.path, "request_id": request.headers.get("x-request-id")},
     )
     return error(400, "client_disconnected", "the client closed the connection before the body was read")
+
+
+async def body_too_large(request: Request, exc: Exception) -> Response:
+    """A body over its limit, refused before it was buffered: the dashboard's 413 page, or the JSON error."""
+    assert isinstance(exc, BodyTooLarge)
+    if request.url.path.startswith("/ui/"):
+        return form_too_large(exc)
+    return error(413, "payload_too_large", str(exc))
 
 
 def create_app(
@@ -137,7 +147,7 @@ def create_app(
         ],
         lifespan=lifespan,
         middleware=[Middleware(ApiHeaders)],
-        exception_handlers={ClientDisconnect: client_disconnected},
+        exception_handlers={ClientDisconnect: client_disconnected, BodyTooLarge: body_too_large},
     )
     app.state.config = config
     app.state.registry = registry

@@ -13,6 +13,7 @@ from typing import Any
 from effectgate.ledger import reports
 from effectgate.ledger.report_spec import Column, ColumnType, ReportSpec
 
+from ..bodies import MAX_OPERATOR_BODY_BYTES
 from . import documents, reporting
 
 _STRING = {"type": "string"}
@@ -213,6 +214,9 @@ def _error(description: str) -> dict[str, Any]:
 _COMMON_ERRORS = {
     "400": _error("A parameter is invalid (`invalid_<parameter>`, `unknown_parameter`)."),
     "401": _error("No token (`missing_token`) or an unknown one (`invalid_token`)."),
+    "413": _error(
+        f"A request body over {MAX_OPERATOR_BODY_BYTES} bytes (`payload_too_large`); no endpoint reads one."
+    ),
     "503": _error("The ledger database is unreachable (`ledger_unavailable`)."),
 }
 # Every token has `view` (`operate` includes it), so only operate endpoints can answer 403.
