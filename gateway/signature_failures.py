@@ -26,9 +26,9 @@ from .signatures import SignatureError
 
 log = logging.getLogger("effectgate.gateway")
 
-# A diagnosis of a 256 KiB JSON body costs a few hundred milliseconds of CPU (and the GIL, which the event
-# loop shares): two per source and minute tell the operator what is wrong, and cap that cost at about
-# 1 % of a core per source, whatever the flood.
+# A diagnosis of a 64 KiB JSON body (the most it parses) costs up to a hundred milliseconds or so of CPU
+# and of the GIL, which the event loop shares: two per source and minute tell the operator what is wrong
+# and cap that cost well under 1 % of a core per source, whatever the flood.
 DEFAULT_DIAGNOSES_PER_MINUTE = 2
 DEFAULT_DIAGNOSIS_QUEUE = 4
 

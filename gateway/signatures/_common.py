@@ -37,9 +37,11 @@ from .base import (
 DEFAULT_TOLERANCE = 300
 
 # The re-encoding diagnosis costs a JSON parse and ten re-serialisations, each matched against every
-# secret. It never runs while answering (see ``require_match``); this caps what one sampled diagnosis
-# costs the worker thread that runs it.
-DIAGNOSE_MAX_BYTES = 256 * 1024
+# secret. It never runs while answering (see ``require_match``), but the worker thread that runs it shares
+# the GIL with the event loop, and json's C encoder holds the GIL for a whole document: measured with
+# tests.bench.reject_cost, diagnosing 250 KB bodies twice a minute raised genuine p99 4x over a random-bytes
+# flood. Providers' events are a few KB; past this size the diagnosis is skipped.
+DIAGNOSE_MAX_BYTES = 64 * 1024
 REENCODED_HINT = (
     "the body appears re-encoded in transit: a re-serialised form of its JSON would have matched, so "
     "something between the provider and the gateway parses and rewrites JSON"
