@@ -187,10 +187,21 @@ class FailureFlusher:
         self._lock = asyncio.Lock()
         self.written = 0
         self.failed_passes = 0
+        self._dropped_logged = 0
 
     async def flush(self) -> int:
         """Write everything counted so far; the number of failures written (0 when the write failed)."""
         async with self._lock:
+            if self.counter.dropped > self._dropped_logged:
+                # Only when the cap was reached: the metrics still counted each of these failures.
+                log.warning(
+                    "signature_failures.dropped",
+                    extra={
+                        "failures": self.counter.dropped - self._dropped_logged,
+                        "cap": self.counter.max_buckets,
+                    },
+                )
+                self._dropped_logged = self.counter.dropped
             taken = self.counter.drain()
             if not taken:
                 return 0
@@ -220,8 +231,6 @@ class FailureFlusher:
                     await asyncio.wait_for(stopping.wait(), self.interval)
                 await self.flush()
         finally:
-            if self.counter.dropped:
-                log.warning("signature_failures.dropped", extra={"failures": self.counter.dropped})
             await self._drop_connection()
 
     async def _drop_connection(self) -> None:

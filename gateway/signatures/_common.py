@@ -60,6 +60,8 @@ _HEX = re.compile(r"[0-9a-fA-F]+")
 _LABEL = re.compile(r"[A-Za-z0-9_.-]{1,16}")
 _MAX_LABELS = 5
 _BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+# What a JSON object or array starts with: the only bodies a re-encoding proxy rewrites.
+_JSON_START = re.compile(rb"\s*[\[{]")
 
 Headers = dict[str, str]
 Matcher = Callable[[bytes], int | None]
@@ -366,8 +368,10 @@ def require_match(body: bytes, match: Matcher, *, secrets: int, signatures: int)
         f"none of the {signatures} presented signature(s) matches any of the {secrets} configured secret(s)"
     )
     # A failed request costs what a verified one does: one match. Whether a re-encoded form would have
-    # matched is for the operator, found later, sampled and off the event loop, by whoever calls this.
-    failure.diagnose = functools.partial(diagnose_reencoding, body, match)
+    # matched is for the operator, found later, sampled and off the event loop, by whoever calls this;
+    # a body that cannot be a diagnosable JSON document is not offered, so it takes no sample's place.
+    if len(body) <= DIAGNOSE_MAX_BYTES and _JSON_START.match(body):
+        failure.diagnose = functools.partial(diagnose_reencoding, body, match)
     raise failure
 
 
