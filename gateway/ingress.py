@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from effectgate.handlers import tracing
 from effectgate.handlers.event import Event as HandlerEvent
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import claims
+from effectgate.ledger import claims, db
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
 from effectgate.ledger.errors import DeliveryRefused, LedgerError, LedgerUnavailable
 from effectgate.ledger.fingerprints import canonical_json
@@ -32,8 +32,9 @@ from effectgate.ledger.storable import jsonb_problem
 
 from .config import Config, Source
 from .operator import metrics
+from .replay_memory import LedgerReplayMemory
 from .signature_failures import SignatureFailures
-from .signatures import Event, PayloadError, SignatureError, Verified
+from .signatures import ConfirmationUnavailable, Event, PayloadError, SignatureError, Verified
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -99,6 +100,7 @@ async def receive(request: Request) -> Response:
 async def _receive(request: Request) -> Response:
     config: Config = request.app.state.config
     registry: Registry = request.app.state.registry
+    pool: db.Pool = request.app.state.pool
     batcher: claims.ClaimBatcher = request.app.state.batcher
     name = request.path_params["source"]
     request_id = request.headers.get("x-request-id") or _new_request_id()
@@ -118,6 +120,11 @@ async def _receive(request: Request) -> Response:
             "effectgate.verify", {"effectgate.source": name, "effectgate.scheme": source.scheme_name}
         ):
             verified = source.scheme.verify(body, request.headers)
+        # Only after a valid signature: a scheme's checks that need I/O (PayPal's transmission ids, PayPal's
+        # own API), so an unauthenticated sender cannot reach the ledger or a provider through them.
+        await source.scheme.confirm(
+            verified, body, request.headers, source=name, memory=LedgerReplayMemory(pool)
+        )
     except SignatureError as exc:
         metrics.verification_failure(name, exc.code)
         # Counted in memory and written by a background flusher: no database call, no diagnosis here.
@@ -130,6 +137,10 @@ async def _receive(request: Request) -> Response:
     except PayloadError as exc:
         metrics.delivery(name, exc.code)
         return error(400, exc.code, exc.detail)
+    except ConfirmationUnavailable as exc:
+        # Nothing claimed; the provider's retry is safe. The reason is in the log, not in the answer.
+        metrics.delivery(name, exc.code)
+        return error(503, exc.code, exc.detail)
 
     if verified.challenge is not None:
         return JSONResponse(verified.challenge)
