@@ -98,6 +98,10 @@ class Diagnoser:
 
     def close(self) -> None:
         """Stop the thread; diagnoses not yet started are dropped (they only ever explain, never count)."""
+        for future in list(self._in_flight):
+            # A diagnosis still running finishes in its thread; cancelled here, its result is never handed
+            # to an event loop that may be closed by then.
+            future.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None

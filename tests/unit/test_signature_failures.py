@@ -166,3 +166,22 @@ def test_counting_needs_no_event_loop() -> None:
     counter = FailureCounter()
     counter.add("stripe", "signature_invalid", b"", "d")
     assert len(counter) == 1
+
+
+@pytest.mark.anyio
+async def test_closing_with_a_diagnosis_running_hands_its_result_to_no_one() -> None:
+    hints: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> str | None:
+        started.set()
+        release.wait(timeout=30)
+        return "too late"
+
+    diagnoser = Diagnoser(lambda s, r, m, h: hints.append(h))
+    assert diagnoser.offer("stripe", "signature_invalid", NOW, slow)
+    started.wait(timeout=30)
+    diagnoser.close()
+    release.set()
+    await diagnoser.wait_idle()
+    assert hints == []
