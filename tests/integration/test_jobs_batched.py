@@ -82,7 +82,8 @@ async def test_one_heartbeat_extends_every_held_lease_by_its_own_ttl(conn: db.Co
         [(a.job_id, a.lease_token, 30), (b.job_id, stale_token, 30), (c.job_id, c.lease_token, 5)],
         now=at(3),
     )
-    assert held == {a.job_id: False, c.job_id: True}
+    assert held == jobs.Extended({a.job_id: False, c.job_id: True})
+    assert held.lost(b.job_id)
     assert (await job(conn, a.job_id))["lease_expires_at"] == at(33)
     assert (await job(conn, b.job_id))["lease_expires_at"] == at(10)  # stale: unchanged
     assert (await job(conn, c.job_id))["lease_expires_at"] == at(8)
@@ -133,10 +134,10 @@ async def test_concurrent_finish_batches_and_heartbeats_of_shared_jobs_never_dea
         leases = await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 60}, limit=30)
     start = asyncio.Event()
 
-    async def beat(order: list[jobs.Lease]) -> dict[int, bool]:
+    async def beat(order: list[jobs.Lease]) -> jobs.Extended:
         async with jf.connected(db_url) as c:
             await start.wait()
-            held: dict[int, bool] = {}
+            held = jobs.Extended({})
             for _ in range(20):
                 held = await jobs.extend_leases(c, [(x.job_id, x.lease_token, 60) for x in order])
             return held
