@@ -100,10 +100,19 @@ def error_record(exc: BaseException) -> dict[str, Any]:
     """How an attempt's error is stored: type, message, code (if any), traceback."""
     return {
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": _message(exc),
         "code": getattr(exc, "code", None),
         "traceback": "".join(traceback.format_exception(exc))[-8000:],
     }
+
+
+def _message(exc: BaseException) -> str:
+    # A handler's exception is user code: a __str__ that raises must cost the record its message, not the
+    # job its terminal transition.
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}.__str__ raised>"
 
 
 class Worker:
@@ -462,10 +471,11 @@ class Worker:
         error = error_record(exc)
         failed_reason: str | None = None
         if isinstance(exc, TerminalError):
-            failed_reason = f"{type(exc).__name__}: {exc}"
+            failed_reason = f"{type(exc).__name__}: {_message(exc)}"
         elif lease.attempt >= lease.max_attempts:
             failed_reason = (
-                f"attempts exhausted ({lease.attempt}/{lease.max_attempts}): {type(exc).__name__}: {exc}"
+                f"attempts exhausted ({lease.attempt}/{lease.max_attempts}): "
+                f"{type(exc).__name__}: {_message(exc)}"
             )
         if failed_reason is not None:
             finish = jobs.Finish(

@@ -118,3 +118,23 @@ async def test_one_job_with_an_unstorable_error_code_fails_alone_and_its_batch_m
         ("retry", "TransientError"),
         ("succeeded", None),
     ]
+
+
+class Unprintable(TerminalError):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ bug")
+
+
+async def test_an_exception_whose_message_cannot_be_read_still_fails_its_job(
+    pool: db.Pool, db_url: str
+) -> None:
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        raise Unprintable()
+
+    async with jf.connected(db_url) as conn:
+        job_id = await claim(conn)
+    await make_worker(pool, registry(kind(handler))).run_until_idle()
+    async with jf.connected(db_url) as conn:
+        row = await job(conn, job_id)
+    assert (row["state"], row["terminal_reason"]) == ("failed", "Unprintable: <Unprintable.__str__ raised>")
+    assert row["last_error"]["message"] == "<Unprintable.__str__ raised>"
