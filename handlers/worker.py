@@ -404,7 +404,7 @@ class Worker:
                 if beat.lease.job_id in beat_result.busy:
                     # Its row is locked by another transaction (its own fenced write, an operator's bulk
                     # action): not extended, not lost. Ask again soon, well inside the lease.
-                    beat.due = now + min(HEARTBEAT_BUSY_RETRY, beat.kind.lease_ttl / 10)
+                    beat.due = loop.time() + min(HEARTBEAT_BUSY_RETRY, beat.kind.lease_ttl / 10)
                     continue
                 cancel = beat_result.held.get(beat.lease.job_id)
                 if cancel is None:
