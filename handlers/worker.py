@@ -648,10 +648,12 @@ class _FinishBatcher:
                     continue
                 if reached is None:
                     item.future.set_exception(LeaseLost(item.finish.job_id, item.finish.lease_token))
+                elif isinstance(reached, LedgerError):
+                    item.future.set_exception(reached)  # this job's alone: its batch-mates went through
                 else:
                     item.future.set_result(reached)
 
-    async def _write(self, batch: list[_Finishing]) -> list[jobs.Reached | None]:
+    async def _write(self, batch: list[_Finishing]) -> list[jobs.Reached | LedgerError | None]:
         async with db.connection(self._pool) as conn:
             if not any(item.kind.on_transition is not None for item in batch):
                 # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
@@ -660,7 +662,7 @@ class _FinishBatcher:
                 answers = await jobs.finish_many(conn, [item.finish for item in batch])
                 for item, reached in zip(batch, answers, strict=True):
                     hook = item.kind.on_transition
-                    if reached is None or not reached.terminal or hook is None:
+                    if not isinstance(reached, jobs.Reached) or not reached.terminal or hook is None:
                         continue
                     transition = Transition(
                         item.lease.job_id, item.lease.effect_key, reached.state, reached.reason

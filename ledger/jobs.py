@@ -21,7 +21,7 @@ from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from .db import Conn
-from .errors import LeaseBusy, LeaseLost
+from .errors import LeaseBusy, LeaseLost, LedgerError
 from .queries import Q
 from .storable import storable_record, storable_text
 from .vocabulary import REDRIVABLE_STATES, TERMINAL_STATES, JobState, RefusalCode
@@ -256,23 +256,27 @@ async def finish(
 ) -> Reached:
     """The terminal transition, fenced; a cancel requested meanwhile wins (``cancelled``).
 
-    Raises ``LeaseLost`` if ``lease_token`` no longer holds the job.
+    Raises ``LeaseLost`` if ``lease_token`` no longer holds the job, ``LedgerError`` if Postgres refuses the
+    transition even with a stand-in reason (see ``finish_many``).
     """
     [reached] = await finish_many(
         conn, [Finish(job_id, lease_token, state, by, reason, error, unrecoverable)], now=now
     )
     if reached is None:
         raise LeaseLost(job_id, lease_token)
+    if isinstance(reached, LedgerError):
+        raise reached
     return reached
 
 
 async def finish_many(
     conn: Conn, transitions: Sequence[Finish], *, now: datetime | None = None
-) -> list[Reached | None]:
+) -> list[Reached | LedgerError | None]:
     """Many terminal transitions in one statement, each fenced by its own token; as ``finish`` each.
 
     Returns one answer per transition, in order: where the job got to, or ``None`` where the token no
-    longer held it — that row changed nothing, and the others were made all the same.
+    longer held it — that row changed nothing, and the others were made all the same — or, where
+    Postgres refused even the stand-in below for that row, a ``LedgerError`` for it alone.
 
     One row never fails the others. Every reason and error record is made storable first (an error
     record Postgres would refuse is rewritten, and says so under ``unstorable``); a batch Postgres still
@@ -293,9 +297,11 @@ def _storable_finish(t: Finish) -> Finish:
     )
 
 
-async def _finish_split(conn: Conn, transitions: list[Finish], now: datetime | None) -> list[Reached | None]:
+async def _finish_split(
+    conn: Conn, transitions: list[Finish], now: datetime | None
+) -> list[Reached | LedgerError | None]:
     try:
-        return await _finish_rows(conn, transitions, now)
+        return [*await _finish_rows(conn, transitions, now)]
     except Exception as exc:
         if not _refused_for_a_row(exc):
             raise
@@ -319,7 +325,15 @@ async def _finish_split(conn: Conn, transitions: list[Finish], now: datetime | N
             {"type": "UnstorableOutcome", "message": refusal},
             t.unrecoverable,
         )
-        return await _finish_rows(conn, [stand_in], now)
+        try:
+            return [*await _finish_rows(conn, [stand_in], now)]
+        except Exception as again:
+            if not _refused_for_a_row(again):
+                raise
+            # Not the row's data, then (a trigger, a constraint on the job itself): this job's answer alone.
+            return [
+                LedgerError(f"job {t.job_id}: Postgres refused its terminal transition: {_refusal(again)}")
+            ]
 
 
 async def _finish_rows(conn: Conn, transitions: list[Finish], now: datetime | None) -> list[Reached | None]:

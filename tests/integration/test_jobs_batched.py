@@ -12,7 +12,7 @@ import pytest
 
 from effectgate.handlers import EffectContext, Event, Transition
 from effectgate.ledger import db, jobs
-from effectgate.ledger.errors import LeaseBusy
+from effectgate.ledger.errors import LeaseBusy, LedgerError
 from effectgate.ledger.reconciler import Reconciler
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import (
@@ -339,3 +339,38 @@ async def test_a_row_postgres_still_refuses_is_split_out_and_ends_with_a_stand_i
                     "E: fine",
                     {"type": "E", "message": "fine"},
                 )
+
+
+async def test_a_row_refused_even_with_a_stand_in_gets_its_own_error_and_the_others_finish(
+    db_url: str,
+) -> None:
+    # Postgres refuses any terminal update of one job (a trigger; in life a constraint on the job itself):
+    # that job alone gets a LedgerError answer; its batch-mates, committed before and after the split, finish.
+    async with jf.connected(db_url) as conn:
+        for _ in range(5):
+            await claim(conn)
+        leases = await jobs.fetch_and_lease(conn, owner="w1", kinds={"k": 60}, limit=5)
+        stuck = leases[3].job_id
+        await conn.execute(
+            f"""
+            CREATE FUNCTION refuse_job() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.id = {stuck} AND NEW.state <> 'running' THEN
+                    RAISE EXCEPTION 'job refused' USING ERRCODE = '23514';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_job BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_job();
+            """
+        )
+        answers = await jobs.finish_many(
+            conn, [jobs.Finish(x.job_id, x.lease_token, "succeeded", "w1") for x in leases]
+        )
+        refused = answers.pop(3)
+        assert isinstance(refused, LedgerError) and "job refused" in str(refused)
+        assert answers == [jobs.Reached("succeeded", None)] * 4
+        assert (await job(conn, stuck))[
+            "state"
+        ] == "running"  # left to lease expiry, as a lost connection would
+        with pytest.raises(LedgerError, match="job refused"):
+            await jobs.finish(conn, stuck, leases[3].lease_token, state="succeeded", by="w1")
