@@ -16,11 +16,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, TypedDict, cast
 
-import psycopg
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
-from .db import Conn
+from .db import Conn, error_kind
 from .errors import LeaseBusy, LeaseLost, LedgerError
 from .queries import Q
 from .storable import storable_record, storable_text
@@ -358,16 +357,9 @@ async def _finish_rows(conn: Conn, transitions: list[Finish], now: datetime | No
     return [reached.get(t.job_id) for t in transitions]
 
 
-# SQLSTATE classes of an error that belongs to the data of a row, not to the connection or the database:
-# data exception, integrity constraint violation, program limit exceeded (an index row too large).
-_ROW_ERROR_CLASSES = ("22", "23", "54")
-
-
 def _refused_for_a_row(exc: BaseException) -> bool:
-    if isinstance(exc, UnicodeEncodeError | TypeError | ValueError):
-        return True  # the driver could not send a value
-    sqlstate = getattr(exc, "sqlstate", None)
-    return isinstance(exc, psycopg.Error) and sqlstate is not None and sqlstate[:2] in _ROW_ERROR_CLASSES
+    # A value json or the driver could not write (TypeError, ValueError) belongs to its row too.
+    return error_kind(exc) == "row" or isinstance(exc, TypeError | ValueError)
 
 
 def _refusal(exc: BaseException) -> str:
