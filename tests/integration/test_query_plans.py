@@ -224,6 +224,46 @@ async def test_the_fetch_reads_about_the_batch_not_the_backlog(
     assert rows_read(plan, "jobs") <= 4 * limit * unpaused + 10
 
 
+async def test_a_paused_kinds_backlog_ahead_of_everything_is_not_read(conn: db.Conn) -> None:
+    """The day after an outage: the paused kind's jobs are the oldest due ones; a fetch of the other kinds
+    does not walk them (a single (run_at, id) index would, on every fetch)."""
+
+    async def pause_ahead_then_fetch(c: Any) -> None:
+        await conn.execute(
+            "UPDATE jobs SET run_at = run_at - interval '1 year' WHERE state = 'pending' AND kind = %s", [PAUSED]
+        )
+        await conn.execute("ANALYZE jobs")
+        assert len(await jobs.fetch_and_lease(c, owner="plan-check", kinds=KINDS, limit=10)) > 0
+
+    plans = await plans_of(conn, pause_ahead_then_fetch, analyze=True)
+    [(_, plan)] = plans
+    assert_bounded(plans)
+    assert rows_read(plan, "jobs") <= 4 * 10 * 4 + 10
+
+
+async def test_the_fetch_plan_holds_as_a_prepared_generic_plan(conn: db.Conn) -> None:
+    """psycopg prepares a statement after a few runs, and Postgres may then plan it once for any parameters:
+    that generic plan must be index-bounded too."""
+    names = ("owner", "kinds", "ttls", "limit", "scan_limit", "now")
+    text = Q["job_fetch_and_lease"]
+    for n, name in enumerate(names, 1):
+        text = text.replace(f"%({name})s", f"${n}")
+    async with conn.transaction(force_rollback=True):
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await conn.execute(
+            "PREPARE fetch_generic (text, text[], float8[], int, int, timestamptz) AS " + text  # type: ignore[operator]
+        )
+        kinds = sql.Literal(list(KINDS))
+        ttls = sql.Literal(list(KINDS.values()))
+        explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE fetch_generic ('x', {}, {}, 10, 1000, NULL)")
+        row = await (await conn.execute(explain.format(kinds, ttls))).fetchone()
+        assert row is not None
+        plan = row["QUERY PLAN"][0]["Plan"]
+        await conn.execute("DEALLOCATE fetch_generic")
+    assert violations(plan) == []
+    assert rows_read(plan, "jobs") <= 4 * 10 * 4 + 10
+
+
 async def test_a_fetch_leases_the_earliest_due_jobs_of_its_kinds(conn: db.Conn) -> None:
     """The plan change keeps the answer: the earliest due jobs across the kinds, none paused, none held."""
     got: list[jobs.Lease] = []
