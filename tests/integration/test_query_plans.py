@@ -92,7 +92,9 @@ def ledger_url(pg_server_url: str, template_db: str) -> Iterator[str]:
         for table in ("effects", "jobs", "job_attempts", "deliveries", "effect_rejects", "steps"):
             text = JOBS if table == "jobs" else fill[table].replace("%(n)s", str(EFFECTS))
             c.execute(text)  # type: ignore[call-overload]
-        c.execute("INSERT INTO paused_kinds (kind, paused_at, paused_by) VALUES (%s, now(), 'plans')", [PAUSED])
+        c.execute(
+            "INSERT INTO paused_kinds (kind, paused_at, paused_by) VALUES (%s, now(), 'plans')", [PAUSED]
+        )
         c.execute("VACUUM ANALYZE")
     yield url
     with psycopg.connect(pg_server_url, autocommit=True) as admin:
@@ -139,7 +141,10 @@ def _reads_unbounded(plan: dict[str, Any]) -> bool:
     for child in plan.get("Plans", []):
         # An InitPlan or SubPlan (a CTE, a correlated probe) is not what the node sorts; a Limit bounds it, and
         # an Aggregate turns rows into groups (its own scan is judged on its own).
-        if child["Node Type"] in ("Limit", "Aggregate") or child.get("Parent Relationship") in ("InitPlan", "SubPlan"):
+        if child["Node Type"] in ("Limit", "Aggregate") or child.get("Parent Relationship") in (
+            "InitPlan",
+            "SubPlan",
+        ):
             continue
         if child.get("Relation Name") == "jobs" or _reads_unbounded(child):
             return True
@@ -218,7 +223,7 @@ async def test_the_fetch_reads_about_the_batch_not_the_backlog(
     plans = await plans_of(conn, fetch(limit, kinds), analyze=True)
     assert_bounded(plans)
     [(_, plan)] = plans
-    # Each unpaused kind reads its first `limit` eligible rows from its index; one row in 4×84 waits on a held
+    # Each unpaused kind reads its first `limit` eligible rows from its index; one row in 4 x 84 waits on a held
     # lock key and is read and passed over, and each leased row is read again to lock it.
     unpaused = len([k for k in kinds if k != PAUSED])
     assert rows_read(plan, "jobs") <= 4 * limit * unpaused + 10
@@ -230,7 +235,8 @@ async def test_a_paused_kinds_backlog_ahead_of_everything_is_not_read(conn: db.C
 
     async def pause_ahead_then_fetch(c: Any) -> None:
         await conn.execute(
-            "UPDATE jobs SET run_at = run_at - interval '1 year' WHERE state = 'pending' AND kind = %s", [PAUSED]
+            "UPDATE jobs SET run_at = run_at - interval '1 year' WHERE state = 'pending' AND kind = %s",
+            [PAUSED],
         )
         await conn.execute("ANALYZE jobs")
         assert len(await jobs.fetch_and_lease(c, owner="plan-check", kinds=KINDS, limit=10)) > 0
@@ -255,7 +261,9 @@ async def test_the_fetch_plan_holds_as_a_prepared_generic_plan(conn: db.Conn) ->
         )
         kinds = sql.Literal(list(KINDS))
         ttls = sql.Literal(list(KINDS.values()))
-        explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE fetch_generic ('x', {}, {}, 10, 1000, NULL)")
+        explain = sql.SQL(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE fetch_generic ('x', {}, {}, 10, 1000, NULL)"
+        )
         row = await (await conn.execute(explain.format(kinds, ttls))).fetchone()
         assert row is not None
         plan = row["QUERY PLAN"][0]["Plan"]
@@ -338,18 +346,20 @@ async def test_paused_kinds_and_replay_plans_are_index_bounded(conn: db.Conn) ->
     assert_bounded(await plans_of(conn, lambda c: bulk.unmatched_for_replay(c, source="stripe", since=since)))
 
 
-@pytest.mark.parametrize(
-    ("spec", "query"), REPORT_CASES, ids=[f"{s.name}?{q}" for s, q in REPORT_CASES]
-)
+@pytest.mark.parametrize(("spec", "query"), REPORT_CASES, ids=[f"{s.name}?{q}" for s, q in REPORT_CASES])
 async def test_report_plans_are_index_bounded(conn: db.Conn, spec: Any, query: str) -> None:
     label = f"{spec.name}?{query}"
     assert_bounded(await plans_of(conn, lambda c: reporting.fetch(c, spec, dict(parse_qsl(query)))), label)
 
 
 async def test_per_request_views_and_gauges_are_index_bounded(conn: db.Conn) -> None:
-    row = await (await conn.execute("SELECT id, effect_id FROM jobs WHERE state = 'failed' LIMIT 1")).fetchone()
+    row = await (
+        await conn.execute("SELECT id, effect_id FROM jobs WHERE state = 'failed' LIMIT 1")
+    ).fetchone()
     assert row is not None
-    key = await (await conn.execute("SELECT effect_key FROM effects WHERE id = %s", [row["effect_id"]])).fetchone()
+    key = await (
+        await conn.execute("SELECT effect_key FROM effects WHERE id = %s", [row["effect_id"]])
+    ).fetchone()
     assert key is not None
     now = datetime.now(UTC)
     for label, call in [
