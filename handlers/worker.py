@@ -40,15 +40,30 @@ from .outcomes import HAND_BACK, SliceOutcome
 from .registry import EffectKind, Registry
 
 # Re-exported: they lived here before the maintenance loop moved to .maintenance.
-__all__ = ["Worker", "WorkerConfig", "backoff_delay", "error_record", "make_reconciler", "reconcile_forever"]
+__all__ = [
+    "Worker",
+    "WorkerConfig",
+    "backoff_delay",
+    "error_record",
+    "make_reconciler",
+    "reconcile_forever",
+    "worker_pool_max",
+]
 
 log = logging.getLogger("effectgate.worker")
 
-DEFAULT_CONCURRENCY = 4
+# Handlers wait on payment and shipping APIs: a slot spends most of a job awaiting the network, so the
+# drain rate grows with the slots (measured by tests/bench/worker_sweep.py; docs/performance.md). 16 runs
+# 3.5x the jobs of 4 at a 20-50 ms downstream call and keeps a worker at 21 connections (worker_pool_max).
+DEFAULT_CONCURRENCY = 16
+# A fallback only: LISTEN/NOTIFY wakes the loop for new jobs, and a finished job wakes it for its slot.
 DEFAULT_POLL_INTERVAL = 2.0
 DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_BACKOFF_BASE = 1.0
 DEFAULT_BACKOFF_CAP = 600.0
+# The worker's own statements (fetch, heartbeat, finish batch, reconciler tick) each hold at most one pooled
+# connection at a time.
+WORKER_OWN_CONNECTIONS = 4
 # How long a step that ignored its cancellation may keep the slot before it is abandoned; never longer
 # than the lease TTL, since past that the reconciler may hand the job to someone else anyway.
 ABANDON_GRACE = 5.0
@@ -87,6 +102,19 @@ class WorkerConfig:
             raise ValueError("worker drain_timeout must be >= 0 seconds")
         if not 0 <= self.backoff_base <= self.backoff_cap:
             raise ValueError("worker backoff needs 0 <= backoff_base <= backoff_cap")
+
+
+def worker_pool_max(concurrency: int) -> int:
+    """The most connections a worker's pool may open: one per slot plus the worker's own statements.
+
+    A slot holds at most one connection at a time (a step record, a checkpoint, a fenced write; a step
+    recorded inside a fenced write would wait on that write's own row lock, so none nests), and the
+    worker's own statements give theirs back within a statement: every slot and every heartbeat gets a
+    connection without waiting on a handler. (The LISTEN connection is not pooled.) It was
+    ``concurrency * 2 + 2``, which made a worker with enough slots for network-bound handlers too dear in
+    connections; measured, a worker at 64 slots held 3 (docs/performance.md).
+    """
+    return concurrency + WORKER_OWN_CONNECTIONS
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
@@ -463,7 +491,9 @@ class Worker:
             reached = await self._finish(
                 lease, kind, jobs.Finish(job_id, token, JobState.SUCCEEDED, self.owner)
             )
-            log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
+            # DEBUG: at thousands of jobs a second a JSON line per success cost a quarter of the worker's CPU
+            # per job (docs/performance.md); the attempt row, the metrics and a failure's line still say it.
+            log.debug("worker.finished", extra={"job_id": job_id, "state": reached.state})
             return SliceOutcome(reached.state)
         assert exc is not None
         if isinstance(exc, LeaseLost):

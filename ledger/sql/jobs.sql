@@ -3,22 +3,45 @@
 -- and its own kind's TTL, and opens an attempt row for each. SKIP LOCKED lets many workers fetch at once
 -- without waiting on each other. A job whose lock key a running job holds stays pending, and one batch
 -- takes at most one job per lock key: the partial unique index would refuse a second. Paused kinds wait.
+--
+-- Cost does not grow with the backlog (invariant 13): each kind is read in (run_at, id) order from its own
+-- index (jobs_kind_due_idx, migration 0014) and stops after %(limit)s eligible rows, and "is this lock key
+-- held?" is one probe of jobs_lock_key_running_unique per row read. The batch is then the earliest
+-- %(limit)s across the kinds by (run_at, id): the global order a single scan would give, so no kind is
+-- favoured over another (the top %(limit)s of the union are among each kind's own top %(limit)s). Each kind
+-- locks up to %(limit)s rows; the ones the merge leaves out are unlocked when the statement commits.
+-- A kind's walk is also bounded by %(scan_limit)s rows: a run of due jobs whose lock keys are all held (one
+-- hot key with a backlog of its own) would otherwise be walked on every fetch. Past that run the kind
+-- leases nothing until the holders finish and the head of the run becomes runnable (docs/performance.md).
 WITH kinds AS (
     SELECT k.kind, k.ttl FROM unnest(%(kinds)s::text[], %(ttls)s::float8[]) AS k(kind, ttl)
     -- A paused kind (an operator's `jobs pause`) is not leased; its jobs wait pending.
     WHERE NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = k.kind)
 ),
 candidates AS (
-    SELECT j.id, j.tenant, j.lock_key, j.run_at, k.ttl
-    FROM jobs j JOIN kinds k ON k.kind = j.kind
-    WHERE j.state = 'pending' AND j.run_at <= coalesce(%(now)s, now())
-      AND NOT EXISTS (
-          SELECT 1 FROM jobs holder
-          WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.state = 'running'
-      )
-    ORDER BY j.run_at, j.id
+    SELECT c.id, c.tenant, c.lock_key, c.run_at, c.ttl
+    FROM kinds k CROSS JOIN LATERAL (
+        SELECT j.id, j.tenant, j.lock_key, j.run_at, k.ttl
+        FROM (
+            -- The walk's bound, on the index alone; the row lock and the recheck are below.
+            SELECT w.id, w.run_at FROM jobs w
+            WHERE w.kind = k.kind AND w.state = 'pending' AND w.run_at <= coalesce(%(now)s, now())
+            ORDER BY w.run_at, w.id
+            LIMIT %(scan_limit)s
+        ) head
+        JOIN jobs j ON j.id = head.id
+        WHERE j.state = 'pending'
+          AND NOT EXISTS (
+              SELECT 1 FROM jobs holder
+              WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.state = 'running'
+                AND holder.lock_key IS NOT NULL
+          )
+        ORDER BY head.run_at, head.id
+        LIMIT %(limit)s
+        FOR UPDATE OF j SKIP LOCKED
+    ) c
+    ORDER BY c.run_at, c.id
     LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
 ),
 due AS (
     SELECT id, ttl FROM (
