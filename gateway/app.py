@@ -119,6 +119,7 @@ def create_app(
             statement_timeout=gw.claim_statement_timeout,
         )
         await claim_pool.open(wait=False)
+        app.state.claim_pool = claim_pool
         # Group commit: the claims of concurrent deliveries in this process share a statement and a commit.
         batcher = claim_batcher.ClaimBatcher(
             claim_pool, max_queue=gw.claim_queue_max, deadline=gw.claim_deadline

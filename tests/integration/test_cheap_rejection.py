@@ -91,8 +91,9 @@ def failures(app: Starlette) -> SignatureFailures:
 
 
 def pool_checkouts(app: Starlette) -> int:
-    pool: db.Pool = app.state.pool
-    return int(pool.get_stats().get("requests_num", 0))
+    """Connections taken from the gateway's pools: the general one and the claim path's own."""
+    pools: list[db.Pool] = [app.state.pool, app.state.claim_pool]
+    return sum(int(pool.get_stats().get("requests_num", 0)) for pool in pools)
 
 
 async def counted(conn: db.Conn) -> dict[str, dict[str, Any]]:
