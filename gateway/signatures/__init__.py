@@ -6,7 +6,9 @@ Imports nothing else of the project. The gateway builds one scheme per configure
 """
 
 from .base import (
+    BODY_ID_PREFIX,
     CertificateUntrusted,
+    Covers,
     Event,
     PayloadError,
     Scheme,
@@ -22,12 +24,15 @@ from .base import (
     UnsupportedSignatureVersion,
     VerificationError,
     Verified,
+    body_event_id,
 )
 from .registry import SCHEMES, build_scheme
 
 __all__ = [
+    "BODY_ID_PREFIX",
     "SCHEMES",
     "CertificateUntrusted",
+    "Covers",
     "Event",
     "PayloadError",
     "Scheme",
@@ -43,5 +48,6 @@ __all__ = [
     "UnsupportedSignatureVersion",
     "VerificationError",
     "Verified",
+    "body_event_id",
     "build_scheme",
 ]

@@ -64,6 +64,7 @@ from ._common import (
 )
 from .base import (
     CertificateUntrusted,
+    Covers,
     SchemeConfigError,
     SignatureMalformed,
     SigningError,
@@ -126,6 +127,7 @@ class PayPalScheme(SchemeBase):
     client (tests). The event id is the body's ``id`` and the type its ``event_type``."""
 
     name: ClassVar[str] = "paypal"
+    covers = Covers(body=False, timestamp=True, id=True, type=True)
 
     def __init__(
         self,

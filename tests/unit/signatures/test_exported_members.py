@@ -1,8 +1,10 @@
 import effectgate.gateway.signatures as signatures
 
 DOCUMENTED = [
+    "BODY_ID_PREFIX",
     "SCHEMES",
     "CertificateUntrusted",
+    "Covers",
     "Event",
     "PayloadError",
     "Scheme",
@@ -18,6 +20,7 @@ DOCUMENTED = [
     "UnsupportedSignatureVersion",
     "VerificationError",
     "Verified",
+    "body_event_id",
     "build_scheme",
 ]
 
