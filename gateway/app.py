@@ -22,7 +22,7 @@ from effectgate.handlers.registry import Registry
 from effectgate.ledger import claims, db
 from effectgate.ledger.migrate import unapplied
 
-from .config import Config
+from .config import Config, ConfigError, identity_problems
 from .ingress import error, receive
 from .operator import metrics
 from .operator.api import ApiHeaders
@@ -76,7 +76,12 @@ def create_app(
     ``pool_timeout`` bounds how long a request waits for a database connection before it is
     answered 503 ``ledger_unavailable``. ``session_key`` signs the dashboard's session cookies when
     the configuration names no secret (a random one otherwise: sessions then last as long as the app).
+    Raises ``ConfigError`` when an effect's key, lock-key or require function reads a field its
+    source does not sign (``config.identity_problems``).
     """
+    problems = identity_problems(config, registry)
+    if problems:
+        raise ConfigError(*problems)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import ipaddress
 import os
+import re
 import sys
 import tomllib
 import traceback
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule, check_identity
+from effectgate.handlers.registry import REGISTRY, Registry
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
 from effectgate.handlers.worker import WorkerConfig
 from effectgate.ledger import rescuer as rescuer_defaults
@@ -63,7 +66,8 @@ class Source:
     """A configured webhook source: its name, verifier, tenant and conflict answer.
 
     ``tenant_from``, when set, takes each event's tenant from its payload (Stripe Connect's
-    ``/account``) instead of the one static ``tenant``.
+    ``/account``) instead of the one static ``tenant``, and then only a tenant in ``tenants`` or
+    matching ``tenant_pattern`` (the configuration refuses ``tenant_from`` without one of them).
     """
 
     name: str
@@ -73,6 +77,13 @@ class Source:
     conflict_status: ConflictStatus
     secret_envs: tuple[str, ...]
     tenant_from: JsonPointer | None = None
+    tenants: frozenset[str] | None = None
+    tenant_pattern: re.Pattern[str] | None = None
+
+    @property
+    def tenant_rule(self) -> TenantRule:
+        """How this source's events get their tenant (``handlers.plan``, shared with the replay)."""
+        return TenantRule(self.tenant, self.tenant_from, self.tenants, self.tenant_pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +211,7 @@ def _source(name: str, table: TableReader, env: Mapping[str, str]) -> Source | N
                 table.problem(
                     "tenant_from", 'must point inside the payload (e.g. "/account"), not at all of it'
                 )
+    tenants, tenant_pattern = _tenant_allow_list(table, tenant_from is not None or tenant_pointer is not None)
     conflict_status = table.get("on_conflict", int, default_conflict_status(scheme_name or ""))
     if conflict_status not in CONFLICT_STATUSES:
         table.problem("on_conflict", f"must be 409 or 200, got {conflict_status}")
@@ -212,7 +224,58 @@ def _source(name: str, table: TableReader, env: Mapping[str, str]) -> Source | N
     except SchemeConfigError as exc:
         table.problem("scheme", str(exc))
         return None
-    return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs), tenant_from)
+    return Source(
+        name,
+        scheme_name,
+        scheme,
+        tenant,
+        conflict_status,
+        tuple(secret_envs),
+        tenant_from,
+        tenants,
+        tenant_pattern,
+    )
+
+
+def _tenant_allow_list(
+    table: TableReader, takes_tenant: bool
+) -> tuple[frozenset[str] | None, re.Pattern[str] | None]:
+    # A sender naming its own tenant could name "default", or another source's, and pre-claim the keys
+    # that source's handlers need: tenant_from comes with the list of tenants it may name, or a pattern.
+    listed = table.get("tenants", list)
+    pattern_text = table.get("tenant_pattern", str)
+    if not takes_tenant:
+        for key in ("tenants", "tenant_pattern"):
+            if key in table.table:
+                table.problem(key, "only meaningful with tenant_from")
+        return None, None
+    if listed is None and pattern_text is None:
+        table.problem(
+            "tenant_from",
+            'needs the tenants it may name: tenants = ["acct_1", …] or tenant_pattern = "acct_[A-Za-z0-9]+"',
+        )
+        return None, None
+    tenants = None
+    if listed is not None:
+        if not listed or not all(
+            isinstance(t, str) and t and t.isprintable() and len(t) <= MAX_TENANT_LENGTH for t in listed
+        ):
+            table.problem(
+                "tenants",
+                f"must be a non-empty list of printable names of at most {MAX_TENANT_LENGTH} characters",
+            )
+        else:
+            tenants = frozenset(listed)
+    pattern = None
+    if pattern_text is not None:
+        try:
+            pattern = re.compile(pattern_text)
+        except re.error as exc:
+            table.problem("tenant_pattern", f"not a regular expression: {exc}")
+        else:
+            if pattern.fullmatch("") is not None:
+                table.problem("tenant_pattern", "must not match the empty string")
+    return tenants, pattern
 
 
 def _forwarded_allow_ips(gw: TableReader) -> tuple[str, ...]:
@@ -587,8 +650,25 @@ def import_handlers(config: Config) -> None:
             problems.append(
                 f"{config.path}: handlers.modules: cannot import {module!r}: {_import_failure(module, exc, where)}"
             )
+    if not problems:
+        problems = [f"{config.path}: {p}" for p in identity_problems(config, REGISTRY)]
     if problems:
         raise ConfigError(*problems)
+
+
+def unsigned_fields(config: Config) -> dict[str, frozenset[str]]:
+    """Per configured source, the event fields its signature leaves unsigned (``type`` or none; an
+    unsigned id was already replaced with the signed body's digest by the scheme)."""
+    return {
+        name: frozenset() if source.scheme.covers.type else frozenset({"type"})
+        for name, source in config.sources.items()
+    }
+
+
+def identity_problems(config: Config, registry: Registry) -> list[str]:
+    """Effects whose key, lock-key or require function reads a field their source does not sign, without
+    ``trust_unsigned=True`` (``handlers.plan.check_identity``): refused at start-up, each one named."""
+    return check_identity(registry, unsigned_fields(config))
 
 
 def _import_failure(module: str, exc: Exception, where: str) -> str:

@@ -200,8 +200,22 @@ def test_the_conflict_answer_defaults_per_provider_and_on_conflict_overrides_it(
 
 
 def test_tenant_from_is_a_json_pointer_into_the_payload() -> None:
-    source = parse(MINIMAL + 'tenant_from = "/account"\n', env=ENV).sources["stripe"]
+    source = parse(MINIMAL + 'tenant_from = "/account"\ntenants = ["acct_1"]\n', env=ENV).sources["stripe"]
     assert source.tenant_from is not None and source.tenant_from.tokens == ("account",)
+
+
+def test_tenant_from_names_the_tenants_it_may_take() -> None:
+    listed = parse(MINIMAL + 'tenant_from = "/account"\ntenants = ["acct_1", "acct_2"]\n', env=ENV)
+    rule = listed.sources["stripe"].tenant_rule
+    assert (rule.allows("acct_1"), rule.allows("default"), rule.allows("acct_1x")) == (True, False, False)
+    pattern = parse(MINIMAL + 'tenant_from = "/account"\ntenant_pattern = "acct_[0-9]+"\n', env=ENV)
+    rule = pattern.sources["stripe"].tenant_rule
+    # The whole tenant must match: a pattern is not a prefix test.
+    assert (rule.allows("acct_12"), rule.allows("acct_12 default"), rule.allows("default")) == (
+        True,
+        False,
+        False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -218,6 +232,15 @@ def test_tenant_from_is_a_json_pointer_into_the_payload() -> None:
             r"sources\.stripe\.tenant_from: set tenant or tenant_from",
         ),
         ("tenant_from = 1", r"sources\.stripe\.tenant_from: must be a string"),
+        # Without an allow-list a sender could name any tenant, "default" or another source's included.
+        ('tenant_from = "/account"', r"sources\.stripe\.tenant_from: needs the tenants it may name"),
+        ('tenant_from = "/account"\ntenants = []', r"sources\.stripe\.tenants: must be a non-empty list"),
+        ('tenant_from = "/account"\ntenant_pattern = "("', r"sources\.stripe\.tenant_pattern: not a regular"),
+        (
+            'tenant_from = "/account"\ntenant_pattern = ".*"',
+            r"sources\.stripe\.tenant_pattern: must not match",
+        ),
+        ('tenants = ["a"]', r"sources\.stripe\.tenants: only meaningful with tenant_from"),
     ],
 )
 def test_a_bad_tenant_from_names_the_key(line: str, message: str) -> None:
