@@ -16,6 +16,7 @@ from effectgate.gateway.signatures import (
     Verified,
     body_event_id,
     build_scheme,
+    twilio,
 )
 
 from .signing import b64_mac
@@ -136,8 +137,8 @@ def test_the_signature_not_the_content_type_decides_the_reading() -> None:
 def test_a_form_spelling_a_json_signature_is_refused() -> None:
     # Twilio signs a JSON body as url?bodySHA256=<hex>; a form whose one parameter name is
     # "?bodySHA256=<hex>" concatenates to the same string, so a captured JSON signature would vouch for it.
-    digest = hashlib.sha256(JSON_BODY).hexdigest()
-    forged = urlencode({f"?bodySHA256={digest}": ""}).encode()
+    suffix = twilio.json_url(URL, JSON_BODY)[len(URL) :]  # "?bodySHA256=<hex>", or "&…" after a query
+    forged = urlencode({suffix: ""}).encode()
     headers = {**JSON_HEADERS, "Content-Type": "application/x-www-form-urlencoded"}
     with pytest.raises(SignatureInvalid):
         verify(forged, headers)
