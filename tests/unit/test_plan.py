@@ -179,3 +179,28 @@ def _only(reg: Registry, name: str) -> Registry:
     assert kind is not None
     single.register(kind)
     return single
+
+
+def test_the_examples_guard_their_unsigned_topics() -> None:
+    from effectgate.handlers.examples import audit, commerce  # noqa: F401  (they register on import)
+    from effectgate.handlers.registry import REGISTRY
+
+    shopify = _only(REGISTRY, "commerce.fulfil_shopify_order")
+    order = {"id": 1, "financial_status": "pending", "line_items": []}
+    swapped = Event("shopify", BODY_ID, "orders/paid", order, type_signed=False)
+    assert plan_event(shopify, swapped).unmet == ["commerce.fulfil_shopify_order"]
+    paid = Event("shopify", BODY_ID, "orders/paid", {**order, "financial_status": "paid"}, type_signed=False)
+    assert [r.effect_key for r in plan_event(shopify, paid).effects] == ["shopify-order-paid:1"]
+
+    github = _only(REGISTRY, "audit.github_merged")
+    closed = {"number": 3, "repository": {"full_name": "o/r"}, "issue": {"number": 3}}
+    assert plan_event(github, github_event(**closed)).unmet == ["audit.github_merged"]
+    merged = {**closed, "pull_request": {"merged": True}}
+    assert [r.effect_key for r in plan_event(github, github_event(**merged)).effects] == [
+        "github-merged:o/r#3"
+    ]
+    examples = Registry()
+    for kind in REGISTRY.kinds():
+        if kind.name.startswith(("commerce.", "audit.")):
+            examples.register(kind)
+    assert check_identity(examples, {"github": frozenset({"type"}), "shopify": frozenset({"type"})}) == []
