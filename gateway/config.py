@@ -216,6 +216,8 @@ def _source(name: str, table: TableReader, env: Mapping[str, str]) -> Source | N
     if conflict_status not in CONFLICT_STATUSES:
         table.problem("on_conflict", f"must be 409 or 200, got {conflict_status}")
     options = table.get("options", dict, {})
+    if scheme_name == "paypal" and options:
+        options = _paypal_credentials(options, table, env)
     table.no_unknown_keys()
     if table.failed:
         return None
@@ -276,6 +278,31 @@ def _tenant_allow_list(
             if pattern.fullmatch("") is not None:
                 table.problem("tenant_pattern", "must not match the empty string")
     return tenants, pattern
+
+
+# PayPal's confirmation (options.confirm) calls PayPal's API with OAuth client credentials: secrets, so the
+# file names the environment variables that hold them, as it does for webhook secrets.
+_PAYPAL_CREDENTIALS = {"client_id_env": "client_id", "client_secret_env": "client_secret"}
+
+
+def _paypal_credentials(
+    options: dict[str, Any], table: TableReader, env: Mapping[str, str]
+) -> dict[str, Any]:
+    resolved = dict(options)
+    for option in _PAYPAL_CREDENTIALS.values():
+        if option in resolved:
+            table.problem(f"options.{option}", f"name an environment variable in {option}_env instead")
+    for option, target in _PAYPAL_CREDENTIALS.items():
+        var = resolved.pop(option, None)
+        if var is None:
+            continue
+        if not isinstance(var, str) or not var:
+            table.problem(f"options.{option}", "must be the name of an environment variable")
+        elif not env.get(var):
+            table.problem(f"options.{option}", f"environment variable {var} is not set (or empty)")
+        else:
+            resolved[target] = env[var]
+    return resolved
 
 
 def _forwarded_allow_ips(gw: TableReader) -> tuple[str, ...]:

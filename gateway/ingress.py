@@ -33,7 +33,8 @@ from effectgate.ledger.storable import jsonb_problem
 
 from .config import Config, Source
 from .operator import metrics
-from .signatures import Event, PayloadError, SignatureError, Verified
+from .replay_memory import LedgerReplayMemory
+from .signatures import ConfirmationUnavailable, Event, PayloadError, SignatureError, Verified
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -122,6 +123,11 @@ async def _receive(request: Request) -> Response:
             "effectgate.verify", {"effectgate.source": name, "effectgate.scheme": source.scheme_name}
         ):
             verified = source.scheme.verify(body, request.headers)
+        # Only after a valid signature: a scheme's checks that need I/O (PayPal's transmission ids, PayPal's
+        # own API), so an unauthenticated sender cannot reach the ledger or a provider through them.
+        await source.scheme.confirm(
+            verified, body, request.headers, source=name, memory=LedgerReplayMemory(pool)
+        )
     except SignatureError as exc:
         metrics.verification_failure(name, exc.code)
         await _count_signature_failure(pool, source, exc, body)
@@ -132,6 +138,10 @@ async def _receive(request: Request) -> Response:
     except PayloadError as exc:
         metrics.delivery(name, exc.code)
         return error(400, exc.code, exc.detail)
+    except ConfirmationUnavailable as exc:
+        # Nothing claimed; the provider's retry is safe. The reason is in the log, not in the answer.
+        metrics.delivery(name, exc.code)
+        return error(503, exc.code, exc.detail)
 
     if verified.challenge is not None:
         return JSONResponse(verified.challenge)

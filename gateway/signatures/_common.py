@@ -24,6 +24,7 @@ from .base import (
     Covers,
     Event,
     PayloadError,
+    ReplayMemory,
     SchemeConfigError,
     SignatureInvalid,
     SignatureMalformed,
@@ -73,6 +74,19 @@ class SchemeBase:
 
     async def prepare(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> None:
         """Nothing to fetch: verification needs only the configured secrets. See ``Scheme.prepare``."""
+        return None
+
+    async def confirm(
+        self,
+        verified: Verified,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        source: str,
+        memory: ReplayMemory,
+        now: float | None = None,
+    ) -> None:
+        """Nothing to confirm: the signature covers the body cryptographically. See ``Scheme.confirm``."""
         return None
 
     def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:

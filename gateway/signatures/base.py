@@ -11,11 +11,17 @@ request it says with one of these exceptions; nothing else escapes ``verify``::
     │   ├── SignatureInvalid              signature_invalid
     │   ├── TimestampOutOfTolerance       timestamp_out_of_tolerance
     │   ├── UnsupportedSignatureVersion   signature_version_unsupported
-    │   └── CertificateUntrusted          certificate_untrusted
-    └── PayloadError                      malformed_payload               400
+    │   ├── CertificateUntrusted          certificate_untrusted
+    │   ├── TransmissionReused            transmission_reused
+    │   └── ConfirmationFailed            confirmation_failed
+    ├── PayloadError                      malformed_payload               400
+    └── ConfirmationUnavailable           confirmation_unavailable        503
 
     SchemeConfigError (a ValueError)      bad configuration; raised at construction, never by verify
     SigningError (a ValueError)           a delivery cannot be signed locally; raised by sign only
+
+The last two come from ``confirm``, the step after a valid signature (PayPal's): a transmission id
+seen before with another body, the provider's own API disowning the event, or that API unreachable.
 
 Every scheme that can be signed without the provider's own key also has a ``sign`` method (the
 ``Signer`` protocol): the other half of ``verify``, used by ``effectgate send`` and tested against it.
@@ -166,6 +172,36 @@ class CertificateUntrusted(SignatureError):
     code: ClassVar[str] = "certificate_untrusted"
 
 
+class TransmissionReused(SignatureError):
+    """The signed transmission id was already delivered with another body.
+
+    The signature covers the body only by a checksum (PayPal's CRC32), so a body forged to the same
+    checksum would pass it; the remembered body hash does not.
+    """
+
+    code: ClassVar[str] = "transmission_reused"
+
+
+class ConfirmationFailed(SignatureError):
+    """The provider's own API does not confirm this delivery.
+
+    It answered that the signature is not its own, that it has no event with this id, or that its event
+    differs from the body.
+    """
+
+    code: ClassVar[str] = "confirmation_failed"
+
+
+class ConfirmationUnavailable(VerificationError):
+    """The delivery could not be confirmed now; nothing was claimed, so the provider's retry is safe.
+
+    The provider's API or the ledger did not answer as expected; the gateway answers 503 and the log
+    says why.
+    """
+
+    code: ClassVar[str] = "confirmation_unavailable"
+
+
 class PayloadError(VerificationError):
     """The body is authentic but unusable: not parseable, or lacking the event id or type.
 
@@ -233,6 +269,22 @@ class Signer(Protocol):
         ...
 
 
+class ReplayMemory(Protocol):
+    """What the gateway lends a scheme's ``confirm`` step: a memory shared by every gateway replica.
+
+    ``remember_first`` records ``body_sha256`` (hex) under (``source``, ``transmission_id``) until
+    ``expires_at`` (Unix seconds) unless something is recorded already, and returns the hash recorded
+    first, so a caller that gets back another hash than its own knows the id came with another body.
+    It raises ``ConfirmationUnavailable`` when the memory cannot be reached.
+    """
+
+    async def remember_first(
+        self, *, source: str, transmission_id: str, body_sha256: str, expires_at: float
+    ) -> str:
+        """Record unless recorded; the hash recorded first."""
+        ...
+
+
 class Scheme(Protocol):
     """What the gateway calls: one verifier per configured source, built by ``build_scheme``.
 
@@ -244,6 +296,12 @@ class Scheme(Protocol):
     does I/O that verification depends on (PayPal fetches and validates its signing certificate), so
     ``verify`` itself stays synchronous, pure and cheap. It never raises for a bad request: whatever it
     could not do, ``verify`` reports as a typed error. For most schemes it does nothing.
+
+    ``confirm`` is awaited by the gateway after ``verify`` succeeded, with what it returned; so only an
+    authenticated delivery can cause its I/O. It raises a ``SignatureError`` (401) when the delivery
+    must not be claimed after all, ``ConfirmationUnavailable`` (503) when it cannot tell now. ``source``
+    names the configured source and ``memory`` is the gateway's ``ReplayMemory``. For most schemes it
+    does nothing.
     """
 
     name: ClassVar[str]
@@ -255,4 +313,17 @@ class Scheme(Protocol):
 
     def verify(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> Verified:
         """Authenticate one delivery and extract its events."""
+        ...
+
+    async def confirm(
+        self,
+        verified: Verified,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        source: str,
+        memory: ReplayMemory,
+        now: float | None = None,
+    ) -> None:
+        """Check what needs I/O once the signature is known good; raise to refuse the delivery."""
         ...

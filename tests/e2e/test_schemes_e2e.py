@@ -14,7 +14,9 @@ import json
 import re
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +33,7 @@ from svix.webhooks import Webhook as SvixWebhook
 from twilio.request_validator import RequestValidator
 
 from effectgate.gateway.signatures import body_event_id
+from tests.unit.signatures.crc_forge import FILLER, forge
 from tests.unit.signatures.paypal_pki import Pki, iso
 from tests.unit.signatures.signing import hex_mac, hmac_headers, shopify_headers, slack_headers
 
@@ -49,6 +52,8 @@ SECRETS = {
     "ADYEN_HMAC_KEY": "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056",
 }
 CERT_PATH = "/v1/notifications/certs/CERT-360caa42-fca2a594-e2e"
+# A certificate no delivery named before: the concurrent deliveries below race to fetch it.
+CONCURRENT_CERT_PATH = "/v1/notifications/certs/CERT-360caa42-fca2a594-race"
 
 
 @dataclass
@@ -72,7 +77,7 @@ class Gateway:
         return row
 
 
-def config(port: int, cert_url_host: str, ca_file: str) -> str:
+def config(port: int, cert_url_base: str, ca_file: str) -> str:
     return f"""
 [handlers]
 modules = ["tests.e2e.schemes_handlers"]
@@ -110,7 +115,7 @@ options = {{ url = "http://127.0.0.1:{port}/webhooks/twilio" }}
 [sources.paypal]
 scheme = "paypal"
 secrets = ["PAYPAL_WEBHOOK_ID"]
-options = {{ cert_hosts = ["{cert_url_host}"], ca_bundle = "{ca_file}", fetch_ca_bundle = "{ca_file}" }}
+options = {{ cert_url_bases = ["{cert_url_base}"], ca_bundle = "{ca_file}", fetch_ca_bundle = "{ca_file}" }}
 
 [sources.adyen]
 scheme = "adyen"
@@ -135,10 +140,11 @@ def gateway(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     pki = Pki.around(time.time())
     ca_file = pki.write_root(tmp)
     tls_chain, tls_key = pki.tls_server("127.0.0.1")
-    with serve_certificates({CERT_PATH: pki.chain_pem}, tls_chain, tls_key, tmp) as certs:
+    served = {CERT_PATH: pki.chain_pem, CONCURRENT_CERT_PATH: pki.chain_pem}
+    with serve_certificates(served, tls_chain, tls_key, tmp) as certs:
         port = free_port()
         path = tmp / "effectgate.toml"
-        path.write_text(config(port, "127.0.0.1", ca_file))
+        path.write_text(config(port, certs.base_url + "/v1/notifications/certs/", ca_file))
         env = {"DATABASE_URL": module_db_url, "EFFECTGATE_LOG_LEVEL": "INFO", **SECRETS}
         process = Process(
             ["serve", "--config", str(path), "--no-migrate", "--port", str(port)], env, tmp / "gateway.log"
@@ -235,7 +241,66 @@ def test_paypal_with_its_certificate_fetched_once_over_loopback_https(gateway: G
         r = gateway.post("paypal", body, headers)
         assert r.status_code == 202, r.text
         gateway.effect("paypal", f"WH-e2e-{n}")
-    assert gateway.certs.hits == [CERT_PATH]
+    assert gateway.certs.hits.count(CERT_PATH) == 1
+
+
+def test_paypal_a_crc_forged_body_or_an_old_transmission_claims_nothing_on_a_running_gateway(
+    gateway: Gateway,
+) -> None:
+    # The issue's measurement, repeated against `serve`: a captured delivery's signature over a body forged
+    # to its CRC32 (another event id and amount), and a transmission 20 days old.
+    url = gateway.certs.base_url + CERT_PATH
+    genuine = json.dumps(
+        {
+            "id": "WH-e2e-captured",
+            "event_type": "PAYMENT.CAPTURE.COMPLETED",
+            "resource": {"amount": {"currency_code": "USD", "value": "7.47"}},
+        }
+    ).encode()
+    headers = gateway.pki.headers(
+        genuine,
+        webhook_id=SECRETS["PAYPAL_WEBHOOK_ID"],
+        time=iso(now()),
+        transmission_id="t-captured",
+        url=url,
+    )
+    assert gateway.post("paypal", genuine, headers).status_code == 202
+    forged_ids = []
+    for n, value in enumerate(("9999.00", "123456.00")):
+        document = json.loads(genuine)
+        document["id"] = f"WH-e2e-forged-{n}"
+        document["resource"]["amount"]["value"] = value
+        document["resource"]["note_to_payer"] = FILLER.decode()
+        forged = forge(json.dumps(document).encode(), zlib.crc32(genuine))
+        forged_ids.append(document["id"])
+        r = gateway.post("paypal", forged, headers)
+        assert (r.status_code, r.json().get("error")) == (401, "transmission_reused"), r.text
+    old = json.dumps({"id": "WH-e2e-old", "event_type": "PAYMENT.CAPTURE.COMPLETED"}).encode()
+    old_headers = gateway.pki.headers(
+        old, webhook_id=SECRETS["PAYPAL_WEBHOOK_ID"], time=iso(now() - 20 * 86_400), url=url
+    )
+    r = gateway.post("paypal", old, old_headers)
+    assert (r.status_code, r.json().get("error")) == (401, "timestamp_out_of_tolerance")
+    keys = [f"paypal:{event_id}:schemes.paypal" for event_id in [*forged_ids, "WH-e2e-old"]]
+    assert gateway.rows("SELECT effect_key FROM effects WHERE effect_key = ANY(%s)", keys) == []
+    gateway.effect("paypal", "WH-e2e-captured")
+
+
+def test_paypal_concurrent_deliveries_naming_a_new_certificate_fetch_it_once(gateway: Gateway) -> None:
+    url = gateway.certs.base_url + CONCURRENT_CERT_PATH
+
+    def send(n: int) -> int:
+        body = json.dumps({"id": f"WH-race-{n}", "event_type": "PAYMENT.CAPTURE.COMPLETED"}).encode()
+        headers = gateway.pki.headers(
+            body, webhook_id=SECRETS["PAYPAL_WEBHOOK_ID"], time=iso(now()), transmission_id=f"r-{n}", url=url
+        )
+        return gateway.post("paypal", body, headers).status_code
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        statuses = list(pool.map(send, range(16)))
+    assert statuses == [202] * 16
+    # One gateway process: one fetch, however many deliveries were waiting on it.
+    assert gateway.certs.hits.count(CONCURRENT_CERT_PATH) == 1
 
 
 def adyen_item(psp: str, event: str) -> dict[str, Any]:
@@ -323,7 +388,7 @@ def test_failure_details_help_the_operator_and_never_hold_a_secret_or_signature(
     assert "body appears re-encoded in transit" in detail["stripe", "signature_invalid"]
     assert "any of the 1 configured secret(s)" in detail["github", "signature_invalid"]
     assert "'v1'; only v0 is supported" in detail["slack", "signature_version_unsupported"]
-    assert "'evil.example' is not among the allowed cert_hosts" in detail["paypal", "certificate_untrusted"]
+    assert "is not a certificate URL of PayPal's" in detail["paypal", "certificate_untrusted"]
 
     stored = json.dumps([failures[key] for key in failures], default=str)
     log = gateway.process.log()

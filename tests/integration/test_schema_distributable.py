@@ -32,6 +32,9 @@ LOCAL_TABLES = {
     "signature_failures": "pre-authentication counters, no tenant by construction",
     # Operator control of the deployment's handler kinds; kinds are code, not tenant data: a reference table.
     "paused_kinds": "reference table of paused handler kinds",
+    # Signed transmission ids (PayPal's), checked after the signature and before any tenant is read, keyed by
+    # source and kept for minutes: a local table, like the failure counters.
+    "transmissions": "per-source replay memory of signed transmission ids, minutes long",
 }
 
 # Known violations among distributed tables: (table, constraint or index) -> reason. Each must be fixed by a
