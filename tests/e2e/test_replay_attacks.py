@@ -81,7 +81,7 @@ options = {{ url = "http://127.0.0.1:{port}/webhooks/twilio" }}
 [sources.paypal]
 scheme = "paypal"
 secrets = ["PAYPAL_WEBHOOK_ID"]
-options = {{ cert_hosts = ["127.0.0.1"], ca_bundle = "{ca_file}", fetch_ca_bundle = "{ca_file}" }}
+options = {{ cert_url_bases = ["{cert_url_base}"], ca_bundle = "{ca_file}", fetch_ca_bundle = "{ca_file}" }}
 
 [sources.adyen]
 scheme = "adyen"
@@ -130,7 +130,8 @@ def gateway(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     with serve_certificates({CERT_PATH: pki.chain_pem}, tls_chain, tls_key, tmp) as certs:
         port = free_port()
         path = tmp / "effectgate.toml"
-        path.write_text(CONFIG.format(port=port, ca_file=ca_file))
+        cert_url_base = certs.base_url + "/v1/notifications/certs/"
+        path.write_text(CONFIG.format(port=port, ca_file=ca_file, cert_url_base=cert_url_base))
         env = {"DATABASE_URL": module_db_url, **SECRETS}
         process = Process(
             ["serve", "--config", str(path), "--no-migrate", "--port", str(port)], env, tmp / "gateway.log"
