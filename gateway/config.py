@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from effectgate.handlers.downstream import DownstreamConfig
-from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule, check_identity
+from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule, check_identity, check_key_spaces
 from effectgate.handlers.registry import REGISTRY, Registry
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
 from effectgate.handlers.worker import WorkerConfig
@@ -694,8 +694,29 @@ def unsigned_fields(config: Config) -> dict[str, frozenset[str]]:
 
 def identity_problems(config: Config, registry: Registry) -> list[str]:
     """Effects whose key, lock-key or require function reads a field their source does not sign, without
-    ``trust_unsigned=True`` (``handlers.plan.check_identity``): refused at start-up, each one named."""
-    return check_identity(registry, unsigned_fields(config))
+    ``trust_unsigned=True`` (``handlers.plan.check_identity``), and key functions of two sources that can
+    reach one tenant with no ``key_space`` declared (``check_key_spaces``): refused at start-up, named."""
+
+    def overlapping(a: str, b: str) -> bool:
+        x, y = config.sources.get(a), config.sources.get(b)
+        return x is not None and y is not None and tenants_overlap(x, y)
+
+    return check_identity(registry, unsigned_fields(config)) + check_key_spaces(registry, overlapping)
+
+
+def tenants_overlap(x: Source, y: Source) -> bool:
+    """Whether two sources can file effects under one tenant: their static tenants or allow-lists meet, a
+    pattern matches the other's listed tenant, or both take patterns (which may always meet)."""
+    listed_x = frozenset({x.tenant}) if x.tenant_from is None else x.tenants
+    listed_y = frozenset({y.tenant}) if y.tenant_from is None else y.tenants
+    if listed_x is not None and listed_y is not None and listed_x & listed_y:
+        return True
+    if x.tenant_pattern is not None and y.tenant_pattern is not None:
+        return True
+    for pattern, listed in ((x.tenant_pattern, listed_y), (y.tenant_pattern, listed_x)):
+        if pattern is not None and listed and any(pattern.fullmatch(t) for t in listed):
+            return True
+    return False
 
 
 def _import_failure(module: str, exc: Exception, where: str) -> str:

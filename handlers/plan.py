@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dis
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
@@ -201,6 +201,30 @@ def check_identity(registry: Registry, unsigned_by_source: Mapping[str, frozense
                     f"effect {kind.name!r}: its {role} function reads event.{name}, which source "
                     f"{kind.source!r} does not sign (a replay can rewrite it); use signed payload fields, "
                     "or declare the effect trust_unsigned=True"
+                )
+    return problems
+
+
+def check_key_spaces(registry: Registry, overlapping: Callable[[str, str], bool]) -> list[str]:
+    """Problems found before the first delivery: effects of two sources that can reach one tenant
+    (``overlapping(a, b)``; false for a source that is not configured) both building keys with a key
+    function and neither declaring a ``key_space``. Their keys could collide: one source's events could
+    claim first a key the other's effect needs."""
+    undeclared: dict[str, list[str]] = {}
+    for kind in registry.kinds():
+        if kind.key is not None and kind.key_space is None:
+            undeclared.setdefault(kind.source, []).append(kind.name)
+    problems = []
+    sources = sorted(undeclared)
+    for i, a in enumerate(sources):
+        for b in sources[i + 1 :]:
+            if overlapping(a, b):
+                problems.append(
+                    f"effects {', '.join(map(repr, undeclared[a]))} (source {a!r}) and "
+                    f"{', '.join(map(repr, undeclared[b]))} (source {b!r}) build their own keys in a tenant "
+                    "both sources reach, so one source's events could claim the other's keys; declare "
+                    'key_space="source" (keys under the source: new keys) or key_space="shared" (keys as '
+                    "they are, shared on purpose) on each"
                 )
     return problems
 

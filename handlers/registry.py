@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from .context import EffectContext
 
 OrphanPolicy = Literal["redrive", "park"]
+# Where a key function's keys live: "source" prefixes them with the effect's source (no other source can
+# produce them), "shared" keeps them as returned (shared on purpose with other sources' effects that do too).
+KeySpace = Literal["source", "shared"]
 
 # Every per-kind setting's default, in one place. ``pending_ttl`` and ``poison_threshold`` default to
 # ``None``: the process's reconciler settings (``ledger.reconciler.DEFAULT_*``, or the configuration file).
@@ -87,6 +90,10 @@ class EffectKind:
     effect (``unmet_requirement``), which is how an effect refuses a signed body sent under another,
     unsigned, type. ``trust_unsigned``: the key, lock-key and require functions may read fields the
     provider does not sign (``delivery_id``, an unsigned ``type``); off, they raise ``UnsignedField``.
+    ``key_space``: for a ``key`` function, ``"source"`` files its keys under ``{source}:`` so no other
+    source's events can claim them, ``"shared"`` keeps them as returned; ``None`` (undeclared) keeps them as
+    returned too, and the gateway refuses to start when effects of two sources that can reach one tenant
+    both leave it undeclared (docs/adr/0007).
     """
 
     name: str
@@ -107,6 +114,7 @@ class EffectKind:
     require: tuple[tuple[JsonPointer, Any], ...] | None = None
     require_fn: RequireFn | None = None
     trust_unsigned: bool = False
+    key_space: KeySpace | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.source:
@@ -115,6 +123,14 @@ class EffectKind:
             object.__setattr__(self, "require", _requirements(self.name, self.require))
         if not isinstance(self.trust_unsigned, bool):
             raise ValueError(f"effect {self.name!r}: trust_unsigned must be True or False")
+        if self.key_space not in (None, "source", "shared"):
+            raise ValueError(
+                f"effect {self.name!r}: key_space must be 'source' or 'shared', got {self.key_space!r}"
+            )
+        if self.key_space is not None and self.key is None:
+            raise ValueError(
+                f"effect {self.name!r}: key_space applies to a key function; the default key is the source's"
+            )
         if self.fingerprint is not None:
             object.__setattr__(self, "fingerprint", _pointers(self.name, self.fingerprint))
         if not callable(self.fn):
@@ -153,12 +169,15 @@ class EffectKind:
         return source == self.source and any(fnmatch.fnmatchcase(event_type, p) for p in self.events)
 
     def effect_key(self, event: Event) -> str:
-        """The logical effect key for ``event``: the kind's key function, or source:event id:name."""
+        """The logical effect key for ``event``: the kind's key function (under ``{source}:`` when its
+        ``key_space`` is ``"source"``), or source:event id:name."""
         key = self.key(event) if self.key is not None else f"{event.source}:{event.id}:{self.name}"
         if not isinstance(key, str) or not key:
             raise ValueError(
                 f"effect {self.name!r}: the key function returned {key!r}, not a non-empty string"
             )
+        if self.key_space == "source":
+            key = f"{self.source}:{key}"
         if len(key) > MAX_EFFECT_KEY_LENGTH:
             raise ValueError(
                 f"effect {self.name!r}: effect key longer than {MAX_EFFECT_KEY_LENGTH} characters"
@@ -325,6 +344,7 @@ class Registry:
         fingerprint: Sequence[str] | None = None,
         require: Require | None = None,
         trust_unsigned: bool = False,
+        key_space: KeySpace | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: register an async handler for ``events`` from ``source``."""
         require_map, require_fn = _split_require(require)
@@ -351,6 +371,7 @@ class Registry:
                     require=None if require_map is None else _requirements(kind_name, require_map),
                     require_fn=require_fn,
                     trust_unsigned=trust_unsigned,
+                    key_space=key_space,
                 )
             )
             return fn
@@ -400,6 +421,7 @@ def effect(
     fingerprint: Sequence[str] | None = None,
     require: Require | None = None,
     trust_unsigned: bool = False,
+    key_space: KeySpace | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register an async effect handler in the process registry.
 
@@ -414,6 +436,8 @@ def effect(
     that fails it is skipped for this effect. Use it wherever the provider leaves the event type unsigned
     (GitHub, Shopify): the type routes, the signed body decides. Key, lock-key and require functions
     cannot read unsigned fields (``delivery_id``; ``type`` where unsigned) unless ``trust_unsigned=True``.
+    ``key_space="source"`` files a key function's keys under the source, so another source's events can
+    never claim them; ``"shared"`` says sharing them across sources is meant.
     Every other setting is described on ``EffectKind``; all are validated here, at registration.
     """
     return REGISTRY.effect(
@@ -433,6 +457,7 @@ def effect(
         fingerprint=fingerprint,
         require=require,
         trust_unsigned=trust_unsigned,
+        key_space=key_space,
     )
 
 

@@ -31,6 +31,8 @@ for _source in ("github", "standard"):
     key=lambda ev: f"github-merged:{ev.payload['repository']['full_name']}#{ev.payload['number']}",
     name="audit.github_merged",
     require={"/pull_request/merged": True},
+    # Filed under "github:", so no other source's events can ever claim this key.
+    key_space="source",
     orphan_policy="redrive",
 )
 async def record_merge(ctx: EffectContext, ev: Event) -> None:

@@ -76,6 +76,7 @@ async def record_refund(ctx: EffectContext, ev: Event) -> None:
     # X-Shopify-Topic is unsigned: a pending order's signed body resent as "orders/paid" must not ship.
     # The signed body says whether the order is paid; the topic only routes.
     require={"/financial_status": "paid"},
+    key_space="source",
     orphan_policy="redrive",
 )
 async def fulfil_shopify_order(ctx: EffectContext, ev: Event) -> dict[str, Any]:

@@ -33,6 +33,7 @@ effect(
     name="attack.shopify_paid",
     key=lambda ev: f"paid:{ev.payload['id']}",
     require={"/financial_status": "paid"},
+    key_space="source",
 )(_record)
 
 # GitHub's X-GitHub-Event is unsigned: a deploy runs only for a body that says the pull request merged.
@@ -42,6 +43,7 @@ effect(
     name="attack.github_merged",
     key=lambda ev: f"merged:{ev.payload['pull_request']['id']}",
     require={"/pull_request/merged": True},
+    key_space="source",
 )(_record)
 effect(
     source="bare",
@@ -49,4 +51,5 @@ effect(
     name="attack.bare_merged",
     key=lambda ev: f"merged:{ev.payload['pull_request']['id']}",
     require={"/pull_request/merged": True},
+    key_space="source",
 )(_record)

@@ -420,3 +420,21 @@ def test_every_retention_mistake_is_reported_with_the_others_at_once() -> None:
         line.startswith("x.toml: retention.tombstones_days: 1 days is shorter than source 'stripe'")
         for line in lines
     )
+
+
+def test_tenants_overlap_when_two_sources_can_file_under_one_tenant() -> None:
+    from effectgate.gateway.config import tenants_overlap
+
+    text = (
+        MINIMAL.replace("[sources.stripe]", "[sources.a]")
+        + '[sources.b]\nscheme = "stripe"\nsecrets = ["S1"]\n'
+        + '[sources.c]\nscheme = "stripe"\nsecrets = ["S1"]\ntenant_from = "/account"\n'
+        + 'tenant_pattern = "acct_[0-9]+"\n'
+        + '[sources.d]\nscheme = "stripe"\nsecrets = ["S1"]\ntenant_from = "/account"\n'
+        + 'tenants = ["default"]\n'
+    )
+    s = parse(text, env=ENV).sources
+    assert tenants_overlap(s["a"], s["b"])  # both "default"
+    assert not tenants_overlap(s["a"], s["c"])  # "default" is not an acct_ number
+    assert tenants_overlap(s["a"], s["d"])  # d may name "default"
+    assert not tenants_overlap(s["c"], s["d"])

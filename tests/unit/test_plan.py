@@ -13,6 +13,7 @@ from effectgate.handlers.plan import (
     SignedView,
     UnsignedField,
     check_identity,
+    check_key_spaces,
     plan_event,
     signed_view,
 )
@@ -190,17 +191,54 @@ def test_the_examples_guard_their_unsigned_topics() -> None:
     swapped = Event("shopify", BODY_ID, "orders/paid", order, type_signed=False)
     assert plan_event(shopify, swapped).unmet == ["commerce.fulfil_shopify_order"]
     paid = Event("shopify", BODY_ID, "orders/paid", {**order, "financial_status": "paid"}, type_signed=False)
-    assert [r.effect_key for r in plan_event(shopify, paid).effects] == ["shopify-order-paid:1"]
+    assert [r.effect_key for r in plan_event(shopify, paid).effects] == ["shopify:shopify-order-paid:1"]
 
     github = _only(REGISTRY, "audit.github_merged")
     closed = {"number": 3, "repository": {"full_name": "o/r"}, "issue": {"number": 3}}
     assert plan_event(github, github_event(**closed)).unmet == ["audit.github_merged"]
     merged = {**closed, "pull_request": {"merged": True}}
     assert [r.effect_key for r in plan_event(github, github_event(**merged)).effects] == [
-        "github-merged:o/r#3"
+        "github:github-merged:o/r#3"
     ]
     examples = Registry()
     for kind in REGISTRY.kinds():
         if kind.name.startswith(("commerce.", "audit.")):
             examples.register(kind)
     assert check_identity(examples, {"github": frozenset({"type"}), "shopify": frozenset({"type"})}) == []
+
+
+def test_a_source_key_space_keeps_two_sources_keys_apart() -> None:
+    reg = Registry()
+    for source in ("stripe", "partner"):
+        reg.effect(
+            source=source,
+            events=["*"],
+            name=f"{source}.paid",
+            key=lambda ev: f"order-paid:{ev.payload['order']}",
+            key_space="source",
+        )(_noop)
+    keys = [
+        r.effect_key
+        for source in ("stripe", "partner")
+        for r in plan_event(reg, Event(source, "e1", "paid", {"order": 7})).effects
+    ]
+    # A partner's signed body naming order 7 can no longer claim the key Stripe's payment for order 7 needs.
+    assert keys == ["stripe:order-paid:7", "partner:order-paid:7"]
+    with pytest.raises(ValueError, match="key_space applies to a key function"):
+        Registry().effect(source="stripe", events=["*"], name="d", key_space="source")(_noop)
+    with pytest.raises(ValueError, match="key_space must be 'source' or 'shared'"):
+        Registry().effect(source="stripe", events=["*"], name="d", key=str, key_space="tenant")(_noop)  # type: ignore[arg-type]
+
+
+def test_key_functions_of_two_sources_reaching_one_tenant_must_declare_a_key_space() -> None:
+    reg = Registry()
+    reg.effect(source="stripe", events=["*"], name="s", key=lambda ev: "k")(_noop)
+    reg.effect(source="partner", events=["*"], name="p", key=lambda ev: "k")(_noop)
+    reg.effect(source="github", events=["*"], name="g")(_noop)  # default keys start with the source
+    [problem] = check_key_spaces(reg, lambda a, b: True)
+    assert problem.startswith("effects 'p' (source 'partner') and 's' (source 'stripe') build their own keys")
+    assert check_key_spaces(reg, lambda a, b: False) == []
+    declared = Registry()
+    declared.effect(source="stripe", events=["*"], name="s", key=lambda ev: "k", key_space="shared")(_noop)
+    declared.effect(source="partner", events=["*"], name="p", key=lambda ev: "k")(_noop)
+    assert check_key_spaces(declared, lambda a, b: True) == []
