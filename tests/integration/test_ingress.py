@@ -62,6 +62,8 @@ def make_registry() -> Registry:
             events=["payment_intent.succeeded", "charge.succeeded"],
             key=lambda ev: order.format(ev.payload["data"]["object"]["metadata"]["order_id"]),
             name=f"{source}.fulfil",
+            # Two sources in one tenant, one order space: declared, or the gateway refuses to start.
+            key_space="shared",
         )(_noop)
     registry.effect(
         source="stripe",
