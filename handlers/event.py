@@ -20,7 +20,9 @@ class Event:
     digest of the signed body (``sha256:…``). ``delivery_id`` is the provider's delivery-id header when
     that is unsigned (GitHub, Shopify, Twilio, a generic ``hmac`` with ``id_header``): for logs, never for
     keys; it is ``None`` when a worker runs the effect. ``type_signed`` is false when the type came from
-    an unsigned header: a sender holding one captured delivery can change it.
+    an unsigned header: a sender holding one captured delivery can change it. Both are the gateway's view,
+    for key, lock-key and ``require`` functions; the worker rebuilds the event from the ledger, which does
+    not keep them (there ``type_signed`` reads true: an effect that cares checks ``require`` at claim time).
     """
 
     source: str
