@@ -19,7 +19,7 @@ from starlette.routing import Route
 from effectgate.handlers import tracing
 from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import claims, db
+from effectgate.ledger import claim_batcher, db
 from effectgate.ledger.migrate import unapplied
 
 from .config import Config, ConfigError, identity_problems
@@ -27,7 +27,8 @@ from .ingress import error, receive
 from .operator import metrics
 from .operator.api import ApiHeaders
 from .operator.routes import operator_routes
-from .operator.sessions import SignInThrottle
+from .operator.throttle import FailureThrottle
+from .planes import PlaneGate
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -70,12 +71,15 @@ def create_app(
     *,
     pool_timeout: float = db.DEFAULT_POOL_TIMEOUT,
     session_key: bytes | None = None,
+    operator_port: int | None = None,
 ) -> Starlette:
     """The gateway app for ``config``; the pool opens with the lifespan and closes with it.
 
     ``pool_timeout`` bounds how long a request waits for a database connection before it is
     answered 503 ``ledger_unavailable``. ``session_key`` signs the dashboard's session cookies when
     the configuration names no secret (a random one otherwise: sessions then last as long as the app).
+    ``operator_port`` is the local port of the operator plane's own listener (``gateway.planes``; by
+    default ``[operator] listen``'s), or None when both planes share one listener.
     Raises ``ConfigError`` when an effect's key, lock-key or require function reads a field its
     source does not sign (``config.identity_problems``).
     """
@@ -90,8 +94,24 @@ def create_app(
         # answers 503, rather than crash-looping behind its load balancer.
         await pool.open(wait=False)
         app.state.pool = pool
+        # The claim path has a pool of its own, so its lock and statement timeouts bound claims and nothing else
+        # (reports and maintenance on the other pool may rightly run longer): one connection per batch in
+        # flight, and one for the probe that finds a locked key.
+        gw = config.gateway
+        claim_pool = db.make_pool(
+            database_url,
+            min_size=1,
+            max_size=claim_batcher.DEFAULT_MAX_IN_FLIGHT + 1,
+            timeout=pool_timeout,
+            name="effectgate-claims",
+            lock_timeout=gw.claim_lock_timeout,
+            statement_timeout=gw.claim_statement_timeout,
+        )
+        await claim_pool.open(wait=False)
         # Group commit: the claims of concurrent deliveries in this process share a statement and a commit.
-        batcher = claims.ClaimBatcher(pool)
+        batcher = claim_batcher.ClaimBatcher(
+            claim_pool, max_queue=gw.claim_queue_max, deadline=gw.claim_deadline
+        )
         app.state.batcher = batcher
         # Gateways tick the reconciler too, so jobs are repaired even while no worker runs.
         stopping = asyncio.Event()
@@ -111,6 +131,7 @@ def create_app(
             if reconciler is not None:
                 await reconciler
             await batcher.close()
+            await claim_pool.close()
             await pool.close()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)
@@ -123,7 +144,13 @@ def create_app(
             *operator_routes(),
         ],
         lifespan=lifespan,
-        middleware=[Middleware(ApiHeaders)],
+        middleware=[
+            Middleware(
+                PlaneGate,
+                operator_port=operator_port if operator_port is not None else config.operator.listen_port,
+            ),
+            Middleware(ApiHeaders),
+        ],
         exception_handlers={ClientDisconnect: client_disconnected},
     )
     app.state.config = config
@@ -136,5 +163,5 @@ def create_app(
         if secret is not None
         else session_key or os.urandom(32)
     )
-    app.state.sign_in_throttle = SignInThrottle()
+    app.state.auth_throttle = FailureThrottle(config.operator.throttle_limit, config.operator.throttle_window)
     return app

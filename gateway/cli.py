@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,10 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate, unapplied
 
-from . import demo, embedded, logs, operator_cli, send
+from . import demo, embedded, guard, logs, operator_cli, send
 from .config import (
     DEFAULT_CONFIG_FILE,
+    DEFAULT_OPERATOR_HOST,
     DEFAULT_STARTUP_WAIT,
     Config,
     ConfigError,
@@ -61,6 +63,7 @@ from .config import (
 )
 from .examples import EXAMPLE_TYPES
 from .operator import metrics
+from .secret_sources import Role
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -83,13 +86,14 @@ def _config_path(args: argparse.Namespace) -> str:
     return str(args.config or os.environ.get("EFFECTGATE_CONFIG") or DEFAULT_CONFIG_FILE)
 
 
-def _load_config(args: argparse.Namespace, *, database: bool = False) -> Config:
-    """The configuration, with its handler modules imported. With ``database``, a missing
-    ``DATABASE_URL`` (serve and worker) is reported together with the configuration's own mistakes."""
+def _load_config(args: argparse.Namespace, *, database: bool = False, role: Role = "all") -> Config:
+    """The configuration with the secrets ``role`` uses, its handler modules imported. With
+    ``database``, a missing ``DATABASE_URL`` (serve and worker) is reported together with the
+    configuration's own mistakes."""
     problems: list[str] = []
     config = None
     try:
-        config = load(_config_path(args))
+        config = load(_config_path(args), role=role)
     except ConfigError as exc:
         problems.extend(exc.problems)
     if database:
@@ -235,21 +239,39 @@ def serve_app() -> Any:
     environment before uvicorn starts its processes, so every process builds the same app, imports the
     same handler modules and accepts the same sessions.
     """
-    from . import guard, serving
+    from . import serving
     from .app import create_app
 
     serving.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
-    config = load(os.environ["EFFECTGATE_CONFIG"])
+    config = load(os.environ["EFFECTGATE_CONFIG"], role="gateway")
     import_handlers(config)
     guard.configure(config.gateway.limits)
     tracing.configure(config.tracing, role="gateway")
     session_key = bytes.fromhex(os.environ.pop(_SESSION_KEY_ENV))
-    return create_app(config, REGISTRY, os.environ["DATABASE_URL"], session_key=session_key)
+    trusted = os.environ.get(_TRUSTED_ENV)
+    if trusted is not None:
+        config = replace(
+            config,
+            gateway=replace(config.gateway, forwarded_allow_ips=tuple(p for p in trusted.split(",") if p)),
+        )
+    operator_port = os.environ.get(_OPERATOR_PORT_ENV)
+    return create_app(
+        config,
+        REGISTRY,
+        os.environ["DATABASE_URL"],
+        session_key=session_key,
+        operator_port=int(operator_port) if operator_port else None,
+    )
 
 
 # The dashboard's signing key when no secret is configured: made by the supervisor, shared by its children.
 _SESSION_KEY_ENV = "EFFECTGATE_SESSION_KEY"
+# The supervisor's choices its children cannot read from the configuration file: the operator plane's
+# bound port (which may have been 0) and the trusted proxies (which --forwarded-allow-ips may override).
+_OPERATOR_PORT_ENV = "EFFECTGATE_OPERATOR_PORT"
+_TRUSTED_ENV = "EFFECTGATE_FORWARDED_ALLOW_IPS"
+_APP_FACTORY = "effectgate.gateway.cli:serve_app"
 
 
 def event_loop() -> str:
@@ -262,18 +284,22 @@ def event_loop() -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    config = _load_config(args, database=True)
+    config = _load_config(args, database=True, role="gateway")
     wait = _startup_wait(args, config)
     host = args.host or config.gateway.host
     port = config.gateway.port if args.port is None else args.port
     _check_port_free("--port" if args.port is not None else "gateway.port", host, port)
+    operator = _operator_listen(args, config, port)
+    if operator is not None:
+        flag = "--operator-port" if args.operator_port is not None else "operator.listen"
+        _check_port_free(flag, *operator)
     with _database(embedded_allowed=args.embedded) as url:
         if args.no_migrate:
             asyncio.run(db.wait_until_reachable(url, wait))
         else:
             asyncio.run(_migrate(url, wait))
         try:
-            _serve(args, config, url, host, port)
+            _serve(args, config, url, host, port, operator)
         except SystemExit as exc:
             if exc.code != UVICORN_STARTUP_FAILURE:
                 raise
@@ -282,10 +308,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _serve(args: argparse.Namespace, config: Config, url: str, host: str, port: int) -> None:
+def _operator_listen(args: argparse.Namespace, config: Config, port: int) -> tuple[str, int] | None:
+    """Where the operator plane listens on its own (--operator-host/--operator-port, else [operator]
+    listen), or None when it shares the gateway's listener."""
+    op_port = args.operator_port if args.operator_port is not None else config.operator.listen_port
+    if op_port is None:
+        if args.operator_host is not None:
+            raise UsageError("--operator-host: needs --operator-port (or [operator] listen)")
+        return None
+    op_host = args.operator_host or config.operator.listen_host or DEFAULT_OPERATOR_HOST
+    if op_port != 0 and op_port == port:
+        raise UsageError(f"--operator-port: {op_port} is the gateway's own port; choose another")
+    return op_host, op_port
+
+
+def _serve(
+    args: argparse.Namespace,
+    config: Config,
+    url: str,
+    host: str,
+    port: int,
+    operator: tuple[str, int] | None = None,
+) -> None:
     import uvicorn
 
-    from . import guard, serving
+    from . import serving
     from .app import create_app
 
     options: dict[str, Any] = {
@@ -305,7 +352,25 @@ def _serve(args: argparse.Namespace, config: Config, url: str, host: str, port: 
     options["proxy_headers"] = bool(trusted)
     if trusted:
         options["forwarded_allow_ips"] = list(trusted)
+    config = replace(config, gateway=replace(config.gateway, forwarded_allow_ips=tuple(trusted)))
     session_key = os.urandom(32)
+    # Both planes' sockets are bound here, before any process serves: every process (one, or each of
+    # the N children) serves both, and the app tells them apart by the local port (gateway.planes).
+    sockets: list[socket.socket] | None = None
+    operator_port: int | None = None
+    if operator is not None:
+        # uvicorn's own binding (its socket options, its message), for an app it never loads here.
+        public = uvicorn.Config(_APP_FACTORY, host=host, port=port).bind_socket()
+        private = uvicorn.Config(_APP_FACTORY, host=operator[0], port=operator[1]).bind_socket()
+        sockets = [public, private]
+        operator_port = private.getsockname()[1]
+        log.info(
+            "operator.listening",
+            extra={
+                "operator": f"{operator[0]}:{operator_port}",
+                "public": f"{host}:{public.getsockname()[1]}",
+            },
+        )
     if args.workers > 1:
         # Several processes share the listening socket; each builds its app from the environment and
         # imports the guarded protocol by name.
@@ -313,23 +378,27 @@ def _serve(args: argparse.Namespace, config: Config, url: str, host: str, port: 
         os.environ["DATABASE_URL"] = url
         os.environ["EFFECTGATE_LOG_LEVEL"] = args.log_level
         os.environ[_SESSION_KEY_ENV] = session_key.hex()
+        os.environ[_TRUSTED_ENV] = ",".join(trusted)
+        if operator_port is not None:
+            os.environ[_OPERATOR_PORT_ENV] = str(operator_port)
         serving.run(
             uvicorn.Config(
-                "effectgate.gateway.cli:serve_app",
+                _APP_FACTORY,
                 factory=True,
                 workers=args.workers,
                 http=guard.PROTOCOL_PATH,
                 **options,
-            )
+            ),
+            sockets,
         )
         return
     tracing.configure(config.tracing, role="gateway")
     protocol = guard.configure(config.gateway.limits)
-    app = create_app(config, REGISTRY, url, session_key=session_key)
+    app = create_app(config, REGISTRY, url, session_key=session_key, operator_port=operator_port)
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
     server = uvicorn.Server(uvicorn.Config(app, http=protocol, **options))
-    server.run()
+    server.run(sockets)
     if not server.started:
         sys.exit(UVICORN_STARTUP_FAILURE)
 
@@ -353,9 +422,17 @@ def _listen_metrics(host: str, port: int) -> socket.socket:
 
 @contextlib.asynccontextmanager
 async def _serving_metrics(
-    pool: db.Pool, sock: socket.socket | None, token_sha256: bytes | None = None
+    pool: db.Pool,
+    sock: socket.socket | None,
+    token_sha256: bytes | None = None,
+    limits: guard.Limits | None = None,
 ) -> AsyncIterator[None]:
-    """``GET /metrics`` on ``sock`` in this event loop while the block runs; nothing when ``sock`` is None."""
+    """``GET /metrics`` on ``sock`` in this event loop while the block runs; nothing when ``sock`` is None.
+
+    The listener has the gateway's connection guard (``[gateway]`` header and body timeouts, head size):
+    it shares the worker's event loop, so a client dripping a header into it would otherwise hold a
+    parser and its buffer for ever and slow every job the worker runs.
+    """
     if sock is None:
         yield
         return
@@ -369,7 +446,11 @@ async def _serving_metrics(
 
     server = Server(
         uvicorn.Config(
-            metrics.app(pool, token_sha256=token_sha256), lifespan="off", log_config=None, access_log=False
+            metrics.app(pool, token_sha256=token_sha256),
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            http=guard.configure(limits if limits is not None else guard.Limits()),
         )
     )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -385,8 +466,6 @@ async def _run_worker(
 ) -> None:
     worker_config = config.worker
     if concurrency is not None:
-        from dataclasses import replace
-
         worker_config = replace(worker_config, concurrency=concurrency)
     tracing.configure(config.tracing, role="worker")
     pool = db.make_pool(url, max_size=worker_config.concurrency * 2 + 2, name="effectgate-worker")
@@ -405,7 +484,9 @@ async def _run_worker(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         try:
-            async with _serving_metrics(pool, metrics_socket, config.metrics_token_sha256):
+            async with _serving_metrics(
+                pool, metrics_socket, config.metrics_token_sha256, config.gateway.limits
+            ):
                 await worker.run()
         finally:
             await pool.close()
@@ -414,7 +495,7 @@ async def _run_worker(
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    config = _load_config(args, database=True)
+    config = _load_config(args, database=True, role="worker")
     if not REGISTRY.kinds():
         raise ConfigError(f"{config.path}: handlers.modules: no effect handlers registered; nothing to run")
     wait = _startup_wait(args, config)
@@ -603,6 +684,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _run_up(env, config, config_path, use_demo, host, port, fake_port, home)
 
 
+def _operator_base(config: Config, base: str) -> str:
+    """The URL of the dashboard and API: the operator listener's when it is apart, else ``base``."""
+    if not config.operator.apart:
+        return base
+    host = config.operator.listen_host or DEFAULT_OPERATOR_HOST
+    return f"http://{f'[{host}]' if ':' in host else host}:{config.operator.listen_port}"
+
+
 def _run_up(
     env: dict[str, str],
     config: Config,
@@ -649,7 +738,9 @@ def _run_up(
             print(f"or, at any time:  effectgate demo-delivery --url {base} --order 1234")
             print("or any example:   effectgate send --source stripe --example payment_intent.succeeded\n")
             token = env["EFFECTGATE_DEMO_OPERATOR_TOKEN"]
-            print(f"Dashboard: {base}/ui/  (operator token: {token})", flush=True)
+            print(f"Dashboard: {_operator_base(config, base)}/ui/  (operator token: {token})", flush=True)
+        elif config.operator.apart:
+            print(f"operator plane (/ui, /api, /metrics): {_operator_base(config, base)}", flush=True)
     exit_code = EXIT_OK
     while not stopping:
         dead = [p for p in procs if p.poll() is not None]
@@ -777,6 +868,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
     serve.add_argument(
         "--workers", type=_positive_int, default=1, help="gateway processes sharing the port (default: 1)"
+    )
+    serve.add_argument(
+        "--operator-port",
+        type=_port,
+        help="serve /ui, /api and /metrics on this port only; the gateway's port then serves /webhooks/*, "
+        "/healthz and /readyz alone (default: [operator] listen, else both on the gateway's port)",
+    )
+    serve.add_argument(
+        "--operator-host",
+        help=f"address for --operator-port (default: [operator] listen's, else {DEFAULT_OPERATOR_HOST})",
     )
     serve.add_argument(
         "--forwarded-allow-ips",

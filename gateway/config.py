@@ -18,13 +18,14 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule, check_identity, check_key_spaces
 from effectgate.handlers.registry import REGISTRY, Registry
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
 from effectgate.handlers.worker import WorkerConfig
+from effectgate.ledger import claim_batcher
 from effectgate.ledger import rescuer as rescuer_defaults
 from effectgate.ledger import waker as waker_defaults
 from effectgate.ledger.partitions import DEFAULT_INTERVAL as DEFAULT_PARTITION_INTERVAL
@@ -46,7 +47,8 @@ from . import guard
 from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
-from .signatures import Scheme, SchemeConfigError, build_scheme
+from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
+from .signatures import SCHEMES, Scheme, SchemeConfigError, build_scheme
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
 
@@ -56,9 +58,29 @@ DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_POOL_MAX = 10
 DEFAULT_SESSION_TTL = 8 * 3600.0
+DEFAULT_OPERATOR_HOST = "127.0.0.1"
+DEFAULT_THROTTLE_LIMIT = 10
+DEFAULT_THROTTLE_WINDOW = 300.0
 # How long a process starting while Postgres is unreachable keeps trying before it exits 1: long enough
 # for a database container started alongside it to come up, short enough that a wrong host is noticed.
 DEFAULT_STARTUP_WAIT = 30.0
+
+
+class SecretsNotLoaded:
+    """A source's verifier in a process whose role holds no webhook secrets (a worker): it knows the
+    scheme's name and does nothing else. Nothing in a worker verifies deliveries; if something ever
+    did, any use of it fails loudly here (whatever the ``Scheme`` interface grows to) rather than with a
+    secret the process should not have."""
+
+    name: ClassVar[str] = "secrets-not-loaded"
+
+    def __init__(self, scheme_name: str) -> None:
+        self.scheme_name = scheme_name
+
+    def __getattr__(self, attribute: str) -> Any:
+        raise RuntimeError(
+            f"this process does not hold the {self.scheme_name} webhook secrets (scheme.{attribute})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +128,13 @@ class GatewayConfig:
     header_timeout: float = guard.DEFAULT_HEADER_TIMEOUT
     body_timeout: float = guard.DEFAULT_BODY_TIMEOUT
     max_header_bytes: int = guard.DEFAULT_MAX_HEADER_BYTES
+    # The claim path's bounds (ledger.claim_batcher): waiting requests per process (past it: 503 overloaded),
+    # seconds a request may wait to be taken into a batch, and the claim pool's lock and statement timeouts
+    # (past any: 503 claim_timeout). Nothing is half-written in any case.
+    claim_queue_max: int = claim_batcher.DEFAULT_MAX_QUEUE
+    claim_deadline: float = claim_batcher.DEFAULT_DEADLINE
+    claim_lock_timeout: float = claim_batcher.DEFAULT_LOCK_TIMEOUT
+    claim_statement_timeout: float = claim_batcher.DEFAULT_STATEMENT_TIMEOUT
 
     @property
     def limits(self) -> guard.Limits:
@@ -121,6 +150,47 @@ class DashboardConfig:
     # share them). Set it for several replicas; change it to end every session at once.
     session_secret: bytes | None = None
     session_ttl: float = DEFAULT_SESSION_TTL
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    """The operator plane (``/ui``, ``/api``, ``/metrics``): where it listens, its cookies, its throttle.
+
+    With no ``listen`` it shares the gateway's listener (the quick start). With one, the gateway's
+    listener serves ``/webhooks/*``, ``/healthz`` and ``/readyz`` only, and the operator plane is
+    served on its own address by the same processes.
+    """
+
+    listen_host: str | None = None
+    listen_port: int | None = None
+    # None: Secure exactly when the request came over https (as a trusted proxy says); True/False: always
+    # or never, for a deployment whose TLS ends at a proxy that does not say so.
+    secure_cookies: bool | None = None
+    # Wrong operator tokens per client before its failures are answered 429 (gateway.operator.throttle).
+    throttle_limit: int = DEFAULT_THROTTLE_LIMIT
+    throttle_window: float = DEFAULT_THROTTLE_WINDOW
+
+    @property
+    def apart(self) -> bool:
+        """Whether the operator plane has a listener of its own."""
+        return self.listen_port is not None
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT`` for IPv6) as a host and port; ``ValueError`` naming what is wrong."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464), got {text!r}")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(f"an IPv6 address is written in brackets: [::1]:9464, got {text!r}")
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"an IPv6 address is written in brackets: [::1]:9464, got {text!r}")
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError(f"port must be 0..65535, got {port}")
+    return host, port
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +215,7 @@ class Config:
     # Bearer tokens for the operator API and dashboard ([[operators]]); none configured, none let in.
     operators: tuple[OperatorToken, ...] = ()
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
+    operator: OperatorConfig = field(default_factory=OperatorConfig)
     # The SHA-256 of the bearer token GET /metrics asks for ([metrics] token_env); None: no token.
     metrics_token_sha256: bytes | None = None
     # OpenTelemetry export ([tracing]); None: no spans, and nothing of OpenTelemetry imported.
@@ -177,18 +248,20 @@ def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str,
     return tuple(entries)
 
 
-def _source(name: str, table: TableReader, env: Mapping[str, str]) -> Source | None:
+def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Source | None:
+    """A ``[sources.NAME]`` table; with ``env`` None (a role without webhook secrets) the secrets are
+    neither read nor checked, and the source gets ``SecretsNotLoaded`` in place of its verifier."""
     scheme_name = table.get("scheme", str, required=True)
     secret_envs = table.get("secrets", list, required=True)
     secrets: list[str] = []
     if secret_envs is not None:
         if not secret_envs or not all(isinstance(s, str) and s for s in secret_envs):
             table.problem("secrets", "must be a non-empty list of environment variable names")
-        else:
+        elif env is not None:
             for var in secret_envs:
                 value = env.get(var)
                 if not value:
-                    table.problem("secrets", f"environment variable {var} is not set (or empty)")
+                    table.problem("secrets", missing(var))
                 else:
                     secrets.append(value)
     tolerance = table.get("tolerance", int)
@@ -216,11 +289,18 @@ def _source(name: str, table: TableReader, env: Mapping[str, str]) -> Source | N
     if conflict_status not in CONFLICT_STATUSES:
         table.problem("on_conflict", f"must be 409 or 200, got {conflict_status}")
     options = table.get("options", dict, {})
-    if scheme_name == "paypal" and options:
+    if scheme_name == "paypal" and options and env is not None:
+        # A role without webhook secrets holds PayPal's API credentials neither.
         options = _paypal_credentials(options, table, env)
     table.no_unknown_keys()
     if table.failed:
         return None
+    if env is None:
+        if scheme_name not in SCHEMES:
+            table.problem("scheme", f"unknown scheme {scheme_name!r} (known: {', '.join(sorted(SCHEMES))})")
+            return None
+        unloaded = cast(Scheme, SecretsNotLoaded(scheme_name))
+        return Source(name, scheme_name, unloaded, tenant, conflict_status, tuple(secret_envs), tenant_from)
     try:
         scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
     except SchemeConfigError as exc:
@@ -299,7 +379,7 @@ def _paypal_credentials(
         if not isinstance(var, str) or not var:
             table.problem(f"options.{option}", "must be the name of an environment variable")
         elif not env.get(var):
-            table.problem(f"options.{option}", f"environment variable {var} is not set (or empty)")
+            table.problem(f"options.{option}", missing(var))
         else:
             resolved[target] = env[var]
     return resolved
@@ -340,20 +420,24 @@ def _tracing(reader: TableReader) -> TracingConfig | None:
     return config
 
 
-def _downstream(reader: TableReader, env: Mapping[str, str]) -> DownstreamConfig | None:
+def _downstream(reader: TableReader, env: Mapping[str, str] | None) -> DownstreamConfig | None:
+    """A ``[downstream.NAME]`` table; with ``env`` None (a role without downstream credentials) it is
+    checked, and left out."""
     if not reader.table:
         return None
     base_url = reader.get("base_url", str, required=True)
     api_key_env = reader.get("api_key_env", str)
     api_key = None
-    if api_key_env:
+    if api_key_env and env is not None:
         api_key = env.get(api_key_env)
         if not api_key:
-            reader.problem("api_key_env", f"environment variable {api_key_env} is not set (or empty)")
+            reader.problem("api_key_env", missing(api_key_env))
     timeout = reader.number("timeout", 10.0, minimum=0.001)
     connect_timeout = reader.number("connect_timeout", 5.0, minimum=0.001)
     reader.no_unknown_keys()
     if reader.failed:
+        return None
+    if env is None:
         return None
     try:
         return DownstreamConfig(
@@ -502,9 +586,22 @@ def _retention(
     return config
 
 
-def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = None) -> Config:
-    """Validate a configuration text; raises ``ConfigError`` naming the file and key of every mistake."""
-    env = os.environ if env is None else env
+def parse(
+    text: str, *, path: str = "<config>", env: Mapping[str, str] | None = None, role: Role = "all"
+) -> Config:
+    """Validate a configuration text; raises ``ConfigError`` naming the file and key of every mistake.
+
+    Secrets are read from ``env`` (default: the process environment), from ``NAME_FILE`` or from
+    ``$CREDENTIALS_DIRECTORY`` (``gateway.secret_sources``), and only those ``role`` uses: a gateway
+    reads no downstream API key and a worker no webhook secret, and neither is stopped by the other's
+    missing secret.
+    """
+    secret_env = SecretEnv(os.environ if env is None else env)
+    loads = ROLE_SECRETS[role]
+
+    def env_for(kind: str) -> SecretEnv | None:
+        return secret_env if kind in loads else None
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -524,9 +621,25 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         max_header_bytes=gw.number(
             "max_header_bytes", guard.DEFAULT_MAX_HEADER_BYTES, minimum=1024, integer=True
         ),
+        claim_queue_max=gw.number(
+            "claim_queue_max", claim_batcher.DEFAULT_MAX_QUEUE, minimum=1, integer=True
+        ),
+        claim_deadline=gw.number("claim_deadline", claim_batcher.DEFAULT_DEADLINE, minimum=0.001),
+        claim_lock_timeout=gw.number("claim_lock_timeout", claim_batcher.DEFAULT_LOCK_TIMEOUT, minimum=0.001),
+        claim_statement_timeout=gw.number(
+            "claim_statement_timeout", claim_batcher.DEFAULT_STATEMENT_TIMEOUT, minimum=0.001
+        ),
     )
     if gateway.port > 65535:
         gw.problem("port", f"must be <= 65535, got {gateway.port}")
+    if gateway.claim_lock_timeout >= gateway.claim_statement_timeout:
+        # A lock wait must end as a lock timeout (only the requests needing the key fail), not as a statement
+        # timeout (the whole batch fails).
+        gw.problem(
+            "claim_lock_timeout",
+            f"must be shorter than claim_statement_timeout ({gateway.claim_statement_timeout:g}), "
+            f"got {gateway.claim_lock_timeout:g}",
+        )
     gw.no_unknown_keys()
 
     dbt = root.table_of("database")
@@ -567,7 +680,7 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         if not name.replace("-", "").replace("_", "").isalnum():
             src.problem(name, "source names may use letters, digits, '-' and '_' only")
             continue
-        source = _source(name, src.table_of(name), env)
+        source = _source(name, src.table_of(name), env_for("webhook"))
         if source is not None:
             sources[name] = source
     if not src.table and not src.failed:
@@ -582,13 +695,20 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
     )
 
     ds = root.table_of("downstream")
-    payments = _downstream(ds.table_of("payments"), env)
-    shipping = _downstream(ds.table_of("shipping"), env)
+    payments = _downstream(ds.table_of("payments"), env_for("downstream"))
+    shipping = _downstream(ds.table_of("shipping"), env_for("downstream"))
     ds.no_unknown_keys()
 
-    operators = read_operators(root, env)
-    dashboard = _dashboard(root.table_of("dashboard"), env)
-    metrics_token_sha256 = _metrics_token(root.table_of("metrics"), env)
+    operator_env = env_for("operator")
+    if operator_env is not None:
+        operators = read_operators(root, operator_env)
+    else:
+        root.used.add("operators")  # a worker lets no operator in: the tokens are not its to hold
+        operators = ()
+    dashboard = _dashboard(root.table_of("dashboard"), operator_env)
+    operator = _operator(root.table_of("operator"), gateway)
+    metrics_token_sha256 = _metrics_token(root.table_of("metrics"), env_for("metrics"))
+    root.problems.extend(f"{path}: {problem}" for problem in secret_env.problems)
     tracing = _tracing(root.table_of("tracing"))
     root.no_unknown_keys()
     if root.problems:
@@ -603,19 +723,20 @@ def parse(text: str, *, path: str = "<config>", env: Mapping[str, str] | None = 
         shipping=shipping,
         operators=operators,
         dashboard=dashboard,
+        operator=operator,
         metrics_token_sha256=metrics_token_sha256,
         tracing=tracing,
         database=database,
     )
 
 
-def _secret(reader: TableReader, key: str, env: Mapping[str, str]) -> str | None:
+def _secret(reader: TableReader, key: str, env: Mapping[str, str] | None) -> str | None:
     var = reader.get(key, str)
-    if var is None:
+    if var is None or env is None:
         return None
     value = env.get(var, "")
     if not value:
-        reader.problem(key, f"environment variable {var} is not set (or empty)")
+        reader.problem(key, missing(var))
         return None
     if len(value) < MIN_TOKEN_LENGTH:
         reader.problem(key, f"the secret in {var} is shorter than {MIN_TOKEN_LENGTH} characters")
@@ -623,21 +744,43 @@ def _secret(reader: TableReader, key: str, env: Mapping[str, str]) -> str | None
     return value
 
 
-def _dashboard(reader: TableReader, env: Mapping[str, str]) -> DashboardConfig:
+def _dashboard(reader: TableReader, env: Mapping[str, str] | None) -> DashboardConfig:
     secret = _secret(reader, "session_secret_env", env)
     ttl = reader.number("session_ttl", DEFAULT_SESSION_TTL, minimum=60)
     reader.no_unknown_keys()
     return DashboardConfig(None if secret is None else secret.encode("utf-8"), ttl)
 
 
-def _metrics_token(reader: TableReader, env: Mapping[str, str]) -> bytes | None:
+def _operator(reader: TableReader, gateway: GatewayConfig) -> OperatorConfig:
+    host = port = None
+    listen = reader.get("listen", str)
+    if listen is not None:
+        try:
+            host, port = parse_listen(listen)
+        except ValueError as exc:
+            reader.problem("listen", str(exc))
+        else:
+            if port != 0 and port == gateway.port:
+                reader.problem("listen", f"must not be the gateway's own port ({gateway.port})")
+    config = OperatorConfig(
+        listen_host=host,
+        listen_port=port,
+        secure_cookies=reader.get("secure_cookies", bool),
+        throttle_limit=reader.number("throttle_limit", DEFAULT_THROTTLE_LIMIT, minimum=1, integer=True),
+        throttle_window=reader.number("throttle_window", DEFAULT_THROTTLE_WINDOW, minimum=1),
+    )
+    reader.no_unknown_keys()
+    return config
+
+
+def _metrics_token(reader: TableReader, env: Mapping[str, str] | None) -> bytes | None:
     token = _secret(reader, "token_env", env)
     reader.no_unknown_keys()
     return None if token is None else hashlib.sha256(token.encode("utf-8")).digest()
 
 
-def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> Config:
-    """Read and validate the configuration file at ``path``."""
+def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None, role: Role = "all") -> Config:
+    """Read and validate the configuration file at ``path``, with the secrets ``role`` uses."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -647,7 +790,7 @@ def load(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) 
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read configuration: {exc}") from exc
-    return parse(text, path=str(p), env=env)
+    return parse(text, path=str(p), env=env, role=role)
 
 
 def app_dir(config: Config) -> Path:

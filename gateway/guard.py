@@ -11,7 +11,10 @@ uvicorn's, with three limits added per connection:
 - ``body_timeout``: the whole body must arrive within this many seconds of the head. Past it: ``408``
   (or a bare close if an answer has started) and the socket closed; the app's read ends as a client
   disconnect.
-- ``max_header_bytes``: a request head larger than this is answered ``431`` and the socket closed.
+- ``max_header_bytes``: a request head larger than this is answered ``431`` and the socket closed. A
+  chunked body's trailer (the header lines after its last chunk) is held to the same limit: the
+  parser buffers a trailer line whole before it reports it, so a trailer that drips for ever would
+  otherwise grow the process until the body timeout.
 
 The limits are class attributes, set once per process by ``configure`` before the server starts (the
 ``serve --workers N`` children do it in their app factory, before the first connection).
@@ -65,6 +68,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_size = 0
         self._refusal: tuple[int, str] | None = None
+        # Chunked bodies: True from a chunk's size line until its data starts. While it holds at the end
+        # of a read, the parser is in a chunk line or (after the last chunk) in the trailer, and the
+        # bytes it has taken that were not body are counted in _framing against max_header_bytes.
+        self._after_chunk_header = False
+        self._framing = 0
+        self._body_in_read = 0
 
     # -- the timer: one per connection, for the head or the body being read -----------------------
 
@@ -120,10 +129,23 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def _cut_body(self, status: int, detail: str) -> None:
+        """Refuse a request whose body (or trailer) is being read: the app hears a disconnect."""
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                self._disarm()
+                self.transport.close()
+                return
+        self._refuse(status, detail)
+
     def data_received(self, data: bytes) -> None:
         if self._reading_head:
             self._head_bytes += len(data)
         self._unset_keepalive_if_required()
+        self._body_in_read = 0
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -141,6 +163,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._reading_head and self._head_bytes > self.limits.max_header_bytes:
             self._refuse(431, f"the request head exceeds {self.limits.max_header_bytes} bytes")
+        elif self._after_chunk_header and not self._reading_head:
+            # Counted per read, not per byte: a read that also held the body's last chunks counts
+            # their framing too, which only a client sending thousands of tiny chunks would notice.
+            self._framing += len(data) - self._body_in_read
+            if self._framing > self.limits.max_header_bytes:
+                log.info("connection.trailer_too_large", extra={"client": _address(self.client)})
+                self._cut_body(431, f"the request trailer exceeds {self.limits.max_header_bytes} bytes")
 
     # -- parser callbacks ----------------------------------------------------------------------
 
@@ -173,8 +202,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(self.limits.body_timeout, "body")
         super().on_headers_complete()
 
+    def on_chunk_header(self) -> None:
+        self._after_chunk_header = True
+        self._framing = 0
+
+    def on_body(self, body: bytes) -> None:
+        self._after_chunk_header = False
+        self._body_in_read += len(body)
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._disarm()
+        self._after_chunk_header = False
+        self._framing = 0
         super().on_message_complete()
 
 

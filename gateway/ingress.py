@@ -25,9 +25,15 @@ from effectgate.handlers.event import Event as HandlerEvent
 from effectgate.handlers.plan import MAX_TENANT_LENGTH as MAX_TENANT_LENGTH  # re-exported
 from effectgate.handlers.plan import PlanFailed, TenantUnusable, plan_event
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import claims, db
+from effectgate.ledger import claim_batcher, claims, db
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
-from effectgate.ledger.errors import DeliveryRefused, LedgerError, LedgerUnavailable
+from effectgate.ledger.errors import (
+    ClaimOverloaded,
+    ClaimTimeout,
+    DeliveryRefused,
+    LedgerError,
+    LedgerUnavailable,
+)
 from effectgate.ledger.fingerprints import canonical_json
 from effectgate.ledger.storable import jsonb_problem
 
@@ -104,7 +110,7 @@ async def _receive(request: Request) -> Response:
     config: Config = request.app.state.config
     registry: Registry = request.app.state.registry
     pool: db.Pool = request.app.state.pool
-    batcher: claims.ClaimBatcher = request.app.state.batcher
+    batcher: claim_batcher.ClaimBatcher = request.app.state.batcher
     name = request.path_params["source"]
     request_id = request.headers.get("x-request-id") or _new_request_id()
     source = config.sources.get(name)
@@ -173,17 +179,54 @@ async def _receive(request: Request) -> Response:
                 span.set_attribute("effectgate.effect_keys", [o.effect_key for o in claimed])
                 span.set_attribute("effectgate.outcomes", [str(o.outcome) for o in claimed])
     except DeliveryRefused as exc:
-        # Postgres refused what this delivery holds; the deliveries batched with it were claimed without it.
-        metrics.delivery(name, "malformed_payload")
-        return error(400, "malformed_payload", str(exc))
+        # Postgres refused what this delivery holds; the deliveries batched with it were claimed without it. A 4xx,
+        # not a 503 the provider would retry for days, and a row in the rejects report for the operator.
+        metrics.delivery(name, "delivery_refused")
+        log.warning(
+            "delivery.refused",
+            extra={"source": name, "request_id": request_id, "sqlstate": exc.sqlstate, "size": len(body)},
+        )
+        await _record_refusal(pool, source, exc, planned, body)
+        return error(400, "delivery_refused", str(exc))
+    except ClaimOverloaded as exc:
+        # Refused before queueing: this answer holds nothing, and costs no database work.
+        metrics.delivery(name, "overloaded")
+        return _retry_later("overloaded", str(exc))
+    except ClaimTimeout as exc:
+        metrics.delivery(name, "claim_timeout")
+        log.warning(
+            "delivery.claim_timeout",
+            extra={
+                "source": name,
+                "request_id": request_id,
+                "reason": exc.reason,
+                "sqlstate": _sqlstate(exc),
+            },
+        )
+        return _retry_later("claim_timeout", str(exc))
     except LedgerUnavailable as exc:
         metrics.delivery(name, "ledger_unavailable")
-        log.warning("delivery.ledger_unavailable", extra={"source": name, "request_id": request_id})
-        return error(503, "ledger_unavailable", str(exc))
+        # The driver's words (which can name hosts, indexes, error classes) go to the log, never to the sender.
+        log.warning(
+            "delivery.ledger_unavailable",
+            extra={
+                "source": name,
+                "request_id": request_id,
+                "sqlstate": _sqlstate(exc),
+                "error": _cause(exc),
+            },
+        )
+        return error(503, "ledger_unavailable", "the ledger database is unavailable; nothing was claimed")
     except LedgerError as exc:
         # Rolled back: nothing was acknowledged, so the provider's retry is safe.
         log.error(
-            "delivery.ledger_error", extra={"source": name, "request_id": request_id, "error": str(exc)}
+            "delivery.ledger_error",
+            extra={
+                "source": name,
+                "request_id": request_id,
+                "sqlstate": _sqlstate(exc),
+                "error": _cause(exc),
+            },
         )
         metrics.delivery(name, "ledger_error")
         return error(500, "ledger_error", "the delivery could not be recorded; nothing was claimed")
@@ -269,6 +312,47 @@ def _plan(
         )
         planned.append((delivery, plan.effects))
     return planned, unmet
+
+
+# Seconds a sender is asked to wait after a 503 overloaded or claim_timeout: long enough for a queue to drain.
+RETRY_AFTER = "1"
+
+
+def _retry_later(code: str, detail: str) -> JSONResponse:
+    response = error(503, code, detail)
+    response.headers["Retry-After"] = RETRY_AFTER
+    return response
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(exc.__cause__, "sqlstate", None)
+
+
+def _cause(exc: BaseException) -> str:
+    cause = exc.__cause__
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+
+
+async def _record_refusal(
+    pool: db.Pool,
+    source: Source,
+    exc: DeliveryRefused,
+    planned: list[tuple[Delivery, list[EffectRequest]]],
+    body: bytes,
+) -> None:
+    # Best effort, like a signature failure's count: the 400 does not depend on it.
+    try:
+        async with db.connection(pool) as conn:
+            await claims.record_refused_delivery(
+                conn,
+                source=source.name,
+                sqlstate=exc.sqlstate,
+                event_ids=[d.event_id for d, _ in planned],
+                size=len(body),
+                body_sha256=hashlib.sha256(body).hexdigest(),
+            )
+    except Exception as record_exc:
+        log.warning("delivery_refusal.not_recorded", extra={"source": source.name, "error": str(record_exc)})
 
 
 async def _count_signature_failure(pool: db.Pool, source: Source, exc: SignatureError, body: bytes) -> None:

@@ -72,16 +72,16 @@ class Supervisor(Multiprocess):
                 multiprocess.mark_process_dead(process.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
 
 
-def run(config: Config) -> None:
+def run(config: Config, sockets: list[Any] | None = None) -> None:
     """Run ``config.workers`` children of ``config`` (an app factory named by import string) until a
-    signal stops the supervisor; the metrics directory lives exactly as long as it does."""
+    signal stops the supervisor; the metrics directory lives exactly as long as it does. ``sockets``,
+    when given, are bound already and served by every child (the public and the operator listener)."""
     metrics_dir = tempfile.mkdtemp(prefix="effectgate-metrics-")
     # Children are spawned (a fresh interpreter): they read these before importing prometheus_client.
     os.environ[MULTIPROC_ENV] = metrics_dir
     os.environ[PARENT_ENV] = str(os.getpid())
     try:
-        sock = config.bind_socket()
-        Supervisor(config, [sock], metrics_dir).run()
+        Supervisor(config, sockets or [config.bind_socket()], metrics_dir).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 

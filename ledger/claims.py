@@ -5,23 +5,18 @@ transaction claims each effect by (tenant, effect key): new → claim + job (``A
 payload again → counted (``Duplicate``); a different payload under a held key → recorded
 (``Rejected``). Nothing is acknowledged before this transaction commits.
 
-``ClaimBatcher`` is group commit for a gateway process: the claims of concurrent deliveries are written
-by one statement in one transaction, and each request is answered after that commit.
+``ClaimBatcher`` (``ledger/claim_batcher.py``) is group commit for a gateway process: the claims of
+concurrent deliveries are written by one statement in one transaction, each request answered after that commit.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import psycopg
-
-from .db import Conn, Pool, translate_errors
-from .errors import DeliveryRefused, LedgerError
+from .db import Conn
 from .fingerprints import canonical_json
 from .queries import Q
 from .vocabulary import DeliveryOutcome
@@ -240,139 +235,6 @@ _COLUMNS = (
 )
 
 
-DEFAULT_MAX_BATCH = 64
-# One batch in flight per process: measured against 2 (serve --workers 2, 64 connections, ABBA order on a loaded
-# machine) it gave 1,900 and 2,087 deliveries/s against 1,423 and 1,324 — fewer, larger batches cost Postgres
-# less per claim; with one process the two were even.
-DEFAULT_MAX_IN_FLIGHT = 1
-
-
-@dataclass(slots=True)
-class _Waiting:
-    items: Sequence[tuple[Delivery, Sequence[EffectRequest]]]
-    keys: frozenset[tuple[str, str]]
-    future: asyncio.Future[list[list[ClaimOutcome]]]
-
-    def answer(self, result: list[list[ClaimOutcome]] | BaseException) -> None:
-        if self.future.done():  # the request gave up waiting (its task was cancelled)
-            return
-        if isinstance(result, BaseException):
-            self.future.set_exception(result)
-        else:
-            self.future.set_result(result)
-
-
-class ClaimBatcher:
-    """Group commit for one process: the claims of concurrent deliveries share one statement.
-
-    ``claim(items)`` queues one request's deliveries and returns their outcomes once the batch they were
-    written in has committed. A batch takes whatever queued while earlier batches were in flight, up to
-    ``max_batch`` requests, with at most ``max_in_flight`` batches at once; an idle batcher sends a lone
-    request at once, without waiting for company. A request sharing a key with an earlier one still
-    queued waits for the next batch, so claims of one key resolve in arrival order.
-
-    Failures stay with their owner: a batch whose statement Postgres refuses for one delivery's data is
-    split until that delivery stands alone (``DeliveryRefused``, or ``LedgerError`` for a constraint),
-    and the others are claimed without it. A batch lost with its connection fails every request in it
-    with ``LedgerUnavailable``; it was one transaction, so nothing of it is half-written.
-    """
-
-    def __init__(
-        self, pool: Pool, *, max_batch: int = DEFAULT_MAX_BATCH, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    ) -> None:
-        if max_batch < 1 or max_in_flight < 1:
-            raise ValueError("claim batcher needs max_batch >= 1 and max_in_flight >= 1")
-        self._pool = pool
-        self._max_batch = max_batch
-        self._max_in_flight = max_in_flight
-        self._queue: deque[_Waiting] = deque()
-        self._flushers: set[asyncio.Task[None]] = set()
-        self._active = 0
-
-    async def claim(
-        self, items: Sequence[tuple[Delivery, Sequence[EffectRequest]]]
-    ) -> list[list[ClaimOutcome]]:
-        """Claim one request's deliveries in the next batch; as ``claim_deliveries``, after the commit."""
-        keys = frozenset((d.tenant, e.effect_key) for d, effects in items for e in effects)
-        waiting = _Waiting(items, keys, asyncio.get_running_loop().create_future())
-        self._queue.append(waiting)
-        if self._active < self._max_in_flight:
-            # Counted here and uncounted in the flusher's last synchronous step (not by a done callback,
-            # which runs a loop iteration later): a request arriving in between would find no flusher.
-            self._active += 1
-            task = asyncio.create_task(self._flush())
-            self._flushers.add(task)
-            task.add_done_callback(self._flushers.discard)
-        return await waiting.future
-
-    async def close(self) -> None:
-        """Wait for the batches in flight and those queued to be written."""
-        while self._flushers:
-            await asyncio.gather(*self._flushers, return_exceptions=True)
-
-    def _take(self) -> list[_Waiting]:
-        batch: list[_Waiting] = []
-        later: list[_Waiting] = []
-        # Keys of the batch and of every request left for later: a request behind a waiting one with a
-        # shared key must not overtake it.
-        blocked: set[tuple[str, str]] = set()
-        scanned = 0
-        while self._queue and len(batch) < self._max_batch and scanned < 4 * self._max_batch:
-            waiting = self._queue.popleft()
-            scanned += 1
-            if waiting.keys.isdisjoint(blocked):
-                batch.append(waiting)
-            else:
-                later.append(waiting)
-            blocked |= waiting.keys
-        self._queue.extendleft(reversed(later))
-        return batch
-
-    async def _flush(self) -> None:
-        try:
-            while self._queue:
-                batch = self._take()
-                try:
-                    await self._write(batch)
-                except BaseException as exc:
-                    for waiting in batch:
-                        waiting.answer(exc)
-                    raise
-        finally:
-            self._active -= 1
-
-    async def _write(self, batch: list[_Waiting]) -> None:
-        items = [item for waiting in batch for item in waiting.items]
-        refused: Exception | None = None
-        try:
-            async with translate_errors():
-                try:
-                    async with self._pool.connection() as conn:
-                        results = await claim_deliveries(conn, items)
-                except (psycopg.DataError, psycopg.IntegrityError, UnicodeEncodeError) as exc:
-                    # Refused for what some delivery holds, not for the database's state: find which.
-                    refused = exc
-        except LedgerError as exc:
-            for waiting in batch:
-                waiting.answer(exc)
-            return
-        if refused is not None:
-            if len(batch) > 1:
-                half = len(batch) // 2
-                await self._write(batch[:half])
-                await self._write(batch[half:])
-            elif isinstance(refused, psycopg.IntegrityError):
-                batch[0].answer(LedgerError(f"ledger database error: {type(refused).__name__}: {refused}"))
-            else:
-                batch[0].answer(DeliveryRefused(f"the ledger cannot store this delivery: {refused}"))
-            return
-        start = 0
-        for waiting in batch:
-            end = start + len(waiting.items)
-            waiting.answer(results[start:end])
-            start = end
-
-
 async def record_signature_failure(
     conn: Conn,
     *,
@@ -394,4 +256,32 @@ async def record_signature_failure(
             "detail": detail[:500],
             "now": now,
         },
+    )
+
+
+REFUSED_REASON = "delivery_refused"
+
+
+async def record_refused_delivery(
+    conn: Conn,
+    *,
+    source: str,
+    sqlstate: str | None,
+    event_ids: Sequence[str],
+    size: int,
+    body_sha256: str,
+    now: datetime | None = None,
+) -> None:
+    """Count one authentic delivery Postgres refused to store, beside the failed verifications (reason
+    ``delivery_refused``, per source and minute, so a flood of them cannot grow the table): its size, body
+    hash, SQLSTATE and event ids (shortened: an over-long one may be why it was refused). Never the body."""
+    shown = ", ".join(repr(event_id[:80]) for event_id in event_ids[:5])
+    await record_signature_failure(
+        conn,
+        source=source,
+        reason=REFUSED_REASON,
+        size=size,
+        body_sha256=body_sha256,
+        detail=f"SQLSTATE {sqlstate or 'none (refused by the driver)'}; event {shown}",
+        now=now,
     )

@@ -7,7 +7,8 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, TypeAlias
+from functools import partial
+from typing import Any, Literal, TypeAlias
 
 import psycopg
 import psycopg_pool
@@ -15,6 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 
 from .errors import LedgerError, LedgerUnavailable
+from .queries import Q
 
 Conn: TypeAlias = psycopg.AsyncConnection[DictRow]
 Pool: TypeAlias = psycopg_pool.AsyncConnectionPool[Conn]
@@ -40,10 +42,22 @@ _TRANSIENT_REFUSALS = (
 log = logging.getLogger("effectgate.ledger")
 
 
-async def _configure(conn: Conn) -> None:
+async def _configure(conn: Conn, *, lock_timeout: float | None, statement_timeout: float | None) -> None:
     # Every statement is its own transaction unless a caller opens one: no idle-in-transaction sessions
     # left behind by a forgotten commit.
     await conn.set_autocommit(True)
+    if lock_timeout is not None or statement_timeout is not None:
+        # Once per connection (not SET LOCAL per transaction: a round trip per batch), and with SET rather
+        # than the libpq "options" parameter, which PgBouncer refuses at connect.
+        await conn.execute(
+            Q["session_timeouts_set"],
+            {"lock_timeout": _millis(lock_timeout), "statement_timeout": _millis(statement_timeout)},
+        )
+
+
+def _millis(seconds: float | None) -> str:
+    # 0 is Postgres's "no limit"; a setting of at least 1 ms, as the server counts in whole milliseconds.
+    return "0" if seconds is None else str(max(1, round(seconds * 1000)))
 
 
 def make_pool(
@@ -53,13 +67,20 @@ def make_pool(
     max_size: int = DEFAULT_POOL_MAX,
     timeout: float = DEFAULT_POOL_TIMEOUT,
     name: str = "effectgate",
+    lock_timeout: float | None = None,
+    statement_timeout: float | None = None,
 ) -> Pool:
-    """A connection pool (not yet opened) whose connections return rows as dicts, in autocommit."""
+    """A connection pool (not yet opened) whose connections return rows as dicts, in autocommit.
+
+    ``lock_timeout`` and ``statement_timeout`` (seconds; None: the server's own) are set on every
+    connection of the pool: give them to a pool of its own, such as the gateway's claim pool, not to one
+    whose reports or maintenance may rightly run longer.
+    """
     return psycopg_pool.AsyncConnectionPool(
         url,
         connection_class=psycopg.AsyncConnection[DictRow],
         kwargs={"row_factory": dict_row},
-        configure=_configure,
+        configure=partial(_configure, lock_timeout=lock_timeout, statement_timeout=statement_timeout),
         min_size=min_size,
         max_size=max_size,
         timeout=timeout,
@@ -78,6 +99,48 @@ async def translate_errors() -> AsyncIterator[None]:
         raise LedgerUnavailable(f"ledger database unavailable: {type(exc).__name__}") from exc
     except psycopg.Error as exc:
         raise LedgerError(f"ledger database error: {type(exc).__name__}: {exc}") from exc
+
+
+ErrorKind: TypeAlias = Literal["connection", "row", "lock_timeout", "statement_timeout", "other"]
+
+# SQLSTATE classes that say one row's values were refused, whatever the server's state: 22 data exception
+# (a NUL, a bad encoding, a number out of range), 23 integrity constraint violation, 54 program limit exceeded
+# (a value over a btree index row's 2,704 bytes: an over-long unsigned header as event type).
+_ROW_CLASSES = frozenset({"22", "23", "54"})
+# The session or the server cannot go on, or the transaction was rolled back for the database's own reasons:
+# 08 connection exception, 40 transaction rollback (deadlock, serialisation), 53 insufficient resources, 57P01
+# to 57P05 shutdown, crash, cannot connect now, database dropped, idle timeout, 58 system error, XX internal.
+_CONNECTION_CLASSES = frozenset({"08", "40", "53", "58", "XX"})
+LOCK_NOT_AVAILABLE = "55P03"
+QUERY_CANCELED = "57014"
+
+
+def error_kind(exc: BaseException) -> ErrorKind:
+    """Whom a failed statement's error belongs to: ``row`` (one row's values: the others may be written
+    without it), ``connection`` (the session or server: nothing of the transaction was written, and
+    splitting it would not help), ``lock_timeout`` / ``statement_timeout`` (this session's limits), or
+    ``other`` (anything else, a bug included)."""
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
+        return "connection"
+    if isinstance(exc, UnicodeError):
+        return "row"  # the driver cannot encode a value for the server
+    if not isinstance(exc, psycopg.Error):
+        return "other"
+    state = exc.sqlstate
+    if state is None:
+        # Refused by the driver before sending (a NUL in a text parameter), or the socket went away.
+        if isinstance(exc, psycopg.DataError):
+            return "row"
+        return "connection" if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) else "other"
+    if state == LOCK_NOT_AVAILABLE:
+        return "lock_timeout"
+    if state == QUERY_CANCELED:
+        return "statement_timeout"
+    if state[:2] in _ROW_CLASSES:
+        return "row"
+    if state[:2] in _CONNECTION_CLASSES or state.startswith("57P"):
+        return "connection"
+    return "other"
 
 
 @asynccontextmanager

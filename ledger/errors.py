@@ -2,6 +2,8 @@
 
 LedgerError
 ├── LedgerUnavailable    Postgres could not be reached or the pool ran dry
+│   ├── ClaimOverloaded  the claim queue was full: refused at once, nothing queued
+│   └── ClaimTimeout     a claim missed its deadline, lock_timeout or statement_timeout; nothing written
 ├── DeliveryRefused      Postgres refused one delivery's data (its batch-mates were claimed without it)
 ├── LeaseLost            a fenced write found a newer lease token (or no live lease)
 ├── StepAlreadyRecorded  a step name was recorded already for this effect
@@ -23,8 +25,29 @@ class LedgerUnavailable(LedgerError):
     """The ledger database could not be reached; nothing was written."""
 
 
+class ClaimOverloaded(LedgerUnavailable):
+    """The claim queue of this process is full; the claim was refused at once and nothing was queued."""
+
+
+class ClaimTimeout(LedgerUnavailable):
+    """The claim was not written in time (its deadline in the queue, or the ledger's lock or statement
+    timeout); nothing of it was written, so the sender's retry is safe. ``reason`` names which:
+    ``deadline``, ``lock_timeout`` or ``statement_timeout``."""
+
+    def __init__(self, reason: str, message: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class DeliveryRefused(LedgerError):
-    """Postgres refused this delivery's data (a value it cannot store); nothing of it was written."""
+    """Postgres refused this delivery's data (a value it cannot store); nothing of it was written.
+
+    ``sqlstate`` is the code Postgres refused it with (None when the driver refused it before sending).
+    """
+
+    def __init__(self, message: str | None = None, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 class LeaseLost(LedgerError):

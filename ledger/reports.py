@@ -212,7 +212,8 @@ KEY_CONFLICTS = ReportSpec(
 AUTH_FAILURES = ReportSpec(
     name="auth_failures",
     title="Deliveries whose signature verification failed",
-    description="Totals by (source, reason) and counts per minute, newest first. Only metadata is kept "
+    description="Totals by (source, reason) and counts per minute, newest first. Also authentic deliveries "
+    "Postgres refused to store (reason delivery_refused, with SQLSTATE and event id). Only metadata is kept "
     "for these, never a body.",
     query="report_auth_failures_per_minute",
     filters=(_SOURCE,),

@@ -50,6 +50,7 @@ from effectgate.ledger.vocabulary import JobState, RefusalCode
 from . import documents, openapi, reporting
 from .auth import AuthFailure, OperatorToken, authenticate
 from .params import PARAMETER_ERRORS, BadParameter, parse_flag, parse_id, parse_name, parse_states, parse_time
+from .throttle import FailureThrottle, client_key, retry_after
 
 log = logging.getLogger("effectgate.operator")
 
@@ -89,6 +90,30 @@ def _query(request: Request, allowed: tuple[str, ...]) -> Query:
     return query
 
 
+def _authenticate(request: Request, scope: str) -> OperatorToken | Response:
+    """The operator a request's bearer token names, or the answer to send.
+
+    A wrong token counts against the client (``throttle``); past the limit it is answered 429 with
+    ``Retry-After``. The token is checked first, so a right one is never refused by the throttle.
+    """
+    who = authenticate(request.headers.get("authorization"), request.app.state.config.operators, scope)
+    if not isinstance(who, AuthFailure):
+        return who
+    if who.code == "invalid_token":
+        throttle: FailureThrottle = request.app.state.auth_throttle
+        client = client_key(request)
+        wait = throttle.failed(client)
+        if wait > 0:
+            return error(
+                429,
+                "too_many_failures",
+                "too many wrong operator tokens from this address; try again after Retry-After seconds",
+                {"Retry-After": retry_after(wait)},
+            )
+        log.info("operator.token_refused", extra={"client": client, "path": request.url.path})
+    return error(who.status, who.code, who.detail, {"WWW-Authenticate": who.www_authenticate})
+
+
 def endpoint(
     scope: str, allowed: tuple[str, ...] = ()
 ) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
@@ -97,11 +122,9 @@ def endpoint(
 
     def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
-            who = authenticate(
-                request.headers.get("authorization"), request.app.state.config.operators, scope
-            )
-            if isinstance(who, AuthFailure):
-                return error(who.status, who.code, who.detail, {"WWW-Authenticate": who.www_authenticate})
+            who = _authenticate(request, scope)
+            if isinstance(who, Response):
+                return who
             try:
                 query = _query(request, allowed)
                 async with db.connection(request.app.state.pool) as conn:
@@ -281,9 +304,9 @@ async def kind_resume(request: Request, conn: db.Conn, who: OperatorToken, query
 
 async def openapi_document(request: Request) -> Response:
     """The OpenAPI 3.1 description of this API (``view`` scope, like the reports it describes)."""
-    who = authenticate(request.headers.get("authorization"), request.app.state.config.operators, "view")
-    if isinstance(who, AuthFailure):
-        return error(who.status, who.code, who.detail, {"WWW-Authenticate": who.www_authenticate})
+    who = _authenticate(request, "view")
+    if isinstance(who, Response):
+        return who
     return json_response(openapi.DOCUMENT)
 
 

@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from effectgate.gateway.secret_sources import missing
 from effectgate.gateway.toml_reader import TableReader
 
 SCOPES = ("view", "operate")
@@ -122,7 +123,7 @@ def _read_operator(
     else:
         token = env.get(token_env, "")
         if not token:
-            table.problem("token_env", f"environment variable {token_env} is not set (or empty)")
+            table.problem("token_env", missing(token_env))
         elif len(token) < MIN_TOKEN_LENGTH:
             table.problem(
                 "token_env", f"the token in {token_env} is shorter than {MIN_TOKEN_LENGTH} characters"

@@ -64,6 +64,7 @@ from .params import (
     parse_window,
 )
 from .sessions import COOKIE, SignedIn
+from .throttle import FailureThrottle, client_key, retry_after
 
 log = logging.getLogger("effectgate.operator")
 MAX_FORM_BYTES = 4096
@@ -330,8 +331,8 @@ def _csrf(operator: OperatorToken) -> str:
     return operator.csrf if isinstance(operator, SignedIn) else ""
 
 
-def _throttle(request: Request) -> sessions.SignInThrottle:
-    throttle: sessions.SignInThrottle = request.app.state.sign_in_throttle
+def _throttle(request: Request) -> FailureThrottle:
+    throttle: FailureThrottle = request.app.state.auth_throttle
     return throttle
 
 
@@ -407,23 +408,21 @@ def _login_page(target: str, problem: str, status: int = 200) -> HTMLResponse:
 
 
 async def login(request: Request) -> Response:
-    """Check the token (throttled per client address); on success start a session."""
+    """Check the token; on success start a session. Wrong tokens are throttled per client (``throttle``),
+    and the right one is let in whatever the throttle says, so no one can lock an operator out."""
     form = await _form(request)
     target = _safe_next(form.get("next"))
-    address = request.client.host if request.client else "unknown"
-    throttle = _throttle(request)
-    wait = throttle.wait(address)
-    if wait > 0:
-        response = _login_page(target, "Too many failed sign-ins from this address; try again later.", 429)
-        response.headers["Retry-After"] = str(math.ceil(wait))
-        return response
+    client = client_key(request)
     token = form.get("token", "").strip()
     who = authenticate(f"Bearer {token}", request.app.state.config.operators, "view")
     if not isinstance(who, OperatorToken):
-        throttle.failed(address)
-        log.info("dashboard.sign_in_failed", extra={"client": address})
+        wait = _throttle(request).failed(client)
+        if wait > 0:
+            response = _login_page(target, "Too many wrong tokens from this address; try again later.", 429)
+            response.headers["Retry-After"] = retry_after(wait)
+            return response
+        log.info("dashboard.sign_in_failed", extra={"client": client})
         return _login_page(target, "That token is not a configured operator token.", 401)
-    throttle.succeeded(address)
     ttl = request.app.state.config.dashboard.session_ttl
     signed_in = RedirectResponse(target, status_code=303)
     signed_in.set_cookie(
@@ -433,10 +432,17 @@ async def login(request: Request) -> Response:
         path="/ui",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=secure_cookie(request),
     )
-    log.info("dashboard.signed_in", extra={"operator": who.name, "client": address})
+    log.info("dashboard.signed_in", extra={"operator": who.name, "client": client})
     return signed_in
+
+
+def secure_cookie(request: Request) -> bool:
+    """Whether the session cookie is ``Secure``: as ``[operator] secure_cookies`` says, else when the
+    request came over https (directly, or as a trusted proxy's ``X-Forwarded-Proto`` says)."""
+    configured: bool | None = request.app.state.config.operator.secure_cookies
+    return request.url.scheme == "https" if configured is None else configured
 
 
 async def logout(request: Request) -> Response:

@@ -41,6 +41,8 @@ from effectgate.handlers.outcomes import SliceOutcome
 from effectgate.ledger import bulk, db, reports, retention
 from effectgate.ledger.vocabulary import DeliveryOutcome
 
+from .throttle import FailureThrottle, client_key, retry_after
+
 log = logging.getLogger("effectgate.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -292,6 +294,18 @@ def bearer_ok(request: Request, token_sha256: bytes | None) -> bool:
 async def endpoint(request: Request) -> Response:
     """``GET /metrics``: the counted metrics, the ledger's job gauges, retention counters and paused kinds."""
     if not bearer_ok(request, getattr(request.app.state, "metrics_token_sha256", None)):
+        # A wrong token (not a missing one) is a guess, counted per client like the operator tokens'; the
+        # right one is checked first and never refused (gateway.operator.throttle).
+        throttle: FailureThrottle | None = getattr(request.app.state, "auth_throttle", None)
+        if throttle is not None and request.headers.get("authorization"):
+            wait = throttle.failed(client_key(request))
+            if wait > 0:
+                return Response(
+                    '{"error":"too_many_failures","detail":"too many wrong tokens from this address"}',
+                    status_code=429,
+                    media_type="application/json",
+                    headers={"Retry-After": retry_after(wait), "Cache-Control": "no-store"},
+                )
         return Response(
             '{"error":"invalid_token","detail":"GET /metrics needs Authorization: Bearer <metrics token>"}',
             status_code=401,
@@ -321,4 +335,5 @@ def app(pool: db.Pool, *, token_sha256: bytes | None = None) -> Starlette:
     metrics_app = Starlette(routes=[Route("/metrics", endpoint, methods=["GET"])])
     metrics_app.state.pool = pool
     metrics_app.state.metrics_token_sha256 = token_sha256
+    metrics_app.state.auth_throttle = FailureThrottle()
     return metrics_app

@@ -213,6 +213,10 @@ def _error(description: str) -> dict[str, Any]:
 _COMMON_ERRORS = {
     "400": _error("A parameter is invalid (`invalid_<parameter>`, `unknown_parameter`)."),
     "401": _error("No token (`missing_token`) or an unknown one (`invalid_token`)."),
+    "429": _error(
+        "Too many wrong tokens from this client (`too_many_failures`); try again after `Retry-After` "
+        "seconds. A right token is never answered 429."
+    ),
     "503": _error("The ledger database is unreachable (`ledger_unavailable`)."),
 }
 # Every token has `view` (`operate` includes it), so only operate endpoints can answer 403.
@@ -414,6 +418,7 @@ DOCUMENT: dict[str, Any] = {
                 "responses": {
                     "200": {"description": "OK", "content": {"application/json": {"schema": {}}}},
                     "401": _COMMON_ERRORS["401"],
+                    "429": _COMMON_ERRORS["429"],
                 },
             }
         },

@@ -27,7 +27,6 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -93,44 +92,3 @@ def read(
         csrf=_csrf(key, session_id),
         expires=int(expires_text),
     )
-
-
-class SignInThrottle:
-    """Failed sign-ins per client address in a sliding window; past the limit, the address waits.
-
-    In memory, per process: with N gateway processes an address gets up to N x ``limit`` tries per
-    window, still far too few to guess a token of at least 16 characters. Addresses are the peer's (the
-    proxy's, behind one, unless forwarded headers are trusted), and at most ``max_addresses`` are kept,
-    the least recently failed forgotten first, so a flood of addresses cannot grow it without bound.
-    """
-
-    def __init__(self, limit: int = 10, window: float = 300.0, max_addresses: int = 10_000) -> None:
-        self.limit = limit
-        self.window = window
-        self.max_addresses = max_addresses
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
-
-    def wait(self, address: str, *, now: float | None = None) -> float:
-        """Seconds ``address`` must wait before its next try; 0 when it may try now."""
-        now = time.monotonic() if now is None else now
-        failures = self._failures.get(address)
-        if failures is None:
-            return 0.0
-        while failures and failures[0] <= now - self.window:
-            failures.popleft()
-        if len(failures) < self.limit:
-            return 0.0
-        return failures[0] + self.window - now
-
-    def failed(self, address: str, *, now: float | None = None) -> None:
-        """Count one failed sign-in of ``address``."""
-        now = time.monotonic() if now is None else now
-        failures = self._failures.pop(address, None) or deque()
-        failures.append(now)
-        self._failures[address] = failures
-        while len(self._failures) > self.max_addresses:
-            self._failures.popitem(last=False)
-
-    def succeeded(self, address: str) -> None:
-        """Forget ``address``'s failures."""
-        self._failures.pop(address, None)

@@ -109,3 +109,25 @@ ON CONFLICT (source, reason, minute) DO UPDATE SET
     last_body_sha256 = EXCLUDED.last_body_sha256,
     last_detail = EXCLUDED.last_detail,
     last_seen_at = EXCLUDED.last_seen_at;
+
+-- name: session_timeouts_set
+-- Sets this session's lock_timeout and statement_timeout (milliseconds as text; '0' is no limit).
+SELECT set_config('lock_timeout', %(lock_timeout)s, false), set_config('statement_timeout', %(statement_timeout)s, false);
+
+-- name: effect_keys_locked
+-- Of the given (tenant, effect key) pairs, those whose effect row another transaction holds locked now (a
+-- claim's ON CONFLICT DO UPDATE would wait for it); SKIP LOCKED, so it never waits itself.
+WITH wanted AS (
+    SELECT DISTINCT w.tenant, w.effect_key
+    FROM unnest(%(tenant)s::text[], %(effect_key)s::text[]) AS w(tenant, effect_key)
+),
+present AS (
+    SELECT e.tenant, e.effect_key FROM effects e JOIN wanted w ON e.tenant = w.tenant AND e.effect_key = w.effect_key
+),
+free AS (
+    SELECT e.tenant, e.effect_key FROM effects e JOIN wanted w ON e.tenant = w.tenant AND e.effect_key = w.effect_key
+    FOR NO KEY UPDATE OF e SKIP LOCKED
+)
+SELECT tenant, effect_key FROM present
+EXCEPT
+SELECT tenant, effect_key FROM free;

@@ -30,7 +30,8 @@ from pathlib import Path
 import psycopg
 
 from effectgate.ledger import db
-from effectgate.ledger.claims import ClaimBatcher, Delivery, EffectRequest
+from effectgate.ledger.claim_batcher import ClaimBatcher
+from effectgate.ledger.claims import Delivery, EffectRequest
 from effectgate.ledger.fingerprints import fingerprint
 
 from . import ingress, pgqueuer_drain, worker

@@ -41,10 +41,13 @@ def test_a_missing_configuration_file_is_exit_2_with_the_path_and_no_traceback(t
 def test_an_invalid_configuration_names_the_key(tmp_path: Path) -> None:
     config = tmp_path / "eg.toml"
     config.write_text('[sources.stripe]\nscheme = "stripe"\nsecrets = ["EG_TEST_UNSET_SECRET"]\n')
-    result = run("worker", "--config", str(config), env={"DATABASE_URL": UNUSED_DATABASE_URL})
+    # A webhook secret is the gateway's to hold: serve is stopped by its absence (a worker is not).
+    result = run("serve", "--config", str(config), env={"DATABASE_URL": UNUSED_DATABASE_URL})
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"effectgate: {config}: sources.stripe.secrets: environment variable EG_TEST_UNSET_SECRET is not set (or empty)"
+        f"effectgate: {config}: sources.stripe.secrets: environment variable EG_TEST_UNSET_SECRET is not set "
+        "(or empty), and neither EG_TEST_UNSET_SECRET_FILE nor $CREDENTIALS_DIRECTORY/EG_TEST_UNSET_SECRET "
+        "names a file holding it"
     ]
     assert "Traceback" not in result.stderr
 

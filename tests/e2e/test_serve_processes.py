@@ -277,3 +277,31 @@ def test_a_client_that_leaves_mid_body_is_logged_at_info_without_a_traceback(ser
     [line] = [line for line in serve.process.log().splitlines() if "left-mid-body" in line]
     assert '"level": "info"' in line and '"event": "request.client_disconnected"' in line
     assert "Traceback" not in serve.process.log()
+
+
+def test_a_chunked_trailer_that_drips_is_held_to_the_head_limit(serve: Serve) -> None:
+    # The parser buffers a trailer line whole before it reports it: unguarded, a trailer that never
+    # ends grows the process for the whole body timeout. Sent faster than any timeout here, it must
+    # be refused once it passes the head limit (16 KiB by default).
+    sent = 0
+    answer = b""
+    with socket.create_connection(("127.0.0.1", serve.port), timeout=CUT_OFF_WITHIN) as sock:
+        sock.sendall(
+            b"POST /webhooks/shop HTTP/1.1\r\nHost: gateway\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n0\r\nX-Drip: "
+        )
+        try:
+            while sent < 4 * 1024 * 1024:
+                sock.sendall(b"a" * 1024)
+                sent += 1024
+        except OSError:
+            pass  # the gateway closed the connection: what is asked for
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except OSError:
+            pass
+    assert sent < 4 * 1024 * 1024, "the whole trailer was taken"
+    assert answer.startswith(b"HTTP/1.1 431 "), answer
+    assert b'"error": "header_too_large"' in answer
+    assert "Traceback" not in serve.process.log()

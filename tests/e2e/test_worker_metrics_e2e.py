@@ -78,3 +78,41 @@ def test_a_worker_asks_for_the_configured_metrics_token(stack: Stack) -> None:
     scraped = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=5)
     assert scraped.status_code == 200 and value(scraped.text, "effectgate_ledger_up") == 1
     assert token not in proc.log()
+
+
+def test_a_header_drip_on_the_metrics_port_is_cut_off(stack: Stack) -> None:
+    # The worker's listener shares the worker's event loop: a client that never finishes its request
+    # head must be cut off by the [gateway] header timeout, as on the gateway's own port.
+    config = stack.tmp / "guarded.toml"
+    config.write_text(stack.config.read_text() + "\n[gateway]\nheader_timeout = 1\n")
+    port = free_port()
+    proc = Process(
+        ["worker", "--config", str(config), "--no-migrate", "--metrics-port", str(port)],
+        stack.env,
+        stack.tmp / "guarded-worker.log",
+    )
+    stack.processes.append(proc)
+    proc.wait_http(f"http://127.0.0.1:{port}/metrics")
+    sent = 0
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: worker\r\nX-Drip: ")
+        # A byte at a time until the worker answers; unguarded, it never does and this loop would
+        # run until the 30 s receive timeout below.
+        sock.settimeout(0.2)
+        while not answer and sent < 300:
+            try:
+                sock.send(b"a")
+                sent += 1
+                answer = sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        sock.settimeout(30)
+        while answer and (more := sock.recv(4096)):
+            answer += more
+    assert answer.startswith(b"HTTP/1.1 408 "), (sent, answer)
+    assert b'"error": "request_timeout"' in answer
+    # The worker is still serving.
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200

@@ -405,7 +405,7 @@ async def test_a_delivery_postgres_refuses_gets_its_own_400_and_its_batch_mates_
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
             answers = await asyncio.gather(*(post(c, "stripe", b, stripe_headers(b)) for b in bodies))
     assert [r.status_code for r in answers] == [202] * 5 + [400] + [202] * 6
-    assert answers[5].json()["error"] == "malformed_payload"
+    assert answers[5].json()["error"] == "delivery_refused"
     delivered = await rows(conn, "SELECT event_id, outcome FROM deliveries ORDER BY event_id")
     assert delivered == sorted(
         ({"event_id": f"evt_{n}", "outcome": "accepted"} for n in range(12) if n != 5),

@@ -214,6 +214,18 @@ async def test_every_documented_answer_is_real_and_matches_the_document(db_url: 
                     assert response.status_code == 503
                     assert check(response, template, method)["error"] == "ledger_unavailable"
                     seen.add((template, method, "503"))
+    async with gateway(db_url) as client:
+        wrong = {"Authorization": "Bearer wrong-token-0123456789"}
+        for _ in range(client._transport.app.state.auth_throttle.limit):  # type: ignore[attr-defined]
+            assert (await client.get("/api/kinds/paused", headers=wrong)).status_code == 401
+        for template, ops in DOCUMENT["paths"].items():
+            for method, op in ops.items():
+                if "429" in op["responses"]:
+                    url = template.replace("{key}", "k").replace("{job_id}", "1").replace("{kind}", "k")
+                    response = await client.request(method, url, headers=wrong)
+                    assert response.status_code == 429
+                    assert check(response, template, method)["error"] == "too_many_failures"
+                    seen.add((template, method, "429"))
     documented = {
         (template, method, status)
         for template, ops in DOCUMENT["paths"].items()
@@ -297,6 +309,23 @@ async def test_authentication_comes_before_parameters(api: httpx.AsyncClient) ->
     response = await api.get("/api/duplicates", headers={"Authorization": f"Bearer {VIEW_TOKEN}x"})
     assert (response.status_code, response.json()["error"]) == (401, "invalid_token")
     assert 'error="invalid_token"' in response.headers["www-authenticate"]
+
+
+async def test_wrong_bearer_tokens_are_throttled_but_never_the_right_one(api: httpx.AsyncClient) -> None:
+    limit = api._transport.app.state.auth_throttle.limit  # type: ignore[attr-defined]
+    statuses = []
+    for i in range(limit + 40):
+        wrong = {"Authorization": f"Bearer guess-{i:05}-0123456789"}
+        statuses.append((await api.get("/api/duplicates", headers=wrong)).status_code)
+    assert statuses == [401] * limit + [429] * 40
+    throttled = await api.get("/api/openapi.json", headers={"Authorization": "Bearer guess-again-0123456789"})
+    body = check(throttled, "/api/openapi.json")
+    assert body["error"] == "too_many_failures"
+    assert 0 < int(throttled.headers["retry-after"]) <= 300
+    # From the same address, the right token is still let in, and a missing one is not a guess.
+    assert (await api.get("/api/duplicates", headers=VIEW)).status_code == 200
+    assert (await api.get("/api/openapi.json", headers=OPERATE)).status_code == 200
+    assert (await api.get("/api/duplicates")).status_code == 401
 
 
 async def test_tokens_never_reach_the_logs(

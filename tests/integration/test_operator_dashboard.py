@@ -104,17 +104,48 @@ async def test_a_forged_expired_or_foreign_session_is_no_session(seeded_url: str
         assert answers == {name: 200 if name == "good" else 303 for name in cases}
 
 
-async def test_failed_sign_ins_are_throttled_per_address(seeded_url: str) -> None:
+async def test_wrong_tokens_are_throttled_and_the_right_one_is_never_locked_out(seeded_url: str) -> None:
     async with dashboard(seeded_url) as client:
-        limit = client._transport.app.state.sign_in_throttle.limit  # type: ignore[attr-defined]
-        for _ in range(limit):
-            refused = await client.post("/ui/login", data={"token": "guess-" + "x" * 20})
-            assert refused.status_code == 401
-        # Past the limit even the right token waits: the answer says nothing about the guess.
-        throttled = await client.post("/ui/login", data={"token": VIEW_TOKEN})
-        assert throttled.status_code == 429
-        assert int(throttled.headers["retry-after"]) > 0
+        limit = client._transport.app.state.auth_throttle.limit  # type: ignore[attr-defined]
+        answers = [
+            (await client.post("/ui/login", data={"token": f"guess-{i:04}" + "x" * 20})).status_code
+            for i in range(2 * limit + 5)
+        ]
+        assert answers == [401] * limit + [429] * (limit + 5)
+        throttled = await client.post("/ui/login", data={"token": "guess-" + "y" * 20})
+        assert throttled.status_code == 429 and 0 < int(throttled.headers["retry-after"]) <= 300
         assert sessions.COOKIE not in throttled.cookies
+        # Every client here has one address (as behind a proxy whose headers are not trusted): the
+        # attacker's wrong tokens must not lock the operator's right one out.
+        signed = await client.post("/ui/login", data={"token": VIEW_TOKEN, "next": "/ui/"})
+        assert signed.status_code == 303 and sessions.COOKIE in signed.cookies
+        # ...and signing in does not wipe the attacker's count.
+        again = await client.post("/ui/login", data={"token": "guess-" + "z" * 20})
+        assert again.status_code == 429
+
+
+@pytest.mark.parametrize(
+    ("setting", "scheme", "secure"),
+    [
+        ("", "http", False),
+        ("", "https", True),
+        ("secure_cookies = true", "http", True),
+        ("secure_cookies = false", "https", False),
+    ],
+)
+async def test_the_session_cookie_is_secure_as_the_deployment_says(
+    seeded_url: str, setting: str, scheme: str, secure: bool
+) -> None:
+    config = parse(
+        CONFIG + f"\n[operator]\n{setting}\n", env={"STRIPE_SECRET": "whsec_test", "VIEW_TOKEN": VIEW_TOKEN}
+    )
+    app = create_app(config, Registry(), seeded_url)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url=f"{scheme}://gateway") as client:
+        signed = await client.post("/ui/login", data={"token": VIEW_TOKEN, "next": "/ui/"})
+    assert signed.status_code == 303
+    flags = [part.strip().lower() for part in signed.headers["set-cookie"].split(";")]
+    assert ("secure" in flags) is secure
 
 
 @pytest.mark.parametrize("target", ["//evil.example/ui/", "https://evil.example/", "/api/jobs", "/ui//x"])

@@ -98,3 +98,32 @@ async def test_a_configured_metrics_token_is_required(db_url: str) -> None:
     assert missing.headers["www-authenticate"].startswith("Bearer")
     assert "effectgate_" not in missing.text
     assert value(right.text, "effectgate_ledger_up") == 1
+
+
+@pytest.mark.parametrize("where", ["gateway", "worker"])
+async def test_wrong_metrics_tokens_are_throttled_and_the_right_one_never(db_url: str, where: str) -> None:
+    token = "scrape-token-0123456789"
+    config = parse(
+        CONFIG + '\n[metrics]\ntoken_env = "METRICS_TOKEN"\n',
+        env={"STRIPE_SECRET": "whsec_test", "METRICS_TOKEN": token},
+    )
+    app = create_app(config, Registry(), db_url)
+    async with app.router.lifespan_context(app):
+        target = (
+            app
+            if where == "gateway"
+            else metrics.app(app.state.pool, token_sha256=config.metrics_token_sha256)
+        )
+        transport = httpx.ASGITransport(app=target)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            limit = target.state.auth_throttle.limit
+            statuses = [
+                (
+                    await client.get("/metrics", headers={"Authorization": f"Bearer guess-{i}-0123456789"})
+                ).status_code
+                for i in range(limit + 3)
+            ]
+            right = await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+            missing = await client.get("/metrics")
+    assert statuses == [401] * limit + [429] * 3
+    assert right.status_code == 200 and missing.status_code == 401

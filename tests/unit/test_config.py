@@ -321,7 +321,8 @@ scopes = ["view"]
             "eg.toml: gateway.port: must be an integer, not str '8000'",
             "eg.toml: gateway.max_body_bytes: must be >= 1, got 0",
             "eg.toml: worker.concurency: is not a known setting; did you mean 'concurrency'?",
-            "eg.toml: sources.stripe.secrets: environment variable UNSET_ONE is not set (or empty)",
+            "eg.toml: sources.stripe.secrets: environment variable UNSET_ONE is not set (or empty), and "
+            "neither UNSET_ONE_FILE nor $CREDENTIALS_DIRECTORY/UNSET_ONE names a file holding it",
             "eg.toml: sources.stripe.on_conflict: must be 409 or 200, got 500",
             "eg.toml: sources.github.secrets: is required",
             "eg.toml: operators[0].token_sha256: set exactly one of token_sha256 and token_env",

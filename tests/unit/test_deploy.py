@@ -22,6 +22,7 @@ import yaml
 
 from effectgate.gateway.cli import build_parser
 from effectgate.gateway.config import Config, parse
+from effectgate.gateway.secret_sources import ROLE_SECRETS, Role
 from effectgate.handlers.worker import DEFAULT_DRAIN_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,7 @@ DEPLOY = ROOT / "deploy"
 CONFIG_TEXT = (DEPLOY / "effectgate.toml").read_text()
 # After drain_timeout the worker still closes its HTTP client and pool: the stop budget must leave room.
 STOP_MARGIN_SECONDS = 5
+OPERATOR_PORT = 9464
 
 
 def config_env_names() -> set[str]:
@@ -51,13 +53,43 @@ def config_env_names() -> set[str]:
     return names
 
 
-def load_config(env_names: set[str]) -> Config:
-    """The deploy configuration as effectgate loads it, with only ``env_names`` set."""
+def role_env_names(role: Role) -> set[str]:
+    """The secrets deploy/effectgate.toml names that a process of ``role`` loads (secret_sources)."""
+    data = tomllib.loads(CONFIG_TEXT)
+    kinds = {
+        "webhook": {name for source in data["sources"].values() for name in source["secrets"]},
+        "operator": {o["token_env"] for o in data.get("operators", []) if "token_env" in o}
+        | (
+            {data["dashboard"]["session_secret_env"]}
+            if "session_secret_env" in data.get("dashboard", {})
+            else set()
+        ),
+        "downstream": {d["api_key_env"] for d in data.get("downstream", {}).values() if "api_key_env" in d},
+        "metrics": {data["metrics"]["token_env"]} if "token_env" in data.get("metrics", {}) else set(),
+    }
+    names = set().union(*(kinds[kind] for kind in ROLE_SECRETS[role]))
+    assert names <= config_env_names()
+    return names
+
+
+def load_config(env_names: set[str], role: Role = "all") -> Config:
+    """The deploy configuration as effectgate loads it for ``role``, with only ``env_names`` set."""
     return parse(
         CONFIG_TEXT,
         path="deploy/effectgate.toml",
         env=dict.fromkeys(env_names, "placeholder-secret-0123456789"),
+        role=role,
     )
+
+
+def assert_role_secrets(env_names: set[str], role: Role, where: str) -> None:
+    """``env_names`` supply every secret ``role`` loads and none it does not (the gateway holds no
+    downstream API key, the worker no webhook secret or operator token)."""
+    wanted = role_env_names(role)
+    assert wanted <= env_names, f"{where}: missing {wanted - env_names}"
+    others = (config_env_names() - wanted) & env_names
+    assert not others, f"{where}: holds secrets its role does not use: {others}"
+    load_config(env_names, role)
 
 
 def drain_timeout() -> float:
@@ -82,6 +114,9 @@ def test_the_deploy_configuration_loads_and_has_the_drain_timeout_the_artefacts_
     assert config.handler_modules
     # Several gateway processes sign dashboard sessions with one shared secret, and /metrics asks a token.
     assert config.dashboard.session_secret is not None and config.metrics_token_sha256 is not None
+    # The operator plane listens apart (loopback; containers widen the host by flag), behind TLS.
+    assert (config.operator.listen_host, config.operator.listen_port) == ("127.0.0.1", OPERATOR_PORT)
+    assert config.operator.secure_cookies is True
     assert config.worker.drain_timeout == 30
     # The artefacts size their stop budgets for a drain no longer than the worker's own default.
     assert config.worker.drain_timeout <= DEFAULT_DRAIN_TIMEOUT
@@ -224,6 +259,15 @@ def test_compose_runs_two_of_each_and_gives_workers_time_to_drain() -> None:
     assert gateway_args.workers == 2 or services["gateway"].get("deploy", {}).get("replicas") == 2
     # The image's HEALTHCHECK probes 127.0.0.1:8000 inside the container.
     assert (gateway_args.host, gateway_args.port) == ("0.0.0.0", 8000)
+    # The operator plane on its own port, published to the host's loopback like the public one.
+    assert gateway_args.operator_host == "0.0.0.0" and gateway_args.operator_port is None
+    assert services["gateway"]["ports"] == [
+        "127.0.0.1:8000:8000",
+        f"127.0.0.1:{OPERATOR_PORT}:{OPERATOR_PORT}",
+    ]
+    # The proxy connects from the pinned network's host side, and only it is trusted.
+    network = compose()["networks"]["default"]["ipam"]["config"][0]
+    assert gateway_args.forwarded_allow_ips == (network["gateway"],)
     assert services["worker"]["deploy"]["replicas"] == 2
     # Compose's default stop_grace_period is 10 s: a draining worker would be SIGKILLed.
     assert seconds(services["worker"]["stop_grace_period"]) >= drain_timeout() + STOP_MARGIN_SECONDS
@@ -233,17 +277,21 @@ def test_compose_runs_two_of_each_and_gives_workers_time_to_drain() -> None:
     assert "healthcheck" not in services["gateway"]
 
 
-def test_compose_supplies_every_secret_the_configuration_names() -> None:
-    for name in ("migrate", "gateway", "worker"):
+def test_compose_gives_each_process_exactly_its_roles_secrets() -> None:
+    for name, role in (("gateway", "gateway"), ("worker", "worker")):
         service = compose()["services"][name]
         env = service["environment"]
         assert env["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in env["DATABASE_URL"]
         assert f"./effectgate.toml:{env['EFFECTGATE_CONFIG']}:ro" in service["volumes"]
-        assert config_env_names() <= set(env)
-        for var in config_env_names():
+        secrets = set(env) - {"DATABASE_URL", "EFFECTGATE_CONFIG"}
+        assert_role_secrets(secrets, role, f"compose {name}")  # type: ignore[arg-type]
+        for var in secrets:
             # Interpolated from deploy/.env, and an unset one stops compose with a message.
             assert env[var] == f"${{{var}:?set {var}}}"
         assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
+    migrate = compose()["services"]["migrate"]
+    assert set(migrate["environment"]) == {"DATABASE_URL", "EFFECTGATE_CONFIG"}
+    assert migrate["read_only"] is True and migrate["cap_drop"] == ["ALL"]
 
 
 # -- Kubernetes -----------------------------------------------------------------------------------
@@ -277,6 +325,7 @@ def test_the_manifests_are_the_expected_set() -> None:
         ("Job", "effectgate-migrate"),
         ("Deployment", "effectgate-gateway"),
         ("Service", "effectgate-gateway"),
+        ("Service", "effectgate-operator"),
         ("PodDisruptionBudget", "effectgate-gateway"),
         ("Deployment", "effectgate-worker"),
     }
@@ -319,8 +368,13 @@ def test_every_pod_is_locked_down_as_the_image_user() -> None:
 
 def test_the_gateway_probes_readyz_and_healthz_on_its_port() -> None:
     c = container("effectgate-gateway")
-    port = command_args(c["args"]).port
-    assert c["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    args = command_args(c["args"])
+    assert c["ports"] == [
+        {"name": "http", "containerPort": args.port, "protocol": "TCP"},
+        {"name": "operator", "containerPort": OPERATOR_PORT, "protocol": "TCP"},
+    ]
+    # The public port serves the probes (and webhooks); the operator port is reachable pod-wide.
+    assert args.operator_host == "0.0.0.0"
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert command_args(c["args"]).forwarded_allow_ips, "behind an Ingress the proxy must be trusted"
@@ -334,7 +388,12 @@ def test_the_service_and_the_budget_select_the_gateway_pods() -> None:
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     service = m[("Service", "effectgate-gateway")]
     assert service["spec"]["selector"].items() <= labels.items()
-    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    # The public Service reaches the webhook port only; the operator plane has a Service of its own.
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    operator = m[("Service", "effectgate-operator")]
+    assert operator["spec"]["selector"].items() <= labels.items()
+    assert [p["targetPort"] for p in operator["spec"]["ports"]] == ["operator"]
+    assert operator["spec"]["type"] == "ClusterIP"
     budget = m[("PodDisruptionBudget", "effectgate-gateway")]
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert 1 <= budget["spec"]["minAvailable"] < deployment["spec"]["replicas"]
@@ -351,18 +410,20 @@ def test_the_worker_grace_period_exceeds_its_drain_timeout() -> None:
     assert spec["terminationGracePeriodSeconds"] >= DEFAULT_DRAIN_TIMEOUT + STOP_MARGIN_SECONDS
 
 
-@pytest.mark.parametrize("name", ["effectgate-gateway", "effectgate-worker"])
-def test_secrets_come_from_the_secret_and_the_config_from_the_configmap(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "role"), [("effectgate-gateway", "gateway"), ("effectgate-worker", "worker")]
+)
+def test_secrets_come_from_the_secret_and_the_config_from_the_configmap(name: str, role: Role) -> None:
     c = container(name)
     env = {e["name"]: e for e in c["env"]}
-    assert set(env) == config_env_names() | {"DATABASE_URL"}
+    assert "DATABASE_URL" in env
+    assert_role_secrets(set(env) - {"DATABASE_URL"}, role, name)
     for var, entry in env.items():
         assert "value" not in entry, f"{var} must come from the Secret, not the manifest"
         assert entry["valueFrom"]["secretKeyRef"]["name"] == "effectgate"
     assert {"name": "config", "mountPath": "/etc/effectgate", "readOnly": True} in c["volumeMounts"]
     spec = manifests()[("Deployment", name)]["spec"]["template"]["spec"]
     assert {"name": "config", "configMap": {"name": "effectgate-config"}} in spec["volumes"]
-    load_config(set(env))  # every secret the configuration names is supplied
 
 
 def test_the_migrate_job_needs_only_the_database() -> None:
@@ -449,11 +510,34 @@ def test_the_migrate_oneshot_runs_before_gateway_and_worker() -> None:
         assert sections["Service"]["Environment"] == ["EFFECTGATE_CONFIG=/etc/effectgate/effectgate.toml"]
 
 
+@pytest.mark.parametrize(
+    ("name", "role"),
+    [
+        ("effectgate-gateway.service", "gateway"),
+        ("effectgate-worker.service", "worker"),
+        ("effectgate-migrate.service", None),
+    ],
+)
+def test_every_unit_loads_exactly_its_roles_secrets_as_credentials(name: str, role: Role | None) -> None:
+    credentials = unit(name)["Service"].get("LoadCredential", [])
+    names = set()
+    for entry in credentials:
+        credential, _, path = entry.partition(":")
+        assert path == f"/etc/effectgate/credentials/{credential}", entry
+        names.add(credential)
+    if role is None:
+        assert names == set()
+    else:
+        assert_role_secrets(names, role, name)
+
+
 def test_the_gateway_unit_listens_on_loopback_and_trusts_only_the_local_proxy() -> None:
     (exec_start,) = unit("effectgate-gateway.service")["Service"]["ExecStart"]
     args = command_args(shlex.split(exec_start)[1:])
     assert args.host == "127.0.0.1"
     assert args.forwarded_allow_ips == ("127.0.0.1",)
+    # The operator plane as the configuration says: apart, on loopback.
+    assert args.operator_port is None and args.operator_host is None
 
 
 def test_the_worker_unit_waits_longer_than_the_drain() -> None:

@@ -34,21 +34,3 @@ def test_a_changed_key_or_a_changed_byte_ends_the_session() -> None:
         assert sessions.read(KEY, flipped, [ALICE], now=1) is None
     for junk in (None, "", "v1", "." * 4, "x" * 1000, cookie + ".x"):
         assert sessions.read(KEY, junk, [ALICE], now=1) is None
-
-
-def test_the_throttle_counts_failures_per_address_in_a_sliding_window() -> None:
-    throttle = sessions.SignInThrottle(limit=3, window=60, max_addresses=2)
-    for t in (0, 10, 20):
-        assert throttle.wait("a", now=t) == 0
-        throttle.failed("a", now=t)
-    assert throttle.wait("a", now=30) == 30  # until the first failure leaves the window
-    assert throttle.wait("b", now=30) == 0
-    assert throttle.wait("a", now=60) == 0
-    throttle.succeeded("a")
-    throttle.failed("a", now=61)
-    throttle.failed("a", now=61)
-    throttle.failed("a", now=61)
-    # A flood of addresses forgets the least recently failed first, within max_addresses.
-    throttle.failed("b", now=62)
-    throttle.failed("c", now=62)
-    assert throttle.wait("a", now=62) == 0
