@@ -48,7 +48,7 @@ from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
-from .signatures import SCHEMES, Scheme, SchemeConfigError, build_scheme
+from .signatures import SCHEMES, Covers, Scheme, SchemeConfigError, build_scheme, covers_of
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
 
@@ -101,6 +101,9 @@ class Source:
     tenant_from: JsonPointer | None = None
     tenants: frozenset[str] | None = None
     tenant_pattern: re.Pattern[str] | None = None
+    # What the scheme signs, known in every role, including one that holds no webhook secrets (a worker);
+    # None: ask the scheme.
+    covers: Covers | None = None
 
     @property
     def tenant_rule(self) -> TenantRule:
@@ -300,7 +303,18 @@ def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Sou
             table.problem("scheme", f"unknown scheme {scheme_name!r} (known: {', '.join(sorted(SCHEMES))})")
             return None
         unloaded = cast(Scheme, SecretsNotLoaded(scheme_name))
-        return Source(name, scheme_name, unloaded, tenant, conflict_status, tuple(secret_envs), tenant_from)
+        return Source(
+            name,
+            scheme_name,
+            unloaded,
+            tenant,
+            conflict_status,
+            tuple(secret_envs),
+            tenant_from,
+            tenants,
+            tenant_pattern,
+            covers_of(scheme_name, options),
+        )
     try:
         scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
     except SchemeConfigError as exc:
@@ -316,6 +330,7 @@ def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Sou
         tenant_from,
         tenants,
         tenant_pattern,
+        scheme.covers,
     )
 
 
@@ -830,7 +845,7 @@ def unsigned_fields(config: Config) -> dict[str, frozenset[str]]:
     """Per configured source, the event fields its signature leaves unsigned (``type`` or none; an
     unsigned id was already replaced with the signed body's digest by the scheme)."""
     return {
-        name: frozenset() if source.scheme.covers.type else frozenset({"type"})
+        name: frozenset() if (source.covers or source.scheme.covers).type else frozenset({"type"})
         for name, source in config.sources.items()
     }
 

@@ -30,7 +30,7 @@ from .base import (
     Verified,
     body_event_id,
 )
-from .registry import SCHEMES, build_scheme
+from .registry import SCHEMES, build_scheme, covers_of
 
 __all__ = [
     "BODY_ID_PREFIX",
@@ -58,4 +58,5 @@ __all__ = [
     "Verified",
     "body_event_id",
     "build_scheme",
+    "covers_of",
 ]

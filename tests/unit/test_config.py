@@ -439,3 +439,26 @@ def test_tenants_overlap_when_two_sources_can_file_under_one_tenant() -> None:
     assert not tenants_overlap(s["a"], s["c"])  # "default" is not an acct_ number
     assert tenants_overlap(s["a"], s["d"])  # d may name "default"
     assert not tenants_overlap(s["c"], s["d"])
+
+
+def test_a_worker_without_webhook_secrets_still_knows_what_each_source_signs() -> None:
+    from effectgate.gateway.config import identity_problems, unsigned_fields
+    from effectgate.handlers.registry import Registry
+
+    text = (
+        '[sources.gh]\nscheme = "github"\nsecrets = ["GH"]\n'
+        '[sources.partner]\nscheme = "hmac"\nsecrets = ["P"]\n'
+        'options = { header = "X-Sig", type_header = "X-Type" }\n'
+        '[sources.stripe]\nscheme = "stripe"\nsecrets = ["S1"]\n'
+    )
+    gateway = parse(text, env={"GH": "g", "P": "p", "S1": "whsec_x"}, role="gateway")
+    worker = parse(text, env={}, role="worker")
+    expected = {"gh": frozenset({"type"}), "partner": frozenset({"type"}), "stripe": frozenset()}
+    assert unsigned_fields(gateway) == unsigned_fields(worker) == expected
+
+    async def noop(ctx: object, ev: object) -> None:
+        return None
+
+    reg = Registry()
+    reg.effect(source="gh", events=["*"], name="typed", key=lambda ev: ev.type)(noop)  # type: ignore[arg-type]
+    assert identity_problems(gateway, reg) == identity_problems(worker, reg) != []

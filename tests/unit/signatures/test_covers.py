@@ -48,3 +48,22 @@ def test_every_scheme_has_a_row_and_the_fixed_ones_match_their_covers() -> None:
 def test_generic_hmac_covers_what_its_options_sign(options: dict[str, str], expected: Covers) -> None:
     scheme = build_scheme("hmac", ["secret"], options={"header": "X-Sig", **options})
     assert scheme.covers == expected
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_covers_of_says_what_the_built_scheme_says_without_its_secrets(name: str) -> None:
+    from effectgate.gateway.signatures import covers_of
+
+    secrets = {"adyen": ["44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"]}.get(
+        name, ["whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0" if name == "standard-webhooks" else "secret"]
+    )
+    variants: list[dict[str, str]] = [{}]
+    if name == "twilio":
+        variants = [{"url": "https://example.test/hook"}]
+    if name == "hmac":
+        variants = [
+            {"header": "X-Sig", **extra} for extra in ({}, {"id_header": "X-Id", "type_header": "X-T"})
+        ]
+    for options in variants:
+        built = build_scheme(name, secrets, options=options)
+        assert covers_of(name, options) == built.covers

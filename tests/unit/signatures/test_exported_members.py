@@ -26,6 +26,7 @@ DOCUMENTED = [
     "Verified",
     "body_event_id",
     "build_scheme",
+    "covers_of",
 ]
 
 
