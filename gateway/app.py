@@ -21,14 +21,19 @@ from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import claim_batcher, db
 from effectgate.ledger.migrate import unapplied
+from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
+from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
 
+from .bodies import BodyTooLarge
 from .config import Config, ConfigError, identity_problems
 from .ingress import error, receive
 from .operator import metrics
 from .operator.api import ApiHeaders
+from .operator.dashboard import form_too_large
 from .operator.routes import operator_routes
 from .operator.throttle import FailureThrottle
 from .planes import PlaneGate
+from .signature_failures import SignatureFailures
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -64,6 +69,14 @@ async def client_disconnected(request: Request, exc: Exception) -> Response:
     return error(400, "client_disconnected", "the client closed the connection before the body was read")
 
 
+async def body_too_large(request: Request, exc: Exception) -> Response:
+    """A body over its limit, refused before it was buffered: the dashboard's 413 page, or the JSON error."""
+    assert isinstance(exc, BodyTooLarge)
+    if request.url.path.startswith("/ui/"):
+        return form_too_large(exc)
+    return error(413, "payload_too_large", str(exc))
+
+
 def create_app(
     config: Config,
     registry: Registry,
@@ -72,6 +85,7 @@ def create_app(
     pool_timeout: float = db.DEFAULT_POOL_TIMEOUT,
     session_key: bytes | None = None,
     operator_port: int | None = None,
+    failure_flush_interval: float = DEFAULT_FLUSH_INTERVAL,
 ) -> Starlette:
     """The gateway app for ``config``; the pool opens with the lifespan and closes with it.
 
@@ -80,6 +94,8 @@ def create_app(
     the configuration names no secret (a random one otherwise: sessions then last as long as the app).
     ``operator_port`` is the local port of the operator plane's own listener (``gateway.planes``; by
     default ``[operator] listen``'s), or None when both planes share one listener.
+    ``failure_flush_interval`` is how often the failed-verification counts are written to the ledger
+    (and once more at shutdown).
     Raises ``ConfigError`` when an effect's key, lock-key or require function reads a field its
     source does not sign (``config.identity_problems``).
     """
@@ -113,6 +129,14 @@ def create_app(
             claim_pool, max_queue=gw.claim_queue_max, deadline=gw.claim_deadline
         )
         app.state.batcher = batcher
+        # Failed verifications are counted in memory and written by this flusher on its own connection, never
+        # through the claim pool per request (a flood of 401s would otherwise queue genuine claims).
+        failures = SignatureFailures(FailureCounter())
+        app.state.signature_failures = failures
+        flusher = FailureFlusher(failures.counter, database_url, interval=failure_flush_interval)
+        app.state.signature_failure_flusher = flusher
+        stopping_flusher = asyncio.Event()
+        flushing = asyncio.create_task(flusher.run(stopping_flusher))
         # Gateways tick the reconciler too, so jobs are repaired even while no worker runs.
         stopping = asyncio.Event()
         reconciler = (
@@ -132,6 +156,10 @@ def create_app(
                 await reconciler
             await batcher.close()
             await claim_pool.close()
+            failures.diagnoser.close()
+            # Last: its final pass writes what the requests answered until now counted.
+            stopping_flusher.set()
+            await flushing
             await pool.close()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)
@@ -151,7 +179,7 @@ def create_app(
             ),
             Middleware(ApiHeaders),
         ],
-        exception_handlers={ClientDisconnect: client_disconnected},
+        exception_handlers={ClientDisconnect: client_disconnected, BodyTooLarge: body_too_large},
     )
     app.state.config = config
     app.state.registry = registry

@@ -45,7 +45,7 @@ from effectgate.handlers.maintenance import make_reconciler
 from effectgate.handlers.payments import PaymentsClient
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.shipping import ShippingClient
-from effectgate.handlers.worker import Worker
+from effectgate.handlers.worker import Worker, worker_pool_max
 from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate, unapplied
@@ -468,7 +468,7 @@ async def _run_worker(
     if concurrency is not None:
         worker_config = replace(worker_config, concurrency=concurrency)
     tracing.configure(config.tracing, role="worker")
-    pool = db.make_pool(url, max_size=worker_config.concurrency * 2 + 2, name="effectgate-worker")
+    pool = db.make_pool(url, max_size=worker_pool_max(worker_config.concurrency), name="effectgate-worker")
     await pool.open(wait=False)
     counted = metrics.downstream_call
     async with httpx.AsyncClient() as http:

@@ -24,7 +24,7 @@ from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule, check_identity, check_key_spaces
 from effectgate.handlers.registry import REGISTRY, Registry
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
-from effectgate.handlers.worker import WorkerConfig
+from effectgate.handlers.worker import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVAL, WorkerConfig
 from effectgate.ledger import claim_batcher
 from effectgate.ledger import rescuer as rescuer_defaults
 from effectgate.ledger import waker as waker_defaults
@@ -670,8 +670,8 @@ def parse(
         wk.problem("backoff_cap", f"must be >= backoff_base ({backoff_base:g}), got {backoff_cap:g}")
         backoff_cap = backoff_base
     worker = WorkerConfig(
-        concurrency=wk.number("concurrency", 4, minimum=1, integer=True),
-        poll_interval=wk.number("poll_interval", 2.0, minimum=0.001),
+        concurrency=wk.number("concurrency", DEFAULT_CONCURRENCY, minimum=1, integer=True),
+        poll_interval=wk.number("poll_interval", DEFAULT_POLL_INTERVAL, minimum=0.001),
         drain_timeout=wk.number("drain_timeout", 30.0, minimum=0),
         backoff_base=backoff_base,
         backoff_cap=backoff_cap,

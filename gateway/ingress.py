@@ -40,6 +40,7 @@ from effectgate.ledger.storable import jsonb_problem
 from .config import Config, Source
 from .operator import metrics
 from .replay_memory import LedgerReplayMemory
+from .signature_failures import SignatureFailures
 from .signatures import ConfirmationUnavailable, Event, PayloadError, SignatureError, Verified
 
 log = logging.getLogger("effectgate.gateway")
@@ -136,7 +137,9 @@ async def _receive(request: Request) -> Response:
         )
     except SignatureError as exc:
         metrics.verification_failure(name, exc.code)
-        await _count_signature_failure(pool, source, exc, body)
+        # Counted in memory and written by a background flusher: no database call, no diagnosis here.
+        failures: SignatureFailures = request.app.state.signature_failures
+        failures.failed(name, exc, body)
         log.info(
             "delivery.unauthenticated", extra={"source": name, "reason": exc.code, "request_id": request_id}
         )
@@ -353,19 +356,3 @@ async def _record_refusal(
             )
     except Exception as record_exc:
         log.warning("delivery_refusal.not_recorded", extra={"source": source.name, "error": str(record_exc)})
-
-
-async def _count_signature_failure(pool: db.Pool, source: Source, exc: SignatureError, body: bytes) -> None:
-    # Best effort: the 401 does not depend on it, and a database outage must not turn it into a 5xx.
-    try:
-        async with db.connection(pool) as conn:
-            await claims.record_signature_failure(
-                conn,
-                source=source.name,
-                reason=exc.code,
-                size=len(body),
-                body_sha256=hashlib.sha256(body).hexdigest(),
-                detail=exc.detail,
-            )
-    except Exception as count_exc:
-        log.warning("signature_failure.not_counted", extra={"source": source.name, "error": str(count_exc)})

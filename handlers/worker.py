@@ -40,15 +40,30 @@ from .outcomes import HAND_BACK, SliceOutcome
 from .registry import EffectKind, Registry
 
 # Re-exported: they lived here before the maintenance loop moved to .maintenance.
-__all__ = ["Worker", "WorkerConfig", "backoff_delay", "error_record", "make_reconciler", "reconcile_forever"]
+__all__ = [
+    "Worker",
+    "WorkerConfig",
+    "backoff_delay",
+    "error_record",
+    "make_reconciler",
+    "reconcile_forever",
+    "worker_pool_max",
+]
 
 log = logging.getLogger("effectgate.worker")
 
-DEFAULT_CONCURRENCY = 4
+# Handlers wait on payment and shipping APIs: a slot spends most of a job awaiting the network, so the
+# drain rate grows with the slots (measured by tests/bench/worker_sweep.py; docs/performance.md). 16 runs
+# 3.5x the jobs of 4 at a 20-50 ms downstream call and keeps a worker at 21 connections (worker_pool_max).
+DEFAULT_CONCURRENCY = 16
+# A fallback only: LISTEN/NOTIFY wakes the loop for new jobs, and a finished job wakes it for its slot.
 DEFAULT_POLL_INTERVAL = 2.0
 DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_BACKOFF_BASE = 1.0
 DEFAULT_BACKOFF_CAP = 600.0
+# The worker's own statements (fetch, heartbeat, finish batch, reconciler tick) each hold at most one pooled
+# connection at a time.
+WORKER_OWN_CONNECTIONS = 4
 # How long a step that ignored its cancellation may keep the slot before it is abandoned; never longer
 # than the lease TTL, since past that the reconciler may hand the job to someone else anyway.
 ABANDON_GRACE = 5.0
@@ -57,6 +72,9 @@ TRANSITION_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
 # A lost LISTEN connection is re-opened after this, doubling up to the poll interval: a server restart
 # should not cost a full poll interval of latency, a server that stays down should not be hammered.
 LISTEN_RETRY_MIN = 0.05
+# A heartbeat skips a job whose row another transaction holds locked (lease_extend_if_held), and asks again
+# for it after this (or a tenth of its TTL, if shorter) instead of at the next third of its TTL.
+HEARTBEAT_BUSY_RETRY = 0.2
 LISTEN_APPLICATION_NAME = "effectgate-listen"
 
 
@@ -86,6 +104,19 @@ class WorkerConfig:
             raise ValueError("worker backoff needs 0 <= backoff_base <= backoff_cap")
 
 
+def worker_pool_max(concurrency: int) -> int:
+    """The most connections a worker's pool may open: one per slot plus the worker's own statements.
+
+    A slot holds at most one connection at a time (a step record, a checkpoint, a fenced write; a step
+    recorded inside a fenced write would wait on that write's own row lock, so none nests), and the
+    worker's own statements give theirs back within a statement: every slot and every heartbeat gets a
+    connection without waiting on a handler. (The LISTEN connection is not pooled.) It was
+    ``concurrency * 2 + 2``, which made a worker with enough slots for network-bound handlers too dear in
+    connections; measured, a worker at 64 slots held 3 (docs/performance.md).
+    """
+    return concurrency + WORKER_OWN_CONNECTIONS
+
+
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Exponential backoff with jitter: a random delay in [0.5, 1] * min(cap, base * 2 ** (attempt - 1))."""
     ceiling = min(cap, base * 2.0 ** max(0, attempt - 1))
@@ -97,10 +128,19 @@ def error_record(exc: BaseException) -> dict[str, Any]:
     """How an attempt's error is stored: type, message, code (if any), traceback."""
     return {
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": _message(exc),
         "code": getattr(exc, "code", None),
         "traceback": "".join(traceback.format_exception(exc))[-8000:],
     }
+
+
+def _message(exc: BaseException) -> str:
+    # A handler's exception is user code: a __str__ that raises must cost the record its message, not the
+    # job its terminal transition.
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}.__str__ raised>"
 
 
 class Worker:
@@ -360,7 +400,8 @@ class Worker:
 
     async def _heartbeats(self) -> None:
         """Extend every lease due within half its interval, all in one statement, each at a third of
-        its own kind's TTL; returns when this worker holds no lease."""
+        its own kind's TTL; a lease whose row was locked is asked for again shortly. Returns when this
+        worker holds no lease."""
         loop = asyncio.get_running_loop()
         while self._beats:
             self._beat_changed.clear()
@@ -376,7 +417,7 @@ class Worker:
                 beat.due = now + beat.kind.lease_ttl / 3
             try:
                 async with db.connection(self.pool) as conn:
-                    held = await jobs.extend_leases(
+                    beat_result = await jobs.extend_leases(
                         conn, [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due]
                     )
             except LedgerError as exc:
@@ -388,7 +429,12 @@ class Worker:
             for beat in due:
                 if self._beats.get(beat.lease.job_id) is not beat:
                     continue  # its slice ended while the beat was in flight: the answer is not about it
-                cancel = held.get(beat.lease.job_id)
+                if beat.lease.job_id in beat_result.busy:
+                    # Its row is locked by another transaction (its own fenced write, an operator's bulk
+                    # action): not extended, not lost. Ask again soon, well inside the lease.
+                    beat.due = loop.time() + min(HEARTBEAT_BUSY_RETRY, beat.kind.lease_ttl / 10)
+                    continue
+                cancel = beat_result.held.get(beat.lease.job_id)
                 if cancel is None:
                     # Someone else holds the job now: refuse every later write from this slice, and stop
                     # it — nothing it does from here on could be committed.
@@ -445,7 +491,9 @@ class Worker:
             reached = await self._finish(
                 lease, kind, jobs.Finish(job_id, token, JobState.SUCCEEDED, self.owner)
             )
-            log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
+            # DEBUG: at thousands of jobs a second a JSON line per success cost a quarter of the worker's CPU
+            # per job (docs/performance.md); the attempt row, the metrics and a failure's line still say it.
+            log.debug("worker.finished", extra={"job_id": job_id, "state": reached.state})
             return SliceOutcome(reached.state)
         assert exc is not None
         if isinstance(exc, LeaseLost):
@@ -453,10 +501,11 @@ class Worker:
         error = error_record(exc)
         failed_reason: str | None = None
         if isinstance(exc, TerminalError):
-            failed_reason = f"{type(exc).__name__}: {exc}"
+            failed_reason = f"{type(exc).__name__}: {_message(exc)}"
         elif lease.attempt >= lease.max_attempts:
             failed_reason = (
-                f"attempts exhausted ({lease.attempt}/{lease.max_attempts}): {type(exc).__name__}: {exc}"
+                f"attempts exhausted ({lease.attempt}/{lease.max_attempts}): "
+                f"{type(exc).__name__}: {_message(exc)}"
             )
         if failed_reason is not None:
             finish = jobs.Finish(
@@ -629,10 +678,12 @@ class _FinishBatcher:
                     continue
                 if reached is None:
                     item.future.set_exception(LeaseLost(item.finish.job_id, item.finish.lease_token))
+                elif isinstance(reached, LedgerError):
+                    item.future.set_exception(reached)  # this job's alone: its batch-mates went through
                 else:
                     item.future.set_result(reached)
 
-    async def _write(self, batch: list[_Finishing]) -> list[jobs.Reached | None]:
+    async def _write(self, batch: list[_Finishing]) -> list[jobs.Reached | LedgerError | None]:
         async with db.connection(self._pool) as conn:
             if not any(item.kind.on_transition is not None for item in batch):
                 # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
@@ -641,7 +692,7 @@ class _FinishBatcher:
                 answers = await jobs.finish_many(conn, [item.finish for item in batch])
                 for item, reached in zip(batch, answers, strict=True):
                     hook = item.kind.on_transition
-                    if reached is None or not reached.terminal or hook is None:
+                    if not isinstance(reached, jobs.Reached) or not reached.terminal or hook is None:
                         continue
                     transition = Transition(
                         item.lease.job_id, item.lease.effect_key, reached.state, reached.reason

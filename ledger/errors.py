@@ -6,6 +6,7 @@ LedgerError
 │   └── ClaimTimeout     a claim missed its deadline, lock_timeout or statement_timeout; nothing written
 ├── DeliveryRefused      Postgres refused one delivery's data (its batch-mates were claimed without it)
 ├── LeaseLost            a fenced write found a newer lease token (or no live lease)
+├── LeaseBusy            a heartbeat found the job's row locked by another transaction: neither kept nor lost
 ├── StepAlreadyRecorded  a step name was recorded already for this effect
 ├── MigrationError       a migration could not be applied, or an applied one changed
 └── InvalidParameter     a report argument is invalid (.code names it)
@@ -56,6 +57,18 @@ class LeaseLost(LedgerError):
     def __init__(self, job_id: int, lease_token: int) -> None:
         super().__init__(
             f"job {job_id}: lease token {lease_token} is no longer current; the write changed nothing"
+        )
+        self.job_id = job_id
+        self.lease_token = lease_token
+
+
+class LeaseBusy(LedgerError):
+    """Another transaction holds this job's row locked right now: the lease was not extended, and not lost
+    either; ask again shortly."""
+
+    def __init__(self, job_id: int, lease_token: int) -> None:
+        super().__init__(
+            f"job {job_id}: its row is locked by another transaction; lease token {lease_token} was not extended"
         )
         self.job_id = job_id
         self.lease_token = lease_token

@@ -9,19 +9,20 @@ whose lease was reclaimed changes nothing and gets ``LeaseLost``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, TypedDict, cast
 
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
-from .db import Conn
-from .errors import LeaseLost
+from .db import Conn, error_kind
+from .errors import LeaseBusy, LeaseLost, LedgerError
 from .queries import Q
-from .storable import storable_error, storable_text
+from .storable import storable_record, storable_text
 from .vocabulary import REDRIVABLE_STATES, TERMINAL_STATES, JobState, RefusalCode
 
 # The partial unique index that allows one running job per (tenant, lock key); migrations/0002.
@@ -29,6 +30,16 @@ LOCK_KEY_INDEX = "jobs_lock_key_running_unique"
 # Two fetches racing for two jobs of one lock key: the loser's statement is refused by the index and
 # changed nothing, so it simply asks again (its next snapshot sees the winner as the holder).
 FETCH_LOCK_KEY_RETRIES = 3
+# How much of Postgres's refusal a stand-in terminal reason quotes.
+MAX_REFUSAL_TEXT = 300
+
+log = logging.getLogger("effectgate.ledger.jobs")
+# How many due jobs of one kind a fetch reads at most, whatever it finds there. It only matters when the
+# head of a kind's queue is a long run of jobs whose lock keys running jobs hold (or that other fetches
+# hold right now): without it every fetch would walk that run, so a hot key with a backlog would make every
+# fetch cost the backlog again. 1,000 rows cost about a millisecond (docs/performance.md); the cost is that a
+# longer such run holds the rest of its kind back until its holders finish.
+FETCH_SCAN_LIMIT = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,18 +72,21 @@ async def fetch_and_lease(
     kinds: Mapping[str, float],
     limit: int,
     now: datetime | None = None,
+    scan_limit: int = FETCH_SCAN_LIMIT,
 ) -> list[Lease]:
     """Lease up to ``limit`` due jobs to ``owner``; ``kinds`` maps each kind it runs to its lease TTL.
 
     Each job is leased for its own kind's TTL: one short-TTL kind must not shorten the lease of a
     long one, whose heartbeats come at a third of *its* TTL. A job whose lock key a running job holds
-    is left pending.
+    is left pending. Each kind's walk reads at most ``scan_limit`` due rows (never fewer than ``limit``),
+    so a fetch costs about ``limit`` index reads per kind at any backlog.
     """
     params = {
         "owner": owner,
         "kinds": list(kinds),
         "ttls": [float(ttl) for ttl in kinds.values()],
         "limit": limit,
+        "scan_limit": max(scan_limit, limit),
         "now": now,
     }
     for _ in range(FETCH_LOCK_KEY_RETRIES):
@@ -122,23 +136,41 @@ def _fenced(job_id: int, lease_token: int, row: Any) -> Any:
 async def extend_lease(
     conn: Conn, job_id: int, lease_token: int, *, ttl: float, now: datetime | None = None
 ) -> bool:
-    """Heartbeat: extend the lease; returns whether a cancel was requested. Raises ``LeaseLost``."""
-    held = await extend_leases(conn, [(job_id, lease_token, ttl)], now=now)
-    if job_id not in held:
+    """Heartbeat: extend the lease; returns whether a cancel was requested. Raises ``LeaseLost``, or
+    ``LeaseBusy`` when another transaction holds the job's row locked at that instant."""
+    beat = await extend_leases(conn, [(job_id, lease_token, ttl)], now=now)
+    if job_id in beat.busy:
+        raise LeaseBusy(job_id, lease_token)
+    if job_id not in beat.held:
         raise LeaseLost(job_id, lease_token)
-    return held[job_id]
+    return beat.held[job_id]
+
+
+@dataclass(frozen=True, slots=True)
+class Extended:
+    """What one heartbeat did. ``held`` maps each extended lease's job id to whether a cancel was asked;
+    ``busy`` holds the jobs whose row another transaction had locked at that instant — not extended, not
+    lost: ask again shortly. A job in neither lost its lease."""
+
+    held: dict[int, bool]
+    busy: frozenset[int] = frozenset()
+
+    def lost(self, job_id: int) -> bool:
+        """Whether ``job_id``'s lease is gone: its token no longer holds the job."""
+        return job_id not in self.held and job_id not in self.busy
 
 
 async def extend_leases(
     conn: Conn, leases: Sequence[tuple[int, int, float]], *, now: datetime | None = None
-) -> dict[int, bool]:
+) -> Extended:
     """Heartbeat for many leases, given as (job id, lease token, TTL), in one statement.
 
-    Returns {job id: whether a cancel was requested} for every lease still held; a job missing from it
-    lost its lease (the write changed nothing for it, and only for it).
+    A row locked by another transaction is skipped rather than waited for (it comes back ``busy``), so
+    one slow fenced write cannot hold back the heartbeats of the other leases. A job missing from the
+    answer lost its lease (the write changed nothing for it, and only for it).
     """
     if not leases:
-        return {}
+        return Extended({})
     rows = await (
         await conn.execute(
             Q["lease_extend_if_held"],
@@ -150,7 +182,10 @@ async def extend_leases(
             },
         )
     ).fetchall()
-    return {row["id"]: bool(row["cancel_requested"]) for row in rows}
+    return Extended(
+        {row["id"]: bool(row["cancel_requested"]) for row in rows if not row["busy"]},
+        frozenset(row["id"] for row in rows if row["busy"]),
+    )
 
 
 async def save_checkpoint(
@@ -229,45 +264,118 @@ async def finish(
 ) -> Reached:
     """The terminal transition, fenced; a cancel requested meanwhile wins (``cancelled``).
 
-    Raises ``LeaseLost`` if ``lease_token`` no longer holds the job.
+    Raises ``LeaseLost`` if ``lease_token`` no longer holds the job, ``LedgerError`` if Postgres refuses the
+    transition even with a stand-in reason (see ``finish_many``).
     """
     [reached] = await finish_many(
         conn, [Finish(job_id, lease_token, state, by, reason, error, unrecoverable)], now=now
     )
     if reached is None:
         raise LeaseLost(job_id, lease_token)
+    if isinstance(reached, LedgerError):
+        raise reached
     return reached
 
 
 async def finish_many(
     conn: Conn, transitions: Sequence[Finish], *, now: datetime | None = None
-) -> list[Reached | None]:
+) -> list[Reached | LedgerError | None]:
     """Many terminal transitions in one statement, each fenced by its own token; as ``finish`` each.
 
     Returns one answer per transition, in order: where the job got to, or ``None`` where the token no
-    longer held it — that row changed nothing, and the others were made all the same.
+    longer held it — that row changed nothing, and the others were made all the same — or, where
+    Postgres refused even the stand-in below for that row, a ``LedgerError`` for it alone.
+
+    One row never fails the others. Every reason and error record is made storable first (an error
+    record Postgres would refuse is rewritten, and says so under ``unstorable``); a batch Postgres still
+    refuses for what a row holds is split until that row stands alone, and that row alone is then
+    written with a replacement reason and error record naming the refusal (``UnstorableOutcome``).
     """
     if not transitions:
         return []
-    rows = await (
-        await conn.execute(
-            Q["job_finish_if_leased"],
-            {
-                "job_ids": [t.job_id for t in transitions],
-                "lease_tokens": [t.lease_token for t in transitions],
-                "states": [t.state for t in transitions],
-                "bys": [t.by for t in transitions],
-                "reasons": [storable_text(t.reason) if t.reason is not None else None for t in transitions],
-                "errors": [
-                    json.dumps(storable_error(t.error)) if t.error is not None else None for t in transitions
-                ],
-                "unrecoverables": [t.unrecoverable for t in transitions],
-                "now": now,
-            },
+    return await _finish_split(conn, [_storable_finish(t) for t in transitions], now)
+
+
+def _storable_finish(t: Finish) -> Finish:
+    return replace(
+        t,
+        by=storable_text(t.by),
+        reason=storable_text(t.reason) if t.reason is not None else None,
+        error=storable_record(t.error) if t.error is not None else None,
+    )
+
+
+async def _finish_split(
+    conn: Conn, transitions: list[Finish], now: datetime | None
+) -> list[Reached | LedgerError | None]:
+    try:
+        return [*await _finish_rows(conn, transitions, now)]
+    except Exception as exc:
+        if not _refused_for_a_row(exc):
+            raise
+        if len(transitions) > 1:
+            half = len(transitions) // 2
+            return [
+                *await _finish_split(conn, transitions[:half], now),
+                *await _finish_split(conn, transitions[half:], now),
+            ]
+        [t] = transitions
+        refusal = _refusal(exc)
+        log.error("jobs.finish_refused", extra={"job_id": t.job_id, "error": refusal})
+        # The job must still reach its terminal state (invariant 8): the state it asked for, with what
+        # Postgres refused replaced by a record of the refusal.
+        stand_in = Finish(
+            t.job_id,
+            t.lease_token,
+            t.state,
+            storable_text(t.by),
+            f"{t.state}; its reason or error record could not be stored ({refusal})",
+            {"type": "UnstorableOutcome", "message": refusal},
+            t.unrecoverable,
         )
-    ).fetchall()
+        try:
+            return [*await _finish_rows(conn, [stand_in], now)]
+        except Exception as again:
+            if not _refused_for_a_row(again):
+                raise
+            # Not the row's data, then (a trigger, a constraint on the job itself): this job's answer alone.
+            return [
+                LedgerError(f"job {t.job_id}: Postgres refused its terminal transition: {_refusal(again)}")
+            ]
+
+
+async def _finish_rows(conn: Conn, transitions: list[Finish], now: datetime | None) -> list[Reached | None]:
+    params = {
+        "job_ids": [t.job_id for t in transitions],
+        "lease_tokens": [t.lease_token for t in transitions],
+        "states": [t.state for t in transitions],
+        "bys": [t.by for t in transitions],
+        "reasons": [t.reason for t in transitions],
+        "errors": [json.dumps(t.error) if t.error is not None else None for t in transitions],
+        "unrecoverables": [t.unrecoverable for t in transitions],
+        "now": now,
+    }
+    if conn.info.transaction_status:
+        # Inside the caller's transaction: a savepoint, so a batch refused for one row can be split
+        # without aborting the caller's transaction.
+        async with conn.transaction():
+            rows = await (await conn.execute(Q["job_finish_if_leased"], params)).fetchall()
+    else:
+        rows = await (await conn.execute(Q["job_finish_if_leased"], params)).fetchall()
     reached = {row["job_id"]: Reached(JobState(row["state"]), row["terminal_reason"]) for row in rows}
     return [reached.get(t.job_id) for t in transitions]
+
+
+def _refused_for_a_row(exc: BaseException) -> bool:
+    # A value json or the driver could not write (TypeError, ValueError) belongs to its row too.
+    return error_kind(exc) == "row" or isinstance(exc, TypeError | ValueError)
+
+
+def _refusal(exc: BaseException) -> str:
+    sqlstate = getattr(exc, "sqlstate", None)
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = f"{type(exc).__name__}: {message}" + (f" (SQLSTATE {sqlstate})" if sqlstate else "")
+    return storable_text(text[:MAX_REFUSAL_TEXT])
 
 
 async def retry(
@@ -288,7 +396,7 @@ async def retry(
                 "job_id": job_id,
                 "lease_token": lease_token,
                 "delay": float(delay),
-                "error": Jsonb(storable_error(error)),
+                "error": Jsonb(storable_record(error)),
                 "now": now,
             },
         )

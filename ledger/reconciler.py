@@ -1,8 +1,8 @@
 """The reconciler: the scheduler that runs the maintenance services, once per tick, in any process.
 
-A pass runs, in order, each in a transaction of its own under an advisory lock of its own (see
-``maintenance``): the lease rescuer (``rescuer``), the pending waker (``waker``), the partition keeper
-(``partitions``), the retention keeper (``retention``) and the sweeps (``sweeps``). Of several processes ticking at once, one runs each service;
+A pass runs, in order, each under an advisory lock of its own (see ``maintenance``) and in transactions of its
+own: the lease rescuer (``rescuer``), the pending waker (``waker``), the partition keeper (``partitions``, one
+per partition), the retention keeper (``retention``, one per batch) and the sweeps (``sweeps``). Of several processes ticking at once, one runs each service;
 each service's statements are also guarded in their own WHERE clauses, so even a second pass on the same
 rows finds nothing left to do. A service that throws is one error in the result and stops nothing else.
 
@@ -256,8 +256,10 @@ class Reconciler:
         )
         if parted is not None:
             result.partitions = parted
+        # Retention commits batch by batch (its row locks never outlive one batch), so its lock is the
+        # session's, as the partition keeper's.
         kept = await self._service(
-            conn, RetentionKeeper.name, lambda: self.keeper.run_once(conn, now=now), result
+            conn, RetentionKeeper.name, lambda: self.keeper.run_once(conn, now=now), result, session=True
         )
         if kept is not None:
             result.retention = kept

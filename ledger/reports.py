@@ -113,6 +113,7 @@ FIELDS: dict[str, Column] = {
         Column("count", T.INTEGER, "count"),
         Column("bytes_total", T.INTEGER, "bytes"),
         Column("last_detail", T.TEXT, "last detail"),
+        Column("hint", T.TEXT, "diagnosis", nullable=True),
         Column("first_minute", T.TIME, "first minute"),
         Column("id", T.INTEGER, "id"),
         Column("kind", T.TEXT, "kind"),
@@ -214,12 +215,13 @@ AUTH_FAILURES = ReportSpec(
     title="Deliveries whose signature verification failed",
     description="Totals by (source, reason) and counts per minute, newest first. Also authentic deliveries "
     "Postgres refused to store (reason delivery_refused, with SQLSTATE and event id). Only metadata is kept "
-    "for these, never a body.",
+    "for these, never a body. The hint is a diagnosis made after the answer, sampled (a body re-encoded "
+    "in transit); the counts reach the ledger within seconds of the answers.",
     query="report_auth_failures_per_minute",
     filters=(_SOURCE,),
     sorts=_sorts(("-minute", ("minute", "source", "reason"), "newest minute first")),
-    columns=_columns("minute source reason count bytes_total last_detail last_seen_at"),
-    table=_names("minute source reason count last_detail"),
+    columns=_columns("minute source reason count bytes_total last_detail hint last_seen_at"),
+    table=_names("minute source reason count last_detail hint"),
     items_key="per_minute",
     summary=Summary(
         "by_reason",

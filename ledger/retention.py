@@ -16,13 +16,15 @@ Effects are claimed forever in meaning, not in bytes. In order, each a batch at 
    window of any configured source's provider (docs/providers.md).
 4. **signature_failures**: failed-verification counters.
 
-What each pass purged is added to ``retention_purges`` (cumulative, per table or column) in the same
-transaction, so ``/metrics`` and ``report()`` say the same whichever process ran the pass.
+Each batch (``batch`` rows, ``DEFAULT_BATCH``) is a transaction of its own, and what it purged is added to
+``retention_purges`` (cumulative, per table or column) in that same transaction, so ``/metrics`` and
+``report()`` say the same whichever process ran the pass, and no row lock a claim or a lease needs is held for
+longer than one batch (a whole pass in one transaction held them all until its end).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -132,7 +134,9 @@ class RetentionKeeper:
         self.config = config or RetentionConfig()
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RetentionResult:
-        """One pass over every window, oldest rows first, committed with its counters."""
+        """One pass over every window, oldest rows first. Each batch is a transaction of its own, committed
+        with its counters: a batch's row locks (on effects a late retry may claim, on jobs) are held for
+        that batch only, never for the whole pass."""
         c = self.config
         result = RetentionResult(dict.fromkeys(PURGED, 0))
         limit = {"now": now, "limit": c.batch}
@@ -142,83 +146,113 @@ class RetentionKeeper:
             "sources": list(c.source_payloads),
             "windows": list(c.source_payloads.values()),
         }
-        async with conn.transaction():
-            for _ in range(c.batches_per_pass):
-                row = await self._one(conn, "effect_payloads_purge_expired", payload_policy)
-                result.add("effects.payload", row["payloads"])
-                result.add("steps.answer", row["answers"])
-                if row["jobs"] < c.batch:
-                    break
-            await self._repeat(
-                conn, "reject_payloads_purge_expired", payload_policy, "effect_rejects.payload", result
-            )
-            await self._repeat(
-                conn, "unmatched_payloads_purge_expired", payload_policy, "deliveries.payload", result
-            )
-            await self._repeat(
-                conn, "unmatched_seen_purge_expired", payload_policy, "unmatched_deliveries", result
-            )
-            history = {**limit, "window": c.history}
-            # Time partitions are dropped whole by the partition keeper; the row deletes only reach what lies
-            # before the first of them (the legacy partition) and the DEFAULT partition.
-            clock = now or await self._clock(conn)
-            first = await self._first_partition_starts(conn)
+        await self._batches(
+            conn,
+            "effect_payloads_purge_expired",
+            payload_policy,
+            _columns({"effects.payload": "payloads", "steps.answer": "answers"}, full="jobs"),
+            result,
+        )
+        await self._batches(
+            conn, "reject_payloads_purge_expired", payload_policy, _rowcount("effect_rejects.payload"), result
+        )
+        await self._batches(
+            conn, "unmatched_payloads_purge_expired", payload_policy, _rowcount("deliveries.payload"), result
+        )
+        await self._batches(
+            conn, "unmatched_seen_purge_expired", payload_policy, _rowcount("unmatched_deliveries"), result
+        )
+        history = {**limit, "window": c.history}
+        # Time partitions are dropped whole by the partition keeper; the row deletes only reach what lies
+        # before the first of them (the legacy partition) and the DEFAULT partition.
+        clock = now or await self._clock(conn)
+        first = await self._first_partition_starts(conn)
 
-            def before(parent: str, window: float) -> datetime:
-                cutoff = clock - timedelta(seconds=window)
-                start = first.get(parent)
-                return cutoff if start is None else min(cutoff, start)
+        def before(parent: str, window: float) -> datetime:
+            cutoff = clock - timedelta(seconds=window)
+            start = first.get(parent)
+            return cutoff if start is None else min(cutoff, start)
 
-            for parent, rows_query, default_query in (
-                ("deliveries", "deliveries_delete_expired", "deliveries_default_delete_expired"),
-                ("effect_rejects", "effect_rejects_delete_expired", "effect_rejects_default_delete_expired"),
-            ):
-                params = {**limit, "before": before(parent, c.history)}
-                await self._repeat(conn, rows_query, params, parent, result)
-                await self._repeat(conn, default_query, history, parent, result)
-            for _ in range(c.batches_per_pass):
-                row = await self._one(conn, "jobs_delete_expired", history)
-                for what in ("jobs", "job_attempts", "steps"):
-                    result.add(what, row[what.removeprefix("job_")])
-                if row["jobs"] < c.batch:
-                    break
-            if c.tombstones is not None or any(w is not None for w in c.source_tombstones.values()):
-                tombstones = {
-                    **limit,
-                    "window": c.tombstones,
-                    "sources": list(c.source_tombstones),
-                    "windows": list(c.source_tombstones.values()),
-                }
-                for _ in range(c.batches_per_pass):
-                    row = await self._one(conn, "effect_tombstones_delete_expired", tombstones)
-                    result.add("effects", row["tombstones"])
-                    for what in ("deliveries", "effect_rejects", "jobs", "job_attempts", "steps"):
-                        result.add(
-                            what,
-                            row[{"effect_rejects": "rejects", "job_attempts": "attempts"}.get(what, what)],
-                        )
-                    if row["tombstones"] < c.batch:
-                        break
-            sig = c.signature_failures
-            await self._repeat(
+        for parent, rows_query, default_query in (
+            ("deliveries", "deliveries_delete_expired", "deliveries_default_delete_expired"),
+            ("effect_rejects", "effect_rejects_delete_expired", "effect_rejects_default_delete_expired"),
+        ):
+            params = {**limit, "before": before(parent, c.history)}
+            await self._batches(conn, rows_query, params, _rowcount(parent), result)
+            await self._batches(conn, default_query, history, _rowcount(parent), result)
+        await self._batches(
+            conn,
+            "jobs_delete_expired",
+            history,
+            _columns({"jobs": "jobs", "job_attempts": "attempts", "steps": "steps"}, full="jobs"),
+            result,
+        )
+        if c.tombstones is not None or any(w is not None for w in c.source_tombstones.values()):
+            tombstones = {
+                **limit,
+                "window": c.tombstones,
+                "sources": list(c.source_tombstones),
+                "windows": list(c.source_tombstones.values()),
+            }
+            await self._batches(
                 conn,
-                "signature_failures_delete_expired",
-                {**limit, "before": before("signature_failures", sig)},
-                "signature_failures",
+                "effect_tombstones_delete_expired",
+                tombstones,
+                _columns(
+                    {
+                        "effects": "tombstones",
+                        "deliveries": "deliveries",
+                        "effect_rejects": "rejects",
+                        "jobs": "jobs",
+                        "job_attempts": "attempts",
+                        "steps": "steps",
+                    },
+                    full="tombstones",
+                ),
                 result,
             )
-            await self._repeat(
-                conn,
-                "signature_failures_default_delete_expired",
-                {**limit, "window": sig},
-                "signature_failures",
-                result,
-            )
-            await conn.execute(
-                Q["retention_purges_count"],
-                {"now": now, "whats": list(result.purged), "counts": list(result.purged.values())},
-            )
+        sig = c.signature_failures
+        await self._batches(
+            conn,
+            "signature_failures_delete_expired",
+            {**limit, "before": before("signature_failures", sig)},
+            _rowcount("signature_failures"),
+            result,
+        )
+        await self._batches(
+            conn,
+            "signature_failures_default_delete_expired",
+            {**limit, "window": sig},
+            _rowcount("signature_failures"),
+            result,
+        )
+        # Every line's last run, purged or not (the batches counted what they purged as they committed).
+        await conn.execute(
+            Q["retention_purges_count"], {"now": now, "whats": list(PURGED), "counts": [0] * len(PURGED)}
+        )
         return result
+
+    async def _batches(
+        self, conn: Conn, query: str, params: Mapping[str, Any], tally: _Tally, result: RetentionResult
+    ) -> None:
+        """Up to ``batches_per_pass`` batches of ``query``, each committed on its own together with its
+        counters, until one comes back short. ``tally`` reads a batch's counts per ``PURGED`` name, and the
+        number that says whether the batch was full."""
+        for _ in range(self.config.batches_per_pass):
+            async with conn.transaction():
+                cur = await conn.execute(Q[query], params)
+                row = await cur.fetchone() if cur.description is not None else None
+                counts, n = tally(row, cur.rowcount)
+                purged = {what: int(k) for what, k in counts.items() if k}
+                if purged:
+                    await conn.execute(
+                        Q["retention_purges_count"],
+                        {"now": params["now"], "whats": list(purged), "counts": list(purged.values())},
+                    )
+            for what, k in purged.items():
+                result.add(what, k)
+            if n < self.config.batch:
+                return
 
     @staticmethod
     async def _clock(conn: Conn) -> datetime:
@@ -235,20 +269,25 @@ class RetentionKeeper:
                 first[row["parent"]] = start
         return first
 
-    @staticmethod
-    async def _one(conn: Conn, query: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        row = await (await conn.execute(Q[query], params)).fetchone()
-        assert row is not None  # an aggregate always yields its row
-        return row
 
-    async def _repeat(
-        self, conn: Conn, query: str, params: Mapping[str, Any], what: str, result: RetentionResult
-    ) -> None:
-        for _ in range(self.config.batches_per_pass):
-            n = (await conn.execute(Q[query], params)).rowcount
-            result.add(what, n)
-            if n < self.config.batch:
-                return
+# How one batch's answer becomes counts: (the row it returned, or None; its rowcount) -> ({PURGED name: n},
+# the number compared with the batch size).
+_Tally = Callable[[dict[str, Any] | None, int], tuple[dict[str, int], int]]
+
+
+def _rowcount(what: str) -> _Tally:
+    return lambda _row, n: ({what: n}, n)
+
+
+def _columns(columns: Mapping[str, str], *, full: str) -> _Tally:
+    """Counts read from the columns of the batch's one row (``PURGED`` name -> column); ``full`` is the
+    column compared with the batch size."""
+
+    def tally(row: dict[str, Any] | None, _n: int) -> tuple[dict[str, int], int]:
+        assert row is not None  # an aggregate always yields its row
+        return {what: row[column] for what, column in columns.items()}, row[full]
+
+    return tally
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,3 +77,75 @@ def storable_text(text: str) -> str:
 def storable_error(error: dict[str, Any]) -> dict[str, Any]:
     """An error record (type, message, traceback, …) with every string made storable."""
     return {key: storable_text(value) if isinstance(value, str) else value for key, value in error.items()}
+
+
+# Bounds on rewriting a value that is not storable: an error record is small, so past these the rest is
+# written as a marker (a shared or circular structure must not be walked for ever).
+_REWRITE_DEPTH = 100
+_REWRITE_NODES = 10_000
+# Python refuses to write an int of more than 4,300 digits as text (sys.set_int_max_str_digits); ~13,000
+# bits stays well inside that, and inside jsonb's numeric range.
+_MAX_INT_BITS = 13_000
+
+
+def storable_json(value: Any) -> Any:
+    """``value`` rewritten so that ``jsonb`` can store it: text made storable (as ``storable_text``), a
+    value that is not JSON (an object, bytes, NaN, a huge int) written as its ``repr``, keys as text, a
+    circular or too-deep part as a marker. For error records whose ``jsonb_problem`` is not ``None``:
+    they must be stored whatever they hold, and a readable approximation beats none."""
+    budget = [_REWRITE_NODES]
+    return _rewrite(value, 0, set(), budget)
+
+
+def _rewrite(value: Any, depth: int, path: set[int], budget: list[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return "<truncated>"
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if value.bit_length() <= _MAX_INT_BITS else f"<int of {value.bit_length()} bits>"
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict | list | tuple):
+        if depth >= _REWRITE_DEPTH:
+            return "<nested too deeply>"
+        if id(value) in path:
+            return "<circular reference>"
+        path.add(id(value))
+        try:
+            if isinstance(value, dict):
+                return {_key(key): _rewrite(child, depth + 1, path, budget) for key, child in value.items()}
+            return [_rewrite(child, depth + 1, path, budget) for child in value]
+        finally:
+            path.discard(id(value))
+    return _repr(value)
+
+
+def _key(key: Any) -> str:
+    return storable_text(key) if isinstance(key, str) else _repr(key)
+
+
+def _repr(value: Any) -> str:
+    # A repr is user code: it may raise, or return text Postgres refuses.
+    try:
+        return storable_text(repr(value))
+    except Exception:
+        return f"<unrepresentable {type(value).__name__}>"
+
+
+def storable_record(error: dict[str, Any]) -> dict[str, Any]:
+    """An attempt's error record as it can be stored: text made storable (``storable_error``), and a record
+    ``jsonb`` would still refuse (a ``code`` that is not JSON, NaN, NUL or a lone surrogate inside it)
+    rewritten by ``storable_json``, with ``unstorable`` saying what was wrong with it."""
+    record = storable_error(error)
+    problem = jsonb_problem(record)
+    if problem is None:
+        return record
+    rewritten: dict[str, Any] = storable_json(record)
+    rewritten["unstorable"] = (
+        f"the error record could not be stored as it was ({problem}); what Postgres refuses is written as text"
+    )
+    return rewritten

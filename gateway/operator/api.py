@@ -47,6 +47,7 @@ from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 from effectgate.ledger.reports import REPORTS, ReportSpec
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 
+from ..bodies import MAX_OPERATOR_BODY_BYTES, read_body
 from . import documents, openapi, reporting
 from .auth import AuthFailure, OperatorToken, authenticate
 from .params import PARAMETER_ERRORS, BadParameter, parse_flag, parse_id, parse_name, parse_states, parse_time
@@ -122,6 +123,9 @@ def endpoint(
 
     def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
+            # No endpoint reads a body, but none may make the process hold a big one either: read it within
+            # the limit (BodyTooLarge is the app's 413), before the token is even looked at.
+            await read_body(request, MAX_OPERATOR_BODY_BYTES)
             who = _authenticate(request, scope)
             if isinstance(who, Response):
                 return who

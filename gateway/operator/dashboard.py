@@ -52,6 +52,7 @@ from effectgate.ledger.reports import (
 )
 from effectgate.ledger.vocabulary import JobState
 
+from ..bodies import MAX_OPERATOR_BODY_BYTES, BodyTooLarge, read_body
 from . import documents, reporting, sessions
 from .auth import OperatorToken, authenticate
 from .params import (
@@ -67,7 +68,7 @@ from .sessions import COOKIE, SignedIn
 from .throttle import FailureThrottle, client_key, retry_after
 
 log = logging.getLogger("effectgate.operator")
-MAX_FORM_BYTES = 4096
+MAX_FORM_BYTES = MAX_OPERATOR_BODY_BYTES
 CSP = "default-src 'none'; style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 NAV = [
     ("/ui/", "Overview"),
@@ -344,11 +345,17 @@ def _safe_next(value: str | None) -> str:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        return {}
+    # Bounded before it is read: past the limit, BodyTooLarge becomes form_too_large's 413 page.
+    body = await read_body(request, MAX_FORM_BYTES)
     parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
     return {k: v[0] for k, v in parsed.items()}
+
+
+def form_too_large(exc: BodyTooLarge) -> Response:
+    """The dashboard's answer to a form over the limit: a 413 page, read no further."""
+    return message(
+        "Form too large", f"The form is over {exc.limit} bytes (payload_too_large).", None, status=413
+    )
 
 
 def _refresh(query: Mapping[str, str]) -> str | None:

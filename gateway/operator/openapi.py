@@ -13,6 +13,7 @@ from typing import Any
 from effectgate.ledger import reports
 from effectgate.ledger.report_spec import Column, ColumnType, ReportSpec
 
+from ..bodies import MAX_OPERATOR_BODY_BYTES
 from . import documents, reporting
 
 _STRING = {"type": "string"}
@@ -216,6 +217,9 @@ _COMMON_ERRORS = {
     "429": _error(
         "Too many wrong tokens from this client (`too_many_failures`); try again after `Retry-After` "
         "seconds. A right token is never answered 429."
+    ),
+    "413": _error(
+        f"A request body over {MAX_OPERATOR_BODY_BYTES} bytes (`payload_too_large`); no endpoint reads one."
     ),
     "503": _error("The ledger database is unreachable (`ledger_unavailable`)."),
 }

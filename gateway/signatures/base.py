@@ -30,7 +30,7 @@ Every scheme that can be signed without the provider's own key also has a ``sign
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -120,9 +120,14 @@ class SignatureError(VerificationError):
     """The delivery is not authenticated.
 
     Every subclass means the body must not be trusted or claimed; the gateway answers 401.
+
+    ``diagnose``, when set, is a deferred explanation too costly to compute while answering (it may parse
+    and re-serialise the body): called with no arguments, it returns a hint for the operator or None, and
+    never raises. The gateway runs it sampled and off the event loop; the sender never waits for it.
     """
 
     code: ClassVar[str] = "signature_failed"
+    diagnose: Callable[[], str | None] | None = None
 
 
 class SignatureMissing(SignatureError):
@@ -140,8 +145,9 @@ class SignatureMalformed(SignatureError):
 class SignatureInvalid(SignatureError):
     """No presented signature matches any configured secret.
 
-    The detail says how many secrets were tried and, when a re-serialised form of the JSON body would
-    have matched, that the body was probably re-encoded in transit by a proxy.
+    The detail says how many signatures and secrets were tried. Whether a re-serialised form of the JSON
+    body would have matched (a proxy re-encoded it in transit) is left to ``diagnose``: finding out costs
+    a parse and several re-serialisations, which a failed request must not pay.
     """
 
     code: ClassVar[str] = "signature_invalid"

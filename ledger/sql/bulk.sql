@@ -2,7 +2,9 @@
 -- Bulk recovery: the ids of up to %(limit)s jobs matching a filter (states, kind, source, finished — or, not
 -- finished, created — since), oldest first; every filter is optional.
 SELECT j.id FROM jobs j JOIN effects e ON e.id = j.effect_id
-WHERE (%(states)s::text[] IS NULL OR j.state::text = ANY(%(states)s::text[]))
+-- The states as job_state[], so the planner reads them as a constant: a text cast of the column hid every
+-- state index (a Seq Scan of jobs under a backlog), and a cast of text[] to the enum its estimate.
+WHERE (%(states)s::job_state[] IS NULL OR j.state = ANY(%(states)s::job_state[]))
   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
   AND (%(source)s::text IS NULL OR e.source = %(source)s::text)
   AND (%(since)s::timestamptz IS NULL OR coalesce(j.finished_at, j.created_at) >= %(since)s::timestamptz)

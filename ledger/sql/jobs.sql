@@ -3,22 +3,45 @@
 -- and its own kind's TTL, and opens an attempt row for each. SKIP LOCKED lets many workers fetch at once
 -- without waiting on each other. A job whose lock key a running job holds stays pending, and one batch
 -- takes at most one job per lock key: the partial unique index would refuse a second. Paused kinds wait.
+--
+-- Cost does not grow with the backlog (invariant 13): each kind is read in (run_at, id) order from its own
+-- index (jobs_kind_due_idx, migration 0014) and stops after %(limit)s eligible rows, and "is this lock key
+-- held?" is one probe of jobs_lock_key_running_unique per row read. The batch is then the earliest
+-- %(limit)s across the kinds by (run_at, id): the global order a single scan would give, so no kind is
+-- favoured over another (the top %(limit)s of the union are among each kind's own top %(limit)s). Each kind
+-- locks up to %(limit)s rows; the ones the merge leaves out are unlocked when the statement commits.
+-- A kind's walk is also bounded by %(scan_limit)s rows: a run of due jobs whose lock keys are all held (one
+-- hot key with a backlog of its own) would otherwise be walked on every fetch. Past that run the kind
+-- leases nothing until the holders finish and the head of the run becomes runnable (docs/performance.md).
 WITH kinds AS (
     SELECT k.kind, k.ttl FROM unnest(%(kinds)s::text[], %(ttls)s::float8[]) AS k(kind, ttl)
     -- A paused kind (an operator's `jobs pause`) is not leased; its jobs wait pending.
     WHERE NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = k.kind)
 ),
 candidates AS (
-    SELECT j.id, j.tenant, j.lock_key, j.run_at, k.ttl
-    FROM jobs j JOIN kinds k ON k.kind = j.kind
-    WHERE j.state = 'pending' AND j.run_at <= coalesce(%(now)s, now())
-      AND NOT EXISTS (
-          SELECT 1 FROM jobs holder
-          WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.state = 'running'
-      )
-    ORDER BY j.run_at, j.id
+    SELECT c.id, c.tenant, c.lock_key, c.run_at, c.ttl
+    FROM kinds k CROSS JOIN LATERAL (
+        SELECT j.id, j.tenant, j.lock_key, j.run_at, k.ttl
+        FROM (
+            -- The walk's bound, on the index alone; the row lock and the recheck are below.
+            SELECT w.id, w.run_at FROM jobs w
+            WHERE w.kind = k.kind AND w.state = 'pending' AND w.run_at <= coalesce(%(now)s, now())
+            ORDER BY w.run_at, w.id
+            LIMIT %(scan_limit)s
+        ) head
+        JOIN jobs j ON j.id = head.id
+        WHERE j.state = 'pending'
+          AND NOT EXISTS (
+              SELECT 1 FROM jobs holder
+              WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.state = 'running'
+                AND holder.lock_key IS NOT NULL
+          )
+        ORDER BY head.run_at, head.id
+        LIMIT %(limit)s
+        FOR UPDATE OF j SKIP LOCKED
+    ) c
+    ORDER BY c.run_at, c.id
     LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
 ),
 due AS (
     SELECT id, ttl FROM (
@@ -51,24 +74,38 @@ FROM leased l JOIN effects e ON e.id = l.effect_id
 ORDER BY l.id;
 
 -- name: lease_extend_if_held
--- Heartbeat for many leases at once: each pushed out by its own TTL, only where its token still holds; a lease
--- missing from the answer is lost. Rows are locked in id order, as the terminal transitions lock them, so a
--- worker's heartbeat and its finishes cannot deadlock. Each answer row says whether a cancel was asked.
-WITH held AS (
-    SELECT j.id, h.ttl
-    FROM jobs j
-    JOIN unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(ttls)b::float8[]) AS h(job_id, lease_token, ttl)
-        ON j.id = h.job_id AND j.lease_token = h.lease_token
+-- Heartbeat for many leases at once: each pushed out by its own TTL, only where its token still holds. A row
+-- that another transaction holds locked right now (this job's own fenced write, an operator's bulk action) is
+-- skipped, never waited for: one slow writer must not stall every other lease's heartbeat past its TTL. So
+-- each answer row is either extended (with whether a cancel was asked) or busy (locked, and its token still
+-- held at the last commit: neither extended nor lost, ask again shortly); a lease missing from the answer is
+-- lost. SKIP LOCKED never waits, so a heartbeat cannot deadlock with the terminal transitions either.
+WITH asked AS (
+    SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(ttls)b::float8[])
+        AS h(job_id, lease_token, ttl)
+),
+held AS (
+    SELECT j.id, a.ttl
+    FROM jobs j JOIN asked a ON j.id = a.job_id AND j.lease_token = a.lease_token
     WHERE j.state = 'running'
     ORDER BY j.id
-    FOR UPDATE OF j
+    FOR UPDATE OF j SKIP LOCKED
+),
+extended AS (
+    UPDATE jobs j SET
+        lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => held.ttl),
+        updated_at = coalesce(%(now)s, now())
+    FROM held
+    WHERE j.id = held.id
+    RETURNING j.id, j.cancel_requested
 )
-UPDATE jobs j SET
-    lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => held.ttl),
-    updated_at = coalesce(%(now)s, now())
-FROM held
-WHERE j.id = held.id
-RETURNING j.id, j.cancel_requested;
+SELECT id, cancel_requested, false AS busy FROM extended
+UNION ALL
+-- Read from the statement's snapshot, without a lock: a row skipped above whose token held at the last
+-- commit. If the locker is taking the lease away, the next heartbeat finds it lost.
+SELECT j.id, false, true
+FROM jobs j JOIN asked a ON j.id = a.job_id AND j.lease_token = a.lease_token
+WHERE j.state = 'running' AND NOT EXISTS (SELECT 1 FROM held WHERE held.id = j.id);
 
 -- name: lease_hold_if_leased
 -- Locks the job row for the rest of the caller's transaction, only for the holder of the current token:
@@ -90,7 +127,9 @@ RETURNING id;
 -- The one terminal transition a worker makes (succeeded, failed or parked), for many jobs at once, each row
 -- fenced by its own token: a stale row changes nothing and is missing from the answer, the others go through.
 -- A cancel requested while a job ran wins in this same statement, so a cancelled job is never reported
--- succeeded. Rows are locked in id order (as the heartbeat locks them).
+-- succeeded. Rows are locked in id order, so two batches sharing jobs cannot deadlock (a heartbeat skips a
+-- locked row rather than wait for it). The caller makes every value storable first; a batch Postgres still
+-- refuses for one row's data is split by ``jobs.finish_many`` until that row stands alone.
 WITH input AS (
     SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(states)b::text[], %(bys)b::text[],
                          %(reasons)b::text[], %(errors)b::text[], %(unrecoverables)b::bool[])

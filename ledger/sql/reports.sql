@@ -96,7 +96,7 @@ ORDER BY count DESC, source, reason;
 
 -- name: report_auth_failures_per_minute
 -- Verification failure counts per (minute, source, reason) in [since, until), newest minute first.
-SELECT minute, source, reason, count, bytes_total, last_detail, last_seen_at
+SELECT minute, source, reason, count, bytes_total, last_detail, hint, last_seen_at
 FROM signature_failures
 WHERE minute >= date_trunc('minute', %(since)s::timestamptz) AND minute < %(until)s
   AND (%(source)s::text IS NULL OR source = %(source)s)

@@ -37,7 +37,7 @@ from tests.unit.signatures.crc_forge import FILLER, forge
 from tests.unit.signatures.paypal_pki import Pki, iso
 from tests.unit.signatures.signing import hex_mac, hmac_headers, shopify_headers, slack_headers
 
-from .processes import Process, free_port
+from .processes import Process, free_port, wait_until
 from .schemes_cert_server import CertServer, serve_certificates
 
 SECRETS = {
@@ -376,16 +376,40 @@ def test_failure_details_help_the_operator_and_never_hold_a_secret_or_signature(
     )
     reject("paypal", body, evil, "certificate_untrusted")
 
-    failures = {
-        (row["source"], row["reason"]): row
-        for row in gateway.rows("SELECT * FROM signature_failures WHERE source <> 'adyen'")
+    expected = {
+        ("stripe", "timestamp_out_of_tolerance"),
+        ("stripe", "signature_invalid"),
+        ("github", "signature_invalid"),
+        ("slack", "signature_version_unsupported"),
+        ("paypal", "certificate_untrusted"),
     }
+
+    def failures_now() -> dict[tuple[str, str], dict[str, Any]]:
+        return {
+            (row["source"], row["reason"]): row
+            for row in gateway.rows("SELECT * FROM signature_failures WHERE source <> 'adyen'")
+        }
+
+    def written() -> bool:
+        # Counted in memory and flushed every couple of seconds; the re-encoding diagnosis runs after
+        # the answer, off the request path, and arrives in a later flush.
+        now_failures = failures_now()
+        return (
+            expected <= now_failures.keys()
+            and now_failures["stripe", "signature_invalid"]["hint"] is not None
+        )
+
+    wait_until(written, what="the failed verifications and the diagnosis to be flushed")
+    failures = failures_now()
     detail = {key: row["last_detail"] for key, row in failures.items()}
     # The gateway's clock has moved on a little since the signing: 3600 s, or a second more.
     assert re.search(
         r"360[01] s in the past; tolerance is 300 s", detail["stripe", "timestamp_out_of_tolerance"]
     )
-    assert "body appears re-encoded in transit" in detail["stripe", "signature_invalid"]
+    # The sender's detail stays cheap; the operator reads the diagnosis in the rejects report and the log.
+    assert "re-encoded" not in detail["stripe", "signature_invalid"]
+    assert "body appears re-encoded in transit" in failures["stripe", "signature_invalid"]["hint"]
+    assert "signature_failure.diagnosed" in gateway.process.log()
     assert "any of the 1 configured secret(s)" in detail["github", "signature_invalid"]
     assert "'v1'; only v0 is supported" in detail["slack", "signature_version_unsupported"]
     assert "is not a certificate URL of PayPal's" in detail["paypal", "certificate_untrusted"]

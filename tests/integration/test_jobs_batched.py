@@ -12,6 +12,7 @@ import pytest
 
 from effectgate.handlers import EffectContext, Event, Transition
 from effectgate.ledger import db, jobs
+from effectgate.ledger.errors import LeaseBusy, LedgerError
 from effectgate.ledger.reconciler import Reconciler
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import (
@@ -82,7 +83,8 @@ async def test_one_heartbeat_extends_every_held_lease_by_its_own_ttl(conn: db.Co
         [(a.job_id, a.lease_token, 30), (b.job_id, stale_token, 30), (c.job_id, c.lease_token, 5)],
         now=at(3),
     )
-    assert held == {a.job_id: False, c.job_id: True}
+    assert held == jobs.Extended({a.job_id: False, c.job_id: True})
+    assert held.lost(b.job_id)
     assert (await job(conn, a.job_id))["lease_expires_at"] == at(33)
     assert (await job(conn, b.job_id))["lease_expires_at"] == at(10)  # stale: unchanged
     assert (await job(conn, c.job_id))["lease_expires_at"] == at(8)
@@ -133,10 +135,10 @@ async def test_concurrent_finish_batches_and_heartbeats_of_shared_jobs_never_dea
         leases = await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 60}, limit=30)
     start = asyncio.Event()
 
-    async def beat(order: list[jobs.Lease]) -> dict[int, bool]:
+    async def beat(order: list[jobs.Lease]) -> jobs.Extended:
         async with jf.connected(db_url) as c:
             await start.wait()
-            held: dict[int, bool] = {}
+            held = jobs.Extended({})
             for _ in range(20):
                 held = await jobs.extend_leases(c, [(x.job_id, x.lease_token, 60) for x in order])
             return held
@@ -157,3 +159,218 @@ async def test_concurrent_finish_batches_and_heartbeats_of_shared_jobs_never_dea
     start.set()
     _, _, finished = await asyncio.gather(*tasks)
     assert finished == [jobs.Reached("succeeded", None)] * 30
+
+
+async def test_a_heartbeat_skips_a_locked_row_reports_it_busy_not_lost_and_extends_it_once_released(
+    db_url: str,
+) -> None:
+    # Another transaction holds one job's row (a slow fenced write, an operator's bulk action) while the
+    # worker's heartbeat names all ten: the nine others are extended at once, the locked one is neither
+    # extended nor lost. The heartbeat's connection would wait for ever without SKIP LOCKED; lock_timeout
+    # turns that into a failure instead of a hang.
+    async with jf.connected(db_url) as conn:
+        for _ in range(10):
+            await claim(conn, now=at(0))
+        leases = await jobs.fetch_and_lease(conn, owner="w1", kinds={"k": 10}, limit=10, now=at(0))
+    assert len(leases) == 10
+    locked = leases[4]
+    beats = [(x.job_id, x.lease_token, 30.0) for x in leases]
+    async with jf.connected(db_url) as holder, jf.connected(db_url) as beat, jf.connected(db_url) as read:
+        await beat.execute("SET lock_timeout = '5s'")
+        async with holder.transaction():
+            await holder.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (locked.job_id,))
+            answer = await jobs.extend_leases(beat, beats, now=at(3))
+            assert answer.busy == {locked.job_id}
+            assert answer.held == {x.job_id: False for x in leases if x is not locked}
+            assert not answer.lost(locked.job_id)
+            with pytest.raises(LeaseBusy):
+                await jobs.extend_lease(beat, locked.job_id, locked.lease_token, ttl=30, now=at(3))
+            expiries = await lease_expiries(read)
+            assert expiries == {x.job_id: at(10) if x is locked else at(33) for x in leases}
+        answer = await jobs.extend_leases(beat, beats, now=at(4))
+        assert (answer.held, answer.busy) == (dict.fromkeys(expiries, False), frozenset())
+        assert (await lease_expiries(read))[locked.job_id] == at(34)
+
+
+async def test_a_locked_row_whose_lease_the_locker_takes_is_busy_and_then_lost(db_url: str) -> None:
+    # Busy means "undecided", never "held": the locker may be taking the lease (a reclaim in flight).
+    async with jf.connected(db_url) as conn:
+        await claim(conn, now=at(0))
+        lease = await lease_one(conn, ttl=10, now=at(0))
+    async with jf.connected(db_url) as holder, jf.connected(db_url) as beat:
+        await beat.execute("SET lock_timeout = '5s'")  # fails rather than hangs without SKIP LOCKED
+        beats = [(lease.job_id, lease.lease_token, 30.0)]
+        async with holder.transaction():
+            await holder.execute(
+                "UPDATE jobs SET lease_token = lease_token + 1 WHERE id = %s", (lease.job_id,)
+            )
+            answer = await jobs.extend_leases(beat, beats, now=at(3))
+            assert (answer.held, answer.busy) == ({}, {lease.job_id})
+        answer = await jobs.extend_leases(beat, beats, now=at(4))
+        assert (answer.held, answer.busy, answer.lost(lease.job_id)) == ({}, frozenset(), True)
+
+
+async def lease_expiries(conn: db.Conn) -> dict[int, Any]:
+    rows = await (await conn.execute("SELECT id, lease_expires_at FROM jobs")).fetchall()
+    return {r["id"]: r["lease_expires_at"] for r in rows}
+
+
+class Unserialisable:
+    """A handler's error code that is not JSON."""
+
+    def __repr__(self) -> str:
+        return "Unserialisable()"
+
+
+UNSTORABLE_CODES: dict[str, Any] = {
+    "an object": Unserialisable(),
+    "a nested NUL": {"detail": "a\x00b"},
+    "a nested lone surrogate": ["\ud800"],
+    "NaN": float("nan"),
+    "a circular list": (lambda loop: (loop.append(loop), loop)[1])([]),
+}
+
+
+async def test_one_unstorable_error_record_fails_only_its_own_job_and_every_job_ends_terminal(
+    conn: db.Conn,
+) -> None:
+    # One batch: jobs that succeeded, jobs that failed with a storable record, and one job per kind of
+    # record Postgres (or json) refuses. Every one reaches its terminal state; the bad ones say why.
+    n = 4 + len(UNSTORABLE_CODES)
+    for _ in range(n):
+        await claim(conn, now=at(0))
+    leases = await jobs.fetch_and_lease(conn, owner="w1", kinds={"k": 10}, limit=n, now=at(0))
+    good = [
+        jobs.Finish(leases[0].job_id, leases[0].lease_token, "succeeded", "w1"),
+        jobs.Finish(
+            leases[1].job_id, leases[1].lease_token, "failed", "w1", "E: m", {"type": "E", "code": 7}
+        ),
+        jobs.Finish(leases[2].job_id, leases[2].lease_token, "succeeded", "w1"),
+        jobs.Finish(leases[3].job_id, leases[3].lease_token, "parked", "w1", "poison", {"type": "P"}),
+    ]
+    bad = [
+        jobs.Finish(
+            lease.job_id,
+            lease.lease_token,
+            "failed",
+            "w1",
+            f"BadCode: {name}",
+            {"type": "BadCode", "message": f"code is {name}", "code": code, "traceback": "tb"},
+        )
+        for lease, (name, code) in zip(leases[4:], UNSTORABLE_CODES.items(), strict=True)
+    ]
+    answers = await jobs.finish_many(conn, [*good, *bad], now=at(1))
+    assert answers == [
+        jobs.Reached("succeeded", None),
+        jobs.Reached("failed", "E: m"),
+        jobs.Reached("succeeded", None),
+        jobs.Reached("parked", "poison"),
+        *(jobs.Reached("failed", f"BadCode: {name}") for name in UNSTORABLE_CODES),
+    ]
+    assert (await job(conn, good[1].job_id))["last_error"] == {"type": "E", "code": 7}
+    for finish, name in zip(bad, UNSTORABLE_CODES, strict=True):
+        row = await job(conn, finish.job_id)
+        assert row["state"] == "failed", name
+        assert (row["last_error"]["type"], row["last_error"]["message"]) == ("BadCode", f"code is {name}")
+        assert "could not be stored as it was" in row["last_error"]["unstorable"], name
+        [attempt] = await jobs.attempts(conn, finish.job_id)
+        assert (attempt["outcome"], attempt["error_type"], attempt["traceback"]) == (
+            "failed",
+            "BadCode",
+            "tb",
+        )
+    codes = [(await job(conn, f.job_id))["last_error"]["code"] for f in bad]
+    assert codes == ["Unserialisable()", {"detail": "a\\x00b"}, ["\\ud800"], "nan", ["<circular reference>"]]
+
+
+async def test_a_row_postgres_still_refuses_is_split_out_and_ends_with_a_stand_in_record(db_url: str) -> None:
+    # What no check foresees (here a trigger refusing one job's error message; in life a value over some
+    # limit): the batch is split until the row stands alone, the others finish, and that job still reaches
+    # its state, with a reason and record naming Postgres's refusal. Inside a caller's transaction too.
+    async with jf.connected(db_url) as conn:
+        await conn.execute(
+            """
+            CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.last_error ->> 'message' = 'poison' THEN
+                    RAISE EXCEPTION 'value refused for job %', NEW.id USING ERRCODE = '22023';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_poison BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_poison();
+            """
+        )
+        for _ in range(7):
+            await claim(conn)
+        leases = await jobs.fetch_and_lease(conn, owner="w1", kinds={"k": 60}, limit=7)
+    poisoned = {leases[2].job_id, leases[5].job_id}
+    batch = [
+        jobs.Finish(
+            x.job_id,
+            x.lease_token,
+            "failed",
+            "w1",
+            "E: poison" if x.job_id in poisoned else "E: fine",
+            {"type": "E", "message": "poison" if x.job_id in poisoned else "fine"},
+        )
+        for x in leases
+    ]
+    async with jf.connected(db_url) as conn:
+        answers = await jobs.finish_many(conn, batch[:4])  # autocommit
+        async with conn.transaction():
+            await conn.execute("CREATE TABLE caller_work (n int)")
+            answers += await jobs.finish_many(conn, batch[4:])  # inside the caller's transaction
+            await conn.execute("INSERT INTO caller_work VALUES (1)")
+        assert await jf.scalar(conn, "SELECT count(*) FROM caller_work") == 1
+        for finish, reached in zip(batch, answers, strict=True):
+            assert reached is not None
+            row = await job(conn, finish.job_id)
+            assert (row["state"], reached.state) == ("failed", "failed")
+            if finish.job_id in poisoned:
+                assert reached.reason == row["terminal_reason"]
+                assert row["terminal_reason"].startswith(
+                    "failed; its reason or error record could not be stored"
+                )
+                assert "SQLSTATE 22023" in row["terminal_reason"]
+                assert row["last_error"]["type"] == "UnstorableOutcome"
+                assert f"value refused for job {finish.job_id}" in row["last_error"]["message"]
+            else:
+                assert (row["terminal_reason"], row["last_error"]) == (
+                    "E: fine",
+                    {"type": "E", "message": "fine"},
+                )
+
+
+async def test_a_row_refused_even_with_a_stand_in_gets_its_own_error_and_the_others_finish(
+    db_url: str,
+) -> None:
+    # Postgres refuses any terminal update of one job (a trigger; in life a constraint on the job itself):
+    # that job alone gets a LedgerError answer; its batch-mates, committed before and after the split, finish.
+    async with jf.connected(db_url) as conn:
+        for _ in range(5):
+            await claim(conn)
+        leases = await jobs.fetch_and_lease(conn, owner="w1", kinds={"k": 60}, limit=5)
+        stuck = leases[3].job_id
+        await conn.execute(
+            f"""
+            CREATE FUNCTION refuse_job() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.id = {stuck} AND NEW.state <> 'running' THEN
+                    RAISE EXCEPTION 'job refused' USING ERRCODE = '23514';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_job BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_job();
+            """
+        )
+        answers = await jobs.finish_many(
+            conn, [jobs.Finish(x.job_id, x.lease_token, "succeeded", "w1") for x in leases]
+        )
+        refused = answers.pop(3)
+        assert isinstance(refused, LedgerError) and "job refused" in str(refused)
+        assert answers == [jobs.Reached("succeeded", None)] * 4
+        assert (await job(conn, stuck))[
+            "state"
+        ] == "running"  # left to lease expiry, as a lost connection would
+        with pytest.raises(LedgerError, match="job refused"):
+            await jobs.finish(conn, stuck, leases[3].lease_token, state="succeeded", by="w1")

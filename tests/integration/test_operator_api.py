@@ -19,6 +19,7 @@ from referencing import Resource
 from referencing.jsonschema import DRAFT202012
 
 from effectgate.gateway.app import create_app
+from effectgate.gateway.bodies import MAX_OPERATOR_BODY_BYTES
 from effectgate.gateway.config import parse
 from effectgate.gateway.operator import documents, reporting
 from effectgate.gateway.operator.auth import hash_token
@@ -215,6 +216,15 @@ async def test_every_documented_answer_is_real_and_matches_the_document(db_url: 
                     assert check(response, template, method)["error"] == "ledger_unavailable"
                     seen.add((template, method, "503"))
     async with gateway(db_url) as client:
+        for template, ops in DOCUMENT["paths"].items():
+            for method, op in ops.items():
+                if "413" in op["responses"]:
+                    url = template.replace("{key}", "k").replace("{job_id}", "1").replace("{kind}", "k")
+                    too_big = b"x" * (MAX_OPERATOR_BODY_BYTES + 1)
+                    response = await client.request(method, url, headers=OPERATE, content=too_big)
+                    assert response.status_code == 413
+                    assert check(response, template, method)["error"] == "payload_too_large"
+                    seen.add((template, method, "413"))
         wrong = {"Authorization": "Bearer wrong-token-0123456789"}
         for _ in range(client._transport.app.state.auth_throttle.limit):  # type: ignore[attr-defined]
             assert (await client.get("/api/kinds/paused", headers=wrong)).status_code == 401

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
@@ -28,6 +29,7 @@ from effectgate.gateway.testing.fake_paypal import FakePayPal, SentTransmission
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db
+from effectgate.ledger.signature_failures import FailureFlusher
 from tests.integration.paypal_server import serve_fake_paypal
 from tests.unit.signatures.crc_forge import FILLER, forge
 from tests.unit.signatures.paypal_pki import Pki, iso
@@ -124,13 +126,21 @@ def make_registry() -> Registry:
 
 
 @pytest.fixture
-async def client(paypal: PayPal, db_url: str, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+async def app(paypal: PayPal, db_url: str, tmp_path: Path) -> AsyncIterator[Starlette]:
     ca_file = paypal.pki.write_root(tmp_path)
-    app = create_app(parse(config_text(paypal, ca_file), env=ENV), make_registry(), db_url)
+    # Failed verifications are written by hand (flusher.flush()), not by a background pass mid-test.
+    app = create_app(
+        parse(config_text(paypal, ca_file), env=ENV), make_registry(), db_url, failure_flush_interval=3600
+    )
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
-            yield c
+        yield app
+
+
+@pytest.fixture
+async def client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+        yield c
 
 
 def capture_event(value: str = "7.47") -> dict[str, Any]:
@@ -168,7 +178,7 @@ def event_id(body: bytes) -> str:
 
 
 async def test_a_crc_forged_body_under_a_captured_signature_claims_nothing(
-    client: httpx.AsyncClient, conn: db.Conn, paypal: PayPal
+    app: Starlette, client: httpx.AsyncClient, conn: db.Conn, paypal: PayPal
 ) -> None:
     body, headers = paypal.deliver(capture_event())
     first = await client.post("/webhooks/paypal", content=body, headers=headers)
@@ -183,6 +193,8 @@ async def test_a_crc_forged_body_under_a_captured_signature_claims_nothing(
     again = await client.post("/webhooks/paypal", content=body, headers=headers)
     assert again.status_code == 200, again.text
     assert await effects(conn) == [f"paypal:{event_id(body)}:paypal.capture"]
+    flusher: FailureFlusher = app.state.signature_failure_flusher
+    await flusher.flush()
     cursor = await conn.execute("SELECT reason, count FROM signature_failures WHERE source = 'paypal'")
     assert [(r["reason"], r["count"]) for r in await cursor.fetchall()] == [("transmission_reused", 2)]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from effectgate.gateway.config import ConfigError, app_dir, import_handlers, load, parse
+from effectgate.handlers.worker import DEFAULT_CONCURRENCY
 
 ENV = {"S1": "whsec_one", "S2": "whsec_two"}
 MINIMAL = """
@@ -26,7 +27,7 @@ def test_minimal_configuration_has_documented_defaults() -> None:
     assert source.tenant_from is None
     assert config.gateway.max_body_bytes == 1024 * 1024
     assert (config.gateway.host, config.gateway.port) == ("127.0.0.1", 8000)
-    assert config.worker.concurrency == 4
+    assert config.worker.concurrency == DEFAULT_CONCURRENCY == 16
     assert config.worker.reconciler.tick == 15.0
     assert config.payments is None and config.handler_modules == ()
 

@@ -1,4 +1,4 @@
-"""What a failure says: the re-encoded-body hint, and never a secret or a full signature."""
+"""What a failure says: the deferred re-encoded-body hint, and never a secret or a full signature."""
 
 import json
 
@@ -10,6 +10,7 @@ from effectgate.gateway.signatures import (
     UnsupportedSignatureVersion,
     VerificationError,
 )
+from effectgate.gateway.signatures._common import REENCODED_HINT
 
 from .signing import CASE_IDS, CASES, EVENT_BODY, NOW, Case
 
@@ -22,12 +23,16 @@ ORIGINAL = json.dumps(
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_a_re_encoded_body_is_invalid_with_the_hint(case: Case) -> None:
+def test_a_re_encoded_body_is_invalid_and_its_deferred_diagnosis_gives_the_hint(case: Case) -> None:
     headers = case.sign(ORIGINAL)
     reencoded = json.dumps(json.loads(ORIGINAL)).encode()
-    with pytest.raises(SignatureInvalid, match="body appears re-encoded in transit") as caught:
+    with pytest.raises(SignatureInvalid) as caught:
         case.build().verify(reencoded, headers, now=NOW)
     assert "1 configured secret" in caught.value.detail
+    # The sender's detail never waits for the diagnosis; the operator gets it from the rejects report.
+    assert "re-encoded" not in caught.value.detail
+    assert caught.value.diagnose is not None
+    assert caught.value.diagnose() == REENCODED_HINT
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -36,6 +41,7 @@ def test_a_genuinely_different_body_gets_no_hint(case: Case) -> None:
     with pytest.raises(SignatureInvalid) as caught:
         case.build().verify(ORIGINAL.replace(b"Zo", b"Jo"), headers, now=NOW)
     assert "re-encoded" not in caught.value.detail
+    assert caught.value.diagnose is not None and caught.value.diagnose() is None
 
 
 def test_detail_counts_the_secrets_tried() -> None:

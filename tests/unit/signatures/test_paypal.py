@@ -109,8 +109,11 @@ def test_anything_changed_is_invalid(body: bytes, headers: dict[str, str]) -> No
 def test_a_re_encoded_body_gets_the_hint() -> None:
     compact = json.dumps(json.loads(BODY), separators=(",", ":")).encode()
     scheme, _ = make()
-    with pytest.raises(SignatureInvalid, match="re-encoded in transit"):
+    with pytest.raises(SignatureInvalid) as caught:
         deliver(scheme, BODY, signed(compact))
+    assert caught.value.diagnose is not None
+    diagnosis = caught.value.diagnose()
+    assert diagnosis is not None and "re-encoded in transit" in diagnosis
 
 
 @pytest.mark.parametrize(
