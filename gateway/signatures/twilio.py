@@ -55,6 +55,8 @@ _SETTINGS = "X-Twilio-Webhooks-Signature-Settings"
 _ALGORITHMS = {"HMAC_SHA1": ("sha1", 20), "HMAC_SHA256": ("sha256", 32)}
 _DEFAULT_TYPE = "twilio.request"
 _DEFAULT_PORTS = {"https": 443, "http": 80}
+# A body Twilio sends as JSON starts (after any whitespace) like a JSON object or array; none of its forms do.
+_JSON_START = re.compile(rb"[ \t\r\n]*[\[{]")
 # What follows the URL in the string Twilio signs for a JSON body.
 _JSON_SIGNED_SUFFIX = re.compile(r"[?&]bodySHA256=[0-9a-f]{64}")
 # parse_qsl's own guard against a body made of millions of "&"; Twilio sends a few dozen fields.
@@ -67,8 +69,8 @@ class TwilioScheme(SchemeBase):
     own validator does) plus the sorted form parameters, or, for JSON bodies, over the URL with the
     body's ``bodySHA256``; HMAC-SHA256 instead when ``X-Twilio-Webhooks-Signature-Settings`` names it
     (SharedKey signing, the secret being the SharedKey's, whose SID the ``shared_key`` option names for
-    ``sign``). Which of the two readings applies is decided by the signature that matches, never by the
-    unsigned ``Content-Type``. The event id is ``body_event_id`` of the signed body (the unsigned
+    ``sign``). Which of the two readings applies is decided by the signature that matches (a body shaped
+    like JSON is never read as a form), never by the unsigned ``Content-Type``. The event id is ``body_event_id`` of the signed body (the unsigned
     ``I-Twilio-Idempotency-Token`` is kept as ``delivery_id``); the type is the ``event_type`` option,
     else ``SmsStatus``, else ``twilio.request``."""
 
@@ -98,9 +100,11 @@ class TwilioScheme(SchemeBase):
     def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
         digest, size = _algorithm(first_header(headers, _SETTINGS))
         presented = decode_digests([require_header(headers, _HEADER)], "base64", size, _HEADER)
-        # The unsigned Content-Type does not choose the reading: the signature does. A JSON body is signed
-        # as url?bodySHA256=…, a form as url + its parameters; whichever the presented signature matches
-        # is how the body is read, so rewriting Content-Type cannot make a signed body read another way.
+        # The unsigned Content-Type does not choose the reading: the signature does. A JSON body is signed as
+        # url?bodySHA256=… (a hash of the body and a short HMAC: tried first), a form as the URL plus its
+        # parameters; a body shaped like JSON (an object or an array) is never read as a form, which also
+        # keeps a failed check of a JSON body to one matching pass. Rewriting Content-Type changes nothing.
+        json_shaped = _JSON_START.match(body) is not None
         read_as: list[str] = []
 
         def match(candidate: bytes) -> int | None:
@@ -110,13 +114,10 @@ class TwilioScheme(SchemeBase):
             if index is not None:
                 read_as.append("json")
                 return index
-            form = _form_signed_strings(self._urls, candidate)
+            form = None if json_shaped else _form_signed_strings(self._urls, candidate)
             if form is None:
                 return None
-            index = hmac_index(self._keys, digest, presented, [text.encode("utf-8") for text in form])
-            if index is not None:
-                read_as.append("form")
-            return index
+            return hmac_index(self._keys, digest, presented, [text.encode("utf-8") for text in form])
 
         index = require_match(body, match, secrets=len(self._keys), signatures=1)
         payload: Any = parse_json(body) if read_as == ["json"] else _form_payload(body)
