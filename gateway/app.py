@@ -25,7 +25,7 @@ from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLU
 from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
 
 from .bodies import BodyTooLarge
-from .config import Config
+from .config import Config, ConfigError, identity_problems
 from .ingress import error, receive
 from .operator import metrics
 from .operator.api import ApiHeaders
@@ -96,7 +96,12 @@ def create_app(
     default ``[operator] listen``'s), or None when both planes share one listener.
     ``failure_flush_interval`` is how often the failed-verification counts are written to the ledger
     (and once more at shutdown).
+    Raises ``ConfigError`` when an effect's key, lock-key or require function reads a field its
+    source does not sign (``config.identity_problems``).
     """
+    problems = identity_problems(config, registry)
+    if problems:
+        raise ConfigError(*problems)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

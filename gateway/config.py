@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import ipaddress
 import os
+import re
 import sys
 import tomllib
 import traceback
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule, check_identity, check_key_spaces
+from effectgate.handlers.registry import REGISTRY, Registry
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
 from effectgate.handlers.worker import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVAL, WorkerConfig
 from effectgate.ledger import claim_batcher
@@ -45,7 +48,7 @@ from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
-from .signatures import SCHEMES, Scheme, SchemeConfigError, build_scheme
+from .signatures import SCHEMES, Covers, Scheme, SchemeConfigError, build_scheme, covers_of
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
 
@@ -85,7 +88,8 @@ class Source:
     """A configured webhook source: its name, verifier, tenant and conflict answer.
 
     ``tenant_from``, when set, takes each event's tenant from its payload (Stripe Connect's
-    ``/account``) instead of the one static ``tenant``.
+    ``/account``) instead of the one static ``tenant``, and then only a tenant in ``tenants`` or
+    matching ``tenant_pattern`` (the configuration refuses ``tenant_from`` without one of them).
     """
 
     name: str
@@ -95,6 +99,16 @@ class Source:
     conflict_status: ConflictStatus
     secret_envs: tuple[str, ...]
     tenant_from: JsonPointer | None = None
+    tenants: frozenset[str] | None = None
+    tenant_pattern: re.Pattern[str] | None = None
+    # What the scheme signs, known in every role, including one that holds no webhook secrets (a worker);
+    # None: ask the scheme.
+    covers: Covers | None = None
+
+    @property
+    def tenant_rule(self) -> TenantRule:
+        """How this source's events get their tenant (``handlers.plan``, shared with the replay)."""
+        return TenantRule(self.tenant, self.tenant_from, self.tenants, self.tenant_pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +287,7 @@ def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Sou
                 table.problem(
                     "tenant_from", 'must point inside the payload (e.g. "/account"), not at all of it'
                 )
+    tenants, tenant_pattern = _tenant_allow_list(table, tenant_from is not None or tenant_pointer is not None)
     conflict_status = table.get("on_conflict", int, default_conflict_status(scheme_name or ""))
     if conflict_status not in CONFLICT_STATUSES:
         table.problem("on_conflict", f"must be 409 or 200, got {conflict_status}")
@@ -288,13 +303,76 @@ def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Sou
             table.problem("scheme", f"unknown scheme {scheme_name!r} (known: {', '.join(sorted(SCHEMES))})")
             return None
         unloaded = cast(Scheme, SecretsNotLoaded(scheme_name))
-        return Source(name, scheme_name, unloaded, tenant, conflict_status, tuple(secret_envs), tenant_from)
+        return Source(
+            name,
+            scheme_name,
+            unloaded,
+            tenant,
+            conflict_status,
+            tuple(secret_envs),
+            tenant_from,
+            tenants,
+            tenant_pattern,
+            covers_of(scheme_name, options),
+        )
     try:
         scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
     except SchemeConfigError as exc:
         table.problem("scheme", str(exc))
         return None
-    return Source(name, scheme_name, scheme, tenant, conflict_status, tuple(secret_envs), tenant_from)
+    return Source(
+        name,
+        scheme_name,
+        scheme,
+        tenant,
+        conflict_status,
+        tuple(secret_envs),
+        tenant_from,
+        tenants,
+        tenant_pattern,
+        scheme.covers,
+    )
+
+
+def _tenant_allow_list(
+    table: TableReader, takes_tenant: bool
+) -> tuple[frozenset[str] | None, re.Pattern[str] | None]:
+    # A sender naming its own tenant could name "default", or another source's, and pre-claim the keys
+    # that source's handlers need: tenant_from comes with the list of tenants it may name, or a pattern.
+    listed = table.get("tenants", list)
+    pattern_text = table.get("tenant_pattern", str)
+    if not takes_tenant:
+        for key in ("tenants", "tenant_pattern"):
+            if key in table.table:
+                table.problem(key, "only meaningful with tenant_from")
+        return None, None
+    if listed is None and pattern_text is None:
+        table.problem(
+            "tenant_from",
+            'needs the tenants it may name: tenants = ["acct_1", …] or tenant_pattern = "acct_[A-Za-z0-9]+"',
+        )
+        return None, None
+    tenants = None
+    if listed is not None:
+        if not listed or not all(
+            isinstance(t, str) and t and t.isprintable() and len(t) <= MAX_TENANT_LENGTH for t in listed
+        ):
+            table.problem(
+                "tenants",
+                f"must be a non-empty list of printable names of at most {MAX_TENANT_LENGTH} characters",
+            )
+        else:
+            tenants = frozenset(listed)
+    pattern = None
+    if pattern_text is not None:
+        try:
+            pattern = re.compile(pattern_text)
+        except re.error as exc:
+            table.problem("tenant_pattern", f"not a regular expression: {exc}")
+        else:
+            if pattern.fullmatch("") is not None:
+                table.problem("tenant_pattern", "must not match the empty string")
+    return tenants, pattern
 
 
 # PayPal's confirmation (options.confirm) calls PayPal's API with OAuth client credentials: secrets, so the
@@ -757,8 +835,46 @@ def import_handlers(config: Config) -> None:
             problems.append(
                 f"{config.path}: handlers.modules: cannot import {module!r}: {_import_failure(module, exc, where)}"
             )
+    if not problems:
+        problems = [f"{config.path}: {p}" for p in identity_problems(config, REGISTRY)]
     if problems:
         raise ConfigError(*problems)
+
+
+def unsigned_fields(config: Config) -> dict[str, frozenset[str]]:
+    """Per configured source, the event fields its signature leaves unsigned (``type`` or none; an
+    unsigned id was already replaced with the signed body's digest by the scheme)."""
+    return {
+        name: frozenset() if (source.covers or source.scheme.covers).type else frozenset({"type"})
+        for name, source in config.sources.items()
+    }
+
+
+def identity_problems(config: Config, registry: Registry) -> list[str]:
+    """Effects whose key, lock-key or require function reads a field their source does not sign, without
+    ``trust_unsigned=True`` (``handlers.plan.check_identity``), and key functions of two sources that can
+    reach one tenant with no ``key_space`` declared (``check_key_spaces``): refused at start-up, named."""
+
+    def overlapping(a: str, b: str) -> bool:
+        x, y = config.sources.get(a), config.sources.get(b)
+        return x is not None and y is not None and tenants_overlap(x, y)
+
+    return check_identity(registry, unsigned_fields(config)) + check_key_spaces(registry, overlapping)
+
+
+def tenants_overlap(x: Source, y: Source) -> bool:
+    """Whether two sources can file effects under one tenant: their static tenants or allow-lists meet, a
+    pattern matches the other's listed tenant, or both take patterns (which may always meet)."""
+    listed_x = frozenset({x.tenant}) if x.tenant_from is None else x.tenants
+    listed_y = frozenset({y.tenant}) if y.tenant_from is None else y.tenants
+    if listed_x is not None and listed_y is not None and listed_x & listed_y:
+        return True
+    if x.tenant_pattern is not None and y.tenant_pattern is not None:
+        return True
+    for pattern, listed in ((x.tenant_pattern, listed_y), (y.tenant_pattern, listed_x)):
+        if pattern is not None and listed and any(pattern.fullmatch(t) for t in listed):
+            return True
+    return False
 
 
 def _import_failure(module: str, exc: Exception, where: str) -> str:

@@ -2,7 +2,7 @@
 
 Order of checks: unknown source (404), body size (413, enforced while reading), signature (401),
 payload (400), the tenant when the source takes it from the event (400 ``tenant_missing`` /
-``tenant_invalid``), effect keys (422), then one transaction claiming every effect. The answer is sent
+``tenant_invalid`` / ``tenant_not_allowed``), effect keys (422), then one transaction claiming every effect. The answer is sent
 only after that transaction committed; a failure before it answers 5xx and leaves nothing behind,
 so the provider's own retry is safe.
 """
@@ -22,6 +22,8 @@ from starlette.responses import JSONResponse, Response
 
 from effectgate.handlers import tracing
 from effectgate.handlers.event import Event as HandlerEvent
+from effectgate.handlers.plan import MAX_TENANT_LENGTH as MAX_TENANT_LENGTH  # re-exported
+from effectgate.handlers.plan import PlanFailed, TenantUnusable, plan_event
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import claim_batcher, claims, db
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
@@ -33,7 +35,6 @@ from effectgate.ledger.errors import (
     LedgerUnavailable,
 )
 from effectgate.ledger.fingerprints import canonical_json
-from effectgate.ledger.pointers import PointerMissing
 from effectgate.ledger.storable import jsonb_problem
 
 from .config import Config, Source
@@ -43,6 +44,9 @@ from .signature_failures import SignatureFailures
 from .signatures import ConfirmationUnavailable, Event, PayloadError, SignatureError, Verified
 
 log = logging.getLogger("effectgate.gateway")
+
+# The answer's outcome for an effect that matched the event type but whose ``require`` was not met.
+UNMET_REQUIREMENT = "unmet_requirement"
 
 
 # Request ids unique across processes without a uuid4 (an os.urandom call) per request: a random prefix per
@@ -159,7 +163,7 @@ async def _receive(request: Request) -> Response:
             return error(400, "malformed_payload", f"event {event.id!r}: {problem}")
 
     try:
-        planned = _plan(source, registry, verified, request_id)
+        planned, unmet = _plan(source, registry, verified, request_id)
     except TenantUnusable as exc:
         # Nothing is claimed: an effect filed under a guessed tenant could collide with another's.
         metrics.delivery(name, exc.code)
@@ -233,7 +237,8 @@ async def _receive(request: Request) -> Response:
 
     flat = [o for per_event in outcomes for o in per_event]
     metrics.claimed(name, [o.outcome for o in flat])
-    effects_json = [_outcome_json(o) for o in flat]
+    # Effects whose require the signed payload did not meet are listed too: skipped, never claimed.
+    effects_json = [_outcome_json(o) for o in flat] + unmet
     event_ids = [d.event_id for d, _ in planned]
     if log.isEnabledFor(logging.DEBUG):
         # Every delivery is a row in the ledger already; a log line each is for debugging, not the default.
@@ -265,73 +270,36 @@ class KeyFunctionFailed(Exception):
     """A handler's key function could not compute an effect key for this event."""
 
 
-class TenantUnusable(Exception):
-    """The event names no usable tenant where the source's ``tenant_from`` points."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-
-
-MAX_TENANT_LENGTH = 200
-
-
 def event_tenant(source: Source, event: Event) -> str:
-    """The tenant ``event`` belongs to: the source's static one, or the string at ``tenant_from``."""
-    if source.tenant_from is None:
-        return source.tenant
-    pointer = source.tenant_from.text
-    try:
-        tenant = source.tenant_from.resolve(event.payload)
-    except PointerMissing:
-        raise TenantUnusable(
-            "tenant_missing", f"event {event.id!r} has no tenant at {pointer!r} (tenant_from)"
-        ) from None
-    if not isinstance(tenant, str) or not tenant:
-        raise TenantUnusable(
-            "tenant_missing",
-            f"event {event.id!r}: the tenant at {pointer!r} must be a non-empty string, "
-            f"not {type(tenant).__name__}",
-        )
-    # The tenant is part of every effect key and downstream idempotency key: no control characters
-    # (the key derivation separates its parts with one), nothing unbounded.
-    if len(tenant) > MAX_TENANT_LENGTH or not tenant.isprintable():
-        raise TenantUnusable(
-            "tenant_invalid",
-            f"event {event.id!r}: the tenant at {pointer!r} must be printable and at most "
-            f"{MAX_TENANT_LENGTH} characters",
-        )
-    return tenant
+    """The tenant ``event`` belongs to: the source's static one, or an allowed string at ``tenant_from``."""
+    return source.tenant_rule.tenant_of(event.id, event.payload)
 
 
 def _plan(
     source: Source, registry: Registry, verified: Verified, request_id: str
-) -> list[tuple[Delivery, list[EffectRequest]]]:
-    # Every event's tenant first: a batch with one unusable tenant is refused before any key is computed.
-    tenants = [event_tenant(source, event) for event in verified.events]
+) -> tuple[list[tuple[Delivery, list[EffectRequest]]], list[dict[str, Any]]]:
+    # The decisions (tenant, require, key, fingerprint, lock key) are handlers.plan's, shared with the
+    # replay; what is left here is the delivery record. Every event's tenant first: a batch with one
+    # unusable tenant is refused before any key is computed.
+    rule = source.tenant_rule
+    tenants = [rule.tenant_of(event.id, event.payload) for event in verified.events]
     planned = []
+    unmet: list[dict[str, Any]] = []
     for event, tenant in zip(verified.events, tenants, strict=True):
-        handler_event = HandlerEvent(source.name, event.id, event.type, event.payload, tenant)
-        effects = []
-        for kind in registry.match(source.name, event.type):
-            try:
-                key = kind.effect_key(handler_event)
-                lock_key = kind.lock_key_for(handler_event)
-            except Exception as exc:
-                raise KeyFunctionFailed(
-                    f"handler {kind.name!r} could not compute an effect or lock key for event {event.id!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            effects.append(
-                EffectRequest(
-                    key,
-                    kind.name,
-                    kind.max_attempts,
-                    kind.orphan_policy,
-                    lock_key,
-                    fingerprint=kind.fingerprint_of(handler_event),
-                )
+        handler_event = HandlerEvent(
+            source.name, event.id, event.type, event.payload, tenant, event.delivery_id, event.type_signed
+        )
+        try:
+            plan = plan_event(registry, handler_event)
+        except PlanFailed as exc:
+            raise KeyFunctionFailed(str(exc)) from exc
+        if plan.unmet:
+            # A signed body under a type it does not fit (a topic swap), or simply a case the effect skips.
+            log.info(
+                "delivery.requirement_unmet",
+                extra={"source": source.name, "request_id": request_id, "handlers": plan.unmet},
             )
+            unmet.extend({"handler": kind, "outcome": UNMET_REQUIREMENT} for kind in plan.unmet)
         # Serialised once: the canonical text is both what the fingerprint hashes and what is stored.
         canonical = canonical_json(event.payload)
         delivery = Delivery(
@@ -345,8 +313,8 @@ def _plan(
             secret_index=verified.secret_index,
             payload_text=canonical.decode(),
         )
-        planned.append((delivery, effects))
-    return planned
+        planned.append((delivery, plan.effects))
+    return planned, unmet
 
 
 # Seconds a sender is asked to wait after a 503 overloaded or claim_timeout: long enough for a queue to drain.

@@ -696,7 +696,7 @@ def run_replay(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
     """``effectgate ledger replay --unmatched``: the handlers come from the configuration, read first."""
     import os
 
-    from .config import DEFAULT_CONFIG_FILE, ConfigError, import_handlers, load
+    from .config import DEFAULT_CONFIG_FILE, ConfigError, import_handlers, load, unsigned_fields
 
     try:
         config = load(args.config or os.environ.get("EFFECTGATE_CONFIG") or DEFAULT_CONFIG_FILE)
@@ -707,6 +707,9 @@ def run_replay(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
     if args.source not in config.sources:
         print(f"effectgate: --source: {args.source!r} is not a configured source", file=sys.stderr)
         return EXIT_USAGE
+    args.unsigned_type_sources = frozenset(
+        n for n, fields in unsigned_fields(config).items() if "type" in fields
+    )
     return _run(cmd_replay, run_on_ledger)(args)
 
 
@@ -716,7 +719,13 @@ async def cmd_replay(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> No
     until = parse_time(args.until, "until", now=now)
     assert since is not None  # required by the parser
     result = await replay.replay_unmatched(
-        conn, REGISTRY, source=args.source, since=since, until=until, limit=_bulk_limit(args.limit)
+        conn,
+        REGISTRY,
+        source=args.source,
+        since=since,
+        until=until,
+        limit=_bulk_limit(args.limit),
+        unsigned_type_sources=getattr(args, "unsigned_type_sources", frozenset()),
     )
     if args.format == "json":
         _json(out, result.summary())

@@ -18,7 +18,7 @@ import httpx
 
 from .config import Config, GatewayConfig, Source
 from .examples import example
-from .signatures import Signer, SigningError
+from .signatures import Signer, SigningError, body_event_id
 from .signatures.base import FORM_CONTENT_TYPE, JSON_CONTENT_TYPE
 
 SEND_TIMEOUT = 30.0
@@ -149,7 +149,11 @@ def sign(
     except SigningError as exc:
         raise SendError(_name_the_input(str(exc), source, where)) from None
     headers = dict(signed.headers)
-    sent_id = _header(headers, _ID_HEADERS) or delivery.event_id
+    # The event id the ledger records: where the provider's id header is unsigned, the gateway keys the
+    # event on the signed body's digest instead, so that is the id to look for.
+    sent_id = (
+        _header(headers, _ID_HEADERS) or delivery.event_id if scheme.covers.id else body_event_id(signed.body)
+    )
     return Outgoing(f"{url}/webhooks/{source.name}", signed.body, headers, sent_id, delivery.event_type)
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from effectgate.ledger.fingerprints import fingerprint_selected
-from effectgate.ledger.pointers import JsonPointer
+from effectgate.ledger.pointers import JsonPointer, PointerMissing
 
 from .event import Event, Transition
 
@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from .context import EffectContext
 
 OrphanPolicy = Literal["redrive", "park"]
+# Where a key function's keys live: "source" prefixes them with the effect's source (no other source can
+# produce them), "shared" keeps them as returned (shared on purpose with other sources' effects that do too).
+KeySpace = Literal["source", "shared"]
 
 # Every per-kind setting's default, in one place. ``pending_ttl`` and ``poison_threshold`` default to
 # ``None``: the process's reconciler settings (``ledger.reconciler.DEFAULT_*``, or the configuration file).
@@ -46,6 +49,9 @@ Handler = Callable[["EffectContext", Event], Awaitable[Any]]
 KeyFn = Callable[[Event], str]
 LockKeyFn = Callable[[Event], "str | None"]
 TransitionHook = Callable[["Conn", Transition], Awaitable[None]]
+RequireFn = Callable[[Event], bool]
+# ``require`` as declared: JSON Pointer -> the value the signed payload must hold there, or a predicate.
+Require = Mapping[str, Any] | RequireFn
 SweepFn = Callable[["Conn"], Awaitable[int]]
 
 
@@ -79,6 +85,15 @@ class EffectKind:
     ``on_transition``: runs in the same transaction as every terminal transition.
     ``fingerprint``: JSON Pointers selecting what makes two deliveries under one key "the same request"
     (``None``, the default: the whole payload); given as strings, parsed here.
+    ``require``: (JSON Pointer, value) pairs the signed payload must hold, and ``require_fn`` a predicate
+    of the event, before the effect is claimed at all: a delivery that fails them is skipped for this
+    effect (``unmet_requirement``), which is how an effect refuses a signed body sent under another,
+    unsigned, type. ``trust_unsigned``: the key, lock-key and require functions may read fields the
+    provider does not sign (``delivery_id``, an unsigned ``type``); off, they raise ``UnsignedField``.
+    ``key_space``: for a ``key`` function, ``"source"`` files its keys under ``{source}:`` so no other
+    source's events can claim them, ``"shared"`` keeps them as returned; ``None`` (undeclared) keeps them as
+    returned too, and the gateway refuses to start when effects of two sources that can reach one tenant
+    both leave it undeclared (docs/adr/0007).
     """
 
     name: str
@@ -96,10 +111,26 @@ class EffectKind:
     lock_key: LockKeyFn | None = None
     on_transition: TransitionHook | None = None
     fingerprint: tuple[JsonPointer, ...] | None = None
+    require: tuple[tuple[JsonPointer, Any], ...] | None = None
+    require_fn: RequireFn | None = None
+    trust_unsigned: bool = False
+    key_space: KeySpace | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.source:
             raise ValueError("an effect needs a name and a source")
+        if self.require is not None:
+            object.__setattr__(self, "require", _requirements(self.name, self.require))
+        if not isinstance(self.trust_unsigned, bool):
+            raise ValueError(f"effect {self.name!r}: trust_unsigned must be True or False")
+        if self.key_space not in (None, "source", "shared"):
+            raise ValueError(
+                f"effect {self.name!r}: key_space must be 'source' or 'shared', got {self.key_space!r}"
+            )
+        if self.key_space is not None and self.key is None:
+            raise ValueError(
+                f"effect {self.name!r}: key_space applies to a key function; the default key is the source's"
+            )
         if self.fingerprint is not None:
             object.__setattr__(self, "fingerprint", _pointers(self.name, self.fingerprint))
         if not callable(self.fn):
@@ -115,7 +146,7 @@ class EffectKind:
             _positive_seconds(self.name, "pending_ttl", self.pending_ttl)
         if self.poison_threshold is not None:
             _positive_int(self.name, "poison_threshold", self.poison_threshold)
-        for hook in ("key", "lock_key", "on_transition"):
+        for hook in ("key", "lock_key", "on_transition", "require_fn"):
             if getattr(self, hook) is not None and not callable(getattr(self, hook)):
                 raise ValueError(f"effect {self.name!r}: {hook} must be callable")
         if self.max_slice is _UNSET:
@@ -138,17 +169,37 @@ class EffectKind:
         return source == self.source and any(fnmatch.fnmatchcase(event_type, p) for p in self.events)
 
     def effect_key(self, event: Event) -> str:
-        """The logical effect key for ``event``: the kind's key function, or source:event id:name."""
+        """The logical effect key for ``event``: the kind's key function (under ``{source}:`` when its
+        ``key_space`` is ``"source"``), or source:event id:name."""
         key = self.key(event) if self.key is not None else f"{event.source}:{event.id}:{self.name}"
         if not isinstance(key, str) or not key:
             raise ValueError(
                 f"effect {self.name!r}: the key function returned {key!r}, not a non-empty string"
             )
+        if self.key_space == "source":
+            key = f"{self.source}:{key}"
         if len(key) > MAX_EFFECT_KEY_LENGTH:
             raise ValueError(
                 f"effect {self.name!r}: effect key longer than {MAX_EFFECT_KEY_LENGTH} characters"
             )
         return key
+
+    def requirement_met(self, event: Event) -> bool:
+        """Whether the signed payload of ``event`` holds every ``require`` value (same JSON type and
+        value; a missing field is not met) and ``require_fn`` answers exactly ``True``."""
+        for pointer, expected in self.require or ():
+            try:
+                found = pointer.resolve(event.payload)
+            except PointerMissing:
+                return False
+            if not _same_json(found, expected):
+                return False
+        if self.require_fn is not None:
+            answer = self.require_fn(event)
+            if not isinstance(answer, bool):
+                raise ValueError(f"the require function returned {answer!r}, not True or False")
+            return answer
+        return True
 
     def fingerprint_of(self, event: Event) -> str | None:
         """The fingerprint of ``event`` for this effect: of the selected fields, or ``None`` for the
@@ -189,6 +240,65 @@ def _pointers(kind: str, pointers: object) -> tuple[JsonPointer, ...]:
     if len({p.text for p in parsed}) != len(parsed):
         raise ValueError(f"effect {kind!r}: fingerprint names a field twice")
     return tuple(parsed)
+
+
+def _requirements(kind: str, require: object) -> tuple[tuple[JsonPointer, Any], ...]:
+    pairs = require.items() if isinstance(require, Mapping) else require
+    if not isinstance(pairs, Iterable) or isinstance(pairs, str):
+        raise ValueError(f"effect {kind!r}: require must map JSON Pointers to values, got {require!r}")
+    parsed = []
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise ValueError(f"effect {kind!r}: require must map JSON Pointers to values, got {require!r}")
+        pointer, expected = pair
+        try:
+            parsed.append(
+                (pointer if isinstance(pointer, JsonPointer) else JsonPointer.parse(pointer), expected)
+            )
+        except ValueError as exc:
+            raise ValueError(f"effect {kind!r}: require: {exc}") from None
+        if not _is_json(expected):
+            raise ValueError(f"effect {kind!r}: require {pointer!r}: {expected!r} is not a JSON value")
+    if not parsed:
+        raise ValueError(
+            f"effect {kind!r}: require must name at least one field (omit it to require nothing)"
+        )
+    return tuple(parsed)
+
+
+def _is_json(value: object) -> bool:
+    if value is None or isinstance(value, str | bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_is_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    return False
+
+
+def _same_json(found: object, expected: object) -> bool:
+    # JSON's types, not Python's: true is not 1, and "1" is not 1.
+    if isinstance(found, bool) or isinstance(expected, bool):
+        return isinstance(found, bool) and isinstance(expected, bool) and found is expected
+    if isinstance(found, list) and isinstance(expected, list):
+        return len(found) == len(expected) and all(
+            _same_json(a, b) for a, b in zip(found, expected, strict=True)
+        )
+    if isinstance(found, dict) and isinstance(expected, dict):
+        return found.keys() == expected.keys() and all(_same_json(found[k], expected[k]) for k in found)
+    if isinstance(found, int | float) and isinstance(expected, int | float):
+        return found == expected
+    return type(found) is type(expected) and found == expected
+
+
+def _split_require(require: Require | None) -> tuple[Mapping[str, Any] | None, RequireFn | None]:
+    if require is None:
+        return None, None
+    if isinstance(require, Mapping):
+        return require, None
+    return None, require
 
 
 class Registry:
@@ -232,8 +342,12 @@ class Registry:
         lock_key: LockKeyFn | None = None,
         on_transition: TransitionHook | None = None,
         fingerprint: Sequence[str] | None = None,
+        require: Require | None = None,
+        trust_unsigned: bool = False,
+        key_space: KeySpace | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: register an async handler for ``events`` from ``source``."""
+        require_map, require_fn = _split_require(require)
 
         def register(fn: Handler) -> Handler:
             kind_name = name or f"{fn.__module__}.{fn.__qualname__}"
@@ -254,6 +368,10 @@ class Registry:
                     lock_key=lock_key,
                     on_transition=on_transition,
                     fingerprint=None if fingerprint is None else _pointers(kind_name, fingerprint),
+                    require=None if require_map is None else _requirements(kind_name, require_map),
+                    require_fn=require_fn,
+                    trust_unsigned=trust_unsigned,
+                    key_space=key_space,
                 )
             )
             return fn
@@ -301,6 +419,9 @@ def effect(
     lock_key: LockKeyFn | None = None,
     on_transition: TransitionHook | None = None,
     fingerprint: Sequence[str] | None = None,
+    require: Require | None = None,
+    trust_unsigned: bool = False,
+    key_space: KeySpace | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register an async effect handler in the process registry.
 
@@ -310,6 +431,13 @@ def effect(
     ``ctx.step``) or ``park`` for a human (the default). ``fingerprint`` names, as JSON Pointers, the
     fields that make two deliveries under one key the same request (default: the whole payload), e.g.
     ``["/data/object/amount", "/data/object/currency"]`` when two event types report one payment.
+    ``require`` is checked on the signed payload before anything is claimed: a mapping of JSON Pointers to
+    the values they must hold (``{"/financial_status": "paid"}``) or a predicate of the event; a delivery
+    that fails it is skipped for this effect. Use it wherever the provider leaves the event type unsigned
+    (GitHub, Shopify): the type routes, the signed body decides. Key, lock-key and require functions
+    cannot read unsigned fields (``delivery_id``; ``type`` where unsigned) unless ``trust_unsigned=True``.
+    ``key_space="source"`` files a key function's keys under the source, so another source's events can
+    never claim them; ``"shared"`` says sharing them across sources is meant.
     Every other setting is described on ``EffectKind``; all are validated here, at registration.
     """
     return REGISTRY.effect(
@@ -327,6 +455,9 @@ def effect(
         lock_key=lock_key,
         on_transition=on_transition,
         fingerprint=fingerprint,
+        require=require,
+        trust_unsigned=trust_unsigned,
+        key_space=key_space,
     )
 
 

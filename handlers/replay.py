@@ -1,8 +1,8 @@
 """Replay of unmatched deliveries: events that arrived before any handler wanted them, claimed now.
 
 An unmatched delivery keeps its payload for the payload window. Once a handler for its event exists, a replay
-plans its effects exactly as the ingress would (the registry's kinds, their key and lock-key functions) and
-claims them with the delivery's original tenant, event id and fingerprint — under the normal rules: a key
+plans its effects exactly as the ingress does, with the same function (``plan.plan_event``: require, key,
+fingerprint and lock key), and claims them with the delivery's original tenant, event id and fingerprint — under the normal rules: a key
 claimed meanwhile is a duplicate (same payload) or a conflict (another payload), and replaying twice claims
 nothing twice. The original unmatched row stays as the record of what arrived.
 """
@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from effectgate.ledger import bulk, db
-from effectgate.ledger.claims import Delivery, EffectRequest, claim_delivery
+from effectgate.ledger.claims import Delivery, claim_delivery
 
 from .event import Event
+from .plan import PlanFailed, plan_event
 from .registry import Registry
 
 
@@ -48,26 +49,27 @@ async def replay_unmatched(
     until: datetime | None = None,
     limit: int = bulk.DEFAULT_LIMIT,
     now: datetime | None = None,
+    unsigned_type_sources: frozenset[str] = frozenset(),
 ) -> ReplayResult:
-    """Claim every kept unmatched delivery of ``source`` in [since, until) as if it had just arrived."""
+    """Claim every kept unmatched delivery of ``source`` in [since, until) as if it had just arrived,
+    planned by ``plan_event`` as the ingress plans it. ``unsigned_type_sources``: the sources whose
+    signature leaves the event type unsigned (the caller knows the configuration; this side does not)."""
     result = ReplayResult()
     for row in await bulk.unmatched_for_replay(conn, source=source, since=since, until=until, limit=limit):
         result.deliveries += 1
-        event = Event(row["source"], row["event_id"], row["event_type"], row["payload"], row["tenant"])
-        effects: list[EffectRequest] = []
+        # The stored type is trusted only as far as the source's signature covers it.
+        event = Event(
+            row["source"],
+            row["event_id"],
+            row["event_type"],
+            row["payload"],
+            row["tenant"],
+            type_signed=row["source"] not in unsigned_type_sources,
+        )
         try:
-            for kind in registry.match(row["source"], row["event_type"]):
-                effects.append(
-                    EffectRequest(
-                        kind.effect_key(event),
-                        kind.name,
-                        kind.max_attempts,
-                        kind.orphan_policy,
-                        kind.lock_key_for(event),
-                    )
-                )
-        except Exception:
-            # The ingress answers such a delivery 500 and the provider retries; a replay counts it and goes on.
+            effects = plan_event(registry, event).effects
+        except PlanFailed:
+            # The ingress answers such a delivery 422; a replay counts it and goes on.
             result.key_failed += 1
             continue
         if not effects:

@@ -6,7 +6,8 @@ Effects are claimed forever in meaning, not in bytes. In order, each a batch at 
    payload and its steps' recorded answers are purged and the effects row becomes a **tombstone** (tenant,
    key, fingerprint, outcome, first and last seen). A late provider retry still meets the unique
    constraint and is answered duplicate: the claim never reads the payload. Rejected payloads and the
-   payloads unmatched deliveries keep for replay go at the same window.
+   payloads unmatched deliveries keep for replay go at the same window, and so does the row that
+   de-duplicates an unmatched body (``unmatched_deliveries``), so the same body later is kept afresh.
 2. **history**: delivery rows, key-conflict rows, and finished jobs (with their attempts and steps) older
    than the history window. The tombstone keeps the job's outcome.
 3. **tombstones** (opt-in, per source): the dedupe window. Without one, tombstones are kept forever; with
@@ -45,6 +46,7 @@ PURGED = (
     "steps.answer",
     "effect_rejects.payload",
     "deliveries.payload",
+    "unmatched_deliveries",
     "deliveries",
     "effect_rejects",
     "jobs",
@@ -156,6 +158,9 @@ class RetentionKeeper:
         )
         await self._batches(
             conn, "unmatched_payloads_purge_expired", payload_policy, _rowcount("deliveries.payload"), result
+        )
+        await self._batches(
+            conn, "unmatched_seen_purge_expired", payload_policy, _rowcount("unmatched_deliveries"), result
         )
         history = {**limit, "window": c.history}
         # Time partitions are dropped whole by the partition keeper; the row deletes only reach what lies
@@ -303,6 +308,7 @@ _REPORT = (
     ("steps.answer", "payloads", None),
     ("effect_rejects.payload", "payloads", None),
     ("deliveries.payload", "payloads", None),
+    ("unmatched_deliveries", "payloads", None),
     ("deliveries", "history", "deliveries"),
     ("effect_rejects", "history", "effect_rejects"),
     ("jobs", "history", "jobs"),

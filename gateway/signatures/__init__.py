@@ -6,9 +6,11 @@ Imports nothing else of the project. The gateway builds one scheme per configure
 """
 
 from .base import (
+    BODY_ID_PREFIX,
     CertificateUntrusted,
     ConfirmationFailed,
     ConfirmationUnavailable,
+    Covers,
     Event,
     PayloadError,
     ReplayMemory,
@@ -26,14 +28,17 @@ from .base import (
     UnsupportedSignatureVersion,
     VerificationError,
     Verified,
+    body_event_id,
 )
-from .registry import SCHEMES, build_scheme
+from .registry import SCHEMES, build_scheme, covers_of
 
 __all__ = [
+    "BODY_ID_PREFIX",
     "SCHEMES",
     "CertificateUntrusted",
     "ConfirmationFailed",
     "ConfirmationUnavailable",
+    "Covers",
     "Event",
     "PayloadError",
     "ReplayMemory",
@@ -51,5 +56,7 @@ __all__ = [
     "UnsupportedSignatureVersion",
     "VerificationError",
     "Verified",
+    "body_event_id",
     "build_scheme",
+    "covers_of",
 ]

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from .base import (
     JSON_CONTENT_TYPE,
+    Covers,
     Event,
     PayloadError,
     ReplayMemory,
@@ -73,6 +74,8 @@ class SchemeBase:
     """Normalises headers and the clock once, so ``_verify`` sees lowercase names and a float ``now``."""
 
     name: ClassVar[str]
+    # What the provider's signature covers; a class default, or set per instance where options decide it.
+    covers: Covers
 
     def verify(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> Verified:
         """Authenticate one delivery and extract its events; see ``Scheme.verify``."""

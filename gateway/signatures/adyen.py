@@ -29,6 +29,7 @@ from ._common import (
     secret_strings,
 )
 from .base import (
+    Covers,
     Event,
     SchemeConfigError,
     SignatureError,
@@ -65,6 +66,7 @@ class AdyenScheme(SchemeBase):
     timestamp, so replays are only caught by the ledger's duplicate check."""
 
     name: ClassVar[str] = "adyen"
+    covers = Covers(body=False, timestamp=False, id=True, type=True)
 
     def __init__(self, secrets: Sequence[str]) -> None:
         self._keys = tuple(_hex_key(secret, index) for index, secret in enumerate(secret_strings(secrets)))

@@ -29,19 +29,61 @@ Every scheme that can be signed without the provider's own key also has a ``sign
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
+class Covers:
+    """What a provider's signature covers, as data the gateway acts on (docs/providers.md tabulates it).
+
+    ``body``: the raw body bytes, by a cryptographic hash (not so for PayPal, whose CRC32 is forgeable,
+    nor Adyen, which signs named fields of each item). ``timestamp``: a send time, so a tolerance can
+    refuse an old replay. ``id`` / ``type``: the provider's event (or delivery) id and the event type.
+    ``url``: the public URL the provider called.
+
+    Where ``id`` is false (GitHub's ``X-GitHub-Delivery``, Shopify's webhook id, Twilio's idempotency
+    token, a generic ``hmac`` ``id_header``), the event id handlers and keys see is ``body_event_id`` of
+    the signed body and the header travels as ``Event.delivery_id``; so every ``Event.id`` is signed.
+    Where ``type`` is false, the event type is a routing hint a replayer can change: effects that must
+    not run on the wrong type check signed content with ``require``.
+    """
+
+    body: bool
+    timestamp: bool
+    id: bool
+    type: bool
+    url: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
-    """One provider event carried by a verified delivery: the provider's own id for it, its type (the
-    name handlers are matched on) and the parsed body."""
+    """One provider event carried by a verified delivery: its id, its type (the name handlers are matched
+    on) and the parsed body.
+
+    ``id`` always comes from signed material: the provider's event id where the signature covers it,
+    otherwise ``body_event_id`` of the signed body. ``delivery_id`` is the provider's id header when it is
+    unsigned (GitHub's ``X-GitHub-Delivery``): for logs and reports, never for identity. ``type_signed``
+    is false when the type travels in an unsigned header, so routing on it proves nothing.
+    """
 
     id: str
     type: str
     payload: Any
+    type_signed: bool = True
+    delivery_id: str | None = None
+
+
+BODY_ID_PREFIX = "sha256:"
+
+
+def body_event_id(body: bytes) -> str:
+    """The event id of a delivery whose provider signs its body but not its id header: ``sha256:`` and the
+    hex SHA-256 of the raw signed body. The provider's own retries resend the same bytes (same id, so a
+    duplicate); a replay of captured bytes under a rewritten id header is the same id too."""
+    return BODY_ID_PREFIX + hashlib.sha256(body).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +311,7 @@ class Scheme(Protocol):
     """
 
     name: ClassVar[str]
+    covers: Covers
 
     async def prepare(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> None:
         """Do the I/O ``verify`` will need for this request, if any; never raises for a bad request."""

@@ -31,7 +31,7 @@ from ._common import (
     resolve_tolerance,
     utf8_keys,
 )
-from .base import Event, PayloadError, SchemeConfigError, SignatureMalformed, Verified
+from .base import Covers, Event, PayloadError, SchemeConfigError, SignatureMalformed, Verified, body_event_id
 
 _DIGEST_SIZES = {"sha1": 20, "sha256": 32, "sha512": 64}
 _BODY = "{body}"
@@ -45,7 +45,9 @@ class HmacScheme(SchemeBase):
     ``encoding`` hex|base64 (default hex); ``prefix`` before the digest (default none);
     ``timestamp_header`` with its ``template`` (default ``{timestamp}.{body}``; without a timestamp the
     body alone is signed) and ``tolerance`` (default 300 s); ``id_header`` or ``id_field`` (dotted JSON
-    path, default ``id``) and ``type_header`` or ``type_field`` (default ``type``)."""
+    path, default ``id``) and ``type_header`` or ``type_field`` (default ``type``). Only the body and the
+    timestamp are signed: with ``id_header`` the event id is ``body_event_id`` of the body (the header is
+    kept as ``delivery_id``), and with ``type_header`` the type is unsigned (``Covers``)."""
 
     name: ClassVar[str] = "hmac"
 
@@ -84,6 +86,13 @@ class HmacScheme(SchemeBase):
         )
         self._id_header, self._id_field = _source("id", id_header, id_field)
         self._type_header, self._type_field = _source("type", type_header, type_field)
+        # Headers other than the timestamp are never signed here: an id or type read from one is not.
+        self.covers = Covers(
+            body=True,
+            timestamp=self._timestamp_header is not None,
+            id=self._id_header is None,
+            type=self._type_header is None,
+        )
 
     def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
         value = require_header(headers, self._header)
@@ -105,10 +114,14 @@ class HmacScheme(SchemeBase):
         if timestamp is not None:
             check_timestamp(timestamp, now, self._tolerance)
         document = parse_json(body)
+        picked_id = self._pick(headers, document, self._id_header, self._id_field, "id")
+        # An id from an unsigned header is kept for logs only; identity is the signed body's digest.
         event = Event(
-            id=self._pick(headers, document, self._id_header, self._id_field, "id"),
+            id=picked_id if self._id_header is None else body_event_id(body),
             type=self._pick(headers, document, self._type_header, self._type_field, "type"),
             payload=document,
+            type_signed=self._type_header is None,
+            delivery_id=picked_id if self._id_header is not None else None,
         )
         return Verified(events=(event,), secret_index=index)
 

@@ -25,12 +25,14 @@ from ._common import (
     utf8_keys,
 )
 from .base import (
+    Covers,
     Event,
     PayloadError,
     SignatureMalformed,
     SignatureMissing,
     UnsupportedSignatureVersion,
     Verified,
+    body_event_id,
 )
 
 _SHA256_HEADER = "X-Hub-Signature-256"
@@ -42,9 +44,12 @@ class GitHubScheme(SchemeBase):
     """Verifies GitHub webhooks: HMAC-SHA256 of the body keyed by the webhook secret. The legacy SHA-1
     header is accepted only with ``allow_sha1=True`` (and only when no SHA-256 header is sent). The
     event id is ``X-GitHub-Delivery`` and the type ``X-GitHub-Event`` plus ``.action`` when the body
-    has one. GitHub signs no timestamp, so replays are only caught by the ledger's duplicate check."""
+    has one. GitHub signs the body alone: no timestamp, and neither header. So the event id handlers and
+    keys see is ``body_event_id`` of the body (the delivery header is kept as ``delivery_id``), and the
+    type is unsigned; a replay of the body is then a duplicate, whatever delivery id it carries."""
 
     name: ClassVar[str] = "github"
+    covers = Covers(body=True, timestamp=False, id=False, type=False)
 
     def __init__(self, secrets: Sequence[str], *, allow_sha1: bool = False) -> None:
         self._keys = utf8_keys(secrets)
@@ -98,4 +103,8 @@ def _event(body: bytes, headers: Headers) -> Event:
     action = document.get("action") if isinstance(document, dict) else None
     if isinstance(action, str) and action:
         event_type = f"{event_type}.{action}"
-    return Event(id=delivery, type=event_type, payload=document)
+    # X-GitHub-Delivery and X-GitHub-Event are unsigned: the id comes from the signed body, and the type
+    # is marked as a routing hint (the action in the body is signed, the event name beside it is not).
+    return Event(
+        id=body_event_id(body), type=event_type, payload=document, type_signed=False, delivery_id=delivery
+    )

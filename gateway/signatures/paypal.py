@@ -60,6 +60,7 @@ from ._common import (
 )
 from .base import (
     CertificateUntrusted,
+    Covers,
     ReplayMemory,
     SchemeConfigError,
     SignatureError,
@@ -120,6 +121,7 @@ class PayPalScheme(SchemeBase):
     client for certificates (tests). The event id is the body's ``id`` and the type its ``event_type``."""
 
     name: ClassVar[str] = "paypal"
+    covers = Covers(body=False, timestamp=True, id=True, type=True)
 
     def __init__(
         self,

@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .adyen import AdyenScheme
-from .base import Scheme, SchemeConfigError
+from .base import Covers, Scheme, SchemeConfigError
 from .generic_hmac import HmacScheme
 from .github import GitHubScheme
 from .paypal import PayPalScheme
@@ -70,3 +70,18 @@ def build_scheme(
 def _keyword_options(cls: type[Scheme]) -> frozenset[str]:
     parameters = inspect.signature(cls.__init__).parameters.values()
     return frozenset(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def covers_of(name: str, options: Mapping[str, Any] | None = None) -> Covers:
+    """What the scheme ``name`` configured with ``options`` signs, without building it (no secrets): for a
+    process that holds no webhook secrets but must still know which event fields are signed. Equal to the
+    built scheme's ``covers`` (a unit test checks it)."""
+    if name == HmacScheme.name:
+        opts = options or {}
+        return Covers(
+            body=True,
+            timestamp=opts.get("timestamp_header") is not None,
+            id=opts.get("id_header") is None,
+            type=opts.get("type_header") is None,
+        )
+    return SCHEMES[name].covers

@@ -22,7 +22,7 @@ from ._common import (
     require_match,
     utf8_keys,
 )
-from .base import Event, PayloadError, Verified
+from .base import Covers, Event, PayloadError, Verified, body_event_id
 
 _HEADER = "X-Shopify-Hmac-Sha256"
 
@@ -30,10 +30,12 @@ _HEADER = "X-Shopify-Hmac-Sha256"
 class ShopifyScheme(SchemeBase):
     """Verifies Shopify webhooks: base64 HMAC-SHA256 of the body keyed by the app's client secret. The
     event id is ``X-Shopify-Webhook-Id`` (stable across retries of one delivery), falling back to
-    ``X-Shopify-Event-Id``; the type is ``X-Shopify-Topic`` (``orders/create``). Shopify signs no
-    timestamp, so replays are only caught by the ledger's duplicate check."""
+    ``X-Shopify-Event-Id``; the type is ``X-Shopify-Topic`` (``orders/create``). Shopify signs the body
+    alone, none of these headers and no timestamp: the event id is ``body_event_id`` of the body (the
+    webhook id is kept as ``delivery_id``) and the topic is unsigned."""
 
     name: ClassVar[str] = "shopify"
+    covers = Covers(body=True, timestamp=False, id=False, type=False)
 
     def __init__(self, secrets: Sequence[str]) -> None:
         self._keys = utf8_keys(secrets)
@@ -46,9 +48,15 @@ class ShopifyScheme(SchemeBase):
         topic = first_header(headers, "X-Shopify-Topic")
         if event_id is None or topic is None:
             raise PayloadError("X-Shopify-Webhook-Id (or X-Shopify-Event-Id) or X-Shopify-Topic is missing")
-        return Verified(
-            events=(Event(id=event_id, type=topic, payload=parse_json(body)),), secret_index=index
+        # Both headers are unsigned: identity comes from the signed body, and the topic is a routing hint.
+        event = Event(
+            id=body_event_id(body),
+            type=topic,
+            payload=parse_json(body),
+            type_signed=False,
+            delivery_id=event_id,
         )
+        return Verified(events=(event,), secret_index=index)
 
     def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
         return request.body, {

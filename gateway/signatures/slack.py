@@ -28,7 +28,7 @@ from ._common import (
     resolve_tolerance,
     utf8_keys,
 )
-from .base import Event, SignatureMalformed, UnsupportedSignatureVersion, Verified
+from .base import Covers, Event, SignatureMalformed, UnsupportedSignatureVersion, Verified
 
 _SIGNATURE = "X-Slack-Signature"
 _TIMESTAMP = "X-Slack-Request-Timestamp"
@@ -41,6 +41,7 @@ class SlackScheme(SchemeBase):
     ``{"challenge": …}`` answer Slack expects."""
 
     name: ClassVar[str] = "slack"
+    covers = Covers(body=True, timestamp=True, id=True, type=True)
 
     def __init__(self, secrets: Sequence[str], *, tolerance: int | None = None) -> None:
         self._keys = utf8_keys(secrets)

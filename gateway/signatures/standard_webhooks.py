@@ -35,6 +35,7 @@ from ._common import (
     secret_strings,
 )
 from .base import (
+    Covers,
     Event,
     SchemeConfigError,
     SignatureMalformed,
@@ -59,6 +60,7 @@ class StandardWebhooksScheme(SchemeBase):
     ``webhook-id`` and the type the body's ``type``."""
 
     name: ClassVar[str] = "standard-webhooks"
+    covers = Covers(body=True, timestamp=True, id=True, type=True)
 
     def __init__(self, secrets: Sequence[str], *, tolerance: int | None = None) -> None:
         self._hmac_keys: list[bytes | None] = []

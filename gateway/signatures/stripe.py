@@ -26,7 +26,7 @@ from ._common import (
     resolve_tolerance,
     utf8_keys,
 )
-from .base import SignatureMalformed, UnsupportedSignatureVersion, Verified
+from .base import Covers, SignatureMalformed, UnsupportedSignatureVersion, Verified
 
 _HEADER = "Stripe-Signature"
 
@@ -37,6 +37,7 @@ class StripeScheme(SchemeBase):
     the event id and type from the JSON body."""
 
     name: ClassVar[str] = "stripe"
+    covers = Covers(body=True, timestamp=True, id=True, type=True)
 
     def __init__(self, secrets: Sequence[str], *, tolerance: int | None = None) -> None:
         self._keys = utf8_keys(secrets)

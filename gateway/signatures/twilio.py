@@ -16,6 +16,7 @@ Twilio does with that key.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -39,13 +40,14 @@ from ._common import (
 )
 from .base import (
     JSON_CONTENT_TYPE,
+    Covers,
     Event,
-    PayloadError,
     SchemeConfigError,
     SignatureInvalid,
     SigningError,
     UnsupportedSignatureVersion,
     Verified,
+    body_event_id,
 )
 
 _HEADER = "X-Twilio-Signature"
@@ -53,6 +55,10 @@ _SETTINGS = "X-Twilio-Webhooks-Signature-Settings"
 _ALGORITHMS = {"HMAC_SHA1": ("sha1", 20), "HMAC_SHA256": ("sha256", 32)}
 _DEFAULT_TYPE = "twilio.request"
 _DEFAULT_PORTS = {"https": 443, "http": 80}
+# A body Twilio sends as JSON starts (after any whitespace) like a JSON object or array; none of its forms do.
+_JSON_START = re.compile(rb"[ \t\r\n]*[\[{]")
+# What follows the URL in the string Twilio signs for a JSON body.
+_JSON_SIGNED_SUFFIX = re.compile(r"[?&]bodySHA256=[0-9a-f]{64}")
 # parse_qsl's own guard against a body made of millions of "&"; Twilio sends a few dozen fields.
 _MAX_FIELDS = 1000
 
@@ -63,10 +69,13 @@ class TwilioScheme(SchemeBase):
     own validator does) plus the sorted form parameters, or, for JSON bodies, over the URL with the
     body's ``bodySHA256``; HMAC-SHA256 instead when ``X-Twilio-Webhooks-Signature-Settings`` names it
     (SharedKey signing, the secret being the SharedKey's, whose SID the ``shared_key`` option names for
-    ``sign``). The event id is ``I-Twilio-Idempotency-Token``, else ``MessageSid`` or
-    ``CallSid``; the type is the ``event_type`` option, else ``SmsStatus``, else ``twilio.request``."""
+    ``sign``). Which of the two readings applies is decided by the signature that matches (a body shaped
+    like JSON is never read as a form), never by the unsigned ``Content-Type``. The event id is ``body_event_id`` of the signed body (the unsigned
+    ``I-Twilio-Idempotency-Token`` is kept as ``delivery_id``); the type is the ``event_type`` option,
+    else ``SmsStatus``, else ``twilio.request``."""
 
     name: ClassVar[str] = "twilio"
+    covers = Covers(body=True, timestamp=False, id=False, type=True, url=True)
 
     def __init__(
         self,
@@ -91,29 +100,43 @@ class TwilioScheme(SchemeBase):
     def _verify(self, body: bytes, headers: Headers, now: float) -> Verified:
         digest, size = _algorithm(first_header(headers, _SETTINGS))
         presented = decode_digests([require_header(headers, _HEADER)], "base64", size, _HEADER)
-        is_json = (first_header(headers, "Content-Type") or "").lower().startswith("application/json")
-        signed_strings = _json_signed_strings if is_json else _form_signed_strings
+        # The unsigned Content-Type does not choose the reading: the signature does. A JSON body is signed as
+        # url?bodySHA256=… (a hash of the body and a short HMAC: tried first), a form as the URL plus its
+        # parameters; a body shaped like JSON (an object or an array) is never read as a form, which also
+        # keeps a failed check of a JSON body to one matching pass. Rewriting Content-Type changes nothing.
+        json_shaped = _JSON_START.match(body) is not None
+        read_as: list[str] = []
 
         def match(candidate: bytes) -> int | None:
-            messages = [text.encode("utf-8") for text in signed_strings(self._urls, candidate)]
-            return hmac_index(self._keys, digest, presented, messages)
+            read_as.clear()
+            signed = [text.encode("utf-8") for text in _json_signed_strings(self._urls, candidate)]
+            index = hmac_index(self._keys, digest, presented, signed)
+            if index is not None:
+                read_as.append("json")
+                return index
+            form = None if json_shaped else _form_signed_strings(self._urls, candidate)
+            if form is None:
+                return None
+            return hmac_index(self._keys, digest, presented, [text.encode("utf-8") for text in form])
 
         index = require_match(body, match, secrets=len(self._keys), signatures=1)
-        payload: Any = parse_json(body) if is_json else _form_payload(body)
-        return Verified(events=(self._event(headers, payload),), secret_index=index)
+        payload: Any = parse_json(body) if read_as == ["json"] else _form_payload(body)
+        return Verified(events=(self._event(body, headers, payload),), secret_index=index)
 
-    def _event(self, headers: Headers, payload: Any) -> Event:
+    def _event(self, body: bytes, headers: Headers, payload: Any) -> Event:
         fields = payload if isinstance(payload, dict) else {}
-        event_id = first_header(headers, "I-Twilio-Idempotency-Token")
-        if event_id is None:
-            event_id = fields.get("MessageSid") or fields.get("CallSid")
         if self._event_type is not None:
             event_type: Any = self._event_type
         else:
             event_type = fields.get("SmsStatus") or _DEFAULT_TYPE
-        if not isinstance(event_id, str) or not event_id:
-            raise PayloadError("no I-Twilio-Idempotency-Token header, MessageSid or CallSid")
-        return Event(id=event_id, type=require_text(event_type, "SmsStatus"), payload=payload)
+        # I-Twilio-Idempotency-Token is unsigned, and MessageSid names a message, not one of its status
+        # callbacks: the id is the signed body's digest (the same bytes on Twilio's retries).
+        return Event(
+            id=body_event_id(body),
+            type=require_text(event_type, "SmsStatus"),
+            payload=payload,
+            delivery_id=first_header(headers, "I-Twilio-Idempotency-Token"),
+        )
 
     def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
         # Twilio signs the public URL it calls, which is what this scheme verifies against: the
@@ -198,12 +221,20 @@ def _form_fields(body: bytes) -> list[tuple[str, str]]:
         raise SignatureInvalid("body is not form-encoded, so no Twilio signature can match it") from None
 
 
-def _form_signed_strings(urls: Sequence[str], body: bytes) -> list[str]:
+def _form_signed_strings(urls: Sequence[str], body: bytes) -> list[str] | None:
     # Twilio's validator sorts names, then each name's distinct values, and concatenates them.
     values: dict[str, set[str]] = {}
-    for key, value in _form_fields(body):
+    try:
+        fields = _form_fields(body)
+    except SignatureInvalid:
+        return None
+    for key, value in fields:
         values.setdefault(key, set()).add(value)
     params = "".join(key + value for key in sorted(values) for value in sorted(values[key]))
+    if _JSON_SIGNED_SUFFIX.fullmatch(params):
+        # A form whose parameters spell "?bodySHA256=<hex>" signs exactly what a JSON delivery signs:
+        # it would let a captured JSON signature vouch for a made-up form. Twilio never sends such a name.
+        return None
     return [url + params for url in urls]
 
 

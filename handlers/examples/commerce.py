@@ -66,3 +66,31 @@ async def record_refund(ctx: EffectContext, ev: Event) -> None:
         return {"charge": charge["id"], "amount_refunded": charge.get("amount_refunded")}
 
     await ctx.step("record-refund", record)
+
+
+@effect(
+    source="shopify",
+    events=["orders/paid"],
+    key=lambda ev: f"shopify-order-paid:{ev.payload['id']}",
+    name="commerce.fulfil_shopify_order",
+    # X-Shopify-Topic is unsigned: a pending order's signed body resent as "orders/paid" must not ship.
+    # The signed body says whether the order is paid; the topic only routes.
+    require={"/financial_status": "paid"},
+    key_space="source",
+    orphan_policy="redrive",
+)
+async def fulfil_shopify_order(ctx: EffectContext, ev: Event) -> dict[str, Any]:
+    """Ship a Shopify order once it is paid, once per order."""
+    order = ev.payload
+    shipment = await ctx.step(
+        "ship",
+        lambda key: ctx.shipping.create_shipment(
+            order_id=str(order["id"]),
+            address=order.get("shipping_address") or {"name": "Demo Customer", "country": "DE"},
+            items=[
+                {"sku": i.get("sku") or "demo", "quantity": i.get("quantity", 1)} for i in order["line_items"]
+            ],
+            idempotency_key=key,
+        ),
+    )
+    return {"shipment": shipment.get("id")}

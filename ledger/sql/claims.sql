@@ -1,6 +1,7 @@
 -- name: effect_claim_batch
 -- Claims the effects of many deliveries in one statement: new keys get a claim and a job, the same payload is
--- counted a duplicate, another payload is recorded as a reject; every delivery gets its rows; workers are woken.
+-- counted a duplicate, another payload is recorded as a reject; every delivery gets its rows (an unmatched body
+-- only the first time it is seen, later ones counted); workers are woken.
 -- Entries are parallel arrays, one element per effect (effect_key NULL: a delivery no handler asked for);
 -- payloads are sent once per delivery (the payloads array, indexed by payload_ix). The arrays go in binary:
 -- psycopg dumps a text array in Python, escaping every quote of every JSON payload (~1 ms a batch of 32).
@@ -42,6 +43,19 @@ outcome AS (
                 ELSE 'rejected' END AS outcome
     FROM input i JOIN claim c ON c.tenant = i.tenant AND c.effect_key = i.effect_key
 ),
+unmatched AS (
+    -- One row per (tenant, source, body) ever seen unmatched: a replayed unmatched delivery is counted, and gets
+    -- no second deliveries row. Grouped first, so repeats within this batch touch the row only once.
+    INSERT INTO unmatched_deliveries AS u (tenant, source, fingerprint, delivery_count, first_seen_at, last_seen_at)
+    SELECT i.tenant, i.source, i.fingerprint, count(*), coalesce(%(now)s, now()), coalesce(%(now)s, now())
+    FROM input i WHERE i.effect_key IS NULL
+    GROUP BY i.tenant, i.source, i.fingerprint
+    ORDER BY i.tenant COLLATE "C", i.source COLLATE "C", i.fingerprint COLLATE "C"
+    ON CONFLICT (tenant, source, fingerprint) DO UPDATE SET
+        delivery_count = u.delivery_count + EXCLUDED.delivery_count,
+        last_seen_at = EXCLUDED.last_seen_at
+    RETURNING u.tenant, u.source, u.fingerprint, (u.xmax = 0) AS created
+),
 job AS (
     INSERT INTO jobs (effect_id, tenant, kind, max_attempts, orphan_policy, lock_key, run_at, created_at,
                       updated_at)
@@ -59,9 +73,13 @@ delivery AS (
            outcome, fingerprint, secret_index, NULL::jsonb
     FROM outcome
     UNION ALL
-    SELECT i.request_id, coalesce(%(now)s, now()), i.tenant, i.source, i.event_id, i.event_type, NULL, NULL,
-           'unmatched', i.fingerprint, i.secret_index, p.body
-    FROM input i JOIN payloads p ON p.ix = i.payload_ix WHERE i.effect_key IS NULL
+    (SELECT DISTINCT ON (i.tenant, i.source, i.fingerprint)
+            i.request_id, coalesce(%(now)s, now()), i.tenant, i.source, i.event_id, i.event_type, NULL, NULL,
+            'unmatched', i.fingerprint, i.secret_index, p.body
+     FROM input i JOIN payloads p ON p.ix = i.payload_ix
+          JOIN unmatched s ON s.tenant = i.tenant AND s.source = i.source AND s.fingerprint = i.fingerprint
+     WHERE i.effect_key IS NULL AND s.created
+     ORDER BY i.tenant, i.source, i.fingerprint, i.ord)
 ),
 reject AS (
     INSERT INTO effect_rejects (effect_id, tenant, effect_key, source, event_id, event_type, held_fingerprint,

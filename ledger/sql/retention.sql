@@ -85,6 +85,22 @@ due AS (
 )
 UPDATE deliveries d SET payload = NULL FROM due WHERE d.id = due.id AND d.received_at = due.received_at;
 
+-- name: unmatched_seen_purge_expired
+-- Retention: forgets up to %(limit)s unmatched bodies first seen before their source's payload window, so the same
+-- body arriving later is kept again (with its payload, replayable) instead of counted against a purged row.
+WITH policy AS (
+    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+),
+due AS (
+    SELECT u.tenant, u.source, u.fingerprint FROM unmatched_deliveries u LEFT JOIN policy p ON p.source = u.source
+    WHERE u.first_seen_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+    ORDER BY u.first_seen_at
+    LIMIT %(limit)s
+    FOR UPDATE OF u SKIP LOCKED
+)
+DELETE FROM unmatched_deliveries u USING due
+WHERE u.tenant = due.tenant AND u.source = due.source AND u.fingerprint = due.fingerprint;
+
 -- name: deliveries_delete_expired
 -- Retention: deletes up to %(limit)s delivery rows received before %(before)s, oldest first. The caller passes the
 -- history cutoff, or the start of the first time partition if earlier: time partitions are dropped whole

@@ -117,6 +117,7 @@ secrets = ["E2E_STRIPE_SECRET"]
 scheme = "stripe"
 secrets = ["E2E_STRIPE_SECRET"]
 tenant_from = "/account"
+tenant_pattern = "acct_[a-z0-9]+"
 
 [worker]
 concurrency = 4

@@ -32,6 +32,7 @@ from psycopg.rows import dict_row
 from svix.webhooks import Webhook as SvixWebhook
 from twilio.request_validator import RequestValidator
 
+from effectgate.gateway.signatures import body_event_id
 from tests.unit.signatures.crc_forge import FILLER, forge
 from tests.unit.signatures.paypal_pki import Pki, iso
 from tests.unit.signatures.signing import hex_mac, hmac_headers, shopify_headers, slack_headers
@@ -178,7 +179,8 @@ def test_github(gateway: Gateway) -> None:
         "X-GitHub-Event": "issues",
     }
     assert gateway.post("github", body, headers).status_code == 202
-    gateway.effect("github", "e2e-delivery-1")
+    # X-GitHub-Delivery is unsigned: the event is keyed on the signed body.
+    gateway.effect("github", body_event_id(body))
 
 
 def test_standard_webhooks_with_svix_headers_signed_by_svix(gateway: Gateway) -> None:
@@ -193,7 +195,7 @@ def test_shopify(gateway: Gateway) -> None:
     body = json.dumps({"id": 820982911946154508, "email": "jon@example.com"}).encode()
     headers = shopify_headers(body, SECRETS["SHOPIFY_SECRET"])
     assert gateway.post("shopify", body, headers).status_code == 202
-    gateway.effect("shopify", headers["X-Shopify-Webhook-Id"])
+    gateway.effect("shopify", body_event_id(body))
 
 
 def test_slack_event_and_its_url_verification_challenge(gateway: Gateway) -> None:
@@ -224,8 +226,9 @@ def test_twilio_form_signed_by_twilios_validator(gateway: Gateway) -> None:
         f"{gateway.url}/webhooks/twilio", params
     )
     headers = {"X-Twilio-Signature": signature, "Content-Type": "application/x-www-form-urlencoded"}
-    assert gateway.post("twilio", urlencode(params).encode(), headers).status_code == 202
-    gateway.effect("twilio", "SM_e2e_1")
+    body = urlencode(params).encode()
+    assert gateway.post("twilio", body, headers).status_code == 202
+    gateway.effect("twilio", body_event_id(body))
 
 
 def test_paypal_with_its_certificate_fetched_once_over_loopback_https(gateway: Gateway) -> None:

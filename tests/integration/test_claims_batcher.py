@@ -90,11 +90,16 @@ class Ledger:
     reject_count: dict[tuple[str, str], int] = field(default_factory=dict)
     rows: int = 0  # delivery rows, unmatched included
     rejects: int = 0
+    unmatched: set[tuple[str, str]] = field(default_factory=set)  # (tenant, fingerprint) seen unmatched
 
     def claim(self, spec: Spec) -> list[str]:
         fp = fingerprint(payload(spec))
         outcomes = []
-        self.rows += max(1, len(spec.keys))
+        # An unmatched body is kept once per tenant and source; seen again it is only counted.
+        if spec.keys or (spec.tenant, fp) not in self.unmatched:
+            self.rows += max(1, len(spec.keys))
+        if not spec.keys:
+            self.unmatched.add((spec.tenant, fp))
         for key in spec.keys:
             k = (spec.tenant, key)
             if k not in self.held:
@@ -168,7 +173,9 @@ def check_against_model(
 
 
 async def clear(conn: db.Conn) -> None:
-    await conn.execute("TRUNCATE effects, jobs, job_attempts, steps, deliveries, effect_rejects")
+    await conn.execute(
+        "TRUNCATE effects, jobs, job_attempts, steps, deliveries, effect_rejects, unmatched_deliveries"
+    )
 
 
 async def through_the_batcher(

@@ -40,6 +40,7 @@ secrets = ["STRIPE_SECRET"]
 scheme = "stripe"
 secrets = ["STRIPE_SECRET"]
 tenant_from = "/account"
+tenant_pattern = "acct_[0-9]+"
 
 [sources.standard]
 scheme = "standard-webhooks"
@@ -61,6 +62,8 @@ def make_registry() -> Registry:
             events=["payment_intent.succeeded", "charge.succeeded"],
             key=lambda ev: order.format(ev.payload["data"]["object"]["metadata"]["order_id"]),
             name=f"{source}.fulfil",
+            # Two sources in one tenant, one order space: declared, or the gateway refuses to start.
+            key_space="shared",
         )(_noop)
     registry.effect(
         source="stripe",
@@ -341,6 +344,9 @@ async def test_the_tenant_comes_from_the_event_so_two_accounts_keep_one_order_id
         ({"id": "acct_1"}, "tenant_missing"),
         ("acct\x1f1", "tenant_invalid"),
         ("a" * 201, "tenant_invalid"),
+        # Only the tenants the source allows: never "default", nor a name outside the pattern.
+        ("default", "tenant_not_allowed"),
+        ("acct_1x", "tenant_not_allowed"),
     ],
 )
 async def test_an_event_without_a_usable_tenant_is_400_and_nothing_is_claimed(

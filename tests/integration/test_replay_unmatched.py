@@ -149,3 +149,63 @@ def test_the_cli_replays_unmatched_deliveries_of_a_source(
         capsys, "ledger", "replay", "--unmatched", "--source", "nope", "--since", "1h", *config
     )
     assert code == 2 and "--source" in err
+
+
+async def test_an_unmatched_delivery_sent_again_is_counted_not_kept_again(conn: db.Conn) -> None:
+    # One captured delivery that no effect claims, replayed: one row with its payload, and a count.
+    for _ in range(5):
+        assert await claim_delivery(conn, delivery("same"), [], now=day(0)) == []
+    await claim_delivery(conn, delivery("same", tenant="other"), [], now=day(0))
+    await claim_delivery(conn, delivery("same", source="github"), [], now=day(0))
+    rows = await (
+        await conn.execute(
+            "SELECT tenant, source, count(*) AS n FROM deliveries WHERE outcome = 'unmatched'"
+            " GROUP BY tenant, source ORDER BY tenant, source"
+        )
+    ).fetchall()
+    assert [(r["tenant"], r["source"], r["n"]) for r in rows] == [
+        ("default", "github", 1),
+        ("default", "stripe", 1),
+        ("other", "stripe", 1),
+    ]
+    counted = await scalar(
+        conn, "SELECT delivery_count FROM unmatched_deliveries WHERE tenant = 'default' AND source = 'stripe'"
+    )
+    assert counted == 5
+    # The one kept row still replays, once.
+    result = await replay_unmatched(conn, registry(), source="stripe", since=day(-1), now=day(1))
+    assert (result.deliveries, dict(result.outcomes)) == (2, {"accepted": 2})
+
+
+async def test_a_replayed_kind_with_fingerprint_fields_then_its_genuine_retry_is_a_duplicate(
+    conn: db.Conn,
+) -> None:
+    """The replay and the ingress plan with one function: a kind that names fingerprint fields is claimed by a
+    replay under those fields, so the provider's genuine retry of the same event afterwards is a duplicate
+    (the replay used to claim it under the whole payload's fingerprint, and the retry was rejected)."""
+    from effectgate.gateway.config import parse
+    from effectgate.gateway.ingress import _plan
+    from effectgate.gateway.signatures import Event as SignedEvent
+    from effectgate.gateway.signatures import Verified
+    from effectgate.ledger.claims import Delivery
+
+    payload = {"key": "fp1", "amount": 500, "currency": "eur"}
+    await claim_delivery(conn, delivery("fp1", payload=payload), [], now=day(0))
+    reg = Registry()
+    reg.effect(
+        source="stripe",
+        events=["thing.*"],
+        key=lambda ev: f"order:{ev.payload['key']}",
+        name="fulfil",
+        fingerprint=["/amount", "/currency"],
+    )(_noop)
+    replayed = await replay_unmatched(conn, reg, source="stripe", since=day(-1), now=day(1))
+    assert dict(replayed.outcomes) == {"accepted": 1}
+
+    config = parse('[sources.stripe]\nscheme = "stripe"\nsecrets = ["S"]\n', env={"S": "whsec_x"})
+    verified = Verified(events=(SignedEvent("evt-fp1", "thing.happened", payload),), secret_index=0)
+    [(retry, effects)], unmet = _plan(config.sources["stripe"], reg, verified, "retry-1")
+    assert isinstance(retry, Delivery) and unmet == []
+    [outcome] = await claim_delivery(conn, retry, effects, now=day(1))
+    assert outcome.outcome == "duplicate"
+    assert await scalar(conn, "SELECT count(*) FROM effect_rejects") == 0

@@ -201,8 +201,22 @@ def test_the_conflict_answer_defaults_per_provider_and_on_conflict_overrides_it(
 
 
 def test_tenant_from_is_a_json_pointer_into_the_payload() -> None:
-    source = parse(MINIMAL + 'tenant_from = "/account"\n', env=ENV).sources["stripe"]
+    source = parse(MINIMAL + 'tenant_from = "/account"\ntenants = ["acct_1"]\n', env=ENV).sources["stripe"]
     assert source.tenant_from is not None and source.tenant_from.tokens == ("account",)
+
+
+def test_tenant_from_names_the_tenants_it_may_take() -> None:
+    listed = parse(MINIMAL + 'tenant_from = "/account"\ntenants = ["acct_1", "acct_2"]\n', env=ENV)
+    rule = listed.sources["stripe"].tenant_rule
+    assert (rule.allows("acct_1"), rule.allows("default"), rule.allows("acct_1x")) == (True, False, False)
+    pattern = parse(MINIMAL + 'tenant_from = "/account"\ntenant_pattern = "acct_[0-9]+"\n', env=ENV)
+    rule = pattern.sources["stripe"].tenant_rule
+    # The whole tenant must match: a pattern is not a prefix test.
+    assert (rule.allows("acct_12"), rule.allows("acct_12 default"), rule.allows("default")) == (
+        True,
+        False,
+        False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -219,6 +233,15 @@ def test_tenant_from_is_a_json_pointer_into_the_payload() -> None:
             r"sources\.stripe\.tenant_from: set tenant or tenant_from",
         ),
         ("tenant_from = 1", r"sources\.stripe\.tenant_from: must be a string"),
+        # Without an allow-list a sender could name any tenant, "default" or another source's included.
+        ('tenant_from = "/account"', r"sources\.stripe\.tenant_from: needs the tenants it may name"),
+        ('tenant_from = "/account"\ntenants = []', r"sources\.stripe\.tenants: must be a non-empty list"),
+        ('tenant_from = "/account"\ntenant_pattern = "("', r"sources\.stripe\.tenant_pattern: not a regular"),
+        (
+            'tenant_from = "/account"\ntenant_pattern = ".*"',
+            r"sources\.stripe\.tenant_pattern: must not match",
+        ),
+        ('tenants = ["a"]', r"sources\.stripe\.tenants: only meaningful with tenant_from"),
     ],
 )
 def test_a_bad_tenant_from_names_the_key(line: str, message: str) -> None:
@@ -399,3 +422,44 @@ def test_every_retention_mistake_is_reported_with_the_others_at_once() -> None:
         line.startswith("x.toml: retention.tombstones_days: 1 days is shorter than source 'stripe'")
         for line in lines
     )
+
+
+def test_tenants_overlap_when_two_sources_can_file_under_one_tenant() -> None:
+    from effectgate.gateway.config import tenants_overlap
+
+    text = (
+        MINIMAL.replace("[sources.stripe]", "[sources.a]")
+        + '[sources.b]\nscheme = "stripe"\nsecrets = ["S1"]\n'
+        + '[sources.c]\nscheme = "stripe"\nsecrets = ["S1"]\ntenant_from = "/account"\n'
+        + 'tenant_pattern = "acct_[0-9]+"\n'
+        + '[sources.d]\nscheme = "stripe"\nsecrets = ["S1"]\ntenant_from = "/account"\n'
+        + 'tenants = ["default"]\n'
+    )
+    s = parse(text, env=ENV).sources
+    assert tenants_overlap(s["a"], s["b"])  # both "default"
+    assert not tenants_overlap(s["a"], s["c"])  # "default" is not an acct_ number
+    assert tenants_overlap(s["a"], s["d"])  # d may name "default"
+    assert not tenants_overlap(s["c"], s["d"])
+
+
+def test_a_worker_without_webhook_secrets_still_knows_what_each_source_signs() -> None:
+    from effectgate.gateway.config import identity_problems, unsigned_fields
+    from effectgate.handlers.registry import Registry
+
+    text = (
+        '[sources.gh]\nscheme = "github"\nsecrets = ["GH"]\n'
+        '[sources.partner]\nscheme = "hmac"\nsecrets = ["P"]\n'
+        'options = { header = "X-Sig", type_header = "X-Type" }\n'
+        '[sources.stripe]\nscheme = "stripe"\nsecrets = ["S1"]\n'
+    )
+    gateway = parse(text, env={"GH": "g", "P": "p", "S1": "whsec_x"}, role="gateway")
+    worker = parse(text, env={}, role="worker")
+    expected = {"gh": frozenset({"type"}), "partner": frozenset({"type"}), "stripe": frozenset()}
+    assert unsigned_fields(gateway) == unsigned_fields(worker) == expected
+
+    async def noop(ctx: object, ev: object) -> None:
+        return None
+
+    reg = Registry()
+    reg.effect(source="gh", events=["*"], name="typed", key=lambda ev: ev.type)(noop)  # type: ignore[arg-type]
+    assert identity_problems(gateway, reg) == identity_problems(worker, reg) != []

@@ -1,10 +1,12 @@
 import effectgate.gateway.signatures as signatures
 
 DOCUMENTED = [
+    "BODY_ID_PREFIX",
     "SCHEMES",
     "CertificateUntrusted",
     "ConfirmationFailed",
     "ConfirmationUnavailable",
+    "Covers",
     "Event",
     "PayloadError",
     "ReplayMemory",
@@ -22,7 +24,9 @@ DOCUMENTED = [
     "UnsupportedSignatureVersion",
     "VerificationError",
     "Verified",
+    "body_event_id",
     "build_scheme",
+    "covers_of",
 ]
 
 

@@ -12,6 +12,7 @@ from effectgate.gateway.signatures import (
     SignatureMissing,
     UnsupportedSignatureVersion,
     Verified,
+    body_event_id,
     build_scheme,
 )
 
@@ -48,7 +49,13 @@ def test_published_vector_from_githubs_documentation() -> None:
 def test_event_type_gets_the_body_action() -> None:
     verified = verify(BODY, github_headers(BODY, SECRET, event="issues"))
     (event,) = verified.events
-    assert (event.id, event.type) == ("72d3162e-cc78-11e3-81ab-4c9367dc0958", "issues.opened")
+    # X-GitHub-Delivery is unsigned: identity is the body's digest, the delivery id is kept for logs.
+    assert (event.id, event.delivery_id, event.type) == (
+        body_event_id(BODY),
+        "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+        "issues.opened",
+    )
+    assert not event.type_signed
     assert event.payload == {"action": "opened", "issue": {"number": 1}}
 
 

@@ -8,6 +8,7 @@ from effectgate.gateway.signatures import (
     SignatureMalformed,
     SignatureMissing,
     Verified,
+    body_event_id,
     build_scheme,
 )
 
@@ -24,7 +25,12 @@ def verify(body: bytes, headers: dict[str, str], secrets: tuple[str, ...] = (SEC
 def test_accepted_with_id_and_topic_from_headers() -> None:
     verified = verify(BODY, shopify_headers(BODY, SECRET))
     (event,) = verified.events
-    assert (event.id, event.type) == ("b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "orders/create")
+    assert (event.id, event.delivery_id, event.type) == (
+        body_event_id(BODY),
+        "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043",
+        "orders/create",
+    )
+    assert not event.type_signed
     assert event.payload["id"] == 820982911946154508
     assert verified.secret_index == 0
 
@@ -33,7 +39,7 @@ def test_event_id_header_is_the_fallback() -> None:
     headers = shopify_headers(BODY, SECRET)
     del headers["X-Shopify-Webhook-Id"]
     headers["x-shopify-event-id"] = "evt-98"
-    assert verify(BODY, headers).events[0].id == "evt-98"
+    assert verify(BODY, headers).events[0].delivery_id == "evt-98"
 
 
 def test_rotation() -> None:

@@ -137,7 +137,7 @@ def test_a_header_carried_event_id_is_fresh_unless_given() -> None:
     first, second = (built.sign(b"{}", event_type="push", now=NOW) for _ in range(2))
     assert first.headers["X-GitHub-Delivery"] != second.headers["X-GitHub-Delivery"]
     given_id = built.sign(b"{}", event_type="push", event_id="d-1", now=NOW)
-    assert built.verify(given_id.body, given_id.headers, now=NOW).events[0].id == "d-1"
+    assert built.verify(given_id.body, given_id.headers, now=NOW).events[0].delivery_id == "d-1"
 
 
 @pytest.mark.parametrize(

@@ -9,13 +9,14 @@ from urllib.parse import urlencode
 import pytest
 
 from effectgate.gateway.signatures import (
-    PayloadError,
     SchemeConfigError,
     SignatureInvalid,
     SignatureMalformed,
     SignatureMissing,
     Verified,
+    body_event_id,
     build_scheme,
+    twilio,
 )
 
 from .signing import b64_mac
@@ -45,7 +46,7 @@ def verify(body: bytes, headers: dict[str, str], url: str = URL, **options: Any)
 
 def test_form_vector() -> None:
     (event,) = verify(FORM, FORM_HEADERS).events
-    assert (event.id, event.type) == ("CA1234567890ABCDE", "twilio.request")
+    assert (event.id, event.type) == (body_event_id(FORM), "twilio.request")
     assert event.payload == PARAMS
 
 
@@ -77,7 +78,8 @@ def test_url_port_variants(url: str, signature: str) -> None:
 def test_json_body_vector_with_body_sha256() -> None:
     assert hashlib.sha256(JSON_BODY).hexdigest() == VECTORS["json"]["body_sha256"]
     (event,) = verify(JSON_BODY, JSON_HEADERS).events
-    assert (event.id, event.type, event.payload) == (
+    assert (event.id, event.delivery_id, event.type, event.payload) == (
+        body_event_id(JSON_BODY),
         "idem-7",
         "twilio.request",
         {"property": "value", "boolean": True},
@@ -91,7 +93,7 @@ def test_type_from_option_or_sms_status() -> None:
     body = b"MessageSid=SM1&SmsStatus=delivered"
     headers = {**FORM_HEADERS, "X-Twilio-Signature": sign(URL + "MessageSidSM1SmsStatusdelivered")}
     (event,) = verify(body, headers).events
-    assert (event.id, event.type) == ("SM1", "delivered")
+    assert (event.id, event.type) == (body_event_id(body), "delivered")
 
 
 def sign(text: str, token: str = TOKEN) -> str:
@@ -117,10 +119,29 @@ def test_invalid_signature(body: bytes) -> None:
         verify(body, FORM_HEADERS)
 
 
-def test_no_id_is_a_payload_error() -> None:
+def test_a_body_without_a_sid_still_has_a_signed_id() -> None:
+    # The id no longer comes from MessageSid/CallSid or the unsigned token header, but from the body.
     body = b"Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234"
-    with pytest.raises(PayloadError):
-        verify(body, {**FORM_HEADERS, "X-Twilio-Signature": "IK+Dwps556ElfBT0I3Rgjkr1wJU="})
+    (event,) = verify(body, {**FORM_HEADERS, "X-Twilio-Signature": "IK+Dwps556ElfBT0I3Rgjkr1wJU="}).events
+    assert (event.id, event.delivery_id) == (body_event_id(body), None)
+
+
+def test_the_signature_not_the_content_type_decides_the_reading() -> None:
+    # Each vector sent with the other Content-Type is read as it was signed.
+    (form,) = verify(FORM, {**FORM_HEADERS, "Content-Type": "application/json"}).events
+    assert (form.id, form.payload) == (body_event_id(FORM), verify(FORM, FORM_HEADERS).events[0].payload)
+    (js,) = verify(JSON_BODY, {**JSON_HEADERS, "Content-Type": "application/x-www-form-urlencoded"}).events
+    assert js.payload == {"property": "value", "boolean": True}
+
+
+def test_a_form_spelling_a_json_signature_is_refused() -> None:
+    # Twilio signs a JSON body as url?bodySHA256=<hex>; a form whose one parameter name is
+    # "?bodySHA256=<hex>" concatenates to the same string, so a captured JSON signature would vouch for it.
+    suffix = twilio.json_url(URL, JSON_BODY)[len(URL) :]  # "?bodySHA256=<hex>", or "&…" after a query
+    forged = urlencode({suffix: ""}).encode()
+    headers = {**JSON_HEADERS, "Content-Type": "application/x-www-form-urlencoded"}
+    with pytest.raises(SignatureInvalid):
+        verify(forged, headers)
 
 
 @pytest.mark.parametrize(
