@@ -37,6 +37,7 @@ from effectgate.ledger.errors import (
 from effectgate.ledger.fingerprints import canonical_json
 from effectgate.ledger.storable import jsonb_problem
 
+from .bodies import BodyTooLarge, read_body
 from .config import Config, Source
 from .operator import metrics
 from .replay_memory import LedgerReplayMemory
@@ -67,28 +68,9 @@ def _new_request_id_prefix() -> None:
 os.register_at_fork(after_in_child=_new_request_id_prefix)
 
 
-class BodyTooLarge(Exception):
-    """The request body is over the configured limit."""
-
-
 def error(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
     """Every error answer has this shape: ``{"error": CODE, "detail": …}``."""
     return JSONResponse({"error": code, "detail": detail, **extra}, status_code=status)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """Read the body, stopping as soon as it passes ``limit`` bytes (a declared length is checked first)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
