@@ -55,8 +55,8 @@ from .ingress import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KIND = "bench.backlog"
-# Distinct live deliveries per drain (2 KB each, signed before the run). A drain that outlasts them replays
-# the pool: the rest of the live load is duplicates (200), the ledger's counts printed say how many.
+# Distinct live deliveries per drain (2 KB each, signed before the run; --live-pool). A drain that outlasts
+# them replays the pool: the rest of the live load is duplicates (200), the ledger's counts say how many.
 LIVE_POOL = 30_000
 LIVE_KIND = "bench.live"
 CONFIG = """[handlers]
@@ -246,6 +246,7 @@ def effectgate_drain(
     workers: int,
     live_connections: int,
     timeout: float,
+    live_pool_size: int = LIVE_POOL,
 ) -> Drain:
     db_url = fresh_database(server)
     config = tmp / "backlog.toml"
@@ -310,7 +311,7 @@ def effectgate_drain(
             if count(db_url, LISTENING) >= workers:
                 break
             time.sleep(0.1)
-        live_pool = load.write_pool(tmp / "live.tsv", LIVE_POOL)
+        live_pool = load.write_pool(tmp / "live.tsv", live_pool_size)
         live = load.start(
             wrk,
             base,
@@ -364,7 +365,14 @@ asyncio.run(main())
 
 
 def pgqueuer_drain(
-    wrk: str, server: str, tmp: Path, size: int, workers: int, live_connections: int, timeout: float
+    wrk: str,
+    server: str,
+    tmp: Path,
+    size: int,
+    workers: int,
+    live_connections: int,
+    timeout: float,
+    live_pool_size: int = LIVE_POOL,
 ) -> Drain | None:
     """PgQueuer at its defaults (``QueueManager.run()``), its queue polled until empty; live load as above."""
     try:
@@ -411,7 +419,7 @@ def pgqueuer_drain(
                 break
             time.sleep(0.1)
         script = load.script(tmp, "pool.lua", load.POOL_LUA)
-        live_pool = load.write_pool(tmp / "live.tsv", LIVE_POOL)
+        live_pool = load.write_pool(tmp / "live.tsv", live_pool_size)
         live = load.start(
             wrk,
             base,
@@ -459,6 +467,7 @@ def main() -> None:
     parser.add_argument(
         "--live-connections", type=int, default=16, help="wrk connections of live ingress load"
     )
+    parser.add_argument("--live-pool", type=int, default=LIVE_POOL, help="distinct live deliveries per drain")
     parser.add_argument("--drain-timeout", type=float, default=1800, help="give up on one drain after this")
     args = parser.parse_args()
     wrk = shutil.which("wrk")
@@ -486,12 +495,20 @@ def main() -> None:
                 args.workers,
                 args.live_connections,
                 args.drain_timeout,
+                args.live_pool,
             )
             drains[f"effectgate_{size}"] = drain
             print(drain.line(f"  effectgate worker drain, backlog {size}"), flush=True)
         print(f"PgQueuer, backlog {args.backlog}:", flush=True)
         pgq = pgqueuer_drain(
-            wrk, server, tmp, args.backlog, args.workers, args.live_connections, args.drain_timeout
+            wrk,
+            server,
+            tmp,
+            args.backlog,
+            args.workers,
+            args.live_connections,
+            args.drain_timeout,
+            args.live_pool,
         )
         drains["pgqueuer"] = pgq
         if pgq is None:

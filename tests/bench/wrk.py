@@ -101,8 +101,11 @@ class WrkResult:
         return self.non_2xx + self.socket_errors
 
     def line(self) -> str:
+        if self.requests == 0:
+            # Every request still in flight when the run ended: wrk counts none of them, not even as errors.
+            return "NO ANSWER within the run (0 requests completed)"
         return (
-            f"{self.rate:.0f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms, "
+            f"{self.requests} answered, {self.rate:.0f} req/s, p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms, "
             f"non-2xx {self.non_2xx}, socket errors {self.socket_errors}"
         )
 
@@ -120,11 +123,17 @@ def parse(stdout: str) -> WrkResult:
     rate = re.search(r"Requests/sec:\s+([\d.]+)", stdout)
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", stdout)
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", stdout)
+    requests = int(total.group(1)) if total else 0
     return WrkResult(
-        requests=int(total.group(1)) if total else 0,
+        requests=requests,
         rate=float(rate.group(1)) if rate else float("nan"),
-        p50_ms=_ms(m.group(1) if (m := re.search(r"50%\s+(\S+)", stdout)) else None),
-        p99_ms=_ms(m.group(1) if (m := re.search(r"99%\s+(\S+)", stdout)) else None),
+        # No answer at all is an unbounded latency, not a 0 ms one.
+        p50_ms=_ms(m.group(1) if (m := re.search(r"50%\s+(\S+)", stdout)) else None)
+        if requests
+        else float("inf"),
+        p99_ms=_ms(m.group(1) if (m := re.search(r"99%\s+(\S+)", stdout)) else None)
+        if requests
+        else float("inf"),
         non_2xx=int(errors.group(1)) if errors else 0,
         socket_errors=sum(int(g) for g in sock.groups()) if sock else 0,
     )
