@@ -72,13 +72,13 @@ bench-backlog-long:
 	-$(PYTHON) -m pip install -q -e '.[bench]'
 	$(PYTHON) -m tests.bench.backlog --small 1000 --backlog 1000000 --delivered 100000 --drain-timeout 7200
 
+# The short one runs after bench-short, which installs the bench extra.
 bench-backlog-short:
-	-$(PYTHON) -m pip install -q -e '.[bench]'
-	$(PYTHON) -m tests.bench.backlog --small 300 --backlog 2000 --live-pool 5000 --drain-timeout 30
+	$(PYTHON) -m tests.bench.backlog --small 200 --backlog 1500 --live-pool 5000 --drain-timeout 30
 
 # Genuine deliveries quiet and under each flood (tests/bench/attack.py) against `serve --workers 2`, as ratios.
 bench-attack:
-	$(PYTHON) -m tests.bench.attack --seconds 10
+	$(PYTHON) -m tests.bench.attack --seconds 10 --drip-seconds 40
 
 bench-attack-short:
 	$(PYTHON) -m tests.bench.attack --seconds 2

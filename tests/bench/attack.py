@@ -12,7 +12,10 @@ started a second before and stopped by itself a second after:
 - ``tiny401``: bad signatures on ``{}``, 300 connections;
 - ``replay``: one valid delivery replayed (a duplicate after the first), 500 connections;
 - ``drip``: 100 connections dripping header lines and 100 dripping a chunked body's trailers, 100 bytes
-  every 0.1 s each, each reopened when the gateway closes it.
+  every 0.1 s each, each reopened when the gateway closes it; ``--drip-seconds`` lets it outlast the
+  gateway's header and body timeouts, the genuine load then measured at its end.
+
+The gateway's resident memory (all its processes) is printed before and after each scenario.
 
 Prints, per flood: genuine req/s and p99 and their ratios to quiet, genuine errors (non-2xx + socket), what
 the flood got (answers/s, or for the drip how long the gateway held a connection and how many bytes it
@@ -27,6 +30,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import tempfile
@@ -39,9 +43,23 @@ from . import ingress
 from . import wrk as load
 from .backlog import ROOT, env, wait_until_up
 from .common import drop_database, fresh_database, server_url
+from .ingress_cost import tree
 
 BODY_BYTES = 250_000
 BAD_SIGNATURE = "v1=" + "0" * 64
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its descendants (the gateway's processes), in MB."""
+    total = 0
+    for member in tree(pid):
+        try:
+            status = Path(f"/proc/{member}/status").read_text()
+        except OSError:
+            continue
+        match = re.search(r"VmRSS:\s+(\d+) kB", status)
+        total += int(match.group(1)) if match else 0
+    return total / 1024
 
 
 def json_body() -> bytes:
@@ -152,6 +170,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10, help="genuine load per scenario")
     parser.add_argument("--genuine-connections", type=int, default=16)
+    parser.add_argument(
+        "--drip-seconds",
+        type=float,
+        default=0,
+        help="how long the drip runs (default: the genuine run + 2 s); genuine load is measured at its end",
+    )
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -209,9 +233,13 @@ def main() -> None:
                 # Signed now, so the timestamps are fresh whatever the run's length.
                 pool = load.write_pool(tmp / "genuine.tsv", int(2000 * seconds))
                 proc = thread = stats = None
+                rss_before = rss_mb(gateway.pid)
                 if flood is not None:
-                    proc, thread, stats = run_flood(wrk, base, port, tmp, flood, seconds + 2)
-                    time.sleep(1)
+                    # The drip can outlast the header and body timeouts (10 s and 30 s by default): then the
+                    # genuine load is measured at its end, when the most connections and bytes are held.
+                    length = max(seconds + 2, args.drip_seconds) if flood.body is None else seconds + 2
+                    proc, thread, stats = run_flood(wrk, base, port, tmp, flood, length)
+                    time.sleep(length - seconds - 1)
                 genuine = load.finish(
                     load.start(
                         wrk,
@@ -233,7 +261,8 @@ def main() -> None:
                 if thread is not None and stats is not None:
                     thread.join()
                     flood_results[name] = stats.line()
-                print(f"genuine, {name}: {genuine.line()}", flush=True)
+                rss = f"gateway RSS {rss_before:.0f} -> {rss_mb(gateway.pid):.0f} MB"
+                print(f"genuine, {name}: {genuine.line()}; {rss}", flush=True)
                 if flood is not None:
                     print(
                         f"  flood {flood.what}, {flood.connections} connections: {flood_results[name]}",
