@@ -190,6 +190,9 @@ def main() -> None:
         flush=True,
     )
     valid = load.delivery_body("evt_replayed", 0)
+    # Every bad signature carries a fresh timestamp: a stale one is refused before any HMAC or diagnosis,
+    # which would make the floods cheaper than the attack they stand for.
+    now = int(time.time())
     floods = [
         Flood(
             "json",
@@ -203,9 +206,9 @@ def main() -> None:
             "bad signatures, ~250 KB random bytes",
             8,
             os.urandom(BODY_BYTES),
-            f"t=1,{BAD_SIGNATURE}",
+            f"t={now},{BAD_SIGNATURE}",
         ),
-        Flood("tiny401", "bad signatures, tiny bodies (401s)", 300, b"{}", f"t=1,{BAD_SIGNATURE}"),
+        Flood("tiny401", "bad signatures, tiny bodies (401s)", 300, b"{}", f"t={now},{BAD_SIGNATURE}"),
         Flood(
             "replay", "one valid delivery replayed", 500, valid.encode(), load.sign(valid, int(time.time()))
         ),

@@ -32,9 +32,11 @@ import asyncio
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -58,6 +60,7 @@ KIND = "bench.backlog"
 # Distinct live deliveries per drain (2 KB each, signed before the run; --live-pool). A drain that outlasts
 # them replays the pool: the rest of the live load is duplicates (200), the ledger's counts say how many.
 LIVE_POOL = 30_000
+RESIGN_EVERY = 240
 LIVE_KIND = "bench.live"
 CONFIG = """[handlers]
 modules = ["tests.bench.backlog_handlers"]
@@ -98,6 +101,71 @@ class Drain:
         if self.live is not None:
             text += f"\n    live ingress meanwhile: {self.live.line()}; ledger {self.live_ledger}"
         return text
+
+
+class LiveLoad:
+    """Live deliveries to ``/webhooks/live`` until stopped, re-signed every 4 minutes.
+
+    Stripe refuses a signature older than 300 s, so one pool signed before a half-hour drain would turn the
+    live load into a flood of 401s. Every 240 s the same deliveries are signed afresh and wrk restarted (a
+    gap of about a second). The figures are over all segments: answers and errors summed, the p99 the
+    worst segment's.
+    """
+
+    def __init__(self, wrk: str, base: str, tmp: Path, connections: int, pool_size: int) -> None:
+        self.wrk, self.base, self.tmp, self.connections, self.pool_size = (
+            wrk,
+            base,
+            tmp,
+            connections,
+            pool_size,
+        )
+        self.run = uuid.uuid4().hex[:8]
+        self.script = load.script(tmp, "pool.lua", load.POOL_LUA)
+        self.results: list[load.WrkResult] = []
+        self.stopping = threading.Event()
+        self.current: subprocess.Popen[str] | None = None
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+        self.pool = load.write_pool(tmp / "live.tsv", pool_size, self.run)
+        self.thread = threading.Thread(target=self._loop)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                # Checked under the lock stop() takes: no segment starts after stop() looked.
+                if self.stopping.is_set():
+                    return
+                self.current = load.start(
+                    self.wrk,
+                    self.base,
+                    self.script,
+                    [str(self.pool), "/webhooks/live"],
+                    connections=self.connections,
+                    seconds=RESIGN_EVERY,
+                )
+            # The next segment's pool, signed while this one runs.
+            self.stopping.wait(min(RESIGN_EVERY - 30, 10))
+            fresh = load.write_pool(self.tmp / f"live-{len(self.results) % 2}.tsv", self.pool_size, self.run)
+            self.results.append(load.finish(self.current))
+            self.pool = fresh
+
+    def stop(self) -> load.WrkResult:
+        self.stopping.set()
+        with self.lock:
+            if self.current is not None and self.current.poll() is None:
+                self.current.send_signal(signal.SIGINT)
+        self.thread.join()
+        answered = sum(r.requests for r in self.results)
+        return load.WrkResult(
+            requests=answered,
+            rate=answered / (time.monotonic() - self.started),
+            p50_ms=max((r.p50_ms for r in self.results), default=float("nan")),
+            p99_ms=max((r.p99_ms for r in self.results), default=float("nan")),
+            non_2xx=sum(r.non_2xx for r in self.results),
+            socket_errors=sum(r.socket_errors for r in self.results),
+        )
 
 
 def env(db_url: str) -> dict[str, str]:
@@ -288,6 +356,7 @@ def effectgate_drain(
     base = f"http://127.0.0.1:{port}"
     gateway = serve(config, port, db_url)
     procs: list[subprocess.Popen[str]] = []
+    live: LiveLoad | None = None
     try:
         wait_until_up(base)
         effectgate(db_url, "jobs", "pause", "--kind", KIND, "--reason", "bench: the outage")
@@ -344,16 +413,7 @@ def effectgate_drain(
             if count(db_url, LISTENING) >= workers:
                 break
             time.sleep(0.1)
-        live_pool = load.write_pool(tmp / "live.tsv", live_pool_size)
-        live = load.start(
-            wrk,
-            base,
-            script,
-            [str(live_pool), "/webhooks/live"],
-            connections=live_connections,
-            seconds=timeout + 5,
-        )
-        procs.append(live)
+        live = LiveLoad(wrk, base, tmp, live_connections, live_pool_size)
         time.sleep(1)  # the live load running before the resume
         # The resume through the same call `effectgate jobs resume` makes, in this process: the clock
         # starts at its commit, not a Python start-up later (the CLI's exit would already be draining).
@@ -366,9 +426,11 @@ def effectgate_drain(
             lambda: resume(db_url, KIND),
         )
         poll.conn.close()
-        live_result = load.stop(live)
+        live_result = live.stop()
         return dataclasses.replace(drain, live=live_result, live_ledger=live_outcomes(db_url))
     finally:
+        if live is not None and not live.stopping.is_set():
+            live.stop()
         for proc in [*procs, gateway]:
             proc.terminate()
         for proc in [*procs, gateway]:
@@ -423,6 +485,7 @@ def pgqueuer_drain(
     base = f"http://127.0.0.1:{port}"
     gateway = serve(config, port, db_url)
     procs: list[subprocess.Popen[str]] = []
+    live: LiveLoad | None = None
     try:
 
         async def install() -> None:
@@ -454,17 +517,7 @@ def pgqueuer_drain(
             if count(db_url, LISTENING) >= workers:
                 break
             time.sleep(0.1)
-        script = load.script(tmp, "pool.lua", load.POOL_LUA)
-        live_pool = load.write_pool(tmp / "live.tsv", live_pool_size)
-        live = load.start(
-            wrk,
-            base,
-            script,
-            [str(live_pool), "/webhooks/live"],
-            connections=live_connections,
-            seconds=timeout + 5,
-        )
-        procs.append(live)
+        live = LiveLoad(wrk, base, tmp, live_connections, live_pool_size)
         time.sleep(1)
         poll = Poll(db_url, "SELECT count(*) FROM pgqueuer")
         drain = time_drain(
@@ -475,9 +528,11 @@ def pgqueuer_drain(
             lambda: asyncio.run(fill()),
         )
         poll.conn.close()
-        live_result = load.stop(live)
+        live_result = live.stop()
         return dataclasses.replace(drain, live=live_result, live_ledger=live_outcomes(db_url))
     finally:
+        if live is not None and not live.stopping.is_set():
+            live.stop()
         for proc in [*procs, gateway]:
             proc.terminate()
         for proc in [*procs, gateway]:

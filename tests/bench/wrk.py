@@ -74,10 +74,14 @@ def delivery_body(event_id: str, n: int) -> str:
     )
 
 
-def write_pool(path: Path, count: int) -> Path:
-    """``count`` distinct Stripe-signed 2 KB deliveries, one signature each, signed now."""
+def write_pool(path: Path, count: int, run: str | None = None) -> Path:
+    """``count`` distinct Stripe-signed 2 KB deliveries, one signature each, signed now.
+
+    The same ``run`` gives the same deliveries, signed afresh: Stripe's timestamp tolerance (300 s) would
+    turn an older pool into a flood of 401s.
+    """
     t = int(time.time())
-    run = uuid.uuid4().hex[:8]
+    run = run or uuid.uuid4().hex[:8]
     with path.open("w") as out:
         for n in range(count):
             body = delivery_body(f"evt_{run}_{n}", n)
