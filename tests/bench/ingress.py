@@ -221,8 +221,8 @@ def load(
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", result.stdout)
     return LoadResult(
         rate=float(rate.group(1)) if rate else float("nan"),
-        p50_ms=_ms(m.group(1) if (m := re.search(r"50%\s+(\S+)", result.stdout)) else None),
-        p99_ms=_ms(m.group(1) if (m := re.search(r"99%\s+(\S+)", result.stdout)) else None),
+        p50_ms=_ms(m.group(1) if (m := re.search(r"^\s+50%\s+(\S+)", result.stdout, re.M)) else None),
+        p99_ms=_ms(m.group(1) if (m := re.search(r"^\s+99%\s+(\S+)", result.stdout, re.M)) else None),
         non_2xx=int(errors.group(1)) if errors else 0,
         socket_errors=sum(int(g) for g in sock.groups()) if sock else 0,
         outcomes=outcomes,

@@ -132,10 +132,10 @@ def parse(stdout: str) -> WrkResult:
         requests=requests,
         rate=float(rate.group(1)) if rate else float("nan"),
         # No answer at all is an unbounded latency, not a 0 ms one.
-        p50_ms=_ms(m.group(1) if (m := re.search(r"50%\s+(\S+)", stdout)) else None)
+        p50_ms=_ms(m.group(1) if (m := re.search(r"^\s+50%\s+(\S+)", stdout, re.M)) else None)
         if requests
         else float("inf"),
-        p99_ms=_ms(m.group(1) if (m := re.search(r"99%\s+(\S+)", stdout)) else None)
+        p99_ms=_ms(m.group(1) if (m := re.search(r"^\s+99%\s+(\S+)", stdout, re.M)) else None)
         if requests
         else float("inf"),
         non_2xx=int(errors.group(1)) if errors else 0,
