@@ -145,11 +145,12 @@ class LiveLoad:
                     connections=self.connections,
                     seconds=RESIGN_EVERY,
                 )
-            # The next segment's pool, signed while this one runs.
-            self.stopping.wait(min(RESIGN_EVERY - 30, 10))
-            fresh = load.write_pool(self.tmp / f"live-{len(self.results) % 2}.tsv", self.pool_size, self.run)
+            # The next segment's pool, signed 30 s before it starts: no signature is older than 270 s.
+            if not self.stopping.wait(RESIGN_EVERY - 30):
+                self.pool = load.write_pool(
+                    self.tmp / f"live-{len(self.results) % 2}.tsv", self.pool_size, self.run
+                )
             self.results.append(load.finish(self.current))
-            self.pool = fresh
 
     def stop(self) -> load.WrkResult:
         self.stopping.set()
@@ -262,10 +263,12 @@ def time_drain(
     elapsed, left = samples[-1]
 
     def rate_between(lo: float, hi: float) -> float:
-        # The time the remaining count took to fall from ``lo`` to ``hi`` of the start's.
-        t_lo = next((t for t, n in samples if n <= first * lo), elapsed)
-        t_hi = next((t for t, n in samples if n <= first * hi), elapsed)
-        return first * (lo - hi) / (t_hi - t_lo) if t_hi > t_lo else float("nan")
+        # The time the remaining count took to fall from ``lo`` to ``hi`` of the start's; nan if it did not.
+        t_lo = next((t for t, n in samples if n <= first * lo), None)
+        t_hi = next((t for t, n in samples if n <= first * hi), None)
+        if t_lo is None or t_hi is None or t_hi <= t_lo:
+            return float("nan")
+        return first * (lo - hi) / (t_hi - t_lo)
 
     return Drain(first, elapsed, rate_between(1.0, 0.75), rate_between(0.25, 0.0), left, None)
 
