@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: install check lint typecheck test test-lowest chaos bench bench-short soak soak-short up metrics-check deploy-check
+.PHONY: install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short soak soak-short up metrics-check deploy-check
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -59,6 +59,29 @@ bench-short:
 	-$(PYTHON) -m pip install -q -e '.[bench]'
 	$(PYTHON) -m tests.bench.compare --short
 	$(PYTHON) -m tests.bench.reports --effects 20000
+
+# The day after an outage (tests/bench/backlog.py): a paused kind's backlog built by real signed deliveries
+# through `serve --workers 2`, resumed, drained by a real `effectgate worker` at its defaults and timed from
+# the database, at 10^3 and 10^5 (10^6 in the long version, the part past 10^5 claimed directly), beside
+# PgQueuer at the same backlog, with live ingress load meanwhile. Prints the ratios.
+bench-backlog:
+	-$(PYTHON) -m pip install -q -e '.[bench]'
+	$(PYTHON) -m tests.bench.backlog --small 1000 --backlog 100000
+
+bench-backlog-long:
+	-$(PYTHON) -m pip install -q -e '.[bench]'
+	$(PYTHON) -m tests.bench.backlog --small 1000 --backlog 1000000 --delivered 100000 --drain-timeout 7200
+
+# The short one runs after bench-short, which installs the bench extra.
+bench-backlog-short:
+	$(PYTHON) -m tests.bench.backlog --small 200 --backlog 1500 --live-pool 5000 --drain-timeout 30
+
+# Genuine deliveries quiet and under each flood (tests/bench/attack.py) against `serve --workers 2`, as ratios.
+bench-attack:
+	$(PYTHON) -m tests.bench.attack --seconds 10 --drip-seconds 40
+
+bench-attack-short:
+	$(PYTHON) -m tests.bench.attack --seconds 2
 
 # The shipped Prometheus alert rules: syntax, then behaviour on the series in alerts_test.yml. promtool is
 # Debian's `prometheus` package (apt-get install --no-install-recommends prometheus).

@@ -6,8 +6,11 @@ On one Postgres (``BENCH_DATABASE_URL`` / ``TEST_DATABASE_URL``, else a throwawa
 generator (wrk) and one machine, in this order:
 
 1. pgbench running the claim transaction (``effect_claim_batch`` for one delivery);
-2. the hand-written reference gateway (tests/bench/reference_gateway.py, 2 uvicorn workers) and effectgate
-   ``serve --workers 1`` and ``--workers 2``, each driven by wrk with distinct deliveries, one signature each;
+2. the two hand-written reference gateways, 2 uvicorn workers each — the project's (tests/bench/
+   reference_gateway.py, effectgate's own tables) and the lean one (tests/bench/lean_gateway.py, raw ASGI,
+   its own two-table schema) — and effectgate ``serve --workers 1`` and ``--workers 2``, each driven by wrk
+   with distinct deliveries, each signed on its own before the run (wrk's Lua has no HMAC; see
+   tests/bench/wrk.py), so every request is a new signature and a new key;
 3. PgQueuer's drain of no-op jobs (the ``bench`` extra) and effectgate's worker drain, fencing on;
 4. the cost of growth: batched claim throughput with 10^6 effects already in the ledger against an empty one;
 5. claim commit -> handler start latency (LISTEN/NOTIFY wake-up).
@@ -34,7 +37,7 @@ from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import Delivery, EffectRequest
 from effectgate.ledger.fingerprints import fingerprint
 
-from . import ingress, pgqueuer_drain, worker
+from . import ingress, lean_gateway, pgqueuer_drain, worker
 from .claims import PAYLOAD, pgbench_rate
 from .common import drop_database, fresh_database, percentile, server_url
 from .reports import fill
@@ -114,12 +117,15 @@ def main() -> None:
             config = ingress.write_config(Path(tmp))
             runs = {
                 "reference": lambda port: ingress.reference_command(port, 2),
+                "lean": lambda port: ingress.reference_command(port, 2, "tests.bench.lean_gateway:app"),
                 "effectgate_w1": lambda port: ingress.effectgate_command(config, port, 1),
                 "effectgate_w2": lambda port: ingress.effectgate_command(config, port, 2),
             }
             for name, command in runs.items():
                 url = fresh()
                 try:
+                    if name == "lean":
+                        lean_gateway.create_schema(url)
                     port = ingress.free_port()
                     result = ingress.load(
                         wrk,
@@ -130,6 +136,7 @@ def main() -> None:
                         connections=connections,
                         seconds=seconds,
                         warmup=warmup,
+                        counts=lean_gateway.counts if name == "lean" else None,
                     )
                 finally:
                     drop_database(server, url)
@@ -185,6 +192,9 @@ def main() -> None:
     print("== ratios in this run (targets in brackets)")
     print(
         f"effectgate serve --workers 2 / reference gateway: {ratio(figures.get('effectgate_w2'), figures.get('reference'))} (>= 1.5x)"
+    )
+    print(
+        f"effectgate serve --workers 2 / lean reference gateway: {ratio(figures.get('effectgate_w2'), figures.get('lean'))} (>= 1.5x)"
     )
     print(
         f"effectgate serve --workers 1 / reference gateway: {ratio(figures.get('effectgate_w1'), figures.get('reference'))}"

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,12 +118,13 @@ def effectgate_command(config: Path, port: int, workers: int) -> list[str]:
     ]
 
 
-def reference_command(port: int, workers: int) -> list[str]:
+def reference_command(port: int, workers: int, app: str = "tests.bench.reference_gateway:app") -> list[str]:
+    """uvicorn running a reference gateway: the project's (default) or ``tests.bench.lean_gateway:app``."""
     return [
         sys.executable,
         "-m",
         "uvicorn",
-        "tests.bench.reference_gateway:app",
+        app,
         "--port",
         str(port),
         "--workers",
@@ -157,11 +159,13 @@ def load(
     connections: int,
     seconds: int,
     warmup: Path | None = None,
+    counts: Callable[[str], dict[str, int]] | None = None,
 ) -> LoadResult:
     """Start ``command`` (a gateway on ``port``), drive it with wrk replaying ``deliveries``, stop it.
 
     ``warmup``, other deliveries, is replayed for a second first: every worker process is up, every
     connection opened and every statement prepared before the clock starts (its rows are in the counts).
+    ``counts`` reads what a gateway with its own tables wrote (the lean reference); by default the ledger's.
     """
     env = {
         **os.environ,
@@ -200,10 +204,15 @@ def load(
                 text=True,
                 check=True,
             )
-        with psycopg.connect(db_url) as conn:
-            outcomes = dict(conn.execute("SELECT outcome, count(*) FROM deliveries GROUP BY 1").fetchall())
-            jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()
-            outcomes["jobs"] = jobs[0] if jobs else 0
+        if counts is not None:
+            outcomes = counts(db_url)
+        else:
+            with psycopg.connect(db_url) as conn:
+                outcomes = dict(
+                    conn.execute("SELECT outcome, count(*) FROM deliveries GROUP BY 1").fetchall()
+                )
+                jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()
+                outcomes["jobs"] = jobs[0] if jobs else 0
     finally:
         gateway.terminate()
         gateway.wait(timeout=30)
@@ -212,8 +221,8 @@ def load(
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", result.stdout)
     return LoadResult(
         rate=float(rate.group(1)) if rate else float("nan"),
-        p50_ms=_ms(m.group(1) if (m := re.search(r"50%\s+(\S+)", result.stdout)) else None),
-        p99_ms=_ms(m.group(1) if (m := re.search(r"99%\s+(\S+)", result.stdout)) else None),
+        p50_ms=_ms(m.group(1) if (m := re.search(r"^\s+50%\s+(\S+)", result.stdout, re.M)) else None),
+        p99_ms=_ms(m.group(1) if (m := re.search(r"^\s+99%\s+(\S+)", result.stdout, re.M)) else None),
         non_2xx=int(errors.group(1)) if errors else 0,
         socket_errors=sum(int(g) for g in sock.groups()) if sock else 0,
         outcomes=outcomes,
