@@ -1,6 +1,6 @@
 """Group commit for a gateway process: the claims of concurrent deliveries share one statement and one commit,
 each request answered after it — bounded in how many wait and for how long, and with every failure answered
-to the request it belongs to (see ``ClaimBatcher``; ADR 0006 and 0015).
+to the request it belongs to (see ``ClaimBatcher``; ADR 0006 and 0008).
 """
 
 from __future__ import annotations
