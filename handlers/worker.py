@@ -171,9 +171,6 @@ class Worker:
         # Set while the LISTEN connection is subscribed (readiness checks, tests).
         self.listening = asyncio.Event()
         self._running: dict[int, asyncio.Task[None]] = {}
-        # Jobs whose handler has ended and whose outcome is being written: they hold no slot, so the next
-        # fetch overlaps the finish batch instead of waiting a round trip for it (docs/performance.md).
-        self._recording: set[int] = set()
         self._contexts: dict[int, EffectContext] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -204,7 +201,7 @@ class Worker:
                 # Cleared before the fetch, not after it: a NOTIFY landing while the fetch runs must wake
                 # the wait below, or a job claimed in that window waits out a whole poll interval.
                 self._wake.clear()
-                free = self._free_slots()
+                free = self.config.concurrency - len(self._running)
                 if free > 0:
                     try:
                         await self.fetch_and_start(free)
@@ -296,21 +293,8 @@ class Worker:
             task.add_done_callback(functools.partial(self._finished, lease.job_id))
         return len(leases)
 
-    def _free_slots(self) -> int:
-        """Slots the next fetch may fill: handlers running, not outcomes being written, count against
-        ``concurrency``; but no more than ``concurrency`` outcomes may wait to be written, so a slow finish
-        batch holds the fetch back rather than leasing jobs nobody can record."""
-        recording = len(self._recording)
-        running = len(self._running) - recording
-        return min(self.config.concurrency - running, self.config.concurrency - recording)
-
-    def _recording_outcome(self, job_id: int) -> None:
-        self._recording.add(job_id)
-        self._wake.set()
-
     def _finished(self, job_id: int, _task: asyncio.Task[None]) -> None:
         self._running.pop(job_id, None)
-        self._recording.discard(job_id)
         self._contexts.pop(job_id, None)
         self._wake.set()
 
@@ -406,7 +390,6 @@ class Worker:
             return SliceOutcome.ABANDONED
         if ctx.fenced_off:
             return SliceOutcome.LEASE_LOST
-        self._recording_outcome(lease.job_id)
         return await self._record_outcome(lease, kind, outcome, exc)
 
     def _beat(self, beat: _Beat) -> None:
