@@ -2,7 +2,8 @@
 
 One loop fetches jobs (``FOR UPDATE SKIP LOCKED``, woken by LISTEN/NOTIFY, polling as a fallback),
 one task per leased job runs its handler under heartbeats, a soft slice budget and a hard deadline,
-and one task runs the reconciler on a tick. On ``stop()`` the worker drains: it stops fetching,
+and one task runs the reconciler on a tick. While the loop runs, each batch of terminal transitions also
+leases the jobs for the slots it frees, in its own transaction: one commit per batch, not two. On ``stop()`` the worker drains: it stops fetching,
 asks running slices to yield, waits up to ``drain_timeout``, and leaves whatever did not hand back to
 lease expiry — nothing is lost either way.
 """
