@@ -228,10 +228,15 @@ class Worker:
     async def _drain(self) -> None:
         for ctx in self._contexts.values():
             ctx.draining = True
-        tasks = list(self._running.values())
-        if not tasks:
-            return
-        _, still = await asyncio.wait(tasks, timeout=self.config.drain_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.drain_timeout
+        still: set[asyncio.Task[None]] = set()
+        # Again until none is left: a finish batch in flight when the worker stopped may still have leased
+        # jobs for the slots it freed, and started them after the first look.
+        while tasks := [t for t in self._running.values() if not t.done()]:
+            _, still = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
+            if still:
+                break
         if still:
             # Left to lease expiry: each cancelled slice fences itself off and stops its handler, and the
             # reconciler redrives or parks the job by policy once the lease runs out.
