@@ -2,7 +2,8 @@
 
 One loop fetches jobs (``FOR UPDATE SKIP LOCKED``, woken by LISTEN/NOTIFY, polling as a fallback),
 one task per leased job runs its handler under heartbeats, a soft slice budget and a hard deadline,
-and one task runs the reconciler on a tick. On ``stop()`` the worker drains: it stops fetching,
+and one task runs the reconciler on a tick. While the loop runs, each batch of terminal transitions also
+leases the jobs for the slots it frees, in its own transaction: one commit per batch, not two. On ``stop()`` the worker drains: it stops fetching,
 asks running slices to yield, waits up to ``drain_timeout``, and leaves whatever did not hand back to
 lease expiry — nothing is lost either way.
 """
@@ -20,7 +21,7 @@ import socket
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -180,6 +181,9 @@ class Worker:
         self._beat_task: asyncio.Task[None] | None = None
         # Terminal transitions of many jobs, one statement (and one commit) per batch.
         self._finishes = _FinishBatcher(pool)
+        # Held from a fetch's free-slot count until its jobs' tasks are started: the run loop's fetch and a
+        # finish batch's refill must not both fill the same free slots.
+        self._fetching = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -193,6 +197,7 @@ class Worker:
     async def run(self) -> None:
         """Fetch and run jobs until ``stop()``; then drain and return."""
         log.info("worker.started", extra={"owner": self.owner, "kinds": self._ttls()})
+        self._finishes.refill = self._refill
         background = [asyncio.create_task(self._listen())]
         if self.config.run_reconciler:
             background.append(asyncio.create_task(self._reconcile_loop()))
@@ -212,6 +217,7 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
         finally:
+            self._finishes.refill = None
             await self._drain()
             background.extend(t for t in (self._beat_task, self._finishes.flusher) if t is not None)
             for task in background:
@@ -222,10 +228,15 @@ class Worker:
     async def _drain(self) -> None:
         for ctx in self._contexts.values():
             ctx.draining = True
-        tasks = list(self._running.values())
-        if not tasks:
-            return
-        _, still = await asyncio.wait(tasks, timeout=self.config.drain_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.drain_timeout
+        still: set[asyncio.Task[None]] = set()
+        # Again until none is left: a finish batch in flight when the worker stopped may still have leased
+        # jobs for the slots it freed, and started them after the first look.
+        while tasks := [t for t in self._running.values() if not t.done()]:
+            _, still = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
+            if still:
+                break
         if still:
             # Left to lease expiry: each cancelled slice fences itself off and stops its handler, and the
             # reconciler redrives or parks the job by policy once the lease runs out.
@@ -285,13 +296,41 @@ class Worker:
         ttls = self._ttls()
         if not ttls or limit < 1:
             return 0
-        async with db.connection(self.pool) as conn:
-            leases = await jobs.fetch_and_lease(conn, owner=self.owner, kinds=ttls, limit=limit)
+        async with self._fetching:
+            # Recounted under the lock: a finish batch's refill may have filled slots meanwhile.
+            limit = min(limit, self.config.concurrency - len(self._running))
+            if limit < 1:
+                return 0
+            async with db.connection(self.pool) as conn:
+                leases = await jobs.fetch_and_lease(conn, owner=self.owner, kinds=ttls, limit=limit)
+            self._start(leases)
+        return len(leases)
+
+    @contextlib.asynccontextmanager
+    async def _refill(self, conn: db.Conn, finishing: int) -> AsyncIterator[Callable[[], None] | None]:
+        """Inside a finish batch's transaction: lease jobs for the slots the batch's ``finishing`` jobs give
+        back, so that one commit ends a batch and leases the next (a commit waits for the WAL flush, and two of
+        them per batch bounded a drain: docs/performance.md). Yields what starts the leased jobs, to be called
+        once the transaction has committed, or ``None``. Skipped while the run loop fetches or the worker
+        stops; a refill that fails is logged and the batch's finishes commit without it."""
+        ttls = self._ttls()
+        free = self.config.concurrency - len(self._running) + finishing
+        if self._stopping.is_set() or not ttls or free < 1 or self._fetching.locked():
+            yield None
+            return
+        async with self._fetching:
+            try:
+                leases = await jobs.fetch_and_lease(conn, owner=self.owner, kinds=ttls, limit=free)
+            except Exception as exc:
+                log.warning("worker.fetch_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+                leases = []
+            yield functools.partial(self._start, leases)
+
+    def _start(self, leases: list[jobs.Lease]) -> None:
         for lease in leases:
             task = asyncio.create_task(self.run_job(lease), name=f"job-{lease.job_id}")
             self._running[lease.job_id] = task
             task.add_done_callback(functools.partial(self._finished, lease.job_id))
-        return len(leases)
 
     def _finished(self, job_id: int, _task: asyncio.Task[None]) -> None:
         self._running.pop(job_id, None)
@@ -653,6 +692,10 @@ class _FinishBatcher:
         self._max_batch = max_batch
         self._queue: list[_Finishing] = []
         self.flusher: asyncio.Task[None] | None = None
+        # Set by a running worker: leases the next jobs in the batch's own transaction (Worker._refill).
+        self.refill: (
+            Callable[[db.Conn, int], contextlib.AbstractAsyncContextManager[Callable[[], None] | None]] | None
+        ) = None
 
     async def finish(self, lease: jobs.Lease, kind: EffectKind, finish: jobs.Finish) -> jobs.Reached:
         item = _Finishing(lease, kind, finish, asyncio.get_running_loop().create_future())
@@ -684,10 +727,12 @@ class _FinishBatcher:
                     item.future.set_result(reached)
 
     async def _write(self, batch: list[_Finishing]) -> list[jobs.Reached | LedgerError | None]:
-        async with db.connection(self._pool) as conn:
-            if not any(item.kind.on_transition is not None for item in batch):
+        async with db.connection(self._pool) as conn, contextlib.AsyncExitStack() as refilled:
+            hooks = any(item.kind.on_transition is not None for item in batch)
+            if self.refill is None and not hooks:
                 # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
                 return await jobs.finish_many(conn, [item.finish for item in batch])
+            start: Callable[[], None] | None = None
             async with conn.transaction():
                 answers = await jobs.finish_many(conn, [item.finish for item in batch])
                 for item, reached in zip(batch, answers, strict=True):
@@ -705,6 +750,11 @@ class _FinishBatcher:
                             "worker.transition_hook_failed",
                             extra={"job_id": item.lease.job_id, "error": f"{type(exc).__name__}: {exc}"},
                         )
+                if self.refill is not None:
+                    # Last in the transaction, so its row locks are held the shortest time.
+                    start = await refilled.enter_async_context(self.refill(conn, len(batch)))
+            if start is not None:
+                start()  # committed: the leases are ours
             return answers
 
 

@@ -323,6 +323,10 @@ ORDER BY lease_token;
 -- Reconciler: due jobs that waited longer than their kind's pending_ttl get a fresh wake-up, in case every
 -- worker missed the first one (a lost LISTEN connection, a worker that was down). updated_at marks the
 -- wake-up, so a job nobody can run is woken once per pending_ttl, not on every tick.
+-- Its walk of jobs_due_idx stops at the shortest TTL's cutoff: no job due after it can be stale (run_at is at
+-- most greatest(run_at, updated_at)), and without the bound the walk read every pending job on every tick
+-- when none was stale yet — the fresh backlog of the day after an outage (docs/performance.md). The woken rows
+-- are updated by id (= ANY of an array): joined to the CTE, the planner chose a Seq Scan of jobs.
 WITH policy AS (
     SELECT p.kind, p.pending_ttl
     FROM unnest(%(kinds)s::text[], %(pending_ttls)s::float8[]) AS p(kind, pending_ttl)
@@ -330,6 +334,8 @@ WITH policy AS (
 stale AS (
     SELECT j.id FROM jobs j LEFT JOIN policy p ON p.kind = j.kind
     WHERE j.state = 'pending'
+      AND j.run_at < coalesce(%(now)s, now()) - make_interval(
+          secs => least(%(pending_ttl)s, (SELECT min(pending_ttl) FROM policy)))
       AND greatest(j.run_at, j.updated_at)
           < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.pending_ttl, %(pending_ttl)s))
     ORDER BY j.run_at, j.id
@@ -338,8 +344,7 @@ stale AS (
 ),
 woken AS (
     UPDATE jobs j SET updated_at = coalesce(%(now)s, now())
-    FROM stale
-    WHERE j.id = stale.id
+    WHERE j.id = ANY (ARRAY(SELECT id FROM stale))
     RETURNING j.id, j.kind
 )
 SELECT count(*) AS woken,

@@ -326,6 +326,23 @@ async def test_the_maintenance_services_plans_are_index_bounded(conn: db.Conn) -
     assert_bounded(await plans_of(conn, lambda c: RetentionKeeper(RetentionConfig()).run_once(c)))
 
 
+async def test_the_waker_reads_nothing_of_a_backlog_not_yet_stale(conn: db.Conn) -> None:
+    # The day after an outage, seen at the start of the drain: every pending job is due, none has waited
+    # its pending_ttl yet. The waker must stop its walk at the cutoff, not filter every pending row on every
+    # tick; and it updates the jobs it wakes by id, never with a Seq Scan of jobs.
+    row = await (
+        await conn.execute("SELECT min(run_at) AS first FROM jobs WHERE state = 'pending'")
+    ).fetchone()
+    assert row is not None and row["first"] is not None
+    before_any_is_stale = row["first"] + timedelta(seconds=60)
+    [(name, plan)] = await plans_of(
+        conn, lambda c: PendingWaker().run_once(c, now=before_any_is_stale), analyze=True
+    )
+    assert name == "job_wake_stale_pending"
+    assert not violations(plan)
+    assert rows_read(plan, "jobs") <= 10, "the waker walked the pending backlog"
+
+
 BULK_FILTERS = [
     bulk.JobFilter(states=("parked",)),
     bulk.JobFilter(states=("failed", "parked"), kind="kind-2"),

@@ -1,0 +1,105 @@
+"""A finish batch leases the next jobs in its own transaction (one commit per batch instead of two): the
+worker still never runs more handlers than its concurrency, and a refill that fails costs the batch nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from effectgate.handlers import EffectContext, Event
+from effectgate.handlers import worker as worker_module
+from effectgate.ledger import db, jobs
+from tests.integration import jobs_fixtures as jf
+from tests.integration.jobs_fixtures import claim, kind, make_worker, registry, wait_for
+
+pytestmark = pytest.mark.anyio
+pool = jf.pool
+
+
+async def states(conn: db.Conn) -> dict[str, int]:
+    rows = await (
+        await conn.execute("SELECT state::text AS state, count(*) AS n FROM jobs GROUP BY 1")
+    ).fetchall()
+    return {r["state"]: int(r["n"]) for r in rows}
+
+
+async def test_refills_and_the_run_loop_never_run_more_handlers_than_the_concurrency(
+    pool: db.Pool, db_url: str
+) -> None:
+    # 300 jobs through a worker of 4 slots whose handlers end at different moments, so finish batches (each
+    # refilling the slots it frees) race the run loop's own fetches (woken by every finished job). At no
+    # instant may more than 4 handlers run, and every job must succeed once.
+    async with jf.connected(db_url) as conn:
+        for _ in range(300):
+            await claim(conn)
+    running, most, seen = 0, 0, []
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        seen.append(ctx.job_id)
+        for _ in range(ctx.job_id % 3):
+            await asyncio.sleep(0)
+        running -= 1
+
+    refills = 0
+    refill = worker_module.Worker._refill
+
+    def counting(self: Any, conn: db.Conn, finishing: int) -> Any:
+        nonlocal refills
+        refills += 1
+        return refill(self, conn, finishing)
+
+    worker = make_worker(pool, registry(kind(handler)), url=db_url, concurrency=4)
+    worker._refill = counting.__get__(worker)  # type: ignore[method-assign]
+    task = asyncio.create_task(worker.run())
+    async with jf.connected(db_url) as conn:
+
+        async def all_done() -> bool:
+            return (await states(conn)).get("succeeded", 0) == 300
+
+        await wait_for(all_done, 120, "the 300 jobs to succeed")
+    worker.stop()
+    await task
+    assert most <= 4
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == 300
+    assert refills > 0, "no finish batch refilled its slots"
+
+
+async def test_a_refill_whose_fetch_fails_still_commits_the_batchs_finishes(
+    pool: db.Pool, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The refill's fetch runs in the finish batch's transaction. If it fails (here: every fetch from a
+    # transaction is refused by Postgres itself, a division by zero), the jobs that finished must still be
+    # recorded succeeded — not rolled back with the fetch and left to lease expiry to run again.
+    async with jf.connected(db_url) as conn:
+        for _ in range(20):
+            await claim(conn)
+    fetch = jobs.fetch_and_lease
+
+    async def refused_in_a_transaction(conn: db.Conn, **kw: Any) -> list[jobs.Lease]:
+        if conn.info.transaction_status:
+            async with conn.transaction():
+                await conn.execute("SELECT 1 / 0")
+        return await fetch(conn, **kw)
+
+    monkeypatch.setattr(jobs, "fetch_and_lease", refused_in_a_transaction)
+    ran: list[int] = []
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        ran.append(ctx.job_id)
+
+    worker = make_worker(pool, registry(kind(handler)), url=db_url, concurrency=4)
+    task = asyncio.create_task(worker.run())
+    async with jf.connected(db_url) as conn:
+
+        async def all_done() -> bool:
+            return (await states(conn)).get("succeeded", 0) == 20
+
+        await wait_for(all_done, 60, "the 20 jobs to succeed")
+    worker.stop()
+    await task
+    assert len(ran) == 20 == len(set(ran))
