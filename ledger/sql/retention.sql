@@ -37,17 +37,23 @@ due AS (
     LIMIT %(limit)s
     FOR UPDATE OF j, e SKIP LOCKED
 ),
+-- The writes below find their rows by id from an array (`= ANY(ARRAY(…))`), not by joining `due`: with a batch
+-- of a thousand rows a planner may hash-join, which reads the whole of jobs and effects once per batch
+-- (PostgreSQL 18 did, at 10^5 jobs: tests/integration/test_query_plans.py).
 marked AS (
-    UPDATE jobs j SET payload_purged = true FROM due WHERE j.id = due.job_id RETURNING j.id
+    UPDATE jobs j SET payload_purged = true
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM due))
+    RETURNING j.id
 ),
 purged AS (
     UPDATE effects e SET payload = NULL, purged_at = coalesce(%(now)s, now()), outcome = due.state::text
-    FROM due WHERE e.id = due.effect_id
+    FROM due
+    WHERE e.id = ANY (ARRAY(SELECT effect_id FROM due)) AND e.id = due.effect_id
     RETURNING e.id
 ),
 answers AS (
     UPDATE steps s SET result = NULL, error = NULL
-    FROM due WHERE s.effect_id = due.effect_id AND (s.result IS NOT NULL OR s.error IS NOT NULL)
+    WHERE s.effect_id = ANY (ARRAY(SELECT effect_id FROM due)) AND (s.result IS NOT NULL OR s.error IS NOT NULL)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM purged) AS payloads, (SELECT count(*) FROM answers) AS answers,
