@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
+from urllib.parse import SplitResult, urlsplit
 
 from .base import (
     JSON_CONTENT_TYPE,
@@ -238,6 +239,27 @@ def option_bool(option: str, value: object) -> bool:
 
 
 # --- reading a request --------------------------------------------------------------------------
+
+
+def https_url_parts(value: object) -> SplitResult | None:
+    """``value`` split as an https URL with a host, no user info, no query or fragment and a numeric port (if
+    any); None when it is anything else. Callers add what their kind of URL also demands of the path."""
+    try:
+        parts = urlsplit(value) if isinstance(value, str) else None
+        if parts is not None:
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return None
+    if (
+        parts is None
+        or parts.scheme != "https"
+        or not parts.hostname
+        or parts.username is not None
+        or parts.query
+        or parts.fragment
+    ):
+        return None
+    return parts
 
 
 def lower_headers(headers: Mapping[str, str]) -> Headers:

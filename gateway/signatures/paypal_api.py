@@ -27,10 +27,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 
+from ._common import https_url_parts
 from .base import ConfirmationFailed, ConfirmationUnavailable, SchemeConfigError
 
 log = logging.getLogger("effectgate.gateway.paypal")
@@ -211,21 +212,8 @@ class PayPalApi:
 
 def api_base(value: object) -> str:
     """PayPal's API base URL: https, a host, no path beyond ``/``, no query."""
-    try:
-        parts = urlsplit(value) if isinstance(value, str) else None
-        if parts is not None:
-            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        parts = None
-    if (
-        parts is None
-        or parts.scheme != "https"
-        or not parts.hostname
-        or parts.username is not None
-        or parts.path not in ("", "/")
-        or parts.query
-        or parts.fragment
-    ):
+    parts = https_url_parts(value)
+    if parts is None or parts.path not in ("", "/"):
         raise SchemeConfigError(
             f"api_base: expected an https URL with no path, such as '{DEFAULT_API_BASE}', got {value!r}"
         )

@@ -38,6 +38,7 @@ from cryptography.x509.oid import NameOID
 from cryptography.x509.verification import ExtensionPolicy, PolicyBuilder, Store
 from cryptography.x509.verification import VerificationError as ChainError
 
+from ._common import https_url_parts
 from .base import CertificateUntrusted, SchemeConfigError
 
 log = logging.getLogger("effectgate.gateway.paypal")
@@ -283,23 +284,8 @@ def url_bases(option: str, bases: object) -> tuple[str, ...]:
         raise SchemeConfigError(f"{option}: expected a non-empty list of https URL prefixes")
     checked = []
     for index, base in enumerate(bases):
-        try:
-            parts = urlsplit(base) if isinstance(base, str) else None
-            if parts is not None:
-                parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-        except ValueError:
-            parts = None
-        if (
-            parts is None
-            or not base.isascii()
-            or parts.scheme != "https"
-            or not parts.hostname
-            or parts.username is not None
-            or parts.query
-            or parts.fragment
-            or not parts.path.endswith("/")
-            or "//" in parts.path
-        ):
+        parts = https_url_parts(base)
+        if parts is None or not str(base).isascii() or not parts.path.endswith("/") or "//" in parts.path:
             raise SchemeConfigError(
                 f"{option}[{index}]: expected an https URL prefix ending in '/' with no query, such as "
                 f"'{DEFAULT_CERT_URL_BASES[0]}', got {base!r}"
