@@ -132,6 +132,9 @@ def test_a_worker_killed_after_a_keyless_create_reached_the_api_makes_one_label_
     crash_then_rescue(setup)
     key = idempotency_key("default", "label:1001", "label")
     assert setup.labels() == [{"id": "lbl_1", "reference": key, "order": "1001"}]
+    # Configured with idempotency_header = false: no key header went out, only the key in the body.
+    assert setup.api.create_headers and not any("idempotency-key" in h for h in setup.api.create_headers)
+    assert all("x-api-key" in h for h in setup.api.create_headers)
     # What the step recorded is the label the first worker made, found by its reference.
     assert setup.steps() == [{"name": "label", "status": "succeeded", "result": setup.labels()[0]}]
 
