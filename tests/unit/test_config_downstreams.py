@@ -3,6 +3,8 @@ idempotency header and timeouts, each mistake named by file and key (issue 19)."
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,16 @@ def test_a_downstream_that_is_not_a_table_or_has_a_bad_name_is_refused() -> None
         "eg.toml: downstream.carrier: must be a table ([downstream.NAME])",
         "eg.toml: downstream.a b: downstream names may use letters, digits, '-' and '_' only",
     )
+
+
+def test_the_documented_examples_are_valid_as_written() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "downstream.md").read_text()
+    tomls = re.findall(r"```toml\n(.*?)```", doc, re.S)
+    assert len(tomls) == 2
+    for block in tomls:
+        config = parse(MINIMAL + block, path="docs/downstream.md", env={**ENV, "CARRIER_API_KEY": "ck_doc"})
+        assert config.downstreams["carrier"].api_key == "ck_doc"
+    pythons = re.findall(r"```python\n(.*?)```", doc, re.S)
+    assert len(pythons) == 3
+    for block in pythons:
+        ast.parse(block)
