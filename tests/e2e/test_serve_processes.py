@@ -312,7 +312,9 @@ def test_a_request_asking_to_upgrade_to_another_protocol_is_answered_as_plain_ht
     # not a WebSocket (h2c here): a warning, then the request served as HTTP/1.1. uvicorn before 0.30.6 has
     # no such warning method, which is why it is the floor pyproject declares (make test-lowest runs this).
     response = httpx.get(
-        f"{serve.url}/healthz", headers={"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c"}, timeout=10
+        f"{serve.url}/healthz",
+        headers={"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c"},
+        timeout=10,
     )
     assert response.status_code == 200
     assert "Traceback" not in serve.process.log()
