@@ -108,7 +108,8 @@ LIMIT %(limit)s;
 -- Jobs created in [since, until) (either end open when NULL) by state, kind, source and tenant: one keyset page.
 SELECT j.id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts, j.run_at, j.lease_token,
        j.lease_owner, j.lease_expires_at, j.cancel_requested, j.unrecoverable, j.terminal_reason,
-       j.terminal_by, j.created_at, j.updated_at, j.finished_at, e.effect_key, e.source, e.event_type
+       j.terminal_by, j.created_at, j.updated_at, j.finished_at, j.resolved_at, j.resolved_by, j.resolved_reason,
+       e.effect_key, e.source, e.event_type
 FROM jobs j JOIN effects e ON e.id = j.effect_id
 WHERE j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND j.created_at < coalesce(%(until)s::timestamptz, 'infinity')

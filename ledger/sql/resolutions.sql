@@ -1,0 +1,18 @@
+-- name: job_resolve_if_failed_or_parked
+-- Resolved by hand: closes a failed or parked job without running it, recording who, why and when, and which
+-- state it closed. The row lock and the state in the WHERE clause make a resolve racing a redrive (or another
+-- resolve) one transition: whichever commits second re-reads the row and matches nothing.
+UPDATE jobs SET
+    state = 'resolved',
+    resolved_from = state,
+    resolved_at = coalesce(%(now)s, now()),
+    resolved_by = %(by)s,
+    resolved_reason = %(reason)s,
+    updated_at = coalesce(%(now)s, now())
+WHERE id = %(job_id)s AND state IN ('failed', 'parked')
+RETURNING id, resolved_from::text AS resolved_from, resolved_at, resolved_by, resolved_reason;
+
+-- name: job_resolution_get
+-- A job's state and resolution, to answer a resolve that changed nothing (why, or the resolution it repeats).
+SELECT id, state::text AS state, resolved_from::text AS resolved_from, resolved_at, resolved_by, resolved_reason
+FROM jobs WHERE id = %(job_id)s;
