@@ -25,7 +25,15 @@ DUPLICATE_FIELDS = _fields(reports.DUPLICATES)
 CONFLICT_FIELDS = _fields(reports.KEY_CONFLICTS)
 AUTH_MINUTE_FIELDS = _fields(reports.AUTH_FAILURES)
 JOB_FIELDS = _fields(reports.JOBS)
-JOB_DETAIL_FIELDS = (*JOB_FIELDS, "orphan_policy", "last_error", "checkpoint", "lock_key", "lock_key_held_by")
+JOB_DETAIL_FIELDS = (
+    *JOB_FIELDS,
+    "orphan_policy",
+    "last_error",
+    "checkpoint",
+    "lock_key",
+    "lock_key_held_by",
+    "resolved_from",
+)
 ATTEMPT_FIELDS = (
     "attempt",
     "lease_token",
