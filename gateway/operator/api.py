@@ -240,20 +240,7 @@ async def resolve(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
     if refused is not None:
         return _refused(refused)
     assert isinstance(outcome, resolutions.Resolved)
-    return json_response(resolution_document(outcome))
-
-
-def resolution_document(outcome: resolutions.Resolved) -> dict[str, Any]:
-    """The answer to a resolution: the job, its state, who, why, when, and whether it repeats one made earlier."""
-    return {
-        "job_id": outcome.job_id,
-        "state": outcome.state,
-        "resolved_from": outcome.resolved_from,
-        "resolved_at": outcome.resolved_at,
-        "resolved_by": outcome.resolved_by,
-        "resolved_reason": outcome.resolved_reason,
-        "already": outcome.already,
-    }
+    return json_response(documents.resolution(outcome))
 
 
 _BULK = ("state", "kind", "source", "since", "limit", "dry_run")
