@@ -49,7 +49,7 @@ async def run(
     where: bulk.JobFilter,
     *,
     by: str,
-    reason: str = "cancelled by operator",
+    reason: str | None = None,
     force: bool = False,
     dry_run: bool = False,
     progress: Progress | None = None,
@@ -57,15 +57,14 @@ async def run(
     """Apply ``action`` to every job ``where`` matches; ``progress(done, total)`` after each job.
 
     ``resolve`` needs a reason of its own (``InvalidParameter`` before anything is matched otherwise)."""
-    if action == "resolve":
-        reason = resolutions.check_reason(reason)
+    why = resolutions.check_reason(reason) if action == "resolve" else reason or "cancelled by operator"
     result = BulkResult(action, dry_run)
     result.matched = await bulk.match(conn, where)
     if dry_run:
         async with conn.transaction(force_rollback=True):
-            await _apply(conn, registry, action, result, by=by, reason=reason, force=force, progress=progress)
+            await _apply(conn, registry, action, result, by=by, reason=why, force=force, progress=progress)
     else:
-        await _apply(conn, registry, action, result, by=by, reason=reason, force=force, progress=progress)
+        await _apply(conn, registry, action, result, by=by, reason=why, force=force, progress=progress)
     return result
 
 

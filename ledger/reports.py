@@ -256,7 +256,9 @@ JOBS = ReportSpec(
         "lease_owner lease_expires_at cancel_requested unrecoverable terminal_reason terminal_by "
         "created_at updated_at finished_at resolved_at resolved_by resolved_reason"
     ),
-    table=_names("id state kind source effect_key attempt created_at terminal_reason"),
+    table=_names(
+        "id state kind source effect_key attempt created_at terminal_reason resolved_by resolved_reason"
+    ),
 )
 
 DELIVERY_OUTCOMES = ReportSpec(

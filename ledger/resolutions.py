@@ -96,6 +96,15 @@ async def resolve(
     )
 
 
+async def count_between(conn: Conn, *, since: datetime, until: datetime) -> int:
+    """How many jobs were resolved by hand in [since, until)."""
+    row = await (
+        await conn.execute(Q["jobs_resolved_count_between"], {"since": since, "until": until})
+    ).fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
 def _resolved(job_id: int, row: dict[str, object], *, already: bool) -> Resolved:
     at = row["resolved_at"]
     assert isinstance(at, datetime)
