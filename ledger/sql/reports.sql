@@ -142,8 +142,9 @@ ORDER BY {order}
 LIMIT %(limit)s;
 
 -- name: metrics_jobs_not_done_by_state_kind
--- Jobs waiting, running or needing a human, by state and kind; succeeded and cancelled jobs only grow and are
--- left out, so a scrape reads the live part of the table, not its history.
+-- Jobs waiting, running or needing a human, by state and kind; succeeded, cancelled and resolved-by-hand jobs
+-- only grow and are left out, so a scrape reads the live part of the table, not its history — and a failed or
+-- parked job an operator resolved stops counting as waiting for a human (the alert built on it clears).
 SELECT state::text AS state, kind, count(*)::bigint AS n
 FROM jobs
 WHERE state IN ('pending', 'running', 'failed', 'parked')
