@@ -4,7 +4,7 @@ A failed or parked job otherwise stays so until it is redriven, and counts as "w
 whole history window. ``resolve`` moves it to the terminal state ``resolved`` in one guarded statement,
 recording who, why (required) and when, and which state it closed; the failure's own reason and error
 record stay as they were. A resolved job is never redriven: a human said it was handled outside
-effectgate, and running it after that could do the effect twice (docs/adr/0009-resolved-by-hand.md).
+effectgate, and running it after that could do the effect twice (docs/adr/0016-resolved-by-hand.md).
 
 Resolving an already resolved job with the same operator and reason answers the resolution that stands
 (``already=True``), so a retried command or request is safe; anything else is refused with a code.

@@ -1,5 +1,5 @@
 -- Resolved by hand: an operator closes a failed or parked job without running it, saying who, why and when
--- (docs/adr/0009-resolved-by-hand.md). Until now such a job stayed failed or parked for the whole history
+-- (docs/adr/0016-resolved-by-hand.md). Until now such a job stayed failed or parked for the whole history
 -- window, and the "waiting for a human" alert with it. 'resolved' is a state of its own, so everything that
 -- asks "which jobs wait for a human" (the metrics gauge, the failed/parked reports, bulk filters) stops
 -- counting it without a second condition to forget.
