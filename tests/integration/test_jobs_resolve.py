@@ -137,6 +137,21 @@ async def test_a_resolution_runs_the_kinds_on_transition_in_its_transaction(conn
     assert len(seen) == 1
 
 
+async def test_a_failing_hook_does_not_block_the_resolution(conn: db.Conn) -> None:
+    async def broken(c: db.Conn, t: Transition) -> None:
+        raise RuntimeError("mirror table is gone")
+
+    async def noop(ctx: Any, ev: Any) -> None:
+        return None
+
+    reg = registry(kind(noop, on_transition=broken))
+    job_id = await _ended(conn, "parked")
+    answer = await control.resolve(conn, reg, job_id, by="op", reason="handled")
+    assert isinstance(answer, Resolved) and not answer.already
+    row = await job(conn, job_id)
+    assert (row["state"], row["resolved_reason"]) == ("resolved", "handled")
+
+
 ROUNDS = 12
 PER_SIDE = 3
 
