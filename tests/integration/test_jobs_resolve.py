@@ -14,6 +14,7 @@ from effectgate.ledger import db, jobs, reports, resolutions
 from effectgate.ledger.errors import InvalidParameter
 from effectgate.ledger.jobs import Refused
 from effectgate.ledger.resolutions import Resolved
+from effectgate.ledger.retention import DAY, RetentionConfig, RetentionKeeper
 from tests.integration.jobs_fixtures import (
     at,
     claim,
@@ -107,6 +108,16 @@ async def test_a_resolution_needs_a_printable_reason(conn: db.Conn, reason: str)
         await resolutions.resolve(conn, job_id, by="op", reason=reason)
     assert refused.value.code == "invalid_reason"
     assert (await job(conn, job_id))["state"] == "failed"
+
+
+async def test_a_resolution_after_retention_purged_the_payload_rewrites_the_tombstone(conn: db.Conn) -> None:
+    job_id = await _ended(conn, "failed")
+    config = RetentionConfig(payloads=1 * DAY, history=30 * DAY)
+    await RetentionKeeper(config).run_once(conn, now=at(2 * DAY))
+    outcome = "SELECT e.outcome FROM effects e JOIN jobs j ON j.effect_id = e.id WHERE j.id = %s"
+    assert (await (await conn.execute(outcome, [job_id])).fetchone()) == {"outcome": "failed"}
+    assert isinstance(await resolutions.resolve(conn, job_id, by="op", reason="refunded"), Resolved)
+    assert (await (await conn.execute(outcome, [job_id])).fetchone()) == {"outcome": "resolved"}
 
 
 async def test_a_resolved_job_is_never_redriven(conn: db.Conn) -> None:
