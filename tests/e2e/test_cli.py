@@ -113,7 +113,18 @@ def test_the_quick_start_up_command_runs_the_demo_on_an_embedded_postgres(tmp_pa
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: "effectgate is up" in (tmp_path / "up.log").read_text(), 90, "effectgate up")
+        # The first start initialises a Postgres cluster (initdb), which under a loaded CI machine has taken
+        # over 90 s: the deadline is generous, the wait ends as soon as `up` says so or exits, and a miss
+        # shows what `up` printed.
+        def is_up() -> bool:
+            if up.poll() is not None:
+                raise AssertionError(f"up exited with {up.returncode}:\n{(tmp_path / 'up.log').read_text()}")
+            return "effectgate is up" in (tmp_path / "up.log").read_text()
+
+        try:
+            wait_until(is_up, 300, "effectgate up")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{(tmp_path / 'up.log').read_text()}") from None
         assert "demo-delivery" in (tmp_path / "up.log").read_text()
         first = run("demo-delivery", "--url", base, "--order", "77")
         second = run("demo-delivery", "--url", base, "--order", "77")
