@@ -317,3 +317,14 @@ def test_embedded_and_a_url_flag_together_is_a_usage_error(tmp_path: Path) -> No
     )
     assert result.returncode == 2
     assert "effectgate: --embedded: --database-url is set too" in result.stderr
+
+
+def test_migrate_embedded_migrates_the_embedded_ledger_of_up_and_stops_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    applied = run("migrate", "--embedded", cwd=tmp_path, EFFECTGATE_HOME=str(home))
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.strip() == "applied: " + ", ".join(EVERY_MIGRATION)
+    check = run("migrate", "--check", "--embedded", cwd=tmp_path, EFFECTGATE_HOME=str(home))
+    assert (check.returncode, check.stdout.strip()) == (0, f"up to date ({len(EVERY_MIGRATION)} applied)")
+    # The last process to leave stopped the server it started.
+    assert not (home / "pgdata" / "postmaster.pid").exists()
