@@ -26,13 +26,14 @@ test:
 	$(PYTHON) -m pytest -q
 
 # Every declared lower bound must work: a fresh venv resolved with uv's lowest-direct strategy (each
-# direct dependency at the lowest version pyproject allows) runs the unit tests.
+# direct dependency at the lowest version pyproject allows) runs the unit tests, and the end-to-end tests
+# of the two places that subclass uvicorn's private classes (the guarded protocol and the supervisor).
 test-lowest:
 	$(PYTHON) -m pip install -q uv
 	rm -rf build/lowest
 	$(PYTHON) -m uv venv -q -p $(PYTHON) build/lowest
 	$(PYTHON) -m uv pip install -q --python build/lowest/bin/python --resolution lowest-direct -e '.[dev]'
-	build/lowest/bin/python -m pytest -q -p no:cacheprovider tests/unit
+	build/lowest/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/e2e/test_serve_processes.py
 
 # The long chaos run (the suite runs a short one): CHAOS_ORDERS, CHAOS_KILLS, CHAOS_SEED to vary it.
 chaos:

@@ -57,7 +57,16 @@ from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS, REPORT
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 
 from .operator import documents, reporting
-from .operator.params import PARAMETER_ERRORS, BadParameter, parse_id, parse_name, parse_states, parse_time
+from .operator.params import (
+    JOB_FILTER_PARAMETERS,
+    PARAMETER_ERRORS,
+    BadParameter,
+    parse_bulk_limit,
+    parse_id,
+    parse_job_filter,
+    parse_name,
+    parse_time,
+)
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -522,32 +531,15 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
 
 
 def _job_filter(args: argparse.Namespace) -> ledger_bulk.JobFilter:
-    now = datetime.now(UTC)
-    states = parse_states(args.state)
-    where = ledger_bulk.JobFilter(
-        states=tuple(states) if states else None,
-        kind=parse_name(args.kind, "kind"),
-        source=parse_name(args.source, "source"),
-        since=parse_time(args.since, "since", now=now),
-        limit=_bulk_limit(args.limit),
-    )
-    if where.empty:
+    values = {name: getattr(args, name) for name in JOB_FILTER_PARAMETERS}
+    try:
+        return parse_job_filter(values, now=datetime.now(UTC))
+    except BadParameter as exc:
+        if exc.code != "filter_required":
+            raise
         raise BadParameter(
             "job_id", "give a JOB_ID, or a filter (--state, --kind, --source, --since) for a bulk action"
-        )
-    return where
-
-
-def _bulk_limit(value: str | None) -> int:
-    if value is None:
-        return ledger_bulk.DEFAULT_LIMIT
-    try:
-        limit = int(value)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100_000:
-        raise BadParameter("limit", f"expected a whole number from 1 to 100000, got {value!r}")
-    return limit
+        ) from None
 
 
 def _no_filters(args: argparse.Namespace) -> None:
@@ -724,7 +716,7 @@ async def cmd_replay(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> No
         source=args.source,
         since=since,
         until=until,
-        limit=_bulk_limit(args.limit),
+        limit=parse_bulk_limit(args.limit),
         unsigned_type_sources=getattr(args, "unsigned_type_sources", frozenset()),
     )
     if args.format == "json":

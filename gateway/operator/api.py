@@ -50,7 +50,15 @@ from effectgate.ledger.vocabulary import JobState, RefusalCode
 from ..bodies import MAX_OPERATOR_BODY_BYTES, read_body
 from . import documents, openapi, reporting
 from .auth import AuthFailure, OperatorToken, authenticate
-from .params import PARAMETER_ERRORS, BadParameter, parse_flag, parse_id, parse_name, parse_states, parse_time
+from .params import (
+    JOB_FILTER_PARAMETERS,
+    PARAMETER_ERRORS,
+    BadParameter,
+    parse_flag,
+    parse_id,
+    parse_job_filter,
+    parse_name,
+)
 from .throttle import FailureThrottle, client_key, retry_after
 
 log = logging.getLogger("effectgate.operator")
@@ -223,30 +231,11 @@ async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Que
     return json_response({"job_id": job_id, "state": outcome, "cancel_requested": True})
 
 
-_BULK = ("state", "kind", "source", "since", "limit", "dry_run")
-
-
-def _job_filter(query: Query) -> ledger_bulk.JobFilter:
-    states = parse_states(query.get("state"))
-    limit = query.get("limit")
-    if limit is not None and not (limit.isdigit() and 1 <= int(limit) <= 100_000):
-        raise BadParameter("limit", f"expected a whole number from 1 to 100000, got {limit!r}")
-    where = ledger_bulk.JobFilter(
-        states=tuple(states) if states else None,
-        kind=parse_name(query.get("kind"), "kind"),
-        source=parse_name(query.get("source"), "source"),
-        since=parse_time(query.get("since"), "since", now=datetime.now(UTC)),
-        limit=int(limit) if limit is not None else ledger_bulk.DEFAULT_LIMIT,
-    )
-    if where.empty:
-        raise BadParameter(
-            "filter", "a bulk action needs at least one of state, kind, source, since", code="filter_required"
-        )
-    return where
+_BULK = (*JOB_FILTER_PARAMETERS, "dry_run")
 
 
 async def _bulk(request: Request, who: OperatorToken, conn: db.Conn, query: Query, action: str) -> Response:
-    where = _job_filter(query)
+    where = parse_job_filter(query, now=datetime.now(UTC))
     reason = query.get("reason") or f"cancelled by operator {who.name}"
     if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
         raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")

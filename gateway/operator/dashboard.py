@@ -37,7 +37,6 @@ from starlette.routing import BaseRoute, Route
 
 from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers import control
-from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db, reports
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
@@ -59,9 +58,8 @@ from .params import (
     PARAMETER_ERRORS,
     BadParameter,
     parse_id,
+    parse_job_filter,
     parse_name,
-    parse_states,
-    parse_time,
     parse_window,
 )
 from .sessions import COOKIE, SignedIn
@@ -818,15 +816,7 @@ async def bulk(request: Request) -> Response:
     try:
         if action not in ("redrive", "cancel"):
             raise BadParameter("action", "expected redrive or cancel")
-        states = parse_states(form.get("state") or None)
-        where = ledger_bulk.JobFilter(
-            states=states,
-            kind=parse_name(form.get("kind") or None, "kind"),
-            source=parse_name(form.get("source") or None, "source"),
-            since=parse_time(form.get("since") or None, "since", now=datetime.now(UTC)),
-        )
-        if where.empty:
-            raise BadParameter("filter", "give at least one of state, kind, source, since")
+        where = parse_job_filter(form, now=datetime.now(UTC))
         async with db.connection(request.app.state.pool) as conn:
             result = await bulk_actions.run(
                 conn,

@@ -13,10 +13,11 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger.errors import InvalidParameter
 from effectgate.ledger.report_spec import MAX_LIMIT, MAX_NAME_LENGTH, ColumnType
 from effectgate.ledger.reports import JOB_STATES
@@ -88,6 +89,45 @@ def parse_limit(value: str | None, default: int) -> int:
     if not 1 <= number <= MAX_LIMIT:
         raise BadParameter("limit", f"must be 1..{MAX_LIMIT}, got {number}")
     return number
+
+
+#: The parameters of a bulk action's job filter, as the API's query, the dashboard's form and the CLI's flags name them.
+JOB_FILTER_PARAMETERS = ("state", "kind", "source", "since", "limit")
+BULK_LIMIT_MAX = 100_000
+
+
+def parse_bulk_limit(value: str | None) -> int:
+    """How many jobs a bulk action (or a replay) takes at most: 1..100,000, ``DEFAULT_LIMIT`` when absent."""
+    if value is None:
+        return ledger_bulk.DEFAULT_LIMIT
+    if not (_WHOLE_NUMBER.fullmatch(value.strip()) and 1 <= int(value) <= BULK_LIMIT_MAX):
+        raise BadParameter("limit", f"expected a whole number from 1 to {BULK_LIMIT_MAX}, got {value!r}")
+    return int(value)
+
+
+def parse_job_filter(values: Mapping[str, str | None], *, now: datetime) -> ledger_bulk.JobFilter:
+    """The job filter of a bulk action (redrive, cancel), read the same way by every face.
+
+    An empty text counts as absent (a form sends its blank fields). A filter that would match every job is
+    refused with ``filter_required``: a bulk action names what it takes.
+    """
+
+    def value(name: str) -> str | None:
+        text = values.get(name)
+        return text if text else None
+
+    where = ledger_bulk.JobFilter(
+        states=parse_states(value("state")),
+        kind=parse_name(value("kind"), "kind"),
+        source=parse_name(value("source"), "source"),
+        since=parse_time(value("since"), "since", now=now),
+        limit=parse_bulk_limit(value("limit")),
+    )
+    if where.empty:
+        raise BadParameter(
+            "filter", "a bulk action needs at least one of state, kind, source, since", code="filter_required"
+        )
+    return where
 
 
 def parse_id(value: str, parameter: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from effectgate.gateway.operator import params
 from effectgate.gateway.operator.params import BadParameter
+from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import reports
 from effectgate.ledger.queries import SQL_DIR, parse
 from effectgate.ledger.reports import payload_diff
@@ -107,3 +109,44 @@ def test_every_report_query_is_used_by_the_reports() -> None:
     source = Path(reports.__file__).read_text(encoding="utf-8")
     used = set(re.findall(r'"((?:report|effect|metrics)_[a-z0-9_]+)"', source))
     assert set(names) - used == set(), "queries in reports.sql that no report runs"
+
+
+# --- the bulk job filter: one parser for the API's query, the dashboard's form and the CLI's flags ---
+
+
+def test_the_bulk_filter_reads_every_parameter_the_same_way_for_every_face() -> None:
+    where = params.parse_job_filter(
+        {"state": "parked,failed", "kind": "ship", "source": "stripe", "since": "2h", "limit": "50"}, now=NOW
+    )
+    assert where == ledger_bulk.JobFilter(
+        states=("failed", "parked"), kind="ship", source="stripe", since=NOW - timedelta(hours=2), limit=50
+    )
+
+
+def test_blank_form_fields_count_as_absent_and_an_empty_filter_is_refused_by_code() -> None:
+    with pytest.raises(params.BadParameter) as refused:
+        params.parse_job_filter({"state": "", "kind": "", "source": None, "since": "", "limit": ""}, now=NOW)
+    assert refused.value.code == "filter_required"
+    assert params.parse_job_filter({"kind": "ship", "limit": ""}, now=NOW).limit == ledger_bulk.DEFAULT_LIMIT
+
+
+@pytest.mark.parametrize("limit", ["0", "100001", "-1", "ten", "1e3"])
+def test_a_bulk_limit_outside_one_to_a_hundred_thousand_is_refused(limit: str) -> None:
+    with pytest.raises(params.BadParameter) as refused:
+        params.parse_job_filter({"kind": "ship", "limit": limit}, now=NOW)
+    assert refused.value.code == "invalid_limit"
+
+
+def test_the_bulk_filter_is_built_in_one_place() -> None:
+    """The API, the dashboard and the CLI once each parsed the filter, and the copies differed (the
+    dashboard ignored ``limit``); now only ``parse_job_filter`` builds a ``JobFilter`` from text."""
+    root = Path(__file__).resolve().parents[2] / "gateway"
+    builders = [
+        str(path.relative_to(root.parent))
+        for path in root.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute | ast.Name)
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "JobFilter"
+    ]
+    assert builders == ["gateway/operator/params.py"]
