@@ -31,7 +31,8 @@ Exit codes scripts can rely on:
        already_resolved, not_paused); a bulk
        action some of whose jobs were refused (some_refused; the summary counts them by code)
 
-These commands read and act on the ledger directly (``DATABASE_URL``, or the embedded Postgres); they
+These commands read and act on the ledger directly (``--database-url``, ``EFFECTGATE_DATABASE_URL`` or
+``DATABASE_URL``; the embedded Postgres only with ``--embedded``); they
 need no configuration file and no running gateway. The event loop is gateway/cli.py's: it passes in the
 runner that connects and runs each command.
 """
