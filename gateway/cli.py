@@ -41,6 +41,7 @@ import httpx
 
 from effectgate.handlers import tracing
 from effectgate.handlers.context import Services
+from effectgate.handlers.downstream import clients as downstream_clients
 from effectgate.handlers.maintenance import make_reconciler
 from effectgate.handlers.payments import PaymentsClient
 from effectgate.handlers.registry import REGISTRY
@@ -476,6 +477,7 @@ async def _run_worker(
             http=http,
             payments=PaymentsClient(http, config.payments, on_call=counted) if config.payments else None,
             shipping=ShippingClient(http, config.shipping, on_call=counted) if config.shipping else None,
+            downstreams=downstream_clients(http, config.downstreams.items(), on_call=counted),
         )
         worker = Worker(
             pool, REGISTRY, url=url, config=worker_config, services=services, observer=metrics.WORKER_OBSERVER

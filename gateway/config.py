@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.downstream import DEFAULT_IDEMPOTENCY_HEADER, DownstreamConfig
 from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule, check_identity, check_key_spaces
 from effectgate.handlers.registry import REGISTRY, Registry
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
@@ -48,11 +48,13 @@ from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
+from .secret_sources import read_file as read_secret_file
 from .signatures import SCHEMES, Covers, Scheme, SchemeConfigError, build_scheme, covers_of
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
 
 DEFAULT_CONFIG_FILE = "effectgate.toml"
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -215,6 +217,8 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     payments: DownstreamConfig | None = None
     shipping: DownstreamConfig | None = None
+    # Every [downstream.NAME] by name (payments and shipping too), for ctx.downstream(NAME).
+    downstreams: Mapping[str, DownstreamConfig] = field(default_factory=dict)
     # Bearer tokens for the operator API and dashboard ([[operators]]); none configured, none let in.
     operators: tuple[OperatorToken, ...] = ()
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
@@ -437,30 +441,80 @@ def _tracing(reader: TableReader) -> TracingConfig | None:
 
 def _downstream(reader: TableReader, env: Mapping[str, str] | None) -> DownstreamConfig | None:
     """A ``[downstream.NAME]`` table; with ``env`` None (a role without downstream credentials) it is
-    checked, and left out."""
+    checked, and left out. The key comes from ``api_key_env`` (a variable, or ``NAME_FILE``, or
+    ``$CREDENTIALS_DIRECTORY/NAME``) or ``api_key_file`` (a path, relative to the configuration file),
+    never from the file in clear."""
     if not reader.table:
         return None
     base_url = reader.get("base_url", str, required=True)
     api_key_env = reader.get("api_key_env", str)
+    api_key_file = reader.get("api_key_file", str)
+    if "api_key" in reader.table:
+        reader.used.add("api_key")
+        reader.problem(
+            "api_key", "keys are never read from the configuration in clear; use api_key_env or api_key_file"
+        )
+    if api_key_env and api_key_file:
+        reader.problem("api_key_file", "set api_key_env or api_key_file, not both")
     api_key = None
     if api_key_env and env is not None:
         api_key = env.get(api_key_env)
         if not api_key:
             reader.problem("api_key_env", missing(api_key_env))
+    elif api_key_file and env is not None:
+        file = Path(api_key_file)
+        if not file.is_absolute() and not reader.path.startswith("<"):
+            file = Path(reader.path).parent / file
+        try:
+            api_key = read_secret_file(file)
+        except ValueError as exc:
+            reader.problem("api_key_file", f"{file}: {exc}")
+    auth_scheme = reader.get("auth_scheme", str, "bearer")
+    header = reader.get("idempotency_header", (str, bool), DEFAULT_IDEMPOTENCY_HEADER)
+    idempotency_header: str | None = header if isinstance(header, str) else None
+    if header is True or header == "":
+        reader.problem("idempotency_header", "must be a header name, or false for an API that takes no key")
     timeout = reader.number("timeout", 10.0, minimum=0.001)
     connect_timeout = reader.number("connect_timeout", 5.0, minimum=0.001)
     reader.no_unknown_keys()
     if reader.failed:
         return None
-    if env is None:
-        return None
     try:
-        return DownstreamConfig(
-            base_url=base_url, api_key=api_key, timeout=timeout, connect_timeout=connect_timeout
+        config = DownstreamConfig(
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            auth_scheme=auth_scheme,
+            idempotency_header=idempotency_header,
         )
     except ValueError as exc:
-        reader.problem("base_url", str(exc))
+        # DownstreamConfig's messages begin with the field they are about.
+        key = str(exc).split(" ", 1)[0]
+        if key == "api_key":
+            key = "api_key_env" if api_key_env else "api_key_file"
+        reader.problem(key, str(exc))
         return None
+    return config if env is not None else None
+
+
+def _downstreams(root: TableReader, env: Mapping[str, str] | None) -> dict[str, DownstreamConfig]:
+    """Every ``[downstream.NAME]``, any name: what ``ctx.downstream(NAME)`` reaches."""
+    ds = root.table_of("downstream")
+    configs = {}
+    for name in ds.table:
+        if not isinstance(ds.table[name], dict):
+            ds.used.add(name)
+            ds.problem(name, "must be a table ([downstream.NAME])")
+            continue
+        if not _NAME.fullmatch(name):
+            ds.used.add(name)
+            ds.problem(name, "downstream names may use letters, digits, '-' and '_' only")
+            continue
+        config = _downstream(ds.table_of(name), env)
+        if config is not None:
+            configs[name] = config
+    return configs
 
 
 def _maintenance(root: TableReader) -> ReconcilerConfig:
@@ -709,10 +763,7 @@ def parse(
         ),
     )
 
-    ds = root.table_of("downstream")
-    payments = _downstream(ds.table_of("payments"), env_for("downstream"))
-    shipping = _downstream(ds.table_of("shipping"), env_for("downstream"))
-    ds.no_unknown_keys()
+    downstreams = _downstreams(root, env_for("downstream"))
 
     operator_env = env_for("operator")
     if operator_env is not None:
@@ -734,8 +785,9 @@ def parse(
         handler_modules=tuple(modules),
         gateway=gateway,
         worker=worker,
-        payments=payments,
-        shipping=shipping,
+        payments=downstreams.get("payments"),
+        shipping=downstreams.get("shipping"),
+        downstreams=downstreams,
         operators=operators,
         dashboard=dashboard,
         operator=operator,

@@ -94,21 +94,28 @@ class SecretEnv(Mapping[str, str]):
 
     def _file(self, name: str, path: Path, where: str) -> str | None:
         try:
-            with path.open("rb") as f:
-                data = f.read(MAX_SECRET_BYTES + 1)
-        except OSError as exc:
-            self.problems.append(f"secret {name}: {where}: cannot read it: {exc.strerror or exc}")
+            return read_file(path)
+        except ValueError as exc:
+            self.problems.append(f"secret {name}: {where}: {exc}")
             return None
-        if len(data) > MAX_SECRET_BYTES:
-            self.problems.append(f"secret {name}: {where}: larger than {MAX_SECRET_BYTES} bytes")
-            return None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            self.problems.append(f"secret {name}: {where}: not UTF-8 text")
-            return None
-        if text.endswith("\r\n"):
-            text = text[:-2]
-        elif text.endswith("\n"):
-            text = text[:-1]
-        return text
+
+
+def read_file(path: Path) -> str:
+    """A secret held in a file, without one trailing newline; ``ValueError`` says why it cannot be used
+    (never quoting the content)."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_SECRET_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read it: {exc.strerror or exc}") from None
+    if len(data) > MAX_SECRET_BYTES:
+        raise ValueError(f"larger than {MAX_SECRET_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    if text.endswith("\r\n"):
+        text = text[:-2]
+    elif text.endswith("\n"):
+        text = text[:-1]
+    return text

@@ -7,8 +7,8 @@ lease is lost (or the slice abandoned), every later write raises ``LeaseLost`` a
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from effectgate.ledger import db, jobs, steps
@@ -25,6 +25,7 @@ from .idempotency import idempotency_key
 if TYPE_CHECKING:
     import httpx
 
+    from .downstream import DownstreamClient
     from .payments import PaymentsClient
     from .shipping import ShippingClient
 
@@ -38,6 +39,8 @@ class Services:
     http: httpx.AsyncClient | None = None
     payments: PaymentsClient | None = None
     shipping: ShippingClient | None = None
+    # Every [downstream.NAME] of the configuration, payments and shipping included (``ctx.downstream``).
+    downstreams: Mapping[str, DownstreamClient] = field(default_factory=dict)
 
 
 class EffectContext:
@@ -108,6 +111,21 @@ class EffectContext:
             raise RuntimeError("no shipping client: configure [downstream.shipping]")
         return self._services.shipping
 
+    def downstream(self, name: str) -> DownstreamClient:
+        """The client of ``[downstream.NAME]``: its base URL, credentials, idempotency header and timeouts.
+
+        An unconfigured name raises ``TerminalError`` (code ``unknown_downstream``) naming the configured
+        ones: retrying cannot fix a configuration, and a redrive after fixing it runs the job again.
+        """
+        client = self._services.downstreams.get(name)
+        if client is None:
+            known = ", ".join(sorted(self._services.downstreams)) or "none"
+            raise TerminalError(
+                f"no downstream {name!r}: configure [downstream.{name}] (configured: {known})",
+                code="unknown_downstream",
+            )
+        return client
+
     @property
     def http(self) -> httpx.AsyncClient:
         """A shared HTTP client for other downstream calls."""
@@ -127,13 +145,25 @@ class EffectContext:
         if self.fenced_off:
             raise LeaseLost(self._lease.job_id, self._lease.lease_token)
 
-    async def step(self, name: str, fn: Callable[[str], Awaitable[T]]) -> T:
+    async def step(
+        self,
+        name: str,
+        fn: Callable[[str], Awaitable[T]],
+        *,
+        find: Callable[[str], Awaitable[T | None]] | None = None,
+    ) -> T:
         """Run ``fn(idempotency_key)`` once per (effect, ``name``) and record its result, fenced.
 
         A step recorded by any earlier attempt returns its recorded result without calling ``fn``
         (or raises its recorded terminal error again). Only a crash between ``fn`` returning and the
         record committing repeats the call — with the same idempotency key, which is what makes the
         downstream answer with the original result instead of acting twice.
+
+        ``find`` is for a downstream that takes no idempotency key. ``fn`` stamps the key into a field
+        of what it creates (a reference, metadata, a tag) and ``find(key)`` searches that field, returning
+        the object or ``None``. The step then commits a ``started`` marker before calling ``fn``; a later
+        attempt that sees the marker without an outcome calls ``find(key)`` first and records what it
+        returns instead of calling ``fn`` again. Errors ``find`` raises count as the step's, like ``fn``'s.
         """
         attributes: dict[str, tracing.AttributeValue] = {
             "effectgate.effect_key": self.effect_key,
@@ -141,14 +171,20 @@ class EffectContext:
             "effectgate.step.replayed": name in self._recorded,
         }
         with tracing.span("effectgate.step", attributes):
-            return await self._step(name, fn)
+            return await self._step(name, fn, find)
 
-    async def _step(self, name: str, fn: Callable[[str], Awaitable[T]]) -> T:
+    async def _step(
+        self,
+        name: str,
+        fn: Callable[[str], Awaitable[T]],
+        find: Callable[[str], Awaitable[T | None]] | None,
+    ) -> T:
         if name in self._used:
             raise StepAlreadyRun(f"step {name!r} ran already in this handler run; step names must be unique")
         self._used.add(name)
         recorded = self._recorded.get(name)
-        if recorded is not None:
+        started = recorded is not None and recorded.status == StepStatus.STARTED
+        if recorded is not None and not started:
             if recorded.status == StepStatus.SUCCEEDED:
                 return recorded.result  # type: ignore[no-any-return]
             error = recorded.error or {}
@@ -158,7 +194,16 @@ class EffectContext:
         self._check_fence()
         key = self.idempotency_key(name)
         try:
-            result = await fn(key)
+            found = None
+            if find is not None and started:
+                # An earlier attempt committed the marker, so its call may have reached the API and its
+                # answer been lost: look before creating a second one.
+                found = await find(key)
+            elif find is not None:
+                # Committed before the call: were it written after, a crash in between would leave no
+                # sign that anything was sent, and the next attempt would create again without looking.
+                await self._mark_started(name, key)
+            result = found if found is not None else await fn(key)
         except TerminalError as exc:
             await self._record(name, key, StepStatus.FAILED, error=_error_record(exc))
             raise
@@ -183,6 +228,17 @@ class EffectContext:
                 status=status,
                 result=result,
                 error=error,
+            )
+
+    async def _mark_started(self, name: str, key: str) -> None:
+        self._check_fence()
+        async with db.connection(self._pool) as conn:
+            await steps.mark_started(
+                conn,
+                job_id=self._lease.job_id,
+                lease_token=self._lease.lease_token,
+                name=name,
+                idempotency_key=key,
             )
 
     async def save_checkpoint(self, value: Any) -> None:

@@ -1,8 +1,10 @@
-"""The shared half of the downstream clients: configuration, and one idempotent request path.
+"""The shared half of the downstream clients: configuration, and one request path.
 
-Every payment or shipping call an effect handler makes goes through `send_idempotent`, which sends the
-`Idempotency-Key` header and turns the provider's answer into a return value or one of the handler outcome
-exceptions, the same way for every API:
+Every payment or shipping call an effect handler makes goes through `send_idempotent`, and every call of a
+`[downstream.NAME]` client (`DownstreamClient`, `ctx.downstream(NAME)`) through the same path, which sends
+the step's key in the API's idempotency header (`Idempotency-Key` unless configured otherwise) and turns
+the provider's answer into a return value or one of the handler outcome exceptions, the same way for every
+API:
 
     2xx with a JSON object          → the object
     2xx whose body is not JSON      → TransientError   (the effect may have happened: replay it)
@@ -16,9 +18,11 @@ limits and lease deadlines live in one place.
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -32,9 +36,12 @@ from effectgate.handlers.errors import TerminalError, TransientError, Unrecovera
 from effectgate.handlers.observe import CallObserver, report_call
 
 __all__ = [
+    "DEFAULT_IDEMPOTENCY_HEADER",
     "MAX_IDEMPOTENCY_KEY_LENGTH",
+    "DownstreamClient",
     "DownstreamConfig",
     "classify_response",
+    "clients",
     "retry_after_seconds",
     "send_idempotent",
 ]
@@ -43,6 +50,11 @@ logger = logging.getLogger(__name__)
 
 #: Stripe refuses longer keys; failing here names the bug instead of burning attempts on 400s.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+#: The header Stripe, Adyen and the IETF draft use; PayPal's is `PayPal-Request-Id`.
+DEFAULT_IDEMPOTENCY_HEADER = "Idempotency-Key"
+# RFC 9110 token characters: a header name outside them is refused by httpx at the first request.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_AUTH_SCHEMES = ("bearer", "basic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +62,21 @@ class DownstreamConfig:
     """Where a downstream API lives and how long to wait for it, validated at construction.
 
     `base_url` must be an absolute http(s) URL (a trailing slash is dropped, a path prefix is kept);
-    `api_key`, when set, is sent as a bearer token and is left out of `repr` so it never reaches a log line;
-    `timeout` bounds each read/write/pool wait and `connect_timeout` the TCP connect, both in seconds.
+    `api_key`, when set, is sent as `auth_scheme` says and is left out of `repr` so it never reaches a log
+    line: `bearer` (`Authorization: Bearer KEY`), `basic` (`Authorization: Basic …` of `KEY` as
+    `user:password`, or of `KEY:` when it holds no colon, as Stripe and EasyPost take it), or any other
+    value, which names the header the key is sent in as it is (`X-Shopify-Access-Token`).
+    `idempotency_header` names the header a step's key travels in (`PayPal-Request-Id`), or is None for an
+    API that takes none. `timeout` bounds each read/write/pool wait and `connect_timeout` the TCP connect,
+    both in seconds.
     """
 
     base_url: str
     api_key: str | None = field(repr=False)
     timeout: float = 10.0
     connect_timeout: float = 5.0
+    auth_scheme: str = "bearer"
+    idempotency_header: str | None = DEFAULT_IDEMPOTENCY_HEADER
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.base_url)
@@ -73,6 +92,33 @@ class DownstreamConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        if not isinstance(self.auth_scheme, str) or not (
+            self.auth_scheme in _AUTH_SCHEMES or _HEADER_NAME.fullmatch(self.auth_scheme)
+        ):
+            raise ValueError(
+                f"auth_scheme must be 'bearer', 'basic' or a header name, got {self.auth_scheme!r}"
+            )
+        if self.idempotency_header is not None and not (
+            isinstance(self.idempotency_header, str) and _HEADER_NAME.fullmatch(self.idempotency_header)
+        ):
+            raise ValueError(
+                f"idempotency_header must be a header name or None, got {self.idempotency_header!r}"
+            )
+
+    def headers(self, idempotency_key: str | None) -> dict[str, str]:
+        """The headers of one request: `Accept`, the credentials, and the step's key where the API takes one."""
+        headers = {"Accept": "application/json"}
+        if idempotency_key is not None and self.idempotency_header is not None:
+            headers[self.idempotency_header] = idempotency_key
+        if self.api_key is not None:
+            if self.auth_scheme == "bearer":
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            elif self.auth_scheme == "basic":
+                user_password = self.api_key if ":" in self.api_key else f"{self.api_key}:"
+                headers["Authorization"] = "Basic " + base64.b64encode(user_password.encode()).decode("ascii")
+            else:
+                headers[self.auth_scheme] = self.api_key
+        return headers
 
     def httpx_timeout(self) -> httpx.Timeout:
         """The per-request timeout, so the shared `httpx.AsyncClient`'s own defaults never apply."""
@@ -101,11 +147,38 @@ async def send_idempotent(
     error's class name (`ConnectError`, `ReadTimeout`, …) when no answer came.
     """
     _check_idempotency_key(idempotency_key)
+    return await _send(
+        http,
+        config,
+        method,
+        path,
+        idempotency_key=idempotency_key,
+        form=form,
+        json=json,
+        service=service,
+        on_call=on_call,
+    )
+
+
+async def _send(
+    http: httpx.AsyncClient,
+    config: DownstreamConfig,
+    method: str,
+    path: str,
+    *,
+    idempotency_key: str | None,
+    form: Mapping[str, str] | None = None,
+    json: Any = None,
+    params: Mapping[str, Any] | None = None,
+    service: str,
+    on_call: CallObserver | None,
+) -> dict[str, Any]:
     if form is not None and json is not None:
         raise ValueError("pass either form or json, not both")
-    headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json"}
-    if config.api_key is not None:
-        headers["Authorization"] = f"Bearer {config.api_key}"
+    if not path.startswith("/"):
+        # Joined to base_url as text: without the slash, "v1" would glue onto the host or the prefix.
+        raise ValueError(f"path must start with '/', got {path!r}")
+    headers = config.headers(idempotency_key)
     # The step's span, so the provider's side of the call joins the trace (when tracing is on).
     tracing.inject(headers)
     try:
@@ -115,6 +188,7 @@ async def send_idempotent(
             headers=headers,
             data=form,
             json=json,
+            params=params,
             timeout=config.httpx_timeout(),
         )
     except (httpx.TransportError, httpx.DecodingError) as exc:
@@ -126,6 +200,72 @@ async def send_idempotent(
     logger.debug("downstream %s %s key=%s -> %d", method, path, idempotency_key, response.status_code)
     report_call(on_call, service, response.status_code)
     return classify_response(response)
+
+
+class DownstreamClient:
+    """A client for one `[downstream.NAME]` API, over the worker's shared `httpx.AsyncClient`.
+
+    `request` sends one call and answers exactly as the payment and shipping clients do (`send_idempotent`,
+    `classify_response`): the JSON object, or `TransientError`, `TerminalError` or `UnrecoverableError`. It
+    never retries; the job runtime re-runs the step with the same key. Reach it with `ctx.downstream(NAME)`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        http: httpx.AsyncClient,
+        config: DownstreamConfig,
+        *,
+        on_call: CallObserver | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self._http = http
+        self._on_call = on_call
+
+    def __repr__(self) -> str:
+        return f"DownstreamClient({self.name!r}, {self.config.base_url!r})"
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Send `method path` (joined to the base URL) with a JSON body and query, return the JSON object.
+
+        `idempotency_key`, when given, travels in the configured `idempotency_header`; an API configured
+        with none is sent no key (pair its creating steps with `find=`). Bad arguments raise `ValueError`
+        before anything is sent.
+        """
+        if not isinstance(method, str) or not _HEADER_NAME.fullmatch(method):
+            raise ValueError(f"method must be an HTTP method name, got {method!r}")
+        if idempotency_key is not None:
+            _check_idempotency_key(idempotency_key)
+        return await _send(
+            self._http,
+            self.config,
+            method.upper(),
+            path,
+            idempotency_key=idempotency_key,
+            json=json,
+            params=params,
+            service=self.name,
+            on_call=self._on_call,
+        )
+
+
+def clients(
+    http: httpx.AsyncClient,
+    configs: Iterable[tuple[str, DownstreamConfig]],
+    *,
+    on_call: CallObserver | None = None,
+) -> dict[str, DownstreamClient]:
+    """One `DownstreamClient` per configured downstream, by name, sharing `http`."""
+    return {name: DownstreamClient(name, http, config, on_call=on_call) for name, config in configs}
 
 
 def classify_response(response: httpx.Response) -> dict[str, Any]:

@@ -68,3 +68,35 @@ async def record(
         raise LeaseLost(job_id, lease_token)
     if not row["recorded"]:
         raise StepAlreadyRecorded(f"step {name!r} of job {job_id} is already recorded")
+
+
+async def mark_started(
+    conn: Conn,
+    *,
+    job_id: int,
+    lease_token: int,
+    name: str,
+    idempotency_key: str,
+    now: datetime | None = None,
+) -> None:
+    """Commit a ``started`` marker for a step about to call downstream, under the current lease.
+
+    Raises ``LeaseLost`` if the token no longer holds, ``StepAlreadyRecorded`` if the step has an outcome.
+    """
+    row = await (
+        await conn.execute(
+            Q["step_start_if_leased"],
+            {
+                "job_id": job_id,
+                "lease_token": lease_token,
+                "name": name,
+                "idempotency_key": idempotency_key,
+                "now": now,
+            },
+        )
+    ).fetchone()
+    assert row is not None
+    if not row["leased"]:
+        raise LeaseLost(job_id, lease_token)
+    if not row["marked"]:
+        raise StepAlreadyRecorded(f"step {name!r} of job {job_id} is already recorded")

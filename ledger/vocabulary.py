@@ -38,8 +38,13 @@ class DeliveryOutcome(StrEnum):
 
 
 class StepStatus(StrEnum):
-    """How a recorded step ended (``steps.status``): its result, or the terminal error it raised."""
+    """How a recorded step ended (``steps.status``): its result, or the terminal error it raised.
 
+    ``started`` is not an ending: a step with ``find=`` marks itself started before its call, so a later
+    attempt knows the call may have reached the API (migrations/0015); its outcome replaces the marker.
+    """
+
+    STARTED = "started"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
 

@@ -99,7 +99,7 @@ _FIELD_TYPES: dict[str, dict[str, Any]] = {
         "type": "string",
         "description": "The Idempotency-Key sent downstream for this step.",
     },
-    "status": {"type": "string", "enum": ["succeeded", "failed"]},
+    "status": {"type": "string", "enum": ["started", "succeeded", "failed"]},
     "result": {"description": "The downstream answer the step recorded."},
     "error": _ANY,
     "job_id": _INTEGER,

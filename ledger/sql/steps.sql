@@ -6,7 +6,7 @@ ORDER BY recorded_at, name;
 
 -- name: step_record_if_leased
 -- Records a step's outcome, only for the holder of the current token; the primary key refuses a second
--- recording of the same name.
+-- recording of the same name. A 'started' marker (step_start_if_leased) is the one row an outcome replaces.
 WITH lease AS (
     UPDATE jobs SET committed_since_release = true, updated_at = coalesce(%(now)s, now())
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
@@ -17,7 +17,33 @@ recorded AS (
     SELECT effect_id, %(name)s, %(idempotency_key)s, %(status)s, %(result)s, %(error)s, id, %(lease_token)s,
            coalesce(%(now)s, now())
     FROM lease
-    ON CONFLICT (effect_id, name) DO NOTHING
+    ON CONFLICT (effect_id, name) DO UPDATE SET
+        idempotency_key = EXCLUDED.idempotency_key, status = EXCLUDED.status, result = EXCLUDED.result,
+        error = EXCLUDED.error, job_id = EXCLUDED.job_id, lease_token = EXCLUDED.lease_token,
+        recorded_at = EXCLUDED.recorded_at
+    WHERE steps.status = 'started'
     RETURNING name
 )
 SELECT (SELECT count(*) FROM lease) AS leased, (SELECT count(*) FROM recorded) AS recorded;
+
+-- name: step_start_if_leased
+-- Marks a step 'started' before its downstream call, only for the holder of the current token: the commit a
+-- later attempt reads as "the call may have reached the API". It locks the job row (a reclaim cannot slip in
+-- between the check and the commit) but is not progress: a step that crashes its worker every time must
+-- still count towards poison. Re-marking by a later attempt moves the marker to that attempt; an outcome
+-- already recorded is left alone and reported.
+WITH lease AS (
+    SELECT id, effect_id FROM jobs
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    FOR NO KEY UPDATE
+),
+marked AS (
+    INSERT INTO steps (effect_id, name, idempotency_key, status, job_id, lease_token, recorded_at)
+    SELECT effect_id, %(name)s, %(idempotency_key)s, 'started', id, %(lease_token)s, coalesce(%(now)s, now())
+    FROM lease
+    ON CONFLICT (effect_id, name) DO UPDATE SET
+        job_id = EXCLUDED.job_id, lease_token = EXCLUDED.lease_token, recorded_at = EXCLUDED.recorded_at
+    WHERE steps.status = 'started'
+    RETURNING name
+)
+SELECT (SELECT count(*) FROM lease) AS leased, (SELECT count(*) FROM marked) AS marked;
