@@ -21,50 +21,62 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-try:
-    # The SDK re-exports these by star imports, which a strict type checker does not follow.
-    from easypost.easypost_client import EasyPostClient
-    from easypost.errors.api.gateway_timeout_error import GatewayTimeoutError
-    from easypost.errors.api.http_error import HttpError
-    from easypost.errors.api.internal_server_error import InternalServerError
-    from easypost.errors.api.not_found_error import NotFoundError
-    from easypost.errors.api.rate_limit_error import RateLimitError
-    from easypost.errors.api.service_unavailable_error import ServiceUnavailableError
-    from easypost.errors.api.timeout_error import TimeoutError
-    from easypost.errors.general.easypost_error import EasyPostError
-except ImportError as exc:  # pragma: no cover - only without the extra
-    raise ImportError(
-        "effectgate.handlers.providers.easypost needs EasyPost's SDK: pip install 'effectgate[easypost]'"
-    ) from exc
-
 from effectgate.handlers.context import EffectContext
+from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.errors import HandlerError, TerminalError, TransientError
 
-__all__ = ["buy_label", "easypost_client", "outcome_of"]
+if TYPE_CHECKING:
+    from easypost.easypost_client import EasyPostClient
+    from easypost.errors.general.easypost_error import EasyPostError
+
+__all__ = ["buy_label", "easypost_client", "easypost_for", "outcome_of"]
 
 T = TypeVar("T")
 
-_TRANSIENT = (
-    HttpError,
-    TimeoutError,
-    RateLimitError,
-    InternalServerError,
-    ServiceUnavailableError,
-    GatewayTimeoutError,
-)
+# One SDK client per configured downstream and process (each holds a requests session).
+_CLIENTS: dict[tuple[str, DownstreamConfig], EasyPostClient] = {}
+
+
+def _require_sdk() -> None:
+    """EasyPost's SDK is an optional extra: say how to get it where it is first needed."""
+    try:
+        import easypost  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "effectgate.handlers.providers.easypost needs EasyPost's SDK: pip install 'effectgate[easypost]'"
+        ) from exc
 
 
 def easypost_client(api_key: str, *, base_url: str | None = None, timeout: int = 30) -> EasyPostClient:
     """An `EasyPostClient`; `base_url` (EasyPost's `api_base`, without `/v2`) points it at a fake."""
+    _require_sdk()
+    from easypost.easypost_client import EasyPostClient
+
     if not isinstance(api_key, str) or not api_key or api_key != api_key.strip():
         raise ValueError("api_key must be a non-empty string without surrounding whitespace")
     if base_url is None:
-        return EasyPostClient(api_key, timeout=timeout)
-    return EasyPostClient(api_key, api_base=base_url.rstrip("/") + "/v2", timeout=timeout)
+        client = EasyPostClient(api_key, timeout=timeout)
+    else:
+        client = EasyPostClient(api_key, api_base=base_url.rstrip("/") + "/v2", timeout=timeout)
+    return client
+
+
+def easypost_for(ctx: EffectContext, name: str = "easypost") -> EasyPostClient:
+    """An `EasyPostClient` configured by `[downstream.NAME]` (`base_url` without `/v2`, key, `timeout`)."""
+    config = ctx.downstream(name).config
+    client = _CLIENTS.get((name, config))
+    if client is None:
+        if config.api_key is None:
+            raise TerminalError(f"[downstream.{name}] has no api key for EasyPost", code="no_api_key")
+        timeout = max(1, round(config.timeout))
+        client = _CLIENTS[(name, config)] = easypost_client(
+            config.api_key, base_url=config.base_url, timeout=timeout
+        )
+    return client
 
 
 async def buy_label(
@@ -102,6 +114,8 @@ async def buy_label(
         return _plain(shipment)
 
     async def find(key: str) -> dict[str, Any] | None:
+        from easypost.errors.api.not_found_error import NotFoundError
+
         try:
             shipment = await _call(partial(client.shipment.retrieve, key))
         except TerminalError as exc:
@@ -116,8 +130,24 @@ async def buy_label(
 
 def outcome_of(exc: EasyPostError) -> HandlerError:
     """The handler outcome an EasyPost SDK error stands for (the table in the module docstring)."""
+    # The SDK re-exports these by star imports, which a strict type checker does not follow.
+    from easypost.errors.api.gateway_timeout_error import GatewayTimeoutError
+    from easypost.errors.api.http_error import HttpError
+    from easypost.errors.api.internal_server_error import InternalServerError
+    from easypost.errors.api.rate_limit_error import RateLimitError
+    from easypost.errors.api.service_unavailable_error import ServiceUnavailableError
+    from easypost.errors.api.timeout_error import TimeoutError
+
+    transient = (
+        HttpError,
+        TimeoutError,
+        RateLimitError,
+        InternalServerError,
+        ServiceUnavailableError,
+        GatewayTimeoutError,
+    )
     message = f"easypost {type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
-    if isinstance(exc, _TRANSIENT):
+    if isinstance(exc, transient):
         return TransientError(message)
     code = getattr(exc, "code", None)
     status = getattr(exc, "http_status", None)
@@ -125,6 +155,8 @@ def outcome_of(exc: EasyPostError) -> HandlerError:
 
 
 async def _call(fn: Callable[[], T]) -> T:
+    from easypost.errors.general.easypost_error import EasyPostError
+
     try:
         # abandon_on_cancel: a slice abandoned at its deadline must not wait for a blocked socket; the
         # thread ends at the client's timeout, and the step was never recorded, so find runs next time.

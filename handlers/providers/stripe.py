@@ -24,20 +24,29 @@ same key instead, with backoff it owns.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
-
-try:
-    import stripe
-except ImportError as exc:  # pragma: no cover - only without the extra
-    raise ImportError(
-        "effectgate.handlers.providers.stripe needs Stripe's SDK: pip install 'effectgate[stripe]'"
-    ) from exc
+from typing import TYPE_CHECKING, Any
 
 from effectgate.handlers.context import EffectContext
-from effectgate.handlers.downstream import retry_after_seconds
+from effectgate.handlers.downstream import DownstreamConfig, retry_after_seconds
 from effectgate.handlers.errors import HandlerError, TerminalError, TransientError, UnrecoverableError
 
-__all__ = ["StripeSteps", "outcome_of", "stripe_client"]
+if TYPE_CHECKING:
+    import stripe
+
+__all__ = ["StripeSteps", "call_stripe", "outcome_of", "stripe_client", "stripe_steps"]
+
+# One SDK client per configured downstream and process: the SDK pools its connections per client.
+_STEPS: dict[tuple[str, DownstreamConfig], StripeSteps] = {}
+
+
+def _require_sdk() -> None:
+    """Stripe's SDK is an optional extra: say how to get it, once, where it is first needed."""
+    try:
+        import stripe  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "effectgate.handlers.providers.stripe needs Stripe's SDK: pip install 'effectgate[stripe]'"
+        ) from exc
 
 
 def stripe_client(
@@ -53,6 +62,9 @@ def stripe_client(
     how tests and demos point the SDK at a local fake. `http_client` (default: a new `stripe.HTTPXClient`
     with `timeout`) is yours to close with `await http_client.close_async()` when the process stops.
     """
+    _require_sdk()
+    import stripe
+
     if not isinstance(api_key, str) or not api_key or api_key != api_key.strip():
         raise ValueError("api_key must be a non-empty string without surrounding whitespace")
     if not (isinstance(timeout, int | float) and timeout > 0):
@@ -63,6 +75,22 @@ def stripe_client(
         max_network_retries=0,
         http_client=http_client or stripe.HTTPXClient(timeout=timeout),
     )
+
+
+def stripe_steps(ctx: EffectContext, name: str = "stripe") -> StripeSteps:
+    """`StripeSteps` over the SDK, configured by `[downstream.NAME]`: its `base_url`, key and `timeout`.
+
+    The API key comes from `api_key_env`/`api_key_file` like any downstream's; `base_url` is Stripe's
+    (`https://api.stripe.com`) or a local fake's. One SDK client per downstream and process.
+    """
+    config = ctx.downstream(name).config
+    steps = _STEPS.get((name, config))
+    if steps is None:
+        if config.api_key is None:
+            raise TerminalError(f"[downstream.{name}] has no api key for Stripe", code="no_api_key")
+        client = stripe_client(config.api_key, base_url=config.base_url, timeout=config.timeout)
+        steps = _STEPS[(name, config)] = StripeSteps(client)
+    return steps
 
 
 class StripeSteps:
@@ -151,6 +179,8 @@ async def call_stripe(call: Callable[[], Awaitable[stripe.StripeObject]]) -> dic
     For calls `StripeSteps` does not wrap: `ctx.step("payout", lambda key: call_stripe(lambda:
     client.v1.payouts.create_async(params, {"idempotency_key": key, "max_network_retries": 0})))`.
     """
+    import stripe
+
     try:
         answer = await call()
     except stripe.StripeError as exc:
@@ -160,6 +190,8 @@ async def call_stripe(call: Callable[[], Awaitable[stripe.StripeObject]]) -> dic
 
 def outcome_of(exc: stripe.StripeError) -> HandlerError:
     """The handler outcome a Stripe SDK error stands for (the table in the module docstring)."""
+    import stripe
+
     message = f"stripe {type(exc).__name__}: {exc.user_message or exc}"
     if isinstance(exc, stripe.RateLimitError | stripe.APIConnectionError):
         return TransientError(message, retry_after=_retry_after(exc))
