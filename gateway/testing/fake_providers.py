@@ -49,7 +49,7 @@ from starlette.types import Receive, Scope, Send
 
 __all__ = ["FaultConfig", "FaultMode", "create_app", "serve"]
 
-FaultMode = Literal["none", "error_500", "rate_limit", "hang", "drop_after_effect"]
+FaultMode = Literal["none", "error_500", "rate_limit", "hang", "hang_after_effect", "drop_after_effect"]
 
 # Stripe refuses longer keys; the fake does too, so a client that sends one fails here and not in production.
 _MAX_KEY_LENGTH = 255
@@ -65,7 +65,9 @@ class FaultConfig:
 
     `mode` is `none`, `error_500` (answer 500 before the effect, nothing stored), `rate_limit` (answer 429
     with `Retry-After: 7` before the effect, as Stripe's rate limiter does), `hang` (wait
-    `hang_seconds` before the effect, given up when the client disconnects) or `drop_after_effect` (perform
+    `hang_seconds` before the effect, given up when the client disconnects), `hang_after_effect` (perform and
+    store the effect, then hold the answer the same way: the window a crash test kills a worker in) or
+    `drop_after_effect` (perform
     and store the effect, then cut the connection mid-response). Each provider request is hit with
     probability `rate`, drawn from a generator seeded with `seed`; `paths`, when non-empty, limits faults to
     requests whose path starts with one of the prefixes. The `/_fake/` endpoints are never faulted.
@@ -262,6 +264,8 @@ class _FakeProviders:
                     if record is not None:
                         record.answer = answer
                         done = True
+            if fault == "hang_after_effect":
+                await _hang(request, self._faults.hang_seconds)
         finally:
             # Abandoned (cancelled, disconnected, invalid, crashed): free the key so a retry can run, as
             # Stripe does for requests whose endpoint never completed.

@@ -11,7 +11,8 @@ call on an OPEN fulfillment order makes a fulfillment, and the order then CLOSED
 
 Control endpoints: `GET /_fake/stats` (fulfillments, per order), `POST /_fake/reset`, and
 `POST /_fake/hold {"hold": true|false}`: while set, `fulfillmentCreate` makes its fulfillment and then does
-not answer until the client goes away or the hold is lifted (the crash window, as in `fake_easypost`).
+not answer until the client goes away or the hold is lifted (the crash window, as in `fake_easypost`);
+`POST /_fake/outage {"outage": true|false}`: while set, every GraphQL request is answered 503.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class _FakeShopify:
         self.fulfillments = 0
         self.next_id = 1000
         self.hold = False
+        self.outage = False
         self.released = asyncio.Event()
 
     def _gid(self, kind: str) -> str:
@@ -64,6 +66,8 @@ class _FakeShopify:
         return order
 
     async def graphql(self, request: Request) -> Response:
+        if self.outage:
+            return JSONResponse({"errors": "Service Unavailable"}, status_code=503)
         if not request.headers.get("x-shopify-access-token"):
             # Shopify answers a missing or wrong token with 401 and a plain `errors` string.
             return JSONResponse(
@@ -153,6 +157,10 @@ class _FakeShopify:
             self.released = asyncio.Event()
         return JSONResponse({"hold": self.hold})
 
+    async def set_outage(self, request: Request) -> Response:
+        self.outage = bool((await request.json()).get("outage"))
+        return JSONResponse({"outage": self.outage})
+
     async def reset(self, request: Request) -> Response:
         self.released.set()
         self._clear()
@@ -167,6 +175,7 @@ def create_app() -> Starlette:
             Route("/admin/api/{version}/graphql.json", fake.graphql, methods=["POST"]),
             Route("/_fake/stats", fake.stats, methods=["GET"]),
             Route("/_fake/hold", fake.set_hold, methods=["POST"]),
+            Route("/_fake/outage", fake.set_outage, methods=["POST"]),
             Route("/_fake/reset", fake.reset, methods=["POST"]),
         ]
     )
