@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from effectgate.handlers.downstream import DEFAULT_IDEMPOTENCY_HEADER, DownstreamConfig
+from effectgate.handlers.downstream_names import check_downstream_names
 from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule, check_identity, check_key_spaces
 from effectgate.handlers.registry import REGISTRY, Registry
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
@@ -219,6 +220,8 @@ class Config:
     shipping: DownstreamConfig | None = None
     # Every [downstream.NAME] by name (payments and shipping too), for ctx.downstream(NAME).
     downstreams: Mapping[str, DownstreamConfig] = field(default_factory=dict)
+    # The names declared, also where a role reads no downstream credentials: handlers are checked against them.
+    downstream_names: frozenset[str] = frozenset()
     # Bearer tokens for the operator API and dashboard ([[operators]]); none configured, none let in.
     operators: tuple[OperatorToken, ...] = ()
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
@@ -498,10 +501,14 @@ def _downstream(reader: TableReader, env: Mapping[str, str] | None) -> Downstrea
     return config if env is not None else None
 
 
-def _downstreams(root: TableReader, env: Mapping[str, str] | None) -> dict[str, DownstreamConfig]:
-    """Every ``[downstream.NAME]``, any name: what ``ctx.downstream(NAME)`` reaches."""
+def _downstreams(
+    root: TableReader, env: Mapping[str, str] | None
+) -> tuple[dict[str, DownstreamConfig], frozenset[str]]:
+    """Every ``[downstream.NAME]``, any name: what ``ctx.downstream(NAME)`` reaches (none for a role
+    without downstream credentials), and every name declared (in every role, to check handlers against)."""
     ds = root.table_of("downstream")
     configs = {}
+    names = set()
     for name in ds.table:
         if not isinstance(ds.table[name], dict):
             ds.used.add(name)
@@ -511,10 +518,11 @@ def _downstreams(root: TableReader, env: Mapping[str, str] | None) -> dict[str, 
             ds.used.add(name)
             ds.problem(name, "downstream names may use letters, digits, '-' and '_' only")
             continue
+        names.add(name)
         config = _downstream(ds.table_of(name), env)
         if config is not None:
             configs[name] = config
-    return configs
+    return configs, frozenset(names)
 
 
 def _maintenance(root: TableReader) -> ReconcilerConfig:
@@ -763,7 +771,7 @@ def parse(
         ),
     )
 
-    downstreams = _downstreams(root, env_for("downstream"))
+    downstreams, downstream_names = _downstreams(root, env_for("downstream"))
 
     operator_env = env_for("operator")
     if operator_env is not None:
@@ -788,6 +796,7 @@ def parse(
         payments=downstreams.get("payments"),
         shipping=downstreams.get("shipping"),
         downstreams=downstreams,
+        downstream_names=downstream_names,
         operators=operators,
         dashboard=dashboard,
         operator=operator,
@@ -889,6 +898,7 @@ def import_handlers(config: Config) -> None:
             )
     if not problems:
         problems = [f"{config.path}: {p}" for p in identity_problems(config, REGISTRY)]
+        problems += check_downstream_names(REGISTRY, config.downstream_names)
     if problems:
         raise ConfigError(*problems)
 

@@ -168,7 +168,9 @@ class EffectContext:
         attributes: dict[str, tracing.AttributeValue] = {
             "effectgate.effect_key": self.effect_key,
             "effectgate.step": name,
-            "effectgate.step.replayed": name in self._recorded,
+            # A started marker is not an answer: the step still runs (or looks with find).
+            "effectgate.step.replayed": name in self._recorded
+            and self._recorded[name].status != StepStatus.STARTED,
         }
         with tracing.span("effectgate.step", attributes):
             return await self._step(name, fn, find)

@@ -33,6 +33,8 @@ class KeylessApi:
     api_key: str
     labels: list[dict[str, Any]] = field(default_factory=list)
     hold: bool = False
+    # The header names each create arrived with, lower-cased.
+    create_headers: list[set[str]] = field(default_factory=list)
     release: asyncio.Event | None = None
 
 
@@ -54,6 +56,7 @@ def create_app(api: KeylessApi) -> Starlette:
             reference = request.query_params.get("reference")
             return JSONResponse({"data": [label for label in api.labels if label["reference"] == reference]})
         body = await request.json()
+        api.create_headers.append(set(request.headers.keys()))
         label = {
             "id": f"lbl_{len(api.labels) + 1}",
             "reference": body.get("reference"),

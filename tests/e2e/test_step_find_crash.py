@@ -132,6 +132,9 @@ def test_a_worker_killed_after_a_keyless_create_reached_the_api_makes_one_label_
     crash_then_rescue(setup)
     key = idempotency_key("default", "label:1001", "label")
     assert setup.labels() == [{"id": "lbl_1", "reference": key, "order": "1001"}]
+    # Configured with idempotency_header = false: no key header went out, only the key in the body.
+    assert setup.api.create_headers and not any("idempotency-key" in h for h in setup.api.create_headers)
+    assert all("x-api-key" in h for h in setup.api.create_headers)
     # What the step recorded is the label the first worker made, found by its reference.
     assert setup.steps() == [{"name": "label", "status": "succeeded", "result": setup.labels()[0]}]
 
@@ -141,3 +144,27 @@ def test_without_find_the_same_crash_makes_a_second_label(setup: Setup) -> None:
     labels = setup.labels()
     assert [label["id"] for label in labels] == ["lbl_1", "lbl_2"]
     assert labels[0]["reference"] == labels[1]["reference"]
+
+
+def test_a_worker_whose_handler_asks_for_an_unconfigured_downstream_is_refused_at_start(
+    setup: Setup,
+) -> None:
+    text = setup.config.read_text()
+    setup.config.write_text(text[: text.index("# An API that takes no idempotency key")])
+    proc = Process(
+        ["worker", "--config", str(setup.config), "--no-migrate"],
+        {"DATABASE_URL": setup.db_url, "E2E_SHOP_SECRET": "whsec_keyless_0123456789"},
+        setup.tmp / "refused.log",
+    )
+    setup.processes.append(proc)
+    assert proc.popen.wait(timeout=60) == 2
+    handlers = Path(__file__).with_name("keyless_handlers.py")
+    line = next(
+        n
+        for n, text in enumerate(handlers.read_text().splitlines(), 1)
+        if 'labels = ctx.downstream("labels")' in text
+    )
+    assert (
+        f"{handlers}:{line}: effect 'e2e.label' asks for ctx.downstream('labels'), which is not configured: "
+        "add [downstream.labels] (configured: none)"
+    ) in proc.log()
