@@ -627,16 +627,20 @@ def cmd_fake_providers(args: argparse.Namespace) -> int:
 
 
 def cmd_demo_delivery(args: argparse.Namespace) -> int:
-    body, headers = demo.example_delivery(args.url, args.order)
-    try:
-        response = httpx.post(
-            f"{args.url.rstrip('/')}/webhooks/stripe", content=body, headers=headers, timeout=10
-        )
-    except httpx.HTTPError as exc:
-        print(f"effectgate: cannot reach {args.url}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    print(f"{response.status_code} {response.text}")
-    return EXIT_OK if response.status_code < 300 else EXIT_FAILURE
+    # Stripe's order for a manual capture: amount_capturable_updated (capture), then succeeded (ship).
+    code = EXIT_OK
+    for body, headers in demo.example_deliveries(args.url, args.order):
+        try:
+            response = httpx.post(
+                f"{args.url.rstrip('/')}/webhooks/stripe", content=body, headers=headers, timeout=10
+            )
+        except httpx.HTTPError as exc:
+            print(f"effectgate: cannot reach {args.url}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        print(f"{response.status_code} {response.text}")
+        if response.status_code >= 300:
+            code = EXIT_FAILURE
+    return code
 
 
 def _send_config(args: argparse.Namespace) -> Config:
@@ -1043,7 +1047,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sd.set_defaults(func=cmd_send)
 
-    dd = sub.add_parser("demo-delivery", help="post a signed demo Stripe delivery to a running gateway")
+    dd = sub.add_parser(
+        "demo-delivery",
+        help="post a manual-capture payment's two signed Stripe deliveries to a running gateway, in Stripe's order",
+    )
     dd.add_argument("--url", default="http://127.0.0.1:8000")
     dd.add_argument("--order", default="1234")
     dd.set_defaults(func=cmd_demo_delivery)
