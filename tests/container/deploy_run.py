@@ -21,6 +21,7 @@ the end, pass or fail. Exits 1 on the first miss, naming it; prints a summary ei
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import re
 import secrets
@@ -152,6 +153,10 @@ def cleanup() -> None:
     ours = [n for n in names if n.startswith(PREFIX)]
     if ours:
         podman("rm", "--force", "--time", "0", *ours, check=False)
+    pods = podman("pod", "ls", "--format", "{{.Name}}", check=False).stdout.split()
+    for pod in pods:
+        if pod.startswith(PREFIX) or pod.startswith(f"pod_{PREFIX}"):
+            podman("pod", "rm", "--force", pod, check=False)
     for kind in ("network", "volume"):
         listed = podman(kind, "ls", "--format", "{{.Name}}", check=False).stdout.split()
         mine = [n for n in listed if n.startswith(PREFIX)]
@@ -212,6 +217,7 @@ class Stack:
         }
         self.database_url = f"postgresql://effectgate:{self.password}@{name}-postgres:5432/effectgate"
         self.config = WORK / f"{name}.toml"
+        self.postgres = f"{name}-postgres"
 
     def start(self, config_text: str) -> None:
         self.config.write_text(ci_config_text(config_text, f"{self.name}-fake"))
@@ -239,7 +245,7 @@ class Stack:
 
     def sql(self, query: str) -> str:
         done = podman(
-            "exec", f"{self.name}-postgres", "psql", "-U", "effectgate", "-d", "effectgate",
+            "exec", self.postgres, "psql", "-U", "effectgate", "-d", "effectgate",
             "-XAtc", query, check=False,
         )  # fmt: skip
         if done.returncode != 0:
@@ -437,6 +443,177 @@ def run_kubernetes() -> None:
 # -- compose ----------------------------------------------------------------------------------------
 
 
+COMPOSE_PROJECT = f"{PREFIX}-compose"
+
+
+def ci_compose(data: dict[str, Any], ports: dict[str, int]) -> dict[str, Any]:
+    """deploy/compose.yaml as CI runs it, with these changes and no others: Postgres from the local
+    Debian image with deploy/ci/postgres-entrypoint.sh (Debian's package has no entrypoint); the build
+    context made absolute (the copy lives in build/deploy-run/compose/, beside the CI effectgate.toml its
+    ``./effectgate.toml`` mounts); each published host port moved to a free one (``ports``: old → new);
+    and a ``fake`` service, the fake providers the CI configuration's downstream base_urls name."""
+    data = copy.deepcopy(data)  # anchors already resolved by the YAML loader
+    services = data["services"]
+    postgres = services["postgres"]
+    postgres["image"] = POSTGRES_BASE
+    postgres["entrypoint"] = ["/ci/postgres-entrypoint.sh"]
+    postgres["volumes"].append(f"{DEPLOY / 'ci' / 'postgres-entrypoint.sh'}:/ci/postgres-entrypoint.sh:ro")
+    for service in services.values():
+        if "build" in service:
+            service["build"] = {**service["build"], "context": str(ROOT)}
+        moved = []
+        for mapping in service.get("ports", []):
+            host, _, rest = mapping.rpartition(":")
+            address, _, port = host.rpartition(":")
+            moved.append(f"{address}:{ports[port]}:{rest}")
+        if moved:
+            service["ports"] = moved
+    fake = {
+        key: services["worker"][key] for key in ("image", "read_only", "tmpfs", "security_opt", "cap_drop")
+    }
+    services["fake"] = {**fake, "command": ["fake-providers", "--host", "0.0.0.0", "--port", str(FAKE_PORT)]}
+    return data
+
+
+def start_order(services: dict[str, Any]) -> list[str]:
+    """The services in an order their depends_on allows (dependencies first; ties by name)."""
+    order: list[str] = []
+    while len(order) < len(services):
+        ready = sorted(
+            name
+            for name, service in services.items()
+            if name not in order and all(dep in order for dep in service.get("depends_on", {}))
+        )
+        if not ready:
+            raise Miss(f"compose: depends_on has a cycle among {sorted(set(services) - set(order))}")
+        order.append(ready[0])
+    return order
+
+
+def run_compose() -> None:
+    if shutil.which("podman-compose") is None:
+        raise Miss("podman-compose is missing (apt-get install podman-compose)")
+    directory = WORK / "compose"
+    directory.mkdir(exist_ok=True)
+    data = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    ports = {
+        mapping.split(":")[-2]: free_port()
+        for service in data["services"].values()
+        for mapping in service.get("ports", [])
+    }
+    data = ci_compose(data, ports)
+    (directory / "compose.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    stack = Stack(COMPOSE_PROJECT)
+    stack.config = directory / "effectgate.toml"
+    stack.config.write_text(ci_config_text((DEPLOY / "effectgate.toml").read_text(), "fake"))
+    stack.postgres = f"{COMPOSE_PROJECT}_postgres_1"
+    env = {**os.environ, **stack.secrets, "POSTGRES_PASSWORD": stack.password}
+    base = ["podman-compose", "--project-name", COMPOSE_PROJECT, "--file", str(directory / "compose.yaml")]
+
+    def compose(*args: str) -> None:
+        done = subprocess.run(
+            [*base, *args], capture_output=True, text=True, env=env, timeout=600, check=False
+        )
+        if done.returncode != 0:
+            raise Miss(
+                f"podman-compose {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-800:]}"
+            )
+
+    services = data["services"]
+    # podman-compose 1.0.3 starts services in depends_on order but waits for no condition
+    # (service_healthy, service_completed_successfully), and `up SERVICE` restarts SERVICE's exited
+    # dependencies (migrate again). So it creates every container as the file says (`up --no-start`),
+    # and each service is started here once what it depends on meets the condition the file names.
+    compose("up", "--no-start")
+    order = start_order(services)
+    containers: dict[str, list[str]] = {}
+    for name in order:
+        for dep, condition in services[name].get("depends_on", {}).items():
+            wanted = condition["condition"] if isinstance(condition, dict) else "service_started"
+            for container in containers[dep]:
+                if wanted == "service_healthy":
+                    wait_for(f"compose {dep} healthy before {name}", lambda c=container: health(c), 120)
+                elif wanted == "service_completed_successfully":
+                    code = podman("wait", container, timeout=300).stdout.strip()
+                    if code != "0":
+                        logs = podman("logs", container, check=False).stderr[-600:]
+                        raise Miss(f"compose {dep} exited {code} before {name} could start: {logs}")
+        replicas = int(services[name].get("deploy", {}).get("replicas", 1))
+        containers[name] = [f"{COMPOSE_PROJECT}_{name}_{n}" for n in range(1, replicas + 1)]
+        podman("start", *containers[name])
+    # The order as it happened: each container started after every container it depends on started,
+    # and after a dependency it waits to complete had finished.
+    times = {
+        c: [int(x) for x in podman("inspect", c, "--format", "{{.State.StartedAt.UnixNano}} "
+                                   "{{.State.FinishedAt.UnixNano}}").stdout.split()]
+        for cs in containers.values()
+        for c in cs
+    }  # fmt: skip
+    for name in order:
+        for dep, condition in services[name].get("depends_on", {}).items():
+            completed = (
+                isinstance(condition, dict) and condition["condition"] == "service_completed_successfully"
+            )
+            for container in containers[name]:
+                for before in containers[dep]:
+                    if times[container][0] <= times[before][1 if completed else 0]:
+                        raise Miss(
+                            f"compose: {container} started before {before} {'finished' if completed else 'started'}"
+                        )
+    record(
+        f"compose up in the file's order: {' → '.join(order)} ({len(times)} containers; migrate exit 0 before gateway and worker started)"
+    )
+    running = podman(
+        "ps", "--filter", f"label=io.podman.compose.project={COMPOSE_PROJECT}", "--format", "{{.Names}}"
+    )
+    for name in ("gateway", "worker"):
+        for container in containers[name]:
+            if container not in running.stdout.split():
+                raise Miss(
+                    f"compose: {container} is not running: {podman('logs', container, check=False).stderr[-600:]}"
+                )
+    port = ports["8000"]
+    wait_for(
+        "compose gateway /readyz answers 200", lambda: http_get(f"http://127.0.0.1:{port}/readyz") == 200, 90
+    )
+    event = f"evt_ci_{secrets.token_hex(6)}"
+    first, answer = stack.send(port, event)
+    if first != 202:
+        raise Miss(f"compose: first delivery: {answer}")
+    wait_for("compose: a worker runs the effect", lambda: stack.effect_rows() == "1 succeeded 1 2", 90)
+    second, answer = stack.send(port, event)
+    if second != 200 or "duplicate" not in answer or stack.effect_rows() != "2 succeeded 1 2":
+        raise Miss(f"compose: the same delivery again: {answer}; ledger {stack.effect_rows()!r}")
+    record(f"compose delivery via 127.0.0.1:{port}: {first}, run once by a worker; again: {second} duplicate")
+    # Down, each container given its stop_grace_period (podman-compose 1.0.3's down uses one -t for
+    # all, default 1 s): SIGTERM in reverse start order, each must exit 0 within its grace.
+    stops = []
+    for name in reversed(order):
+        grace = int(seconds_of(services[name].get("stop_grace_period", "10s")))
+        for container in containers[name]:
+            if podman("inspect", container, "--format", "{{.State.Running}}").stdout.strip() == "true":
+                stops.append(f"{container.removeprefix(COMPOSE_PROJECT + '_')} {stop(container, grace):.1f}s")
+    compose("down")
+    left = podman(
+        "ps", "-a", "--filter", f"label=io.podman.compose.project={COMPOSE_PROJECT}", "--format", "{{.Names}}"
+    )
+    if left.stdout.strip():
+        raise Miss(f"compose down left containers: {left.stdout.split()}")
+    volume = f"{COMPOSE_PROJECT}_pgdata"
+    if podman("volume", "exists", volume, check=False).returncode != 0:
+        raise Miss(f"compose down removed the volume {volume}")
+    record(
+        f"compose down: SIGTERM exit 0 for each ({', '.join(stops)}); no container left; volume {volume} kept"
+    )
+
+
+def seconds_of(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|m)", duration)
+    if not match:
+        raise Miss(f"compose: stop_grace_period {duration!r} is not N s or N m")
+    return int(match[1]) * (60 if match[2] == "m" else 1)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave the containers for a look afterwards")
@@ -451,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "containers.conf").write_text(CONTAINERS_CONF)
     os.environ["CONTAINERS_CONF"] = str(WORK / "containers.conf")
-    parts = {"image": run_image, "kubernetes": run_kubernetes}
+    parts = {"image": run_image, "compose": run_compose, "kubernetes": run_kubernetes}
     started = time.monotonic()
     failed = None
     cleanup()
