@@ -56,8 +56,10 @@ default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 runtime = "runc"
 """
 # The deploy flags every effectgate container runs with here (compose and the manifests say the same).
-LOCKED_DOWN = ["--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
-LOCKED_DOWN += ["--user", "10001:10001"]
+LOCKED_DOWN = [
+    *("--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"),
+    *("--user", "10001:10001"),
+]
 
 
 class Miss(Exception):
@@ -83,10 +85,20 @@ def podman(*args: str, check: bool = True, timeout: float = 600) -> subprocess.C
     return done
 
 
-def wait_for(what: str, probe: Callable[[], bool], timeout: float) -> float:
-    """Poll ``probe`` until it is true; the seconds it took. A miss after ``timeout`` seconds."""
+def wait_for(what: str, probe: Callable[[], bool], timeout: float, *, container: str | None = None) -> float:
+    """Poll ``probe`` until it is true; the seconds it took. A miss after ``timeout`` seconds, or at
+    once if ``container`` has exited meanwhile (a bad flag, a crash), with its last log lines."""
     started = time.monotonic()
     while not probe():
+        if container is not None:
+            state = podman(
+                "inspect", container, "--format", "{{.State.Status}} {{.State.ExitCode}}", check=False
+            )
+            if not state.stdout.startswith("running"):
+                logs = podman("logs", "--tail", "15", container, check=False)
+                raise Miss(
+                    f"{what}: {container} is {state.stdout.strip()}\n{(logs.stdout + logs.stderr).strip()}"
+                )
         if time.monotonic() - started > timeout:
             raise Miss(f"{what}: not within {timeout:.0f} s")
         time.sleep(0.5)
@@ -130,7 +142,7 @@ def ci_config_text(text: str, fake_host: str) -> str:
 def pip_conf() -> str:
     """The pip configuration build steps use: this machine's CA bundle (mounted at the same path) and
     whichever index or proxy the host's pip is set up with; local file:// indexes do not exist inside."""
-    lines = ["[global]", f"cert = {CA_BUNDLE}"]
+    settings = {"cert": CA_BUNDLE}
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
     ).stdout
@@ -138,13 +150,15 @@ def pip_conf() -> str:
         key, _, value = line.partition("=")
         name = key.rpartition(".")[2]
         value = value.strip().strip("'")
-        if name in {"index-url", "proxy", "trusted-host", "timeout", "default-timeout"}:
-            if "file:" not in value:
-                lines.append(f"{name} = {value}")
+        if (
+            name in {"index-url", "proxy", "trusted-host", "timeout", "default-timeout"}
+            and "file:" not in value
+        ):
+            settings[name] = value
     for env, name in (("PIP_INDEX_URL", "index-url"), ("HTTPS_PROXY", "proxy"), ("https_proxy", "proxy")):
         if os.environ.get(env):
-            lines.append(f"{name} = {os.environ[env]}")
-    return "\n".join(dict.fromkeys(lines)) + "\n"
+            settings[name] = os.environ[env]
+    return "[global]\n" + "".join(f"{name} = {value}\n" for name, value in settings.items())
 
 
 def cleanup() -> None:
@@ -309,7 +323,7 @@ def run_image() -> None:
                             "EFFECTGATE_METRICS_TOKEN"], extra=["--publish", f"127.0.0.1:{port}:8000"],
     )  # fmt: skip
     took = wait_for("GET /healthz on the published port answers 200", lambda: http_get(
-        f"http://127.0.0.1:{port}/healthz") == 200, 90)  # fmt: skip
+        f"http://127.0.0.1:{port}/healthz") == 200, 90, container=gateway)  # fmt: skip
     ready = http_get(f"http://127.0.0.1:{port}/readyz")
     if ready != 200:
         raise Miss(f"GET /readyz answered {ready}")
@@ -420,7 +434,10 @@ def run_kubernetes() -> None:
             get = probe["httpGet"]
             url = f"http://127.0.0.1:{ports[probe_port(container, get['port'])]}{get['path']}"
             wait_for(
-                f"{item['file']} {kind} GET {get['path']} answers 200", lambda u=url: http_get(u) == 200, 90
+                f"{item['file']} {kind} GET {get['path']} answers 200",
+                lambda u=url: http_get(u) == 200,
+                90,
+                container=cid,
             )
             checked.append(f"{kind} {get['path']} 200")
         if name == "worker" and "--metrics-port" in args:
@@ -428,7 +445,10 @@ def run_kubernetes() -> None:
             url = f"http://127.0.0.1:{ports[metrics]}/metrics"
             token = stack.secrets["EFFECTGATE_METRICS_TOKEN"]
             wait_for(
-                f"{item['file']} GET /metrics answers 200", lambda u=url, t=token: http_get(u, t) == 200, 90
+                f"{item['file']} GET /metrics answers 200",
+                lambda u=url, t=token: http_get(u, t) == 200,
+                90,
+                container=cid,
             )
             checked.append("/metrics on its metrics port 200")
         pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
@@ -574,7 +594,10 @@ def run_compose() -> None:
                 )
     port = ports["8000"]
     wait_for(
-        "compose gateway /readyz answers 200", lambda: http_get(f"http://127.0.0.1:{port}/readyz") == 200, 90
+        "compose gateway /readyz answers 200",
+        lambda: http_get(f"http://127.0.0.1:{port}/readyz") == 200,
+        90,
+        container=f"{COMPOSE_PROJECT}_gateway_1",
     )
     event = f"evt_ci_{secrets.token_hex(6)}"
     first, answer = stack.send(port, event)
