@@ -451,6 +451,18 @@ def run_kubernetes() -> None:
                 container=cid,
             )
             checked.append("/metrics on its metrics port 200")
+        operator = [p["containerPort"] for p in container.get("ports", []) if p["name"] == "operator"]
+        if operator:
+            # The operator plane's Service targets this port: /metrics must answer there, with the token.
+            url = f"http://127.0.0.1:{ports[operator[0]]}/metrics"
+            token = stack.secrets["EFFECTGATE_METRICS_TOKEN"]
+            wait_for(
+                f"{item['file']} GET /metrics on the operator port answers 200",
+                lambda u=url, t=token: http_get(u, t) == 200,
+                90,
+                container=cid,
+            )
+            checked.append(f"/metrics on the operator port {operator[0]} 200")
         pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
         if pre_stop:
             podman("exec", cid, *pre_stop, timeout=120)
