@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short soak soak-short up metrics-check deploy-check
+.PHONY: install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short soak soak-short up metrics-check deploy-check deploy-run
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -101,6 +101,14 @@ deploy-check: install
 	$(SCRIPTS)/kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml
 	deploy/systemd/verify.sh $(SCRIPTS)/effectgate
 	$(PYTHON) -m pytest -q tests/unit/test_deploy.py
+
+# The deploy/ artefacts run, under podman with runc (tests/container/deploy_run.py; as root, with podman,
+# runc, podman-compose and debootstrap from Debian): local base images from Debian's packages, the image
+# built and run locked down (healthz, HEALTHCHECK, a signed delivery run once by a worker container, a
+# duplicate, SIGTERM), the compose stack up and down, each Kubernetes container with its manifest's args
+# and probes. Prints a summary; exits 1 on any miss. CI runs it after deploy-check.
+deploy-run: install
+	$(PYTHON) -m tests.container.deploy_run
 
 up:
 	$(PYTHON) -m pip install -q -e '.[embedded]'

@@ -1,0 +1,71 @@
+"""The pieces of ``make deploy-run`` (tests/container/deploy_run.py) that decide what runs, checked
+without podman: the CI copy of the compose file differs from deploy/compose.yaml only where CI must,
+the start order is the one depends_on promises, the CI configuration differs only in its downstream
+URLs, and every container of the manifests is found with its args."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from tests.container import deploy_run
+
+COMPOSE = yaml.safe_load((deploy_run.DEPLOY / "compose.yaml").read_text())
+
+
+def without(data: dict[str, Any], *paths: tuple[str, ...]) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    for path in paths:
+        parent = data
+        for key in path[:-1]:
+            parent = parent.get(key, {})
+        parent.pop(path[-1], None)
+    return data
+
+
+def test_the_ci_compose_file_changes_only_postgres_ports_the_build_context_and_adds_the_fakes() -> None:
+    ports = {"8000": 18000, "9464": 19464}
+    ci = deploy_run.ci_compose(COMPOSE, ports)
+    services = ci["services"]
+    assert services["postgres"]["image"] == deploy_run.POSTGRES_BASE
+    assert services["postgres"]["entrypoint"] == ["/ci/postgres-entrypoint.sh"]
+    assert services["postgres"]["command"] == COMPOSE["services"]["postgres"]["command"]
+    assert services["gateway"]["ports"] == ["127.0.0.1:18000:8000", "127.0.0.1:19464:9464"]
+    assert services["fake"]["command"][0] == "fake-providers"
+    changed = [("image",), ("entrypoint",), ("volumes",), ("ports",), ("build", "context")]
+    for name in COMPOSE["services"]:
+        paths = [("services", name, *path) for path in changed]
+        assert without(ci, *paths)["services"][name] == without(COMPOSE, *paths)["services"][name], name
+    assert {k: v for k, v in ci.items() if k != "services"} == {
+        k: v for k, v in COMPOSE.items() if k != "services"
+    }
+    assert COMPOSE["services"]["gateway"]["ports"] == ["127.0.0.1:8000:8000", "127.0.0.1:9464:9464"]
+
+
+def test_the_compose_stack_starts_in_the_order_depends_on_promises() -> None:
+    order = deploy_run.start_order(COMPOSE["services"])
+    assert order.index("postgres") < order.index("migrate") < order.index("gateway")
+    assert order.index("migrate") < order.index("worker")
+
+
+def test_the_ci_configuration_differs_only_in_its_downstream_urls() -> None:
+    text = (deploy_run.DEPLOY / "effectgate.toml").read_text()
+    ci = deploy_run.ci_config_text(text, "fake")
+    differing = [(a, b) for a, b in zip(text.splitlines(), ci.splitlines(), strict=True) if a != b]
+    assert differing and all(b == 'base_url = "http://fake:8001"' for _, b in differing)
+    assert all(a.startswith("base_url = ") for a, _ in differing)
+
+
+def test_every_manifest_container_is_started_with_its_args() -> None:
+    found = {
+        (i["file"], i["container"]["name"]): i["container"]["args"] for i in deploy_run.manifest_containers()
+    }
+    assert set(found) == {
+        ("gateway.yaml", "gateway"),
+        ("worker.yaml", "worker"),
+        ("migrate-job.yaml", "migrate"),
+    }
+    assert found[("migrate-job.yaml", "migrate")] == ["migrate"]
+    assert "--no-migrate" in found[("gateway.yaml", "gateway")]
