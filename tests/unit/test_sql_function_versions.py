@@ -40,6 +40,15 @@ def defined_functions() -> tuple[set[str], set[str]]:
     return ever, live
 
 
+def creations() -> dict[str, list[str]]:
+    """{function: the migration files that create it, in order}."""
+    made: dict[str, list[str]] = {}
+    for migration in discover():
+        for name in _CREATE.findall(_LINE_COMMENT.sub("", migration.sql)):
+            made.setdefault(name.lower(), []).append(migration.name)
+    return made
+
+
 def called_names(sql: str) -> set[str]:
     """Every identifier written as ``name(`` outside string literals (the blocks come without comments)."""
     return {name.lower() for name in _CALL.findall(_LITERAL.sub("''", sql))}
@@ -90,3 +99,11 @@ def test_no_python_module_calls_a_project_function_outside_ledger_sql() -> None:
         for path in (ROOT / folder).rglob("*.py")
     }
     assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_a_versioned_function_is_created_once_and_never_replaced() -> None:
+    # A process of the release that calls f_v1 may run while the next release migrates: f_v1's behaviour is
+    # frozen; a change is f_v2 in a new migration (CREATE OR REPLACE of f_v1 would change running code).
+    twice = {name: files for name, files in creations().items() if VERSIONED.search(name) and len(files) > 1}
+    assert twice == {}
+    assert creations()["job_release_verdict_v1"] == ["0017_versioned_sql_functions.sql"]
