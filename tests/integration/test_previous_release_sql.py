@@ -216,8 +216,15 @@ async def test_the_previous_lease_rescuer_applies_the_same_release_rule(conn: db
     assert old_state == new_state
 
 
+async def one(conn: db.Conn, query: Any, params: dict[str, Any]) -> Any:
+    row = await (await conn.execute(query, params)).fetchone()
+    assert row is not None
+    return row
+
+
 async def test_the_previous_partition_statements_work_beside_the_new_keeper(conn: db.Conn) -> None:
-    # An old keeper creates a partition the new one drops, and the other way round.
+    # An old keeper creates a partition the new one drops, and the other way round; a delivery claimed into
+    # each goes with it.
     day = datetime(2100, 1, 1, tzinfo=UTC)
     ranges = [
         {
@@ -227,23 +234,13 @@ async def test_the_previous_partition_statements_work_beside_the_new_keeper(conn
         }
         for n in range(2)
     ]
-    old_name = (
-        await (await conn.execute(PREVIOUS["history_partition_create_for_range"], ranges[0])).fetchone() or {}
-    )["name"]
-    new_name = (
-        await (await conn.execute(Q["history_partition_create_for_range"], ranges[1])).fetchone() or {}
-    )["name"]
+    old_name = (await one(conn, PREVIOUS["history_partition_create_for_range"], ranges[0]))["name"]
+    new_name = (await one(conn, Q["history_partition_create_for_range"], ranges[1]))["name"]
     assert (old_name, new_name) == ("deliveries_p21000101_000000", "deliveries_p21000102_000000")
-    assert (
-        await (await conn.execute(Q["history_partition_drop_registered"], {"name": old_name})).fetchone()
-        or {}
-    )["rows"] == 0
-    assert (
-        await (
-            await conn.execute(PREVIOUS["history_partition_drop_registered"], {"name": new_name})
-        ).fetchone()
-        or {}
-    )["rows"] == 0
+    await claim_delivery(conn, delivery("first"), [effect("first")], now=day)
+    await previous_claim(conn, delivery("second"), effect("second"), day + timedelta(days=1))
+    assert (await one(conn, Q["history_partition_drop_registered"], {"name": old_name}))["rows"] == 1
+    assert (await one(conn, PREVIOUS["history_partition_drop_registered"], {"name": new_name}))["rows"] == 1
     left = await (
         await conn.execute("SELECT name FROM history_partitions WHERE range_from >= %s", (day,))
     ).fetchall()
