@@ -207,12 +207,12 @@ SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FRO
 -- A hand-back is progress only if something was committed since the last release; after
 -- %(poison_threshold)s releases in a row without one, the job is parked as poison.
 WITH held AS (
-    -- The release rule (migration 0006) is shared with the lease rescuer; a hand-back's "orphan policy"
+    -- The release rule (migration 0006, _v1 since 0017) is shared with the lease rescuer; a hand-back's "orphan policy"
     -- is always to re-queue.
     SELECT id,
-           job_release_verdict(cancel_requested, committed_since_release, releases_without_commit,
-                               %(poison_threshold)s, 'redrive') AS verdict,
-           job_release_count(committed_since_release, releases_without_commit) AS releases
+           job_release_verdict_v1(cancel_requested, committed_since_release, releases_without_commit,
+                                  %(poison_threshold)s, 'redrive') AS verdict,
+           job_release_count_v1(committed_since_release, releases_without_commit) AS releases
     FROM jobs
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
     FOR UPDATE

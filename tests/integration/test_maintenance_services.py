@@ -83,7 +83,7 @@ async def test_a_failing_hook_costs_its_own_job_nothing_and_the_others_theirs(co
 
 
 async def test_hand_back_and_rescue_follow_the_one_release_rule(conn: db.Conn) -> None:
-    # The rule is a function (migration 0006); both statements call it. Its table, written out:
+    # The rule is a function (migration 0006, named _v1 by 0017); both statements call it. Its table:
     cases = [
         # cancel, committed, releases so far, threshold, policy → verdict
         ((True, False, 5, 1, "park"), "cancelled"),
@@ -93,10 +93,10 @@ async def test_hand_back_and_rescue_follow_the_one_release_rule(conn: db.Conn) -
         ((False, True, 9, 1, "park"), "park"),
     ]
     for args, verdict in cases:
-        got = await scalar(conn, "SELECT job_release_verdict(%s, %s, %s, %s, %s)", *args)
+        got = await scalar(conn, "SELECT job_release_verdict_v1(%s, %s, %s, %s, %s)", *args)
         assert got == verdict, args
-    assert await scalar(conn, "SELECT job_release_count(true, 4)") == 0
-    assert await scalar(conn, "SELECT job_release_count(false, 4)") == 5
+    assert await scalar(conn, "SELECT job_release_count_v1(true, 4)") == 0
+    assert await scalar(conn, "SELECT job_release_count_v1(false, 4)") == 5
     # And the hand-back reaches the same poison verdict as the rescuer at the same count.
     job_id = await claim(conn, now=at(0))
     for n in range(2):
