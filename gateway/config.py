@@ -43,8 +43,9 @@ from effectgate.ledger.retention import DEFAULT_HISTORY, DEFAULT_PAYLOADS, Reten
 from effectgate.ledger.sweeps import SweepConfig
 from effectgate.ledger.waker import WakerConfig
 
-from . import guard
+from . import guard, penalty_box
 from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
+from .penalty_box import PenaltySettings
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
@@ -138,6 +139,9 @@ class GatewayConfig:
     claim_deadline: float = claim_batcher.DEFAULT_DEADLINE
     claim_lock_timeout: float = claim_batcher.DEFAULT_LOCK_TIMEOUT
     claim_statement_timeout: float = claim_batcher.DEFAULT_STATEMENT_TIMEOUT
+    # [gateway.penalty_box]: a client that keeps failing authentication for a source is held off it
+    # (gateway.penalty_box).
+    penalty_box: PenaltySettings = field(default_factory=PenaltySettings)
 
     @property
     def limits(self) -> guard.Limits:
@@ -400,6 +404,19 @@ def _paypal_credentials(
     return resolved
 
 
+def _penalty_settings(box: TableReader) -> PenaltySettings:
+    settings = PenaltySettings(
+        enabled=box.get("enabled", bool, True),
+        failures=box.number("failures", penalty_box.DEFAULT_FAILURES, minimum=1, integer=True),
+        window=box.number("window", penalty_box.DEFAULT_WINDOW, minimum=0.001),
+        cooling=box.number("cooling", penalty_box.DEFAULT_COOLING, minimum=0.001),
+        hold=box.number("hold", penalty_box.DEFAULT_HOLD, minimum=0, integer=True),
+        max_clients=box.number("max_clients", penalty_box.DEFAULT_MAX_CLIENTS, minimum=1, integer=True),
+    )
+    box.no_unknown_keys()
+    return settings
+
+
 def _forwarded_allow_ips(gw: TableReader) -> tuple[str, ...]:
     try:
         return parse_forwarded_allow_ips(gw.get("forwarded_allow_ips", list, []))
@@ -647,6 +664,7 @@ def parse(
     )
     if gateway.port > 65535:
         gw.problem("port", f"must be <= 65535, got {gateway.port}")
+    gateway = replace(gateway, penalty_box=_penalty_settings(gw.table_of("penalty_box")))
     if gateway.claim_lock_timeout >= gateway.claim_statement_timeout:
         # A lock wait must end as a lock timeout (only the requests needing the key fail), not as a statement
         # timeout (the whole batch fails).

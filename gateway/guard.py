@@ -16,8 +16,14 @@ uvicorn's, with three limits added per connection:
   parser buffers a trailer line whole before it reports it, so a trailer that drips for ever would
   otherwise grow the process until the body timeout.
 
-The limits are class attributes, set once per process by ``configure`` before the server starts (the
-``serve --workers N`` children do it in their app factory, before the first connection).
+It also enforces the penalty box (``gateway.penalty_box``): a request from a peer boxed for the source
+its path names is refused once its head is parsed, before its body is read or the app hears of it. The
+connection is held, reading paused, until the header timeout closes it without an answer (so a flood
+client waits rather than sends), at most ``PenaltySettings.hold`` at once per process; past that it is
+closed at once. Either costs the gateway one parsed request head.
+
+The limits and the box are class attributes, set once per process by ``configure`` before the server
+starts (the ``serve --workers N`` children do it in their app factory, before the first connection).
 """
 
 from __future__ import annotations
@@ -28,9 +34,13 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .operator import metrics
+from .penalty_box import PenaltyBox
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -60,10 +70,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header timeout, a body timeout and a head-size limit."""
 
     limits = Limits()
+    box: PenaltyBox | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        # The source a boxed client asked for (set when its request line is refused), and whether this
+        # connection is being held for it.
+        self._boxed_source: str | None = None
+        self._holding = False
         self._reading_head = True
         self._head_bytes = 0
         self._head_size = 0
@@ -89,6 +104,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _timed_out(self, what: str) -> None:
         self._deadline = None
         if self.transport.is_closing():
+            return
+        if self._holding:
+            # A boxed client's held connection: closed without an answer, as it was held without one.
+            self.transport.close()
             return
         log.info("connection.timed_out", extra={"reading": what, "client": _address(self.client)})
         cycle = self.cycle
@@ -127,7 +146,29 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        box = self.box
+        if box is not None and self.client is not None:
+            box.forget(*self.client)
+            if self._holding:
+                self._holding = False
+                box.held -= 1
         super().connection_lost(exc)
+
+    def _hold_boxed(self, box: PenaltyBox, source: str) -> None:
+        """Refuse a boxed client's request: hold the connection unread, or close it past the hold limit."""
+        if box.held >= box.settings.hold:
+            metrics.penalty_box_refusal(source, "closed")
+            self._disarm()
+            self.transport.close()
+            return
+        metrics.penalty_box_refusal(source, "held")
+        box.held += 1
+        self._holding = True
+        self.transport.pause_reading()
+        # The head's timer (armed when the request began) closes it; a connection whose head began in an
+        # earlier read may have none yet.
+        if self._deadline is None:
+            self._arm(self.limits.header_timeout, "headers")
 
     def _cut_body(self, status: int, detail: str) -> None:
         """Refuse a request whose body (or trailer) is being read: the app hears a disconnect."""
@@ -155,7 +196,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._unsupported_upgrade_warning()
             return
         except httptools.HttpParserError:
-            if self._refusal is not None:
+            if self._boxed_source is not None and self.box is not None:
+                self._hold_boxed(self.box, self._boxed_source)
+            elif self._refusal is not None:
                 self._refuse(*self._refusal)
             else:
                 log.info("connection.invalid_request", extra={"client": _address(self.client)})
@@ -197,6 +240,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        box = self.box
+        # Checked once the head is whole (a request line may arrive in pieces), before any body is read
+        # or the app hears of the request.
+        if box is not None and box.active and self.client is not None and self.url.startswith(_WEBHOOKS):
+            source = unquote(self.url[len(_WEBHOOKS) :].partition(b"?")[0].decode("latin-1"))
+            if box.refuses(self.client[0], self.client[1], source) > 0:
+                self._boxed_source = source
+                raise _Refused
         self._reading_head = False
         self._head_bytes = 0
         self._arm(self.limits.body_timeout, "body")
@@ -218,6 +269,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
 
+_WEBHOOKS = b"/webhooks/"
 _CODES = {400: "invalid_request", 408: "request_timeout", 431: "header_too_large"}
 
 
@@ -225,9 +277,11 @@ def _address(client: tuple[str, int] | None) -> str | None:
     return f"{client[0]}:{client[1]}" if client else None
 
 
-def configure(limits: Limits) -> type[GuardedHttpToolsProtocol]:
-    """Set this process's limits; returns the protocol class to hand to uvicorn (``http=``)."""
+def configure(limits: Limits, box: PenaltyBox | None = None) -> type[GuardedHttpToolsProtocol]:
+    """Set this process's limits and penalty box (the app's, ``app.state.penalty_box``; None: no box);
+    returns the protocol class to hand to uvicorn (``http=``)."""
     GuardedHttpToolsProtocol.limits = limits
+    GuardedHttpToolsProtocol.box = box
     return GuardedHttpToolsProtocol
 
 
