@@ -262,7 +262,7 @@ def serve_app() -> Any:
         session_key=session_key,
         operator_port=int(operator_port) if operator_port else None,
     )
-    guard.configure(config.gateway.limits, app.state.penalty_box)
+    guard.configure(config.gateway.limits, app.state.penalty_box, config.gateway.client_slots())
     return app
 
 
@@ -395,7 +395,7 @@ def _serve(
         return
     tracing.configure(config.tracing, role="gateway")
     app = create_app(config, REGISTRY, url, session_key=session_key, operator_port=operator_port)
-    protocol = guard.configure(config.gateway.limits, app.state.penalty_box)
+    protocol = guard.configure(config.gateway.limits, app.state.penalty_box, config.gateway.client_slots())
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
     server = uvicorn.Server(uvicorn.Config(app, http=protocol, **options))

@@ -139,6 +139,9 @@ class GatewayConfig:
     claim_deadline: float = claim_batcher.DEFAULT_DEADLINE
     claim_lock_timeout: float = claim_batcher.DEFAULT_LOCK_TIMEOUT
     claim_statement_timeout: float = claim_batcher.DEFAULT_STATEMENT_TIMEOUT
+    # Requests in flight per client address and process (gateway.guard.ClientSlots); past it the client's
+    # next request waits unread for one of its own to finish. 0: no limit. Trusted proxies are not limited.
+    client_concurrency: int = guard.DEFAULT_CLIENT_CONCURRENCY
     # [gateway.penalty_box]: a client that keeps failing authentication for a source is held off it
     # (gateway.penalty_box).
     penalty_box: PenaltySettings = field(default_factory=PenaltySettings)
@@ -147,6 +150,12 @@ class GatewayConfig:
     def limits(self) -> guard.Limits:
         """The connection guard's limits."""
         return guard.Limits(self.header_timeout, self.body_timeout, self.max_header_bytes)
+
+    def client_slots(self) -> guard.ClientSlots | None:
+        """A process's per-client request slots (its own, so build one per process), or None for no limit."""
+        if not self.client_concurrency:
+            return None
+        return guard.ClientSlots(self.client_concurrency, self.forwarded_allow_ips)
 
 
 @dataclass(frozen=True, slots=True)
@@ -655,6 +664,9 @@ def parse(
         ),
         claim_queue_max=gw.number(
             "claim_queue_max", claim_batcher.DEFAULT_MAX_QUEUE, minimum=1, integer=True
+        ),
+        client_concurrency=gw.number(
+            "client_concurrency", guard.DEFAULT_CLIENT_CONCURRENCY, minimum=0, integer=True
         ),
         claim_deadline=gw.number("claim_deadline", claim_batcher.DEFAULT_DEADLINE, minimum=0.001),
         claim_lock_timeout=gw.number("claim_lock_timeout", claim_batcher.DEFAULT_LOCK_TIMEOUT, minimum=0.001),

@@ -22,16 +22,25 @@ connection is held, reading paused, until the header timeout closes it without a
 client waits rather than sends), at most ``PenaltySettings.hold`` at once per process; past that it is
 closed at once. Either costs the gateway one parsed request head.
 
-The limits and the box are class attributes, set once per process by ``configure`` before the server
+And it shares each process's request slots fairly between clients (``ClientSlots``): a peer with
+``client_concurrency`` requests in flight (head received, answer not yet complete) has its next request
+wait, unread, until one of its own finishes, so one client's hundreds of connections take no more of the
+event loop than that many requests, while other clients' requests go straight through. Trusted proxies
+(``forwarded_allow_ips``) are not limited: every client behind them shares their address.
+
+The limits, the box and the slots are class attributes, set once per process by ``configure`` before the server
 starts (the ``serve --workers N`` children do it in their app factory, before the first connection).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import http
+import ipaddress
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -62,6 +71,67 @@ class Limits:
             raise ValueError("timeouts must be > 0 and max_header_bytes >= 1")
 
 
+DEFAULT_CLIENT_CONCURRENCY = 64
+
+
+class ClientSlots:
+    """Requests in flight per client address in this process, and the connections waiting for a slot.
+
+    A soft cap: a connection is admitted when its first bytes arrive and counted once its head is whole,
+    so a burst of connections opened together can pass it by a few.
+    """
+
+    def __init__(self, per_client: int, trusted: Iterable[str] = ()) -> None:
+        if per_client < 1:
+            raise ValueError("per_client must be >= 1")
+        self.per_client = per_client
+        entries = tuple(trusted)
+        self._trust_all = "*" in entries
+        self._trusted = tuple(ipaddress.ip_network(e, strict=False) for e in entries if e != "*")
+        self._in_flight: collections.Counter[str] = collections.Counter()
+        self._waiting: dict[str, collections.deque[GuardedHttpToolsProtocol]] = {}
+        #: Requests that had to wait for a slot (tests and logs).
+        self.waited = 0
+
+    def limits(self, client: str) -> bool:
+        """Whether ``client``'s requests are counted (not a trusted proxy's)."""
+        if self._trust_all:
+            return False
+        if not self._trusted:
+            return True
+        try:
+            address = ipaddress.ip_address(client)
+        except ValueError:
+            return True
+        return not any(address in network for network in self._trusted)
+
+    def full(self, client: str) -> bool:
+        return self._in_flight[client] >= self.per_client
+
+    def start(self, client: str) -> None:
+        self._in_flight[client] += 1
+
+    def wait(self, client: str, protocol: GuardedHttpToolsProtocol) -> None:
+        self.waited += 1
+        metrics.client_slot_wait()
+        self._waiting.setdefault(client, collections.deque()).append(protocol)
+
+    def finish(self, client: str) -> None:
+        left = self._in_flight[client] - 1
+        if left > 0:
+            self._in_flight[client] = left
+        else:
+            del self._in_flight[client]
+        waiting = self._waiting.get(client)
+        while waiting:
+            protocol = waiting.popleft()
+            if not protocol.transport.is_closing():
+                protocol.loop.call_soon(protocol.admit)
+                break
+        if waiting is not None and not waiting:
+            del self._waiting[client]
+
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request that is refused."""
 
@@ -71,6 +141,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     limits = Limits()
     box: PenaltyBox | None = None
+    slots: ClientSlots | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,6 +150,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # connection is being held for it.
         self._boxed_source: str | None = None
         self._holding = False
+        # Per-client slots: whether this connection holds one (a request in flight), and the bytes it
+        # received while waiting for one (None: not waiting).
+        self._slot = False
+        self._queued: list[bytes] | None = None
         self._reading_head = True
         self._head_bytes = 0
         self._head_size = 0
@@ -146,6 +221,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._release_slot()
         box = self.box
         if box is not None and self.client is not None:
             box.forget(*self.client)
@@ -182,7 +258,49 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 return
         self._refuse(status, detail)
 
+    def _release_slot(self) -> None:
+        if self._slot and self.slots is not None and self.client is not None:
+            self._slot = False
+            self.slots.finish(self.client[0])
+
+    def on_response_complete(self) -> None:
+        if not self.pipeline:
+            self._release_slot()
+        super().on_response_complete()
+
+    def admit(self) -> None:
+        """A slot of this client's came free: read what arrived while this connection waited."""
+        if self._queued is None or self.transport.is_closing():
+            return
+        data = b"".join(self._queued)
+        self._queued = None
+        self.transport.resume_reading()
+        self._feed(data)
+
     def data_received(self, data: bytes) -> None:
+        if self._queued is not None:
+            self._queued.append(data)
+            return
+        slots = self.slots
+        if (
+            slots is not None
+            and not self._slot
+            and self.client is not None
+            and slots.full(self.client[0])
+            and slots.limits(self.client[0])
+        ):
+            # This client has its share of requests in flight: this one waits, unread, for one of them,
+            # at most the header timeout (then 408), as a head that does not arrive would.
+            self._queued = [data]
+            self.transport.pause_reading()
+            self._unset_keepalive_if_required()
+            if self._deadline is None:
+                self._arm(self.limits.header_timeout, "headers")
+            slots.wait(self.client[0], self)
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         if self._reading_head:
             self._head_bytes += len(data)
         self._unset_keepalive_if_required()
@@ -250,6 +368,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 raise _Refused
         self._reading_head = False
         self._head_bytes = 0
+        slots = self.slots
+        if slots is not None and not self._slot and self.client is not None and slots.limits(self.client[0]):
+            self._slot = True
+            slots.start(self.client[0])
         self._arm(self.limits.body_timeout, "body")
         super().on_headers_complete()
 
@@ -277,11 +399,14 @@ def _address(client: tuple[str, int] | None) -> str | None:
     return f"{client[0]}:{client[1]}" if client else None
 
 
-def configure(limits: Limits, box: PenaltyBox | None = None) -> type[GuardedHttpToolsProtocol]:
-    """Set this process's limits and penalty box (the app's, ``app.state.penalty_box``; None: no box);
-    returns the protocol class to hand to uvicorn (``http=``)."""
+def configure(
+    limits: Limits, box: PenaltyBox | None = None, slots: ClientSlots | None = None
+) -> type[GuardedHttpToolsProtocol]:
+    """Set this process's limits, penalty box (the app's, ``app.state.penalty_box``; None: no box) and
+    per-client request slots (None: no limit); returns the protocol class to hand to uvicorn (``http=``)."""
     GuardedHttpToolsProtocol.limits = limits
     GuardedHttpToolsProtocol.box = box
+    GuardedHttpToolsProtocol.slots = slots
     return GuardedHttpToolsProtocol
 
 

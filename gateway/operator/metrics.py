@@ -126,6 +126,11 @@ PENALTY_BOX_REFUSALS = _Capped(
     ),
     2,
 )
+CLIENT_SLOT_WAITS = Counter(
+    "effectgate_client_slot_waits",
+    "Requests that waited, unread, because their client had [gateway] client_concurrency requests in flight.",
+    registry=REGISTRY,
+)
 CLAIM_LATENCY = Histogram(
     "effectgate_claim_seconds",
     "Time of the claim transaction of one delivery, in seconds.",
@@ -205,6 +210,11 @@ def penalty_box_entered(source: str) -> None:
 def penalty_box_refusal(source: str, how: str) -> None:
     """Count one request of a boxed client refused (``held``, ``closed`` or ``answered``)."""
     PENALTY_BOX_REFUSALS.labels(source, how).inc()
+
+
+def client_slot_wait() -> None:
+    """Count one request that waited for a slot of its client's."""
+    CLIENT_SLOT_WAITS.inc()
 
 
 def claim_latency(seconds: float) -> None:

@@ -71,7 +71,8 @@ class Gateway:
         page = httpx.get(f"{self.url}/metrics", timeout=10).text
         wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         for line in page.splitlines():
-            if line.startswith(f"{name}{{") and line.split("}")[0][len(name) + 1 :] == wanted:
+            series = line.rsplit(" ", 1)[0]
+            if series == (f"{name}{{{wanted}}}" if labels else name):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 

@@ -484,3 +484,17 @@ def test_the_penalty_box_is_configured_under_gateway() -> None:
     ]:
         with pytest.raises(ConfigError, match=message):
             parse(MINIMAL + "[gateway.penalty_box]\n" + bad + "\n", env=ENV)
+
+
+def test_client_concurrency_builds_each_process_its_slots_trusted_proxies_exempt() -> None:
+    defaults = parse(MINIMAL, env=ENV).gateway
+    slots = defaults.client_slots()
+    assert slots is not None and slots.per_client == 64 and slots.limits("127.0.0.1")
+    assert defaults.client_slots() is not slots
+    assert parse(MINIMAL + "[gateway]\nclient_concurrency = 0\n", env=ENV).gateway.client_slots() is None
+    text = MINIMAL + '[gateway]\nclient_concurrency = 3\nforwarded_allow_ips = ["10.0.3.0/24"]\n'
+    proxied = parse(text, env=ENV).gateway.client_slots()
+    assert proxied is not None and proxied.per_client == 3
+    assert not proxied.limits("10.0.3.7") and proxied.limits("10.0.4.7")
+    with pytest.raises(ConfigError, match=r"gateway\.client_concurrency: must be >= 0"):
+        parse(MINIMAL + "[gateway]\nclient_concurrency = -1\n", env=ENV)
