@@ -116,6 +116,17 @@ class ClientSlots:
         metrics.client_slot_wait()
         self._waiting.setdefault(client, collections.deque()).append(protocol)
 
+    def forget(self, client: str, protocol: GuardedHttpToolsProtocol) -> None:
+        """A waiting connection closed: it no longer waits (nor is kept alive by the queue)."""
+        waiting = self._waiting.get(client)
+        if waiting is not None:
+            try:
+                waiting.remove(protocol)
+            except ValueError:
+                pass
+            if not waiting:
+                del self._waiting[client]
+
     def finish(self, client: str) -> None:
         left = self._in_flight[client] - 1
         if left > 0:
@@ -222,6 +233,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._release_slot()
+        if self._queued is not None and self.slots is not None and self.client is not None:
+            self._queued = None
+            self.slots.forget(self.client[0], self)
         box = self.box
         if box is not None and self.client is not None:
             box.forget(*self.client)
