@@ -302,7 +302,6 @@ def serve_app() -> Any:
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
     config = load(os.environ["EFFECTGATE_CONFIG"], role="gateway")
     import_handlers(config)
-    guard.configure(config.gateway.limits)
     tracing.configure(config.tracing, role="gateway")
     session_key = bytes.fromhex(os.environ.pop(_SESSION_KEY_ENV))
     trusted = os.environ.get(_TRUSTED_ENV)
@@ -312,13 +311,15 @@ def serve_app() -> Any:
             gateway=replace(config.gateway, forwarded_allow_ips=tuple(p for p in trusted.split(",") if p)),
         )
     operator_port = os.environ.get(_OPERATOR_PORT_ENV)
-    return create_app(
+    app = create_app(
         config,
         REGISTRY,
         os.environ["DATABASE_URL"],
         session_key=session_key,
         operator_port=int(operator_port) if operator_port else None,
     )
+    guard.configure(config.gateway.limits, app.state.penalty_box, config.gateway.client_slots())
+    return app
 
 
 # The dashboard's signing key when no secret is configured: made by the supervisor, shared by its children.
@@ -446,8 +447,8 @@ def _serve(
         )
         return
     tracing.configure(config.tracing, role="gateway")
-    protocol = guard.configure(config.gateway.limits)
     app = create_app(config, REGISTRY, url, session_key=session_key, operator_port=operator_port)
+    protocol = guard.configure(config.gateway.limits, app.state.penalty_box, config.gateway.client_slots())
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
     server = uvicorn.Server(uvicorn.Config(app, http=protocol, **options))

@@ -44,8 +44,9 @@ from effectgate.ledger.retention import DEFAULT_HISTORY, DEFAULT_PAYLOADS, Reten
 from effectgate.ledger.sweeps import SweepConfig
 from effectgate.ledger.waker import WakerConfig
 
-from . import guard
+from . import guard, penalty_box
 from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
+from .penalty_box import PenaltySettings
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
@@ -143,11 +144,23 @@ class GatewayConfig:
     claim_deadline: float = claim_batcher.DEFAULT_DEADLINE
     claim_lock_timeout: float = claim_batcher.DEFAULT_LOCK_TIMEOUT
     claim_statement_timeout: float = claim_batcher.DEFAULT_STATEMENT_TIMEOUT
+    # Requests in flight per client address and process (gateway.guard.ClientSlots); past it the client's
+    # next request waits unread for one of its own to finish. 0: no limit. Trusted proxies are not limited.
+    client_concurrency: int = guard.DEFAULT_CLIENT_CONCURRENCY
+    # [gateway.penalty_box]: a client that keeps failing authentication for a source is held off it
+    # (gateway.penalty_box).
+    penalty_box: PenaltySettings = field(default_factory=PenaltySettings)
 
     @property
     def limits(self) -> guard.Limits:
         """The connection guard's limits."""
         return guard.Limits(self.header_timeout, self.body_timeout, self.max_header_bytes)
+
+    def client_slots(self) -> guard.ClientSlots | None:
+        """A process's per-client request slots (its own, so build one per process), or None for no limit."""
+        if not self.client_concurrency:
+            return None
+        return guard.ClientSlots(self.client_concurrency, self.forwarded_allow_ips)
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,6 +423,19 @@ def _paypal_credentials(
         else:
             resolved[target] = env[var]
     return resolved
+
+
+def _penalty_settings(box: TableReader) -> PenaltySettings:
+    settings = PenaltySettings(
+        enabled=box.get("enabled", bool, True),
+        failures=box.number("failures", penalty_box.DEFAULT_FAILURES, minimum=1, integer=True),
+        window=box.number("window", penalty_box.DEFAULT_WINDOW, minimum=0.001),
+        cooling=box.number("cooling", penalty_box.DEFAULT_COOLING, minimum=0.001),
+        hold=box.number("hold", penalty_box.DEFAULT_HOLD, minimum=0, integer=True),
+        max_clients=box.number("max_clients", penalty_box.DEFAULT_MAX_CLIENTS, minimum=1, integer=True),
+    )
+    box.no_unknown_keys()
+    return settings
 
 
 def _forwarded_allow_ips(gw: TableReader) -> tuple[str, ...]:
@@ -706,6 +732,9 @@ def parse(
         claim_queue_max=gw.number(
             "claim_queue_max", claim_batcher.DEFAULT_MAX_QUEUE, minimum=1, integer=True
         ),
+        client_concurrency=gw.number(
+            "client_concurrency", guard.DEFAULT_CLIENT_CONCURRENCY, minimum=0, integer=True
+        ),
         claim_deadline=gw.number("claim_deadline", claim_batcher.DEFAULT_DEADLINE, minimum=0.001),
         claim_lock_timeout=gw.number("claim_lock_timeout", claim_batcher.DEFAULT_LOCK_TIMEOUT, minimum=0.001),
         claim_statement_timeout=gw.number(
@@ -714,6 +743,7 @@ def parse(
     )
     if gateway.port > 65535:
         gw.problem("port", f"must be <= 65535, got {gateway.port}")
+    gateway = replace(gateway, penalty_box=_penalty_settings(gw.table_of("penalty_box")))
     if gateway.claim_lock_timeout >= gateway.claim_statement_timeout:
         # A lock wait must end as a lock timeout (only the requests needing the key fail), not as a statement
         # timeout (the whole batch fails).

@@ -41,6 +41,7 @@ from effectgate.ledger.storable import jsonb_problem
 from .bodies import BodyTooLarge, read_body
 from .config import Config, Source
 from .operator import metrics
+from .penalty_box import PenaltyBox
 from .replay_memory import LedgerReplayMemory
 from .signature_failures import SignatureFailures
 from .signatures import ConfirmationUnavailable, Event, PayloadError, SignatureError, Verified
@@ -100,6 +101,15 @@ async def _receive(request: Request) -> Response:
     source = config.sources.get(name)
     if source is None:
         return error(404, "unknown_source", f"no source named {name!r} is configured")
+    box: PenaltyBox = request.app.state.penalty_box
+    client = request.client
+    if client is not None and box.active:
+        # A direct peer in the box is refused by the connection guard before it gets here; this is the
+        # client a trusted proxy forwarded for. Refused before its body is read.
+        left = box.refuses(client.host, client.port, name)
+        if left > 0:
+            metrics.penalty_box_refusal(name, "answered")
+            return _penalised(left)
     try:
         body = await read_body(request, config.gateway.max_body_bytes)
     except BodyTooLarge:
@@ -126,6 +136,12 @@ async def _receive(request: Request) -> Response:
         log.info(
             "delivery.unauthenticated", extra={"source": name, "reason": exc.code, "request_id": request_id}
         )
+        if client is not None and box.failed(client.host, client.port, name):
+            metrics.penalty_box_entered(name)
+            log.warning(
+                "penalty_box.entered",
+                extra={"source": name, "client": client.host, "seconds": box.settings.cooling},
+            )
         return error(401, exc.code, exc.detail)
     except PayloadError as exc:
         metrics.delivery(name, exc.code)
@@ -135,6 +151,8 @@ async def _receive(request: Request) -> Response:
         metrics.delivery(name, exc.code)
         return error(503, exc.code, exc.detail)
 
+    if client is not None:
+        box.authenticated(client.host, client.port)
     if verified.challenge is not None:
         return JSONResponse(verified.challenge)
     for event in verified.events:
@@ -316,6 +334,18 @@ def _plan(
 
 # Seconds a sender is asked to wait after a 503 overloaded or claim_timeout: long enough for a queue to drain.
 RETRY_AFTER = "1"
+
+
+def _penalised(seconds_left: float) -> JSONResponse:
+    response = error(
+        429,
+        "client_penalised",
+        "too many failed authentications from this client for this source; try again later",
+    )
+    response.headers["Retry-After"] = str(max(1, round(seconds_left)))
+    # Its next request would be refused too: it reconnects rather than keeps a connection to send it on.
+    response.headers["Connection"] = "close"
+    return response
 
 
 def _retry_later(code: str, detail: str) -> JSONResponse:

@@ -107,6 +107,30 @@ VERIFICATION_FAILURES = _Capped(
     ),
     2,
 )
+PENALTY_BOX_ENTRIES = _Capped(
+    Counter(
+        "effectgate_penalty_box_entries",
+        "Clients put in the penalty box for a source after repeated failed authentications.",
+        ("source",),
+        registry=REGISTRY,
+    ),
+    1,
+)
+PENALTY_BOX_REFUSALS = _Capped(
+    Counter(
+        "effectgate_penalty_box_refusals",
+        "Requests of boxed clients refused, by source and how: held (connection paused until the header "
+        "timeout), closed (past the hold limit), answered (429, behind a trusted proxy).",
+        ("source", "how"),
+        registry=REGISTRY,
+    ),
+    2,
+)
+CLIENT_SLOT_WAITS = Counter(
+    "effectgate_client_slot_waits",
+    "Requests that waited, unread, because their client had [gateway] client_concurrency requests in flight.",
+    registry=REGISTRY,
+)
 CLAIM_LATENCY = Histogram(
     "effectgate_claim_seconds",
     "Time of the claim transaction of one delivery, in seconds.",
@@ -176,6 +200,21 @@ def claimed(source: str, outcomes: Iterable[DeliveryOutcome]) -> None:
 def verification_failure(source: str, reason: str) -> None:
     """Count one failed signature verification of ``source`` with its reason code."""
     VERIFICATION_FAILURES.labels(source, reason).inc()
+
+
+def penalty_box_entered(source: str) -> None:
+    """Count one client put in the penalty box for ``source``."""
+    PENALTY_BOX_ENTRIES.labels(source).inc()
+
+
+def penalty_box_refusal(source: str, how: str) -> None:
+    """Count one request of a boxed client refused (``held``, ``closed`` or ``answered``)."""
+    PENALTY_BOX_REFUSALS.labels(source, how).inc()
+
+
+def client_slot_wait() -> None:
+    """Count one request that waited for a slot of its client's."""
+    CLIENT_SLOT_WAITS.inc()
 
 
 def claim_latency(seconds: float) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from effectgate.gateway.config import ConfigError, app_dir, import_handlers, load, parse
+from effectgate.gateway.penalty_box import PenaltySettings
 from effectgate.handlers.worker import DEFAULT_CONCURRENCY
 
 ENV = {"S1": "whsec_one", "S2": "whsec_two"}
@@ -463,3 +464,37 @@ def test_a_worker_without_webhook_secrets_still_knows_what_each_source_signs() -
     reg = Registry()
     reg.effect(source="gh", events=["*"], name="typed", key=lambda ev: ev.type)(noop)  # type: ignore[arg-type]
     assert identity_problems(gateway, reg) == identity_problems(worker, reg) != []
+
+
+def test_the_penalty_box_is_configured_under_gateway() -> None:
+    assert parse(MINIMAL, env=ENV).gateway.penalty_box == PenaltySettings()
+    text = (
+        MINIMAL + "[gateway.penalty_box]\nfailures = 5\nwindow = 2\ncooling = 30\nhold = 0\nmax_clients = 9\n"
+    )
+    assert parse(text, env=ENV).gateway.penalty_box == PenaltySettings(True, 5, 2.0, 30.0, 0, 9)
+    assert not parse(
+        MINIMAL + "[gateway.penalty_box]\nenabled = false\n", env=ENV
+    ).gateway.penalty_box.enabled
+    for bad, message in [
+        ("failures = 0", r"gateway\.penalty_box\.failures: must be >= 1"),
+        ("cooling = 0", r"gateway\.penalty_box\.cooling: must be >= 0\.001"),
+        ("hold = -1", r"gateway\.penalty_box\.hold: must be >= 0"),
+        ("enabled = 1", r"gateway\.penalty_box\.enabled: must be a boolean"),
+        ("failurs = 5", r"gateway\.penalty_box\.failurs: is not a known setting; did you mean 'failures'"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse(MINIMAL + "[gateway.penalty_box]\n" + bad + "\n", env=ENV)
+
+
+def test_client_concurrency_builds_each_process_its_slots_trusted_proxies_exempt() -> None:
+    defaults = parse(MINIMAL, env=ENV).gateway
+    slots = defaults.client_slots()
+    assert slots is not None and slots.per_client == 64 and slots.limits("127.0.0.1")
+    assert defaults.client_slots() is not slots
+    assert parse(MINIMAL + "[gateway]\nclient_concurrency = 0\n", env=ENV).gateway.client_slots() is None
+    text = MINIMAL + '[gateway]\nclient_concurrency = 3\nforwarded_allow_ips = ["10.0.3.0/24"]\n'
+    proxied = parse(text, env=ENV).gateway.client_slots()
+    assert proxied is not None and proxied.per_client == 3
+    assert not proxied.limits("10.0.3.7") and proxied.limits("10.0.4.7")
+    with pytest.raises(ConfigError, match=r"gateway\.client_concurrency: must be >= 0"):
+        parse(MINIMAL + "[gateway]\nclient_concurrency = -1\n", env=ENV)
