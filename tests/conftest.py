@@ -23,6 +23,8 @@ from effectgate.ledger.migrate import migrate
 
 # The handler authors' kit (effectgate_ledger), loaded the way its users load it.
 pytest_plugins = ["effectgate.testing.pytest_plugin"]
+# A user's project with tests of its own (run by tests/e2e/test_wheel.py in a fresh venv), not ours.
+collect_ignore = ["data"]
 
 
 @pytest.fixture

@@ -88,6 +88,8 @@ def test_the_testing_kit_exports_the_documented_names() -> None:
     assert testing.__all__ == [
         "EXAMPLE_SCHEMES",
         "EXAMPLE_TYPES",
+        "PAYMENTS_URL",
+        "SHIPPING_URL",
         "JobRun",
         "MemoryContext",
         "MemoryLedger",
@@ -96,5 +98,6 @@ def test_the_testing_kit_exports_the_documented_names() -> None:
         "example_event",
         "plan",
         "run_handler",
+        "services_over",
     ]
     assert all(hasattr(testing, name) for name in testing.__all__)

@@ -5,7 +5,7 @@ In memory (no database, no worker)::
     from effectgate.testing import context_for, example_event, run_handler
 
     ev = example_event("stripe", "payment_intent.succeeded", source="shop")
-    ctx = context_for(ev, "fulfil_order", services=...)   # effect key as the ingress derives it
+    ctx = context_for(ev, "fulfil_order", services=services_over(httpx.MockTransport(answer)))
     await run_handler(ctx)
     ctx.steps["capture"].idempotency_key                  # what was recorded, with which key
     await run_handler(ctx.rerun())                        # the next attempt replays recorded steps
@@ -22,10 +22,13 @@ from effectgate.gateway.examples import EXAMPLE_TYPES
 from .context import MemoryContext, MemoryLedger
 from .events import EXAMPLE_SCHEMES, context_for, example_event, plan, run_handler
 from .ledger import JobRun, TestLedger
+from .services import PAYMENTS_URL, SHIPPING_URL, services_over
 
 __all__ = [
     "EXAMPLE_SCHEMES",
     "EXAMPLE_TYPES",
+    "PAYMENTS_URL",
+    "SHIPPING_URL",
     "JobRun",
     "MemoryContext",
     "MemoryLedger",
@@ -34,4 +37,5 @@ __all__ = [
     "example_event",
     "plan",
     "run_handler",
+    "services_over",
 ]

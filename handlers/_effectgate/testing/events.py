@@ -11,7 +11,7 @@ keys production derives.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from effectgate.gateway.examples import example
@@ -92,15 +92,30 @@ def plan(event: Event, *, registry: Registry | None = None) -> list[EffectReques
     return plan_event(registry or REGISTRY, event).effects
 
 
+Handler = str | Callable[..., Any]
+"""A registered handler: its name (``module.function`` unless ``@effect(name=…)``) or the function."""
+
+
+def handler_name(handler: Handler, registry: Registry | None = None) -> str:
+    """The registered name of ``handler`` (a name is returned as it is); ``LookupError`` for a function
+    that is not registered."""
+    if isinstance(handler, str):
+        return handler
+    for kind in (registry or REGISTRY).kinds():
+        if kind.fn is handler:
+            return kind.name
+    raise LookupError(f"{getattr(handler, '__qualname__', handler)!r} is not a registered handler")
+
+
 def context_for(
     event: Event,
-    handler: str | None = None,
+    handler: Handler | None = None,
     *,
     registry: Registry | None = None,
     services: Services | None = None,
 ) -> MemoryContext:
-    """A ``MemoryContext`` for the effect ``handler`` (a registered handler's name; may be omitted when
-    exactly one matches) claims for ``event``: its effect key and tenant are the ingress's."""
+    """A ``MemoryContext`` for the effect ``handler`` (a registered handler or its name; may be omitted
+    when exactly one matches) claims for ``event``: its effect key and tenant are the ingress's."""
     effects = plan(event, registry=registry)
     names = [e.handler for e in effects]
     if handler is None:
@@ -111,10 +126,11 @@ def context_for(
             )
         [effect] = effects
     else:
-        matching = [e for e in effects if e.handler == handler]
+        name = handler_name(handler, registry)
+        matching = [e for e in effects if e.handler == name]
         if not matching:
             raise LookupError(
-                f"handler {handler!r} does not claim event {event.type!r} from {event.source!r} "
+                f"handler {name!r} does not claim event {event.type!r} from {event.source!r} "
                 f"(matching: {', '.join(names) or 'none'})"
             )
         [effect] = matching

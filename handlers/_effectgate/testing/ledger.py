@@ -23,6 +23,8 @@ from effectgate.ledger.claims import ClaimOutcome, Delivery, claim_delivery
 from effectgate.ledger.fingerprints import canonical_json, fingerprint
 from effectgate.ledger.steps import RecordedStep
 
+from .events import Handler, handler_name
+
 
 @dataclass(frozen=True, slots=True)
 class JobRun:
@@ -66,15 +68,17 @@ class TestLedger:
 
     async def run_job(
         self,
-        kind: str | None = None,
+        handler: Handler | None = None,
         *,
         registry: Registry | None = None,
         services: Services | None = None,
     ) -> JobRun:
-        """Lease one due job (of handler ``kind``, or of any registered handler) and run it once through
+        """Lease one due job (of ``handler``, a registered handler or its name, or of any registered
+        handler) and run it once through
         the worker; ``LookupError`` when none is due. A retried job is pending again afterwards with its
         backoff switched off, so calling ``run_job`` again runs its next attempt."""
         reg = registry or self.registry or REGISTRY
+        kind = None if handler is None else handler_name(handler, reg)
         ttls = {k.name: k.lease_ttl for k in reg.kinds() if kind is None or k.name == kind}
         if not ttls:
             raise LookupError(f"no handler named {kind!r} is registered")
