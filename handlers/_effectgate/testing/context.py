@@ -49,7 +49,11 @@ class MemoryLedger:
     def lose_answer(self, name: str) -> None:
         """Simulate a crash between step ``name``'s downstream call and its record: the next run calls
         again with the same key, or, for a step with ``find=``, looks with ``find`` first."""
-        recorded = self.steps.pop(name)
+        recorded = self.steps.pop(name, None)
+        if recorded is None:
+            raise KeyError(
+                f"step {name!r} has recorded nothing to lose (recorded: {', '.join(self.steps) or 'none'})"
+            )
         if name in self.found_with_find:
             self.steps[name] = _recorded(recorded.name, recorded.idempotency_key, StepStatus.STARTED)
 
@@ -61,7 +65,7 @@ class MemoryContext(EffectContext):
     ``effect_key`` and ``tenant`` default to what the real ingress would decide for it when built with
     ``context_for``. ``services`` holds the downstream clients (``ctx.payments``, ``ctx.shipping``,
     ``ctx.downstream(name)``): build them over an ``httpx.AsyncClient`` with a mock transport or a respx
-    router (``downstream_services``). ``calls`` lists, for this run only, the steps whose ``fn`` was
+    router (``services_over``). ``calls`` lists, for this run only, the steps whose ``fn`` was
     called (not replayed), and ``finds`` those whose ``find`` was.
     """
 
