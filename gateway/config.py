@@ -67,6 +67,8 @@ DEFAULT_THROTTLE_WINDOW = 300.0
 # How long a process starting while Postgres is unreachable keeps trying before it exits 1: long enough
 # for a database container started alongside it to come up, short enough that a wrong host is noticed.
 DEFAULT_STARTUP_WAIT = 30.0
+# Seconds `serve`/`worker --no-migrate` wait for the schema this version expects before refusing to start.
+DEFAULT_MIGRATION_WAIT = 60.0
 
 
 class SecretsNotLoaded:
@@ -205,6 +207,9 @@ class DatabaseConfig:
 
     # Seconds a starting process retries an unreachable Postgres before it gives up (0: try once).
     startup_wait: float = DEFAULT_STARTUP_WAIT
+    # Seconds `serve`/`worker --no-migrate` wait for another process (a migrate job, a deploy pipeline) to
+    # apply the migrations this version ships, before refusing to start (0: check once).
+    migration_wait: float = DEFAULT_MIGRATION_WAIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -720,7 +725,10 @@ def parse(
     gw.no_unknown_keys()
 
     dbt = root.table_of("database")
-    database = DatabaseConfig(startup_wait=dbt.number("startup_wait", DEFAULT_STARTUP_WAIT, minimum=0))
+    database = DatabaseConfig(
+        startup_wait=dbt.number("startup_wait", DEFAULT_STARTUP_WAIT, minimum=0),
+        migration_wait=dbt.number("migration_wait", DEFAULT_MIGRATION_WAIT, minimum=0),
+    )
     dbt.no_unknown_keys()
 
     reconciler = _maintenance(root)

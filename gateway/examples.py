@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlencode
 
-from .demo import payment_succeeded_event
+from .demo import payment_intent_event
 from .signatures.base import FORM_CONTENT_TYPE, JSON_CONTENT_TYPE
 
 # A fixed origin for timestamps inside example bodies: derived from the event id, never the clock.
@@ -76,8 +76,8 @@ def _json(document: Any) -> bytes:
 
 def _stripe(event_type: str, event_id: str) -> Example:
     order = _order_id(event_id)
-    if event_type == "payment_intent.succeeded":
-        event = payment_succeeded_event(order, event_id=event_id)
+    if event_type in ("payment_intent.succeeded", "payment_intent.amount_capturable_updated"):
+        event = payment_intent_event(order, event_type, event_id=event_id)
     else:
         charge = f"ch_{_digest(event_id, 'charge')[:24]}"
         obj: dict[str, Any] = {
@@ -305,7 +305,12 @@ _BUILDERS: Mapping[str, tuple[_Builder, Callable[[], str]]] = MappingProxyType(
 
 EXAMPLE_TYPES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
-        "stripe": ("payment_intent.succeeded", "charge.succeeded", "charge.refunded"),
+        "stripe": (
+            "payment_intent.succeeded",
+            "payment_intent.amount_capturable_updated",
+            "charge.succeeded",
+            "charge.refunded",
+        ),
         "github": ("push", "issues.opened", "pull_request.opened"),
         "standard-webhooks": ("invoice.paid", "user.created"),
         "shopify": ("orders/create", "orders/paid"),

@@ -35,6 +35,7 @@ from effectgate.ledger.errors import (
     LedgerUnavailable,
 )
 from effectgate.ledger.fingerprints import canonical_json
+from effectgate.ledger.migrate import unapplied
 from effectgate.ledger.storable import jsonb_problem
 
 from .bodies import BodyTooLarge, read_body
@@ -204,6 +205,20 @@ async def _receive(request: Request) -> Response:
         return error(503, "ledger_unavailable", "the ledger database is unavailable; nothing was claimed")
     except LedgerError as exc:
         # Rolled back: nothing was acknowledged, so the provider's retry is safe.
+        pending = await _pending_migrations(pool, exc)
+        if pending:
+            # A schema behind this version (`serve --no-migrate` past a deploy that did not migrate): a
+            # 503 the provider retries until someone migrates, and a code saying what to do, not a 500.
+            metrics.delivery(name, "migrations_pending")
+            log.error(
+                "delivery.migrations_pending",
+                extra={"source": name, "request_id": request_id, "pending": pending},
+            )
+            return error(
+                503,
+                "migrations_pending",
+                "the ledger's schema is behind this gateway (migrations pending); nothing was claimed",
+            )
         log.error(
             "delivery.ledger_error",
             extra={
@@ -307,6 +322,22 @@ def _retry_later(code: str, detail: str) -> JSONResponse:
     response = error(503, code, detail)
     response.headers["Retry-After"] = RETRY_AFTER
     return response
+
+
+# What a statement meets on a schema older than the code: a table, column, function, type or schema missing.
+_SCHEMA_MISSING_STATES = frozenset({"42P01", "42703", "42883", "42704", "3F000"})
+
+
+async def _pending_migrations(pool: db.Pool, exc: LedgerError) -> list[str]:
+    """The migrations the ledger lacks when ``exc`` is a statement meeting a missing schema object, else
+    none. Asked of the database only on that error, so a dropped table in a migrated ledger stays a 500."""
+    if _sqlstate(exc) not in _SCHEMA_MISSING_STATES:
+        return []
+    try:
+        async with db.connection(pool) as conn:
+            return await unapplied(conn)
+    except LedgerError:
+        return []
 
 
 def _sqlstate(exc: BaseException) -> str | None:

@@ -11,7 +11,8 @@
     effectgate jobs show JOB_ID
     effectgate jobs redrive JOB_ID [--force]
     effectgate jobs cancel JOB_ID  [--reason TEXT]
-    effectgate jobs redrive|cancel --state S --kind K --source S --since 24h [--limit N] [--dry-run]
+    effectgate jobs resolve JOB_ID --reason TEXT [--by NAME]   close a failed or parked job by hand
+    effectgate jobs redrive|cancel|resolve --state S --kind K --source S --since 24h [--limit N] [--dry-run]
     effectgate jobs pause --kind K [--reason TEXT] | resume --kind K | paused
 
 A report's flags, their help and its table come from its spec (``ReportSpec``), read the way the HTTP
@@ -26,10 +27,12 @@ Exit codes scripts can rely on:
     2  usage mistake: a bad flag or filter (the message names it and its code, e.g. invalid_since)
     3  not found (no such effect key or job)
     4  refused: the job action was not carried out; the refusal code is printed (not_redrivable,
-       unrecoverable_requires_force, lock_key_held, payload_purged, not_cancellable, not_paused); a bulk
+       unrecoverable_requires_force, lock_key_held, payload_purged, not_cancellable, not_resolvable,
+       already_resolved, not_paused); a bulk
        action some of whose jobs were refused (some_refused; the summary counts them by code)
 
-These commands read and act on the ledger directly (``DATABASE_URL``, or the embedded Postgres); they
+These commands read and act on the ledger directly (``--database-url``, ``EFFECTGATE_DATABASE_URL`` or
+``DATABASE_URL``; the embedded Postgres only with ``--embedded``); they
 need no configuration file and no running gateway. The event loop is gateway/cli.py's: it passes in the
 runner that connects and runs each command.
 """
@@ -51,7 +54,7 @@ from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers import control, replay
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import bulk as ledger_bulk
-from effectgate.ledger import db, reports, retention
+from effectgate.ledger import db, reports, resolutions, retention
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS, REPORTS, ReportSpec
 from effectgate.ledger.vocabulary import JobState, RefusalCode
@@ -361,8 +364,16 @@ def _timeline(document: dict[str, Any]) -> list[dict[str, Any]]:
         events.append(
             {
                 "at": job["finished_at"],
-                "what": f"job {job['state']}",
+                "what": f"job {job['resolved_from'] or job['state']}",
                 "detail": f"{job['terminal_reason'] or ''} (by {job['terminal_by'] or '?'})",
+            }
+        )
+    if job and job["resolved_at"]:
+        events.append(
+            {
+                "at": job["resolved_at"],
+                "what": "job resolved by hand",
+                "detail": f"{job['resolved_reason']} (by {job['resolved_by']})",
             }
         )
     return sorted(events, key=lambda e: e["at"])
@@ -406,6 +417,12 @@ async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None
             f"{', by ' + job['terminal_by'] if job['terminal_by'] else ''})",
             file=out,
         )
+        if job["resolved_at"]:
+            print(
+                f"resolved by hand from {job['resolved_from']} by {job['resolved_by']} at {job['resolved_at']}"
+                f" — {job['resolved_reason']}",
+                file=out,
+            )
     print("\nsteps (what was sent downstream, under which idempotency key, and the answer):", file=out)
     rows = [
         {**s, "answer": s["result"] if s["status"] == "succeeded" else s["error"]} for s in document["steps"]
@@ -439,7 +456,8 @@ async def cmd_jobs_list(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
             **j,
             "tries": f"{j['attempt']}/{j['max_attempts']}",
             "age": _age(j["created_at"], now),
-            "note": j["terminal_reason"]
+            "note": _resolution_note(j)
+            or j["terminal_reason"]
             or ("cancel requested" if j["cancel_requested"] else j["lease_owner"]),
         }
         for j in document["items"]
@@ -459,6 +477,12 @@ async def cmd_jobs_list(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
         ],
     )
     _more(out, document)
+
+
+def _resolution_note(job: dict[str, Any]) -> str | None:
+    if not job.get("resolved_at"):
+        return None
+    return f"resolved by {job['resolved_by']}: {job['resolved_reason']}"
 
 
 async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
@@ -576,8 +600,8 @@ async def _bulk(conn: db.Conn, args: argparse.Namespace, out: TextIO, action: bu
         REGISTRY,
         action,
         where,
-        by=_operator(),
-        reason=getattr(args, "reason", "cancelled by operator"),
+        by=_resolver(args) if action == "resolve" else _operator(),
+        reason=getattr(args, "reason", None) or "cancelled by operator",
         force=getattr(args, "force", False),
         dry_run=args.dry_run,
         progress=_Bar("dry run" if args.dry_run else action),
@@ -589,7 +613,11 @@ async def _bulk(conn: db.Conn, args: argparse.Namespace, out: TextIO, action: bu
         if not refused:  # else printed once, with the error, by _run
             _json(out, document)
     else:
-        verb = {"redrive": "redriven", "cancel": "cancelled or cancel requested"}[action]
+        verb = {
+            "redrive": "redriven",
+            "cancel": "cancelled or cancel requested",
+            "resolve": "resolved by hand",
+        }[action]
         would = "would be " if args.dry_run else ""
         print(f"{'dry run: ' if args.dry_run else ''}{len(result.matched)} jobs matched", file=out)
         print(f"  {would}{verb}: {len(result.done)}", file=out)
@@ -666,6 +694,34 @@ async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
         print(f"job {job_id}: cancelled", file=out)
     else:
         print(f"job {job_id}: cancel requested; it ends cancelled at its worker's next heartbeat", file=out)
+
+
+def _resolver(args: argparse.Namespace) -> str:
+    """Who resolves: ``--by NAME`` as ``cli:NAME``, else the OS user (``cli:alice``)."""
+    if args.by is None:
+        return _operator()
+    return f"cli:{parse_name(args.by, 'by')}"
+
+
+async def cmd_jobs_resolve(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
+    resolutions.check_reason(args.reason)  # before anything is matched or imported
+    if args.job_id is None:
+        await _bulk(conn, args, out, "resolve")
+        return
+    _no_filters(args)
+    job_id = parse_id(args.job_id, "job_id")
+    _import_handlers(args)
+    outcome = await control.resolve(conn, REGISTRY, job_id, by=_resolver(args), reason=args.reason)
+    if isinstance(outcome, ledger_jobs.Refused):
+        raise _refusal(outcome)
+    if args.format == "json":
+        _json(out, documents.resolution(outcome))
+        return
+    print(
+        f"job {job_id}: {'already ' if outcome.already else ''}resolved by hand (was {outcome.resolved_from}) "
+        f"by {outcome.resolved_by} at {outcome.resolved_at.isoformat()}: {outcome.resolved_reason}",
+        file=out,
+    )
 
 
 def _retention_config(args: argparse.Namespace) -> tuple[str | None, retention.RetentionConfig]:
@@ -867,7 +923,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
     _output(ret)
     ret.set_defaults(func=lambda args: run_retention(args, run_on_ledger))
 
-    jobs = sub.add_parser("jobs", help="list, show, redrive and cancel jobs", epilog=_EPILOG)
+    jobs = sub.add_parser("jobs", help="list, show, redrive, cancel and resolve jobs", epilog=_EPILOG)
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
 
     listing = jobs_sub.add_parser("list", help="jobs by state, kind, source and age", epilog=_EPILOG)
@@ -904,6 +960,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
     _bulk_filters(cancel)
     _output(cancel)
     cancel.set_defaults(func=_run(cmd_jobs_cancel, run_on_ledger))
+
+    resolve = jobs_sub.add_parser(
+        "resolve",
+        help="close a failed or parked job without running it (or every job a filter matches)",
+        epilog=_EPILOG,
+    )
+    resolve.add_argument("job_id", metavar="JOB_ID", nargs="?", help="one job; or give filters instead")
+    resolve.add_argument("--reason", required=True, help="why it needs nothing more (required; recorded)")
+    resolve.add_argument("--by", help="who resolves it, recorded as cli:NAME (default: the OS user)")
+    resolve.add_argument(
+        "--handlers",
+        action="append",
+        metavar="MODULE",
+        help="import this handler module so its kind's on_transition mirrors the resolution (repeatable)",
+    )
+    _bulk_filters(resolve)
+    _output(resolve)
+    resolve.set_defaults(func=_run(cmd_jobs_resolve, run_on_ledger))
 
     pause = jobs_sub.add_parser(
         "pause", help="stop leasing one kind's jobs (they wait pending)", epilog=_EPILOG

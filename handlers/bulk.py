@@ -1,7 +1,7 @@
-"""Bulk redrive and cancel: every job a filter matches, one at a time through the single-job actions.
+"""Bulk redrive, cancel and resolve: every job a filter matches, one at a time through the single-job actions.
 
-Each job goes through the same fenced statement as ``jobs redrive`` / ``jobs cancel`` (a cancel also runs its
-kind's ``on_transition``), so a bulk action refuses exactly what the single action would, and the summary
+Each job goes through the same fenced statement as ``jobs redrive`` / ``jobs cancel`` / ``jobs resolve`` (a
+cancel or a resolution also runs its kind's ``on_transition``), so a bulk action refuses exactly what the single action would, and the summary
 counts the refusals by code. A dry run does all of it inside one transaction that is rolled back: what it
 reports is what the real run would do at that moment (wake-ups are sent at commit, so none leave).
 """
@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from effectgate.ledger import bulk, db, jobs
+from effectgate.ledger import bulk, db, jobs, resolutions
 
 from . import control
 from .registry import Registry
 
-Action = Literal["redrive", "cancel"]
+Action = Literal["redrive", "cancel", "resolve"]
 Progress = Callable[[int, int], None]
 
 
@@ -49,19 +49,22 @@ async def run(
     where: bulk.JobFilter,
     *,
     by: str,
-    reason: str = "cancelled by operator",
+    reason: str | None = None,
     force: bool = False,
     dry_run: bool = False,
     progress: Progress | None = None,
 ) -> BulkResult:
-    """Apply ``action`` to every job ``where`` matches; ``progress(done, total)`` after each job."""
+    """Apply ``action`` to every job ``where`` matches; ``progress(done, total)`` after each job.
+
+    ``resolve`` needs a reason of its own (``InvalidParameter`` before anything is matched otherwise)."""
+    why = resolutions.check_reason(reason) if action == "resolve" else reason or "cancelled by operator"
     result = BulkResult(action, dry_run)
     result.matched = await bulk.match(conn, where)
     if dry_run:
         async with conn.transaction(force_rollback=True):
-            await _apply(conn, registry, action, result, by=by, reason=reason, force=force, progress=progress)
+            await _apply(conn, registry, action, result, by=by, reason=why, force=force, progress=progress)
     else:
-        await _apply(conn, registry, action, result, by=by, reason=reason, force=force, progress=progress)
+        await _apply(conn, registry, action, result, by=by, reason=why, force=force, progress=progress)
     return result
 
 
@@ -81,6 +84,9 @@ async def _apply(
         refusal: jobs.Refused | None
         if action == "redrive":
             refusal = await jobs.redrive(conn, job_id, force=force)
+        elif action == "resolve":
+            resolved = await control.resolve(conn, registry, job_id, by=by, reason=reason)
+            refusal = resolved if isinstance(resolved, jobs.Refused) else None
         else:
             outcome = await control.cancel(conn, registry, job_id, by=by, reason=reason)
             refusal = outcome if isinstance(outcome, jobs.Refused) else None

@@ -1,11 +1,12 @@
 """Operator actions that end a job outside a worker, with the kind's ``on_transition`` in the same
-transaction — so a user's own row mirrors a cancel exactly as it mirrors a worker's terminal state."""
+transaction — so a user's own row mirrors a cancel or a resolution by hand exactly as it mirrors a
+worker's terminal state."""
 
 from __future__ import annotations
 
 import logging
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db, jobs, resolutions
 from effectgate.ledger.vocabulary import JobState
 
 from .event import Transition
@@ -40,11 +41,37 @@ async def cancel(
         return await jobs.cancel(conn, job_id, by=by, reason=reason)
 
 
+async def resolve(
+    conn: db.Conn, registry: Registry, job_id: int, *, by: str, reason: str
+) -> resolutions.Resolved | jobs.Refused:
+    """Resolve a failed or parked job by hand (``ledger.resolutions.resolve``); its kind's
+    ``on_transition`` sees state ``resolved`` with the operator's reason, in the same transaction.
+
+    As for a cancel, a hook that raises is logged and the resolution is made without it. A repeated
+    resolution (``already``) changes nothing and runs no hook.
+    """
+    try:
+        async with conn.transaction():
+            outcome = await resolutions.resolve(conn, job_id, by=by, reason=reason)
+            if isinstance(outcome, resolutions.Resolved) and not outcome.already:
+                await _mirror(conn, registry, job_id, JobState.RESOLVED, outcome.resolved_reason)
+        return outcome
+    except _HookFailed as exc:
+        log.error("control.on_transition_failed", extra={"job_id": job_id, "error": str(exc.__cause__)})
+        return await resolutions.resolve(conn, job_id, by=by, reason=reason)
+
+
 class _HookFailed(Exception):
     pass
 
 
-async def _mirror(conn: db.Conn, registry: Registry, job_id: int) -> None:
+async def _mirror(
+    conn: db.Conn,
+    registry: Registry,
+    job_id: int,
+    state: JobState = JobState.CANCELLED,
+    reason: str | None = None,
+) -> None:
     job = await jobs.get(conn, job_id)
     if job is None:
         return
@@ -53,7 +80,7 @@ async def _mirror(conn: db.Conn, registry: Registry, job_id: int) -> None:
         return
     try:
         await kind.on_transition(
-            conn, Transition(job_id, job["effect_key"], JobState.CANCELLED, job["terminal_reason"])
+            conn, Transition(job_id, job["effect_key"], state, reason or job["terminal_reason"])
         )
     except Exception as exc:
         raise _HookFailed from exc

@@ -42,6 +42,7 @@ __all__ = [
     "DownstreamConfig",
     "classify_response",
     "clients",
+    "retry_after_seconds",
     "send_idempotent",
 ]
 
@@ -352,7 +353,14 @@ def _provider_error(response: httpx.Response) -> tuple[str | None, str | None]:
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
+    return retry_after_seconds(response.headers.get("Retry-After"))
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds to wait from a `Retry-After` value (delta-seconds or an HTTP date), or None if unusable.
+
+    Shared with the SDK adapters in `handlers.providers`, whose errors carry the header but no response.
+    """
     if value is None:
         return None
     value = value.strip()

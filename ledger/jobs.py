@@ -460,6 +460,11 @@ class JobRow(TypedDict):
     finished_at: datetime | None
     lock_key: str | None
     payload_purged: bool
+    # Set when an operator resolved the job by hand (ledger/resolutions.py): the state it closed, when, who, why.
+    resolved_from: str | None
+    resolved_at: datetime | None
+    resolved_by: str | None
+    resolved_reason: str | None
     lock_key_held_by: int | None
     effect_key: str
     source: str

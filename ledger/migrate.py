@@ -3,6 +3,10 @@
 Runs under an advisory lock, so gateways and workers starting together apply each migration once.
 Each file is applied in its own transaction together with its record (name and SHA-256 checksum);
 a file that changed after it was applied is refused, since the database no longer matches it.
+
+For a team whose own migration tool owns the schema: ``status`` says what is applied and what is
+pending (read-only), and ``script`` prints the pending files as one SQL script that records itself the
+way ``migrate`` does, so applying it by hand leaves the database exactly as ``migrate`` would.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 
@@ -118,3 +123,100 @@ async def migrate(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[s
         return applied
     finally:
         await conn.execute(Q["migrations_unlock"], {"lock_id": MIGRATION_LOCK_ID})
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationState:
+    """One migration as this database sees it: ``applied_at`` None means pending; ``changed`` means it
+    was applied from a file whose checksum differs from the one shipped now; ``known`` False means the
+    database applied it but this version does not ship it (a newer release migrated the database)."""
+
+    name: str
+    applied_at: datetime | None
+    changed: bool = False
+    known: bool = True
+
+    @property
+    def pending(self) -> bool:
+        """Shipped with this version and not applied to this database."""
+        return self.applied_at is None
+
+
+async def status(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[MigrationState]:
+    """Every migration this version ships and every one the database applied, in name order; read-only
+    (it creates no migration table), so a runtime role without DDL rights can ask."""
+    row = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
+    applied = {}
+    if row is not None and row["present"]:
+        applied = {r["name"]: r for r in await (await conn.execute(Q["migrations_applied_at"])).fetchall()}
+    states = []
+    shipped = discover(directory)
+    for m in shipped:
+        record = applied.get(m.name)
+        if record is None:
+            states.append(MigrationState(m.name, None))
+        else:
+            states.append(
+                MigrationState(m.name, record["applied_at"], changed=record["checksum"] != m.checksum)
+            )
+    names = {m.name for m in shipped}
+    states.extend(
+        MigrationState(name, record["applied_at"], known=False)
+        for name, record in applied.items()
+        if name not in names
+    )
+    return sorted(states, key=lambda s: s.name)
+
+
+async def script(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> tuple[list[str], str]:
+    """The names of the migrations this database lacks, and them as one SQL script; ([], "") when up to
+    date.
+
+    Each file runs in its own transaction with its record in the migration table and under the lock
+    ``migrate`` takes, exactly as ``migrate`` applies it, so ``migrate --check`` finds the database up to
+    date after the script ran. A guard before each file refuses it if it is applied already or if the
+    file before it is not (a failed transaction in a client that runs on after errors).
+    Raises ``MigrationError`` as ``pending`` does (an applied file changed, or a file numbered too low).
+    """
+    todo = await _pending_read_only(conn, directory)
+    if not todo:
+        return [], ""
+    applied = [s.name for s in await status(conn, directory) if not s.pending]
+    previous: str | None = max(applied, default=None)
+    cursor = psycopg.AsyncClientCursor(conn)
+    parts = []
+    for index, migration in enumerate(todo):
+        parts.append(f"-- {migration.name} (sha256 {migration.checksum})")
+        parts.append(cursor.mogrify(Q["migration_script_begin"], {"lock_id": MIGRATION_LOCK_ID}) + ";")
+        if index == 0:
+            parts.append(Q["migrations_table_ensure"] + ";")
+        guard = {"name": migration.name, "previous": previous}
+        parts.append(cursor.mogrify(Q["migration_script_guard"], guard) + ";")
+        text = migration.sql.rstrip()
+        # A file whose last statement has no semicolon, or ends in a comment, must not swallow the record.
+        parts.append(text if text.endswith(";") else text + "\n;")
+        record = {"name": migration.name, "checksum": migration.checksum}
+        parts.append(cursor.mogrify(Q["migration_record"], record) + ";")
+        parts.append(Q["migration_script_commit"] + ";\n")
+        previous = migration.name
+    return [m.name for m in todo], "\n".join(parts)
+
+
+async def _pending_read_only(conn: Conn, directory: Traversable) -> list[Migration]:
+    # pending()'s checks without its CREATE TABLE: printing a script must not write to the database.
+    states = await status(conn, directory)
+    changed = [s.name for s in states if s.changed]
+    if changed:
+        raise MigrationError(
+            f"migration {changed[0]} was changed after it was applied; migrations are forward-only: "
+            "add a new file instead"
+        )
+    last_applied = max((s.name for s in states if not s.pending), default="")
+    early = [s.name for s in states if s.pending and s.name < last_applied]
+    if early:
+        raise MigrationError(
+            f"migration {early[0]} is numbered before {last_applied}, which is already applied; "
+            "renumber it after the last applied migration"
+        )
+    by_name = {m.name: m for m in discover(directory)}
+    return [by_name[s.name] for s in states if s.pending]

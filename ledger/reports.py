@@ -131,6 +131,9 @@ FIELDS: dict[str, Column] = {
         Column("created_at", T.TIME, "created"),
         Column("updated_at", T.TIME, "updated"),
         Column("finished_at", T.TIME, "finished", nullable=True),
+        Column("resolved_at", T.TIME, "resolved", nullable=True),
+        Column("resolved_by", T.TEXT, "resolved by", nullable=True),
+        Column("resolved_reason", T.TEXT, "resolution", nullable=True),
         Column("accepted", T.INTEGER, "accepted"),
         Column("duplicates", T.INTEGER, "duplicates"),
         Column("rejected", T.INTEGER, "rejected"),
@@ -251,9 +254,11 @@ JOBS = ReportSpec(
     columns=_columns(
         "id tenant kind state effect_key source event_type attempt max_attempts run_at lease_token "
         "lease_owner lease_expires_at cancel_requested unrecoverable terminal_reason terminal_by "
-        "created_at updated_at finished_at"
+        "created_at updated_at finished_at resolved_at resolved_by resolved_reason"
     ),
-    table=_names("id state kind source effect_key attempt created_at terminal_reason"),
+    table=_names(
+        "id state kind source effect_key attempt created_at terminal_reason resolved_by resolved_reason"
+    ),
 )
 
 DELIVERY_OUTCOMES = ReportSpec(

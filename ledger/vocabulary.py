@@ -20,11 +20,14 @@ class JobState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     PARKED = "parked"
+    RESOLVED = "resolved"  # a failed or parked job an operator closed by hand (migrations/0016)
 
 
-#: Reached once, left only by a redrive (failed, parked).
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PARKED})
-#: The states an operator may redrive from.
+#: Reached once, left only by a redrive (failed, parked) or a resolution by hand (failed, parked → resolved).
+TERMINAL_STATES = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PARKED, JobState.RESOLVED}
+)
+#: The states an operator may redrive from; the same states wait for a human and may be resolved by hand.
 REDRIVABLE_STATES = frozenset({JobState.FAILED, JobState.PARKED})
 
 
@@ -58,3 +61,5 @@ class RefusalCode(StrEnum):
     UNRECOVERABLE_REQUIRES_FORCE = "unrecoverable_requires_force"
     LOCK_KEY_HELD = "lock_key_held"
     PAYLOAD_PURGED = "payload_purged"  # retention purged what the job would run on
+    NOT_RESOLVABLE = "not_resolvable"  # only failed and parked jobs can be resolved by hand
+    ALREADY_RESOLVED = "already_resolved"  # resolved before, by someone else or for another reason

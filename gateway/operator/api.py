@@ -6,8 +6,10 @@
     GET  /api/jobs/{id}                                                                         view
     POST /api/jobs/{id}/redrive       ?force                                                    operate
     POST /api/jobs/{id}/cancel        ?reason                                                   operate
+    POST /api/jobs/{id}/resolve       ?reason (required)                                        operate
     POST /api/jobs/redrive            ?state&kind&source&since&limit&dry_run&force             operate
     POST /api/jobs/cancel             ?state&kind&source&since&limit&dry_run&reason            operate
+    POST /api/jobs/resolve            ?state&kind&source&since&limit&dry_run&reason (required) operate
     GET  /api/kinds/paused                                                                      view
     POST /api/kinds/{kind}/pause      ?reason                                                   operate
     POST /api/kinds/{kind}/resume                                                               operate
@@ -41,7 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers import control
 from effectgate.ledger import bulk as ledger_bulk
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, reports, resolutions
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 from effectgate.ledger.reports import REPORTS, ReportSpec
@@ -231,18 +233,42 @@ async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Que
     return json_response({"job_id": job_id, "state": outcome, "cancel_requested": True})
 
 
+@endpoint("operate", ("reason",))
+async def resolve(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Close a failed or parked job without running it: resolved by hand, with who, why and when."""
+    job_id = parse_id(request.path_params["job_id"], "job_id")
+    outcome = await control.resolve(
+        conn, request.app.state.registry, job_id, by=f"operator:{who.name}", reason=query.get("reason", "")
+    )
+    refused = outcome if isinstance(outcome, ledger_jobs.Refused) else None
+    log.info(
+        "operator.resolve",
+        extra={"operator": who.name, "job_id": job_id, "refused": refused.code if refused else None},
+    )
+    if refused is not None:
+        return _refused(refused)
+    assert isinstance(outcome, resolutions.Resolved)
+    return json_response(documents.resolution(outcome))
+
+
 _BULK = (*JOB_FILTER_PARAMETERS, "dry_run")
 
 
-async def _bulk(request: Request, who: OperatorToken, conn: db.Conn, query: Query, action: str) -> Response:
+async def _bulk(
+    request: Request, who: OperatorToken, conn: db.Conn, query: Query, action: bulk_actions.Action
+) -> Response:
     where = parse_job_filter(query, now=datetime.now(UTC))
-    reason = query.get("reason") or f"cancelled by operator {who.name}"
+    if action == "resolve":
+        # Required, never defaulted: a resolution says why a human closed the job.
+        reason = resolutions.check_reason(query.get("reason"))
+    else:
+        reason = query.get("reason") or f"cancelled by operator {who.name}"
     if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
         raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     result = await bulk_actions.run(
         conn,
         request.app.state.registry,
-        "redrive" if action == "redrive" else "cancel",
+        action,
         where,
         by=f"operator:{who.name}",
         reason=reason,
@@ -263,6 +289,13 @@ async def bulk_redrive(request: Request, conn: db.Conn, who: OperatorToken, quer
 async def bulk_cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Cancel every job a filter matches; refusals counted by code (``dry_run=true`` changes nothing)."""
     return await _bulk(request, who, conn, query, "cancel")
+
+
+@endpoint("operate", (*_BULK, "reason"))
+async def bulk_resolve(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
+    """Resolve by hand every failed or parked job a filter matches (``reason`` required); refusals counted by
+    code (``dry_run=true`` changes nothing)."""
+    return await _bulk(request, who, conn, query, "resolve")
 
 
 @endpoint("view")
@@ -336,10 +369,12 @@ def routes() -> list[BaseRoute]:
         Route("/effects/{key:path}", effect, methods=["GET"]),
         Route("/jobs/redrive", bulk_redrive, methods=["POST"]),
         Route("/jobs/cancel", bulk_cancel, methods=["POST"]),
+        Route("/jobs/resolve", bulk_resolve, methods=["POST"]),
         Route("/kinds/paused", kinds_paused, methods=["GET"]),
         Route("/kinds/{kind}/pause", kind_pause, methods=["POST"]),
         Route("/kinds/{kind}/resume", kind_resume, methods=["POST"]),
         Route("/jobs/{job_id}", job_show, methods=["GET"]),
         Route("/jobs/{job_id}/redrive", redrive, methods=["POST"]),
         Route("/jobs/{job_id}/cancel", cancel, methods=["POST"]),
+        Route("/jobs/{job_id}/resolve", resolve, methods=["POST"]),
     ]

@@ -3,7 +3,7 @@
 Pages: an overview for the on-call engineer (failed and parked jobs and the oldest due job up front;
 duplicate and reject rates per source; duplicates, key conflicts and authentication failures over
 time; the latest of each), a page for every report (its filter form, rows and summary come from its
-spec), the rejects, effect lineage, and jobs with redrive and cancel buttons for ``operate`` tokens, and
+spec), the rejects, effect lineage, and jobs with redrive, cancel and resolve-by-hand buttons for ``operate`` tokens, and
 a bulk form (``/ui/jobs/bulk``: redrive or cancel every job a filter matches, dry run first).
 Every page reads ``ledger.reports``, the code path of the API and the CLI.
 
@@ -13,7 +13,7 @@ Content-Security-Policy allows no script and no inline style; the one stylesheet
 
 A browser cannot send a bearer header by itself, so ``/ui/login`` takes the operator token once and
 keeps it in an ``HttpOnly``, ``SameSite=Strict`` cookie scoped to ``/ui``; each request checks it like
-the API checks its header. Forms that act (redrive, cancel) also carry a token derived from the
+the API checks its header. Forms that act (redrive, cancel, resolve) also carry a token derived from the
 operator's token hash, which a page of another site can neither read nor compute.
 """
 
@@ -37,7 +37,7 @@ from starlette.routing import BaseRoute, Route
 
 from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers import control
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, reports, resolutions
 from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 from effectgate.ledger.report_spec import Column, ColumnType, FilterType, ReportSpec
@@ -537,7 +537,15 @@ async def overview(
         "Overview",
         operator,
         refresh=refresh,
-        cards=_cards(await reports.job_gauges(conn)),
+        cards=[
+            *_cards(await reports.job_gauges(conn)),
+            {
+                "value": await resolutions.count_between(conn, since=since, until=until),
+                "what": "resolved by hand in the window",
+                "tone": "",
+                "href": "/ui/jobs?state=resolved",
+            },
+        ],
         **_toolbar("/ui/", query),
         fields=form_fields(DUPLICATES, ["source", "since", "until"]),
         since=since,
@@ -569,7 +577,7 @@ class Section:
 def report_page(spec: ReportSpec) -> Callable[[Request], Awaitable[Response]]:
     """The page of any report: its filter form, one page of rows and its summary, all from its spec."""
     path = "/ui/" + reporting.slug(spec)
-    # Jobs carry their redrive and cancel buttons (shown to operate tokens only).
+    # Jobs carry their redrive, cancel and resolve buttons (shown to operate tokens only).
     actions = [Cell("", "id", "actions")] if spec is JOBS else []
 
     async def page(
@@ -653,6 +661,7 @@ _NOTICES = {
     "redriven": "Redriven: the job is pending again.",
     "cancelled": "Cancelled.",
     "cancel_requested": "Cancel requested: the job stops at its worker's next heartbeat.",
+    "resolved": "Resolved by hand: the job is closed and will not run.",
 }
 ATTEMPT_CELLS = [
     Cell("#", "attempt", "num"),
@@ -764,6 +773,16 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
                 if kind == "redrive":
                     refusal = await ledger_jobs.redrive(conn, job_id, force=form.get("force") == "true")
                     outcome = "redriven"
+                elif kind == "resolve":
+                    resolved = await control.resolve(
+                        conn,
+                        request.app.state.registry,
+                        job_id,
+                        by=f"operator:{operator.name}",
+                        reason=form.get("reason", ""),
+                    )
+                    refusal = resolved if isinstance(resolved, ledger_jobs.Refused) else None
+                    outcome = "resolved"
                 else:
                     result = await control.cancel(
                         conn, request.app.state.registry, job_id, by=f"operator:{operator.name}"
@@ -771,7 +790,7 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
                     refusal = result if isinstance(result, ledger_jobs.Refused) else None
                     outcome = "cancelled" if result == JobState.CANCELLED else "cancel_requested"
         except PARAMETER_ERRORS as exc:
-            return message("Bad request", exc.detail, operator, status=400)
+            return message("Bad request", f"{exc.parameter}: {exc.detail}", operator, status=400)
         except LedgerError:
             return message("Ledger unavailable", "The ledger could not answer.", operator, status=503)
         status = {"refused": refusal.code} if refusal else {"done": outcome}
@@ -782,6 +801,7 @@ def _action(kind: str) -> Callable[[Request], Awaitable[Response]]:
 
 
 _BULK_FIELDS = ("state", "kind", "source", "since")
+_BULK_ACTIONS: tuple[bulk_actions.Action, ...] = ("redrive", "cancel", "resolve")
 
 
 @view()
@@ -789,7 +809,7 @@ async def bulk_form(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
     """The bulk form, filled from the jobs page's filters: a dry run first."""
-    values = {k: v for k, v in query.items() if k in (*_BULK_FIELDS, "action")}
+    values = {k: v for k, v in query.items() if k in (*_BULK_FIELDS, "action", "reason")}
     return render(
         "bulk.html",
         "Bulk action",
@@ -803,7 +823,7 @@ async def bulk_form(
 
 
 async def bulk(request: Request) -> Response:
-    """Redrive or cancel every job a filter matches; a dry run shows what would happen and offers the same
+    """Redrive, cancel or resolve by hand every job a filter matches; a dry run shows what would happen and offers the same
     filter again, unticked, to act. Refusals are counted by code."""
     operator = _operator(request, "view")
     if operator is None:
@@ -814,23 +834,26 @@ async def bulk(request: Request) -> Response:
     action = form.get("action", "")
     dry_run = form.get("dry_run") == "true"
     try:
-        if action not in ("redrive", "cancel"):
-            raise BadParameter("action", "expected redrive or cancel")
+        chosen = next((a for a in _BULK_ACTIONS if a == action), None)
+        if chosen is None:
+            raise BadParameter("action", "expected redrive, cancel or resolve")
         where = parse_job_filter(form, now=datetime.now(UTC))
         async with db.connection(request.app.state.pool) as conn:
             result = await bulk_actions.run(
                 conn,
                 request.app.state.registry,
-                "redrive" if action == "redrive" else "cancel",
+                chosen,
                 where,
                 by=f"operator:{operator.name}",
+                # Only a resolution takes the form's reason, and needs one; a cancel keeps its default.
+                reason=form.get("reason", "") if chosen == "resolve" else None,
                 dry_run=dry_run,
             )
     except PARAMETER_ERRORS as exc:
         return message("Bad request", f"{exc.parameter}: {exc.detail}", operator, status=400)
     except LedgerError:
         return message("Ledger unavailable", "The ledger could not answer.", operator, status=503)
-    values = {k: v for k, v in form.items() if k in (*_BULK_FIELDS, "action")}
+    values = {k: v for k, v in form.items() if k in (*_BULK_FIELDS, "action", "reason")}
     return render(
         "bulk.html",
         f"Bulk {action}",
@@ -858,5 +881,6 @@ def routes() -> list[BaseRoute]:
         Route("/jobs/{job_id}", job_show, methods=["GET"]),
         Route("/jobs/{job_id}/redrive", _action("redrive"), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", _action("cancel"), methods=["POST"]),
+        Route("/jobs/{job_id}/resolve", _action("resolve"), methods=["POST"]),
         Route("/effects/{key:path}", effect, methods=["GET"]),
     ]

@@ -13,7 +13,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from effectgate.ledger import reports
+from effectgate.ledger import reports, resolutions
 
 
 def _fields(spec: reports.ReportSpec) -> tuple[str, ...]:
@@ -25,7 +25,15 @@ DUPLICATE_FIELDS = _fields(reports.DUPLICATES)
 CONFLICT_FIELDS = _fields(reports.KEY_CONFLICTS)
 AUTH_MINUTE_FIELDS = _fields(reports.AUTH_FAILURES)
 JOB_FIELDS = _fields(reports.JOBS)
-JOB_DETAIL_FIELDS = (*JOB_FIELDS, "orphan_policy", "last_error", "checkpoint", "lock_key", "lock_key_held_by")
+JOB_DETAIL_FIELDS = (
+    *JOB_FIELDS,
+    "orphan_policy",
+    "last_error",
+    "checkpoint",
+    "lock_key",
+    "lock_key_held_by",
+    "resolved_from",
+)
 ATTEMPT_FIELDS = (
     "attempt",
     "lease_token",
@@ -125,4 +133,18 @@ def job(view: reports.JobView) -> dict[str, Any]:
         "job": pick(view.job, JOB_DETAIL_FIELDS),
         "attempts": _rows(view.attempts, ATTEMPT_FIELDS),
         "steps": _rows(view.steps, STEP_FIELDS),
+    }
+
+
+def resolution(outcome: resolutions.Resolved) -> dict[str, Any]:
+    """The answer to a resolution by hand: the job, its state, which state it closed, who, why, when, and
+    whether it repeats one made earlier (``already``)."""
+    return {
+        "job_id": outcome.job_id,
+        "state": outcome.state,
+        "resolved_from": outcome.resolved_from,
+        "resolved_at": outcome.resolved_at,
+        "resolved_by": outcome.resolved_by,
+        "resolved_reason": outcome.resolved_reason,
+        "already": outcome.already,
     }

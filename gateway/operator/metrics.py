@@ -243,7 +243,8 @@ def render_job_gauges(gauges: reports.JobGauges | None) -> str:
     if gauges is None:
         return "\n".join(lines) + "\n"
     lines += [
-        "# HELP effectgate_jobs Jobs not yet done (pending, running) or waiting for a human (failed, parked).",
+        "# HELP effectgate_jobs Jobs not yet done (pending, running) or waiting for a human (failed, parked; "
+        "a job resolved by hand waits no more).",
         "# TYPE effectgate_jobs gauge",
     ]
     for row in gauges.by_state_kind:

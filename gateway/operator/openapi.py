@@ -88,6 +88,7 @@ _FIELD_TYPES: dict[str, dict[str, Any]] = {
     "checkpoint": _ANY,
     "lock_key": _nullable(_STRING),
     "lock_key_held_by": _nullable(_INTEGER),
+    "resolved_from": {"type": ["string", "null"], "enum": ["failed", "parked", None]},
     "worker": _STRING,
     "started_at": _TIME,
     "outcome": _nullable(_STRING),
@@ -150,7 +151,7 @@ SCHEMAS: dict[str, Any] = {
     ),
     "BulkAction": _object(
         {
-            "action": {"type": "string", "enum": ["redrive", "cancel"]},
+            "action": {"type": "string", "enum": ["redrive", "cancel", "resolve"]},
             "dry_run": _BOOLEAN,
             "matched": _INTEGER,
             "done": _INTEGER,
@@ -188,6 +189,19 @@ SCHEMAS: dict[str, Any] = {
         optional=("cancel_requested",),
         description="The state a redrive or cancel left the job in (`running` with `cancel_requested` when "
         "the cancel waits for the worker's next heartbeat).",
+    ),
+    "JobResolved": _object(
+        {
+            "job_id": _INTEGER,
+            "state": {"type": "string", "const": "resolved"},
+            "resolved_from": {"type": "string", "enum": ["failed", "parked"]},
+            "resolved_at": _TIME,
+            "resolved_by": _STRING,
+            "resolved_reason": _STRING,
+            "already": _BOOLEAN,
+        },
+        description="A job resolved by hand: who, why, when, and which state it closed. `already` is true when "
+        "the same operator resolved it before for the same reason (nothing changed).",
     ),
 }
 
@@ -323,7 +337,7 @@ DOCUMENT: dict[str, Any] = {
         "version": "1",
         "description": "Duplicate and reject reports, effect lineage and job control over the effect ledger. "
         "Authenticate with `Authorization: Bearer <operator token>`; tokens have the scopes `view` "
-        "(read) and `operate` (redrive, cancel; includes view). Pages are keyset-paginated: pass "
+        "(read) and `operate` (redrive, cancel, resolve; includes view). Pages are keyset-paginated: pass "
         "`next_cursor` back as `cursor` until it is null.",
     },
     "paths": {
@@ -373,6 +387,24 @@ DOCUMENT: dict[str, Any] = {
                 "heartbeat, and it can then never be reported succeeded.",
             )
         },
+        "/api/jobs/{job_id}/resolve": {
+            "post": _operation(
+                "Resolve a failed or parked job by hand",
+                "operate",
+                "JobResolved",
+                [_p("job_id"), _query("reason", "Why (required), for the job's record.")],
+                extra={
+                    **_NOT_FOUND,
+                    "409": _error(
+                        "Refused: `not_resolvable` (pending, running, succeeded or cancelled) or "
+                        "`already_resolved` (by someone else, or for another reason)."
+                    ),
+                },
+                description="Closes the job without running it; it is never redriven afterwards. The same "
+                "operator and reason again answer the resolution that stands (`already`). A missing reason "
+                "is `invalid_reason`.",
+            )
+        },
         "/api/jobs/redrive": {
             "post": _operation(
                 "Redrive every job a filter matches",
@@ -390,6 +422,16 @@ DOCUMENT: dict[str, Any] = {
                 "BulkAction",
                 [*_BULK_FILTERS, _query("reason", "Why, for each job's record.")],
                 description="Each job as `POST /api/jobs/{job_id}/cancel` would; refusals are counted by code. "
+                "At least one filter is required (`filter_required`).",
+            )
+        },
+        "/api/jobs/resolve": {
+            "post": _operation(
+                "Resolve by hand every job a filter matches",
+                "operate",
+                "BulkAction",
+                [*_BULK_FILTERS, _query("reason", "Why (required), for each job's record.")],
+                description="Each job as `POST /api/jobs/{job_id}/resolve` would; refusals are counted by code. "
                 "At least one filter is required (`filter_required`).",
             )
         },

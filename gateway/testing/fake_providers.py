@@ -14,7 +14,12 @@ them to an account):
     same key, first still running    → 409 idempotency_error / idempotency_key_in_use
     parameters that fail validation  → the error, and the key stays unused (Stripe saves no result then)
 
-Control endpoints: `GET /_fake/stats`, `POST /_fake/reset`, `GET|POST /_fake/faults`, and `GET /_fake/requests`:
+Stripe's endpoints: `POST /v1/payment_intents/{id}/capture` (an unknown intent is created `requires_capture`),
+`GET /v1/payment_intents/{id}`, `POST /v1/refunds` and `POST /v1/transfers`, form-encoded, answering Stripe's
+object and error shapes, so Stripe's own SDK can be pointed at the fake.
+
+Control endpoints: `POST /_fake/payment_intents` (an intent in a given status), `GET /_fake/stats`,
+`POST /_fake/reset`, `GET|POST /_fake/faults`, and `GET /_fake/requests`:
 the latest provider requests (method, path and the headers a test asserts on: `Idempotency-Key`,
 `traceparent`, `tracestate`), oldest first, at most `_RECORDED_REQUESTS` of them.
 """
@@ -27,6 +32,7 @@ import json
 import math
 import random
 import secrets
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -43,21 +49,25 @@ from starlette.types import Receive, Scope, Send
 
 __all__ = ["FaultConfig", "FaultMode", "create_app", "serve"]
 
-FaultMode = Literal["none", "error_500", "hang", "drop_after_effect"]
+FaultMode = Literal["none", "error_500", "rate_limit", "hang", "hang_after_effect", "drop_after_effect"]
 
 # Stripe refuses longer keys; the fake does too, so a client that sends one fails here and not in production.
 _MAX_KEY_LENGTH = 255
 _INTENT_AMOUNT = 1000
 _RECORDED_REQUESTS = 1000
 _RECORDED_HEADERS = ("idempotency-key", "traceparent", "tracestate")
+_RATE_LIMIT_RETRY_AFTER = 7
 
 
 @dataclass(frozen=True, slots=True)
 class FaultConfig:
     """Which failure to inject, how often, and where, validated at construction.
 
-    `mode` is `none`, `error_500` (answer 500 before the effect, nothing stored), `hang` (wait
-    `hang_seconds` before the effect, given up when the client disconnects) or `drop_after_effect` (perform
+    `mode` is `none`, `error_500` (answer 500 before the effect, nothing stored), `rate_limit` (answer 429
+    with `Retry-After: 7` before the effect, as Stripe's rate limiter does), `hang` (wait
+    `hang_seconds` before the effect, given up when the client disconnects), `hang_after_effect` (perform and
+    store the effect, then hold the answer the same way: the window a crash test kills a worker in) or
+    `drop_after_effect` (perform
     and store the effect, then cut the connection mid-response). Each provider request is hit with
     probability `rate`, drawn from a generator seeded with `seed`; `paths`, when non-empty, limits faults to
     requests whose path starts with one of the prefixes. The `/_fake/` endpoints are never faulted.
@@ -125,6 +135,7 @@ class _Counters:
     replays: int = 0
     captures: int = 0
     refunds: int = 0
+    transfers: int = 0
     shipments: int = 0
     double_capture_attempts: int = 0
     requests_without_key: int = 0
@@ -177,6 +188,7 @@ class _FakeProviders:
         self._keys: dict[str, _KeyRecord] = {}
         self._intents: dict[str, dict[str, Any]] = {}
         self._refunded: dict[str, int] = {}
+        self._transfers: dict[str, dict[str, Any]] = {}
         self._shipments: dict[str, dict[str, Any]] = {}
         self._counters = _Counters()
         self._requests: deque[dict[str, Any]] = deque(maxlen=_RECORDED_REQUESTS)
@@ -222,6 +234,10 @@ class _FakeProviders:
             # Injected in front of the idempotency layer, like a failing load balancer: nothing is stored,
             # so a retry with the same key runs the endpoint for real.
             return _reply(500, _error("api_error", "fake_fault", "Injected error_500 fault."))
+        if fault == "rate_limit":
+            response = _reply(429, _error("invalid_request_error", "rate_limit", "Too many requests."))
+            response.headers["Retry-After"] = str(_RATE_LIMIT_RETRY_AFTER)
+            return response
         if key is not None and len(key) > _MAX_KEY_LENGTH:
             return _reply(400, _error("invalid_request_error", "idempotency_key_too_long", "Key too long."))
 
@@ -248,6 +264,8 @@ class _FakeProviders:
                     if record is not None:
                         record.answer = answer
                         done = True
+            if fault == "hang_after_effect":
+                await _hang(request, self._faults.hang_seconds)
         finally:
             # Abandoned (cancelled, disconnected, invalid, crashed): free the key so a retry can run, as
             # Stripe does for requests whose endpoint never completed.
@@ -282,17 +300,7 @@ class _FakeProviders:
         intent = self._intents.get(intent_id)
         if intent is None:
             # Auto-created so demos and tests need no setup call.
-            intent = self._intents[intent_id] = {
-                "id": intent_id,
-                "object": "payment_intent",
-                "amount": _INTENT_AMOUNT,
-                "amount_capturable": _INTENT_AMOUNT,
-                "amount_received": 0,
-                "capture_method": "manual",
-                "currency": "usd",
-                "latest_charge": None,
-                "status": "requires_capture",
-            }
+            intent = self._intents[intent_id] = _intent(intent_id, _INTENT_AMOUNT, "usd", "requires_capture")
         if intent["status"] != "requires_capture":
             # A capture of an already captured intent under a new key is the double effect the ledger
             # exists to prevent; the count is what tests assert stays zero.
@@ -350,6 +358,35 @@ class _FakeProviders:
             "status": "succeeded",
         }
         return _json(200, refund)
+
+    def transfer(self, request: Request, body: bytes) -> _Answer:
+        params = _form(body)
+        amount = _amount(params, "amount", default=0)
+        for name in ("amount", "currency", "destination"):
+            if not params.get(name):
+                message = f"Missing required param: {name}."
+                raise _Invalid(_json(400, _error("invalid_request_error", "parameter_missing", message)))
+        destination = params["destination"]
+        if not destination.startswith("acct_"):
+            message = f"No such destination: '{destination}'"
+            raise _Invalid(_json(400, _error("invalid_request_error", "resource_missing", message)))
+        transfer_id = f"tr_{secrets.token_hex(12)}"
+        transfer = {
+            "id": transfer_id,
+            "object": "transfer",
+            "amount": amount,
+            "amount_reversed": 0,
+            "created": int(time.time()),
+            "currency": params["currency"].lower(),
+            "destination": destination,
+            "livemode": False,
+            "metadata": _metadata(params),
+            "reversed": False,
+            "transfer_group": params.get("transfer_group"),
+        }
+        self._transfers[transfer_id] = transfer
+        self._counters.transfers += 1
+        return _json(200, transfer)
 
     def get_intent(self, request: Request, body: bytes) -> _Answer:
         intent = self._intents.get(request.path_params["id"])
@@ -413,6 +450,18 @@ class _FakeProviders:
 
     # -- the control endpoints --------------------------------------------------------------------
 
+    async def seed_intent(self, request: Request) -> Response:
+        """`POST /_fake/payment_intents` {id, amount, currency, status}: an intent as a test needs it."""
+        data = json.loads(await request.body() or b"{}")
+        status = data.get("status", "requires_capture")
+        if status not in ("requires_capture", "succeeded", "canceled", "requires_payment_method"):
+            return JSONResponse(_error("invalid_request_error", "invalid_status", status), status_code=400)
+        amount = int(data.get("amount", _INTENT_AMOUNT))
+        intent = _intent(str(data["id"]), amount, str(data.get("currency", "usd")), status)
+        async with self._lock:
+            self._intents[intent["id"]] = intent
+        return JSONResponse(intent)
+
     async def stats(self, request: Request) -> Response:
         async with self._lock:
             return JSONResponse(asdict(self._counters))
@@ -455,10 +504,12 @@ def create_app(*, faults: FaultConfig | None = None) -> Starlette:
         ),
         Route("/v1/payment_intents/{id}", fake.endpoint(fake.get_intent, mutating=False), methods=["GET"]),
         Route("/v1/refunds", fake.endpoint(fake.refund, mutating=True), methods=["POST"]),
+        Route("/v1/transfers", fake.endpoint(fake.transfer, mutating=True), methods=["POST"]),
         Route("/v1/shipments", fake.endpoint(fake.create_shipment, mutating=True), methods=["POST"]),
         Route("/v1/shipments/{id}", fake.endpoint(fake.get_shipment, mutating=False), methods=["GET"]),
         Route("/v1/shipments/{id}/label", fake.shipment_label, methods=["GET"], name="shipment_label"),
         Route("/_fake/stats", fake.stats, methods=["GET"]),
+        Route("/_fake/payment_intents", fake.seed_intent, methods=["POST"]),
         Route("/_fake/requests", fake.requests, methods=["GET"]),
         Route("/_fake/reset", fake.reset, methods=["POST"]),
         Route("/_fake/faults", fake.faults, methods=["GET", "POST"]),
@@ -539,6 +590,34 @@ def _form(body: bytes) -> dict[str, str]:
     except ValueError as exc:  # UnicodeDecodeError is a ValueError
         message = f"The request body is not valid form encoding: {exc}"
         raise _Invalid(_json(400, _error("invalid_request_error", "parameter_invalid", message))) from exc
+
+
+def _intent(intent_id: str, amount: int, currency: str, status: str) -> dict[str, Any]:
+    """A payment intent in Stripe's shape (the fields a capture reads and changes)."""
+    captured = status == "succeeded"
+    return {
+        "id": intent_id,
+        "object": "payment_intent",
+        "amount": amount,
+        "amount_capturable": amount if status == "requires_capture" else 0,
+        "amount_received": amount if captured else 0,
+        "capture_method": "manual" if status == "requires_capture" else "automatic",
+        "created": int(time.time()),
+        "currency": currency,
+        "latest_charge": f"ch_{secrets.token_hex(12)}" if captured else None,
+        "livemode": False,
+        "metadata": {},
+        "status": status,
+    }
+
+
+def _metadata(params: Mapping[str, str]) -> dict[str, str]:
+    """Stripe's form encoding of a hash: `metadata[order]=42`."""
+    return {
+        k[len("metadata[") : -1]: v
+        for k, v in params.items()
+        if k.startswith("metadata[") and k.endswith("]")
+    }
 
 
 def _amount(params: Mapping[str, str], name: str, *, default: int) -> int:

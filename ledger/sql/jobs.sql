@@ -302,7 +302,7 @@ SELECT j.id, j.effect_id, j.tenant, j.kind, j.state::text AS state, j.attempt, j
        j.orphan_policy, j.run_at, j.lease_token, j.lease_owner, j.lease_expires_at, j.checkpoint,
        j.cancel_requested, j.unrecoverable, j.releases_without_commit, j.committed_since_release,
        j.last_error, j.terminal_reason, j.terminal_by, j.created_at, j.updated_at, j.finished_at, j.lock_key,
-       j.payload_purged,
+       j.payload_purged, j.resolved_from::text AS resolved_from, j.resolved_at, j.resolved_by, j.resolved_reason,
        (SELECT holder.id FROM jobs holder
         WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
           AND holder.state IN ('pending', 'running')

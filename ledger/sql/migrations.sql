@@ -25,3 +25,33 @@ INSERT INTO schema_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);
 -- name: migrations_table_exists
 -- Whether the migration record exists, without creating it (readiness checks must not write).
 SELECT to_regclass('schema_migrations') IS NOT NULL AS present;
+
+-- name: migrations_applied_at
+-- What this database has applied, and when (migrate --status; read-only, after migrations_table_exists).
+SELECT name, checksum, applied_at FROM schema_migrations ORDER BY name;
+
+-- name: migration_script_begin
+-- Opens one migration's transaction in a printed script (migrate --print-sql): the lock `migrate` takes,
+-- held to the COMMIT, so the script and a running `effectgate migrate` never apply the same file at once.
+BEGIN;
+DO $lock$ BEGIN PERFORM pg_advisory_xact_lock(%(lock_id)s); END $lock$;
+
+-- name: migration_script_guard
+-- In a printed script, before a migration: refuse it when it is applied already (the script was run
+-- twice) or when the one before it is not (its transaction failed, and a client that runs on after an
+-- error, like psql without ON_ERROR_STOP, must not apply the next file out of order).
+DO $guard$
+BEGIN
+    IF EXISTS (SELECT FROM schema_migrations WHERE name = %(name)s) THEN
+        RAISE EXCEPTION 'effectgate migration %% is applied already', %(name)s;
+    END IF;
+    IF %(previous)s::text IS NOT NULL
+       AND NOT EXISTS (SELECT FROM schema_migrations WHERE name = %(previous)s::text) THEN
+        RAISE EXCEPTION 'effectgate migration %% needs %% applied first', %(name)s, %(previous)s::text;
+    END IF;
+END
+$guard$;
+
+-- name: migration_script_commit
+-- Closes one migration's transaction in a printed script.
+COMMIT;

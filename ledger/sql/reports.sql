@@ -108,7 +108,8 @@ LIMIT %(limit)s;
 -- Jobs created in [since, until) (either end open when NULL) by state, kind, source and tenant: one keyset page.
 SELECT j.id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts, j.run_at, j.lease_token,
        j.lease_owner, j.lease_expires_at, j.cancel_requested, j.unrecoverable, j.terminal_reason,
-       j.terminal_by, j.created_at, j.updated_at, j.finished_at, e.effect_key, e.source, e.event_type
+       j.terminal_by, j.created_at, j.updated_at, j.finished_at, j.resolved_at, j.resolved_by, j.resolved_reason,
+       e.effect_key, e.source, e.event_type
 FROM jobs j JOIN effects e ON e.id = j.effect_id
 WHERE j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND j.created_at < coalesce(%(until)s::timestamptz, 'infinity')
@@ -141,8 +142,9 @@ ORDER BY {order}
 LIMIT %(limit)s;
 
 -- name: metrics_jobs_not_done_by_state_kind
--- Jobs waiting, running or needing a human, by state and kind; succeeded and cancelled jobs only grow and are
--- left out, so a scrape reads the live part of the table, not its history.
+-- Jobs waiting, running or needing a human, by state and kind; succeeded, cancelled and resolved-by-hand jobs
+-- only grow and are left out, so a scrape reads the live part of the table, not its history — and a failed or
+-- parked job an operator resolved stops counting as waiting for a human (the alert built on it clears).
 SELECT state::text AS state, kind, count(*)::bigint AS n
 FROM jobs
 WHERE state IN ('pending', 'running', 'failed', 'parked')

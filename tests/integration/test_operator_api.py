@@ -128,6 +128,10 @@ def test_every_route_is_documented_and_every_documented_path_is_routed() -> None
 async def test_every_documented_answer_is_real_and_matches_the_document(db_url: str, conn: db.Conn) -> None:
     ids = await seed(conn)
     done, failed = ids["order-paid:1234"], ids["order-paid:1"]
+    # A second failed job, for the resolutions (the first is redriven and cancelled below).
+    [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={"ship_order": 30}, limit=1)
+    await jobs.finish(conn, lease.job_id, lease.lease_token, state="failed", by="w")
+    unresolved = lease.job_id
     seen: set[tuple[str, str, str]] = set()
     cases: list[tuple[str, str, str, dict[str, str] | None, int]] = [
         ("get", "/api/openapi.json", "/api/openapi.json", VIEW, 200),
@@ -164,6 +168,22 @@ async def test_every_documented_answer_is_real_and_matches_the_document(db_url: 
         ("post", "/api/jobs/0/cancel", "/api/jobs/{job_id}/cancel", OPERATE, 400),
         ("post", f"/api/jobs/{failed}/cancel", "/api/jobs/{job_id}/cancel", None, 401),
         ("post", f"/api/jobs/{failed}/cancel", "/api/jobs/{job_id}/cancel", VIEW, 403),
+        (
+            "post",
+            f"/api/jobs/{unresolved}/resolve?reason=by%20hand",
+            "/api/jobs/{job_id}/resolve",
+            OPERATE,
+            200,
+        ),
+        ("post", f"/api/jobs/{done}/resolve?reason=x", "/api/jobs/{job_id}/resolve", OPERATE, 409),
+        ("post", "/api/jobs/999999/resolve?reason=x", "/api/jobs/{job_id}/resolve", OPERATE, 404),
+        ("post", f"/api/jobs/{unresolved}/resolve", "/api/jobs/{job_id}/resolve", OPERATE, 400),
+        ("post", f"/api/jobs/{unresolved}/resolve?reason=x", "/api/jobs/{job_id}/resolve", None, 401),
+        ("post", f"/api/jobs/{unresolved}/resolve?reason=x", "/api/jobs/{job_id}/resolve", VIEW, 403),
+        ("post", "/api/jobs/resolve?state=failed&dry_run=true&reason=x", "/api/jobs/resolve", OPERATE, 200),
+        ("post", "/api/jobs/resolve?state=failed", "/api/jobs/resolve", OPERATE, 400),
+        ("post", "/api/jobs/resolve?state=failed&reason=x", "/api/jobs/resolve", None, 401),
+        ("post", "/api/jobs/resolve?state=failed&reason=x", "/api/jobs/resolve", VIEW, 403),
         ("post", "/api/jobs/redrive?state=failed&dry_run=true", "/api/jobs/redrive", OPERATE, 200),
         ("post", "/api/jobs/redrive", "/api/jobs/redrive", OPERATE, 400),
         ("post", "/api/jobs/redrive?state=failed", "/api/jobs/redrive", None, 401),
@@ -373,6 +393,72 @@ async def test_redrive_and_cancel_act_on_the_ledger(db_url: str, conn: db.Conn) 
             "duplicate order",
             "operator:admin",
         )
+
+
+async def test_resolve_closes_a_failed_job_and_every_answer_says_who_and_why(
+    db_url: str, conn: db.Conn
+) -> None:
+    ids = await seed(conn)
+    failed, pending = ids["order-paid:1"], ids["ship:9"]
+    async with gateway(db_url) as client:
+        missing = await client.post(f"/api/jobs/{failed}/resolve", headers=OPERATE)
+        assert (missing.status_code, missing.json()["error"], missing.json()["parameter"]) == (
+            400,
+            "invalid_reason",
+            "reason",
+        )
+        url = f"/api/jobs/{failed}/resolve?reason=refunded%20by%20hand"
+        body = check(await client.post(url, headers=OPERATE), "/api/jobs/{job_id}/resolve", "post")
+        assert (body["state"], body["resolved_from"], body["resolved_by"], body["resolved_reason"]) == (
+            "resolved",
+            "failed",
+            "operator:admin",
+            "refunded by hand",
+        )
+        assert body["already"] is False
+        again = check(await client.post(url, headers=OPERATE), "/api/jobs/{job_id}/resolve", "post")
+        assert (again["already"], again["resolved_at"]) == (True, body["resolved_at"])
+        other = await client.post(f"/api/jobs/{failed}/resolve?reason=other", headers=OPERATE)
+        assert (other.status_code, other.json()["error"]) == (409, "already_resolved")
+        redrive = await client.post(f"/api/jobs/{failed}/redrive?force=true", headers=OPERATE)
+        assert (redrive.status_code, redrive.json()["error"]) == (409, "not_redrivable")
+        live = await client.post(f"/api/jobs/{pending}/resolve?reason=x", headers=OPERATE)
+        assert (live.status_code, live.json()["error"]) == (409, "not_resolvable")
+
+        shown = check(await client.get(f"/api/jobs/{failed}", headers=VIEW), "/api/jobs/{job_id}")["job"]
+        lineage = check(await client.get("/api/effects/order-paid:1", headers=VIEW), "/api/effects/{key}")
+        listed = check(await client.get("/api/jobs?state=resolved", headers=VIEW), "/api/jobs")
+        waiting = check(await client.get("/api/jobs?state=failed,parked", headers=VIEW), "/api/jobs")
+    for job in (shown, lineage["job"], *listed["items"]):
+        assert (job["id"], job["state"], job["resolved_by"], job["resolved_reason"]) == (
+            failed,
+            "resolved",
+            "operator:admin",
+            "refunded by hand",
+        )
+        assert job["resolved_at"] == body["resolved_at"]
+    assert (shown["resolved_from"], lineage["job"]["resolved_from"]) == ("failed", "failed")
+    assert failed not in [job["id"] for job in waiting["items"]]
+
+
+async def test_bulk_resolve_takes_the_shared_filter_and_needs_a_reason(db_url: str, conn: db.Conn) -> None:
+    ids = await seed(conn)
+    async with gateway(db_url) as client:
+        refused = await client.post("/api/jobs/resolve?state=failed,pending", headers=OPERATE)
+        assert (refused.status_code, refused.json()["error"]) == (400, "invalid_reason")
+        unfiltered = await client.post("/api/jobs/resolve?reason=x", headers=OPERATE)
+        assert (unfiltered.status_code, unfiltered.json()["error"]) == (400, "filter_required")
+        body = check(
+            await client.post(
+                "/api/jobs/resolve?state=failed,pending&reason=outage%20handled", headers=OPERATE
+            ),
+            "/api/jobs/resolve",
+            "post",
+        )
+    assert body["action"] == "resolve" and ids["order-paid:1"] in body["job_ids"]
+    assert ids["ship:9"] in body["refused_job_ids"]["not_resolvable"]
+    job = await jobs.get(conn, ids["order-paid:1"])
+    assert job is not None and (job["state"], job["resolved_reason"]) == ("resolved", "outage handled")
 
 
 async def test_an_unrecoverable_failure_needs_force(db_url: str, conn: db.Conn) -> None:

@@ -212,6 +212,81 @@ def test_redrive_and_cancel_with_exit_codes_for_refusals(
     assert job["terminal_by"].startswith("cli")
 
 
+def test_resolve_by_hand_with_who_why_and_exit_codes_for_refusals(
+    own_ledger: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, _ = run(capsys, "jobs", "list", "--format", "json")
+    ids = {j["effect_key"]: j["id"] for j in json.loads(out)["items"]}
+    failed, done, pending = ids["order-paid:1"], ids["order-paid:1234"], ids["ship:9"]
+
+    # --reason is required: argparse names the flag; an empty one names it too.
+    with pytest.raises(SystemExit) as usage:
+        run(capsys, "jobs", "resolve", str(failed))
+    assert usage.value.code == operator_cli.EXIT_USAGE
+    assert "the following arguments are required: --reason" in capsys.readouterr().err
+    code, _, err = run(capsys, "jobs", "resolve", str(failed), "--reason", "  ")
+    assert code == operator_cli.EXIT_USAGE and "invalid_reason" in err
+
+    monkeypatch.setattr(operator_cli.getpass, "getuser", lambda: "alice")
+    code, out, _ = run(capsys, "jobs", "resolve", str(failed), "--reason", "refunded in Stripe")
+    assert code == 0
+    assert out.startswith(f"job {failed}: resolved by hand (was failed) by cli:alice at ")
+    assert out.endswith(": refunded in Stripe\n")
+    code, out, _ = run(
+        capsys, "jobs", "resolve", str(failed), "--reason", "refunded in Stripe", "--format", "json"
+    )
+    answer = json.loads(out)
+    assert (code, answer["already"], answer["resolved_by"], answer["state"]) == (
+        0,
+        True,
+        "cli:alice",
+        "resolved",
+    )
+    code, _, err = run(capsys, "jobs", "resolve", str(failed), "--reason", "other", "--by", "bob")
+    assert code == operator_cli.EXIT_REFUSED and err.startswith("effectgate: refused: already_resolved: ")
+    assert "cli:alice" in err
+    code, _, err = run(capsys, "jobs", "resolve", str(pending), "--reason", "x")
+    assert code == operator_cli.EXIT_REFUSED and "not_resolvable" in err and "cancel it instead" in err
+    code, _, err = run(capsys, "jobs", "resolve", str(done), "--reason", "x")
+    assert code == operator_cli.EXIT_REFUSED and "not_resolvable" in err
+    assert run(capsys, "jobs", "resolve", "99999", "--reason", "x")[0] == operator_cli.EXIT_NOT_FOUND
+    code, _, err = run(capsys, "jobs", "redrive", str(failed), "--force")
+    assert code == operator_cli.EXIT_REFUSED and "not_redrivable" in err
+
+    # Every face shows who and why: jobs show, jobs list, ledger show (job line and timeline).
+    code, out, _ = run(capsys, "jobs", "show", str(failed))
+    assert "resolved_by" in out and "cli:alice" in out and "refunded in Stripe" in out
+    code, out, _ = run(capsys, "jobs", "list", "--state", "resolved")
+    [row] = [line for line in out.splitlines() if line.startswith(str(failed))]
+    assert "resolved" in row and "resolved by cli:alice: refunded in Stripe" in row
+    code, out, _ = run(capsys, "jobs", "list", "--state", "failed,parked", "--format", "json")
+    assert failed not in [j["id"] for j in json.loads(out)["items"]]
+    code, out, _ = run(capsys, "ledger", "show", "order-paid:1")
+    assert "resolved by hand from failed by cli:alice" in out
+    assert "job resolved by hand" in out and "refunded in Stripe (by cli:alice)" in out
+
+
+def test_bulk_resolve_uses_the_shared_filter(own_ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "jobs", "resolve", "--reason", "outage handled")
+    assert code == operator_cli.EXIT_USAGE and "give a JOB_ID, or a filter" in err
+    code, out, _ = run(
+        capsys, "jobs", "resolve", "--state", "failed,pending", "--reason", "outage handled", "--dry-run"
+    )
+    assert code == 0 and "would be resolved by hand: 1" in out and "would be refused not_resolvable" in out
+    code, out, err = run(
+        capsys, "jobs", "resolve", "--state", "failed,pending", "--reason", "outage handled", "--by", "ops"
+    )
+    assert code == operator_cli.EXIT_REFUSED and "some_refused" in err
+    assert "resolved by hand: 1" in out
+    code, out, _ = run(capsys, "jobs", "list", "--state", "resolved", "--format", "json")
+    [job] = json.loads(out)["items"]
+    assert (job["effect_key"], job["resolved_by"], job["resolved_reason"]) == (
+        "order-paid:1",
+        "cli:ops",
+        "outage handled",
+    )
+
+
 def test_ledger_retention_reports_windows_purges_and_tombstones(
     own_ledger: str,
     capsys: pytest.CaptureFixture[str],

@@ -216,6 +216,66 @@ async def test_only_operate_tokens_see_and_use_the_buttons(db_url: str, conn: db
         assert cancel.headers["location"] == f"/ui/jobs/{ids['ship:9']}?done=cancelled"
 
 
+async def test_resolve_by_hand_from_the_job_page_shows_who_and_why_on_job_and_effect(
+    db_url: str, conn: db.Conn
+) -> None:
+    ids = await seed(conn)
+    failed, pending = ids["order-paid:1"], ids["ship:9"]
+    async with dashboard(db_url, VIEW_TOKEN) as viewer:
+        assert "Resolve by hand" not in (await viewer.get(f"/ui/jobs/{failed}")).text
+        refused = await viewer.post(f"/ui/jobs/{failed}/resolve", data={"csrf": "x", "reason": "r"})
+        assert refused.status_code == 403
+    async with dashboard(db_url, OPERATE_TOKEN) as operator:
+        page = await operator.get(f"/ui/jobs/{failed}")
+        assert f'action="/ui/jobs/{failed}/resolve"' in page.text and 'name="reason" required' in page.text
+        assert f'action="/ui/jobs/{pending}/resolve"' not in (await operator.get(f"/ui/jobs/{pending}")).text
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+        assert csrf is not None
+        forged = await operator.post(f"/ui/jobs/{failed}/resolve", data={"csrf": "0" * 64, "reason": "r"})
+        assert forged.status_code == 403
+        blank = await operator.post(f"/ui/jobs/{failed}/resolve", data={"csrf": csrf[1], "reason": " "})
+        assert blank.status_code == 400 and "reason" in blank.text
+        done = await operator.post(
+            f"/ui/jobs/{failed}/resolve", data={"csrf": csrf[1], "reason": "refunded <by hand>"}
+        )
+        assert (done.status_code, done.headers["location"]) == (303, f"/ui/jobs/{failed}?done=resolved")
+        job_page = await operator.get(done.headers["location"])
+        assert "Resolved by hand: the job is closed" in job_page.text
+        row = re.search(r'<tr id="resolution">.*?</tr>', job_page.text)
+        assert row is not None
+        assert "refunded &lt;by hand&gt;" in row[0] and "operator:admin" in row[0] and "was failed" in row[0]
+        # Closed: neither redrive nor resolve is offered again.
+        assert "Redrive" not in job_page.text and "Resolve by hand</button>" not in job_page.text
+        effect_page = await operator.get("/ui/effects/order-paid:1")
+        row = re.search(r'<tr id="resolution">.*?</tr>', effect_page.text)
+        assert row is not None and "refunded &lt;by hand&gt;" in row[0] and "operator:admin" in row[0]
+        live = await operator.post(f"/ui/jobs/{pending}/resolve", data={"csrf": csrf[1], "reason": "x"})
+        assert live.headers["location"] == f"/ui/jobs/{pending}?refused=not_resolvable"
+        listing = text((await operator.get("/ui/jobs?state=resolved")).text)
+        assert "refunded <by hand>" in listing or "refunded &lt;by hand&gt;" in listing
+        overview = text((await operator.get("/ui/")).text)
+        assert "1 resolved by hand in the window" in overview and "0 failed jobs" in overview
+    job = await jobs.get(conn, failed)
+    assert job is not None and (job["state"], job["resolved_by"]) == ("resolved", "operator:admin")
+
+
+async def test_the_bulk_form_resolves_by_hand_with_a_reason(db_url: str, conn: db.Conn) -> None:
+    ids = await seed(conn)
+    async with dashboard(db_url, OPERATE_TOKEN) as operator:
+        form_page = (await operator.get("/ui/jobs/bulk?state=failed")).text
+        assert "<option>resolve</option>" in form_page
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', form_page)
+        assert csrf is not None
+        form = {"csrf": csrf[1], "state": "failed,pending", "action": "resolve"}
+        no_reason = await operator.post("/ui/jobs/bulk", data=form)
+        assert no_reason.status_code == 400 and "reason" in no_reason.text
+        real = await operator.post("/ui/jobs/bulk", data={**form, "reason": "outage handled"})
+        body = text(real.text)
+        assert real.status_code == 200 and "resolve: 1 of" in body and "refused not_resolvable" in body
+    job = await jobs.get(conn, ids["order-paid:1"])
+    assert job is not None and (job["state"], job["resolved_reason"]) == ("resolved", "outage handled")
+
+
 async def test_everything_from_the_ledger_is_escaped(db_url: str, conn: db.Conn) -> None:
     evil = '<script>alert("x")</script>'
     await deliver(conn, {"id": evil}, f"k:{evil}", NOW, source="stripe", event_id=evil)

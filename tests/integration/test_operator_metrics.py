@@ -9,7 +9,8 @@ from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
 from effectgate.gateway.operator import metrics
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db
+from effectgate.ledger import db, resolutions
+from effectgate.ledger.resolutions import Resolved
 from tests.prometheus import value
 
 from .test_reports_seed import seed
@@ -52,6 +53,19 @@ async def test_metrics_carry_process_counters_and_job_gauges(db_url: str, conn: 
     [oldest] = [line for line in lines if line.startswith("effectgate_oldest_due_job_seconds ")]
     assert float(oldest.split()[1]) > 86400
     assert value(response.text, "effectgate_deliveries_total", source="stripe", outcome="duplicate") >= 1
+
+
+async def test_a_job_resolved_by_hand_leaves_the_waiting_gauge(db_url: str, conn: db.Conn) -> None:
+    ids = await seed(conn)
+    assert 'effectgate_jobs{state="failed",kind="fulfil_order"} 1' in (await scrape(db_url)).text.splitlines()
+    assert isinstance(
+        await resolutions.resolve(conn, ids["order-paid:1"], by="op", reason="refunded by hand"), Resolved
+    )
+    lines = (await scrape(db_url)).text.splitlines()
+    # The series the "waiting for a human" alert reads is gone, and resolved jobs are history, not a gauge.
+    assert not any(line.startswith('effectgate_jobs{state="failed"') for line in lines)
+    assert not any(line.startswith('effectgate_jobs{state="resolved"') for line in lines)
+    assert 'effectgate_jobs{state="pending",kind="ship_order"} 1' in lines
 
 
 async def test_metrics_answer_without_the_ledger(db_url: str) -> None:

@@ -28,7 +28,7 @@ import pytest
 from psycopg import sql
 
 from effectgate.gateway.operator import reporting
-from effectgate.ledger import bulk, db, jobs, reports
+from effectgate.ledger import bulk, db, jobs, reports, resolutions
 from effectgate.ledger.queries import Q
 from effectgate.ledger.rescuer import LeaseRescuer
 from effectgate.ledger.retention import RetentionConfig, RetentionKeeper
@@ -348,6 +348,7 @@ BULK_FILTERS = [
     bulk.JobFilter(states=("failed", "parked"), kind="kind-2"),
     bulk.JobFilter(kind="kind-1"),
     bulk.JobFilter(source="rare", states=("failed",)),
+    bulk.JobFilter(states=("resolved",)),
     bulk.JobFilter(since=datetime.now(UTC) - timedelta(hours=1)),
 ]
 
@@ -383,6 +384,8 @@ async def test_per_request_views_and_gauges_are_index_bounded(conn: db.Conn) -> 
         ("job view", lambda c: reports.job_view(c, row["id"])),
         ("effect view", lambda c: reports.effect_view(c, key["effect_key"])),
         ("metrics gauges", lambda c: reports.job_gauges(c)),
+        ("resolve by hand", lambda c: resolutions.resolve(c, row["id"], by="plans", reason="plan")),
+        ("resolved count", lambda c: resolutions.count_between(c, since=now - timedelta(days=1), until=now)),
         ("activity 24h", lambda c: reports.activity(c, since=now - timedelta(days=1), until=now)),
         ("activity 30d", lambda c: reports.activity(c, since=now - timedelta(days=30), until=now)),
     ]:

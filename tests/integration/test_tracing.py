@@ -20,10 +20,10 @@ from opentelemetry.trace import StatusCode
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
 from effectgate.gateway.testing.fake_providers import create_app as create_fake
-from effectgate.handlers import tracing
+from effectgate.handlers import EffectContext, Event, tracing
 from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import DownstreamConfig
-from effectgate.handlers.examples.commerce import fulfil_order, order_key
+from effectgate.handlers.examples.commerce import order_key
 from effectgate.handlers.payments import PaymentsClient
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.shipping import ShippingClient
@@ -59,10 +59,25 @@ def spans() -> Iterator[InMemorySpanExporter]:
         provider.shutdown()
 
 
+async def capture_and_ship(ctx: EffectContext, ev: Event) -> None:
+    """Two steps on two downstreams, so the test sees a step span per call (not the examples' flow)."""
+    obj = ev.payload["data"]["object"]
+    await ctx.step("capture", lambda key: ctx.payments.capture_payment_intent(obj["id"], idempotency_key=key))
+    await ctx.step(
+        "ship",
+        lambda key: ctx.shipping.create_shipment(
+            order_id=obj["metadata"]["order_id"],
+            address={"name": "Ada", "country": "DE"},
+            items=[{"sku": "demo", "quantity": 1}],
+            idempotency_key=key,
+        ),
+    )
+
+
 def registry() -> Registry:
     reg = Registry()
     reg.effect(source="stripe", events=["payment_intent.succeeded"], key=order_key, name="fulfil")(
-        fulfil_order
+        capture_and_ship
     )
     return reg
 

@@ -545,3 +545,35 @@ def test_the_worker_unit_waits_longer_than_the_drain() -> None:
     assert service["KillSignal"] == ["SIGTERM"]
     (timeout,) = service["TimeoutStopSec"]
     assert int(timeout) >= max(drain_timeout(), DEFAULT_DRAIN_TIMEOUT) + STOP_MARGIN_SECONDS
+
+
+def alert_commands() -> list[tuple[str, str]]:
+    """Every `effectgate …` command an alert's annotations tell the operator to run, its template variables
+    filled in the way an alert would fill them."""
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    fill = {"{{ $labels.source }}": "stripe", "{{ $labels.kind }}": "fulfil", "JOB_ID": "42", "…": "handled"}
+    found = []
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            for text in rule.get("annotations", {}).values():
+                for command in re.findall(r"`(effectgate [^`]+)`", text):
+                    for template, value in fill.items():
+                        command = command.replace(template, value)
+                    found.append((rule["alert"], command))
+    return found
+
+
+def test_the_alerts_name_commands_to_run() -> None:
+    assert len(alert_commands()) >= 3
+
+
+@pytest.mark.parametrize(("alert", "command"), alert_commands())
+def test_every_command_an_alert_names_parses(
+    alert: str, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two annotations once named commands that did not exist (`effectgate rejects auth`) or flags a command
+    # does not take; an operator paged at night copies them as written.
+    try:
+        command_args(shlex.split(command)[1:])
+    except SystemExit:
+        pytest.fail(f"{alert} names `{command}`, which effectgate refuses: {capsys.readouterr().err}")

@@ -408,6 +408,7 @@ async def test_reset_clears_everything(http: httpx.AsyncClient) -> None:
         "replays": 0,
         "captures": 0,
         "refunds": 0,
+        "transfers": 0,
         "shipments": 0,
         "double_capture_attempts": 0,
         "requests_without_key": 0,

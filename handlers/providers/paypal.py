@@ -1,0 +1,62 @@
+"""PayPal (REST v2) captures over documented HTTP, as recorded steps with `PayPal-Request-Id`.
+
+PayPal's idempotency header is `PayPal-Request-Id`: "when you include a previously specified
+PayPal-Request-Id header in a request, PayPal returns the latest status of the previous request that used
+that same header", and without it "PayPal duplicates the request"
+(https://developer.paypal.com/reference/guidelines/idempotency). How long PayPal keeps an id differs per
+API. The client is a `[downstream.NAME]`:
+
+    [downstream.paypal]
+    base_url = "https://api-m.paypal.com"
+    api_key_env = "PAYPAL_ACCESS_TOKEN"
+    idempotency_header = "PayPal-Request-Id"
+
+`api_key` is sent as a bearer token: an OAuth access token, which PayPal issues for hours, not forever;
+refreshing it is not done here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from effectgate.handlers.context import EffectContext
+from effectgate.handlers.downstream import DownstreamClient
+
+__all__ = ["IDEMPOTENCY_HEADER", "capture_authorization"]
+
+IDEMPOTENCY_HEADER = "PayPal-Request-Id"
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+async def capture_authorization(
+    ctx: EffectContext,
+    paypal: DownstreamClient,
+    authorization_id: str,
+    *,
+    amount: dict[str, str] | None = None,
+    final_capture: bool = True,
+    step: str = "capture",
+) -> dict[str, Any]:
+    """Capture an authorized payment once per (effect, `step`); returns PayPal's capture (`id`, `status`).
+
+    `amount` is PayPal's money object (`{"currency_code": "EUR", "value": "10.00"}`); without it the whole
+    authorized amount is captured.
+    """
+    _check(paypal)
+    if not _ID.fullmatch(authorization_id):
+        raise ValueError(f"authorization_id must be PayPal's id (letters, digits), got {authorization_id!r}")
+    body: dict[str, Any] = {"final_capture": final_capture}
+    if amount is not None:
+        body["amount"] = dict(amount)
+    path = f"/v2/payments/authorizations/{authorization_id}/capture"
+    return await ctx.step(step, lambda key: paypal.request("POST", path, json=body, idempotency_key=key))
+
+
+def _check(paypal: DownstreamClient) -> None:
+    # The key must travel in PayPal's own header; in any other header PayPal would capture again on a retry.
+    if paypal.config.idempotency_header != IDEMPOTENCY_HEADER:
+        raise ValueError(
+            f"[downstream.{paypal.name}] must set idempotency_header = {IDEMPOTENCY_HEADER!r} for PayPal, "
+            f"not {paypal.config.idempotency_header!r}"
+        )

@@ -1,0 +1,221 @@
+"""Stripe through its own SDK (`stripe`, 16.x): capture, refund and transfer as recorded steps.
+
+Each call runs inside `ctx.step`, sends the step's key as Stripe's `Idempotency-Key` (the `idempotency_key`
+request option), and turns Stripe's errors into the handler outcomes:
+
+    RateLimitError (429, lock_timeout)   → TransientError, retry_after from `Retry-After`
+    APIConnectionError                   → TransientError (the call may have reached Stripe: replay the key)
+    APIError (5xx, 409 key in use)       → TransientError
+    IdempotencyError                     → UnrecoverableError (the key was used with other parameters: a bug)
+    CardError, InvalidRequestError,
+    AuthenticationError, PermissionError,
+    any other StripeError                → TerminalError, code = Stripe's error code
+
+Stripe keeps an idempotent answer for at least 24 hours and replays it, `Idempotent-Replayed: true`, to a
+request with the same key and parameters (https://docs.stripe.com/api/idempotent_requests). That is what
+makes the one crash window of a recorded step — the call reached Stripe, its record never committed — safe.
+
+Every call is sent with `max_network_retries=0`, whatever the client was built with: the SDK's own retries
+would sleep inside the job's slice, unseen by the lease deadline, the attempt limit and the operator, and
+retry errors the job runtime would have classified otherwise. The job runtime re-runs the step with the
+same key instead, with backoff it owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from effectgate.handlers.context import EffectContext
+from effectgate.handlers.downstream import DownstreamConfig, retry_after_seconds
+from effectgate.handlers.errors import HandlerError, TerminalError, TransientError, UnrecoverableError
+
+if TYPE_CHECKING:
+    import stripe
+
+__all__ = ["StripeSteps", "call_stripe", "outcome_of", "stripe_client", "stripe_steps"]
+
+# One SDK client per configured downstream and process: the SDK pools its connections per client.
+_STEPS: dict[tuple[str, DownstreamConfig], StripeSteps] = {}
+
+
+def _require_sdk() -> None:
+    """Stripe's SDK is an optional extra: say how to get it, once, where it is first needed."""
+    try:
+        import stripe  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "effectgate.handlers.providers.stripe needs Stripe's SDK: pip install 'effectgate[stripe]'"
+        ) from exc
+
+
+def stripe_client(
+    api_key: str,
+    *,
+    base_url: str | None = None,
+    timeout: float = 30.0,
+    http_client: stripe.HTTPClient | None = None,
+) -> stripe.StripeClient:
+    """A `stripe.StripeClient` for use inside steps: async HTTP (httpx), no SDK retries, `timeout` seconds.
+
+    `base_url` replaces `https://api.stripe.com` (Stripe's own `base_addresses={"api": …}` setting), which is
+    how tests and demos point the SDK at a local fake. `http_client` (default: a new `stripe.HTTPXClient`
+    with `timeout`) is yours to close with `await http_client.close_async()` when the process stops.
+    """
+    _require_sdk()
+    import stripe
+
+    if not isinstance(api_key, str) or not api_key or api_key != api_key.strip():
+        raise ValueError("api_key must be a non-empty string without surrounding whitespace")
+    if not (isinstance(timeout, int | float) and timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    return stripe.StripeClient(
+        api_key,
+        base_addresses={"api": base_url.rstrip("/")} if base_url else None,
+        max_network_retries=0,
+        http_client=http_client or stripe.HTTPXClient(timeout=timeout),
+    )
+
+
+def stripe_steps(ctx: EffectContext, name: str = "stripe") -> StripeSteps:
+    """`StripeSteps` over the SDK, configured by `[downstream.NAME]`: its `base_url`, key and `timeout`.
+
+    The API key comes from `api_key_env`/`api_key_file` like any downstream's; `base_url` is Stripe's
+    (`https://api.stripe.com`) or a local fake's. One SDK client per downstream and process.
+    """
+    config = ctx.downstream(name).config
+    steps = _STEPS.get((name, config))
+    if steps is None:
+        if config.api_key is None:
+            raise TerminalError(f"[downstream.{name}] has no api key for Stripe", code="no_api_key")
+        client = stripe_client(config.api_key, base_url=config.base_url, timeout=config.timeout)
+        steps = _STEPS[(name, config)] = StripeSteps(client)
+    return steps
+
+
+class StripeSteps:
+    """Stripe calls a handler makes as recorded steps, each once per (effect, step name).
+
+    Each method takes the handler's context and a step name (default: the call's name), runs the call in
+    `ctx.step` with the step's idempotency key, and returns the Stripe object as a plain dict — the value the
+    ledger records and a later attempt gets back without calling Stripe again.
+    """
+
+    def __init__(self, client: stripe.StripeClient) -> None:
+        self._client = client
+
+    async def capture(
+        self,
+        ctx: EffectContext,
+        payment_intent: str,
+        *,
+        amount_to_capture: int | None = None,
+        step: str = "capture",
+    ) -> dict[str, Any]:
+        """Capture a `requires_capture` payment intent, in full or for `amount_to_capture` minor units.
+
+        An intent in any other state is refused by Stripe (`payment_intent_unexpected_state`, a
+        `TerminalError`): capture on `payment_intent.amount_capturable_updated`, not on `.succeeded`.
+        """
+        params: dict[str, Any] = {}
+        if amount_to_capture is not None:
+            params["amount_to_capture"] = amount_to_capture
+        service = self._client.v1.payment_intents
+        return await ctx.step(
+            step,
+            lambda key: call_stripe(
+                lambda: service.capture_async(payment_intent, params, _options(key))  # type: ignore[arg-type]
+            ),
+        )
+
+    async def refund(
+        self,
+        ctx: EffectContext,
+        *,
+        payment_intent: str,
+        amount: int | None = None,
+        reason: str | None = None,
+        step: str = "refund",
+    ) -> dict[str, Any]:
+        """Refund a captured payment intent, in full or for `amount` minor units."""
+        params: dict[str, Any] = {"payment_intent": payment_intent}
+        if amount is not None:
+            params["amount"] = amount
+        if reason is not None:
+            params["reason"] = reason
+        service = self._client.v1.refunds
+        return await ctx.step(
+            step,
+            lambda key: call_stripe(lambda: service.create_async(params, _options(key))),  # type: ignore[arg-type]
+        )
+
+    async def transfer(
+        self,
+        ctx: EffectContext,
+        *,
+        amount: int,
+        currency: str,
+        destination: str,
+        transfer_group: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        step: str = "transfer",
+    ) -> dict[str, Any]:
+        """Move `amount` minor units of `currency` to the connected account `destination`."""
+        params: dict[str, Any] = {"amount": amount, "currency": currency, "destination": destination}
+        if transfer_group is not None:
+            params["transfer_group"] = transfer_group
+        if metadata:
+            params["metadata"] = dict(metadata)
+        service = self._client.v1.transfers
+        return await ctx.step(
+            step,
+            lambda key: call_stripe(lambda: service.create_async(params, _options(key))),  # type: ignore[arg-type]
+        )
+
+
+async def call_stripe(call: Callable[[], Awaitable[stripe.StripeObject]]) -> dict[str, Any]:
+    """Await one SDK call; return its object as a JSON-ready dict, or raise the handler outcome.
+
+    For calls `StripeSteps` does not wrap: `ctx.step("payout", lambda key: call_stripe(lambda:
+    client.v1.payouts.create_async(params, {"idempotency_key": key, "max_network_retries": 0})))`.
+    """
+    import stripe
+
+    try:
+        answer = await call()
+    except stripe.StripeError as exc:
+        raise outcome_of(exc) from exc
+    return answer.to_dict(for_json=True)
+
+
+def outcome_of(exc: stripe.StripeError) -> HandlerError:
+    """The handler outcome a Stripe SDK error stands for (the table in the module docstring)."""
+    import stripe
+
+    message = f"stripe {type(exc).__name__}: {exc.user_message or exc}"
+    if isinstance(exc, stripe.RateLimitError | stripe.APIConnectionError):
+        return TransientError(message, retry_after=_retry_after(exc))
+    if isinstance(exc, stripe.IdempotencyError):
+        return UnrecoverableError(message, code=exc.code or "idempotency_error")
+    if isinstance(exc, stripe.APIError):
+        status = exc.http_status
+        if status is None or status == 409 or status >= 500:
+            return TransientError(message, retry_after=_retry_after(exc))
+    return TerminalError(message, code=exc.code or _error_type(exc) or f"http_{exc.http_status}")
+
+
+def _options(key: str) -> dict[str, Any]:
+    return {"idempotency_key": key, "max_network_retries": 0}
+
+
+def _retry_after(exc: stripe.StripeError) -> float | None:
+    for name, value in (exc.headers or {}).items():
+        if name.lower() == "retry-after":
+            return retry_after_seconds(value)
+    return None
+
+
+def _error_type(exc: stripe.StripeError) -> str | None:
+    error = exc.error
+    kind = getattr(error, "type", None) if error is not None else None
+    return kind if isinstance(kind, str) and kind else None

@@ -1,0 +1,144 @@
+"""PayPal and Adyen captures through `ctx.downstream`, each key in the provider's own header, against fakes.
+
+PayPal: "when you include a previously specified PayPal-Request-Id header in a request, PayPal returns the
+latest status of the previous request" (https://developer.paypal.com/reference/guidelines/idempotency).
+Adyen: the Checkout API answers a POST whose `Idempotency-Key` was seen before with the first answer
+(https://docs.adyen.com/development-resources/api-idempotency). The fakes do both, so the crash window of a
+step (the capture made, its record lost, the step run again with the same key) captures once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
+from effectgate.handlers.downstream import DownstreamClient, DownstreamConfig
+from effectgate.handlers.idempotency import idempotency_key
+from effectgate.handlers.providers.adyen import capture_payment
+from effectgate.handlers.providers.paypal import capture_authorization
+from effectgate.ledger import db, jobs
+from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry
+
+from .fake_servers import serving
+
+pytestmark = pytest.mark.anyio
+__all__ = ["pool"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def fake_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with serving("fake_paypal_adyen", tmp_path_factory.mktemp("fake_paypal_adyen")) as url:
+        yield url
+
+
+@pytest.fixture
+async def http(fake_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        assert (await client.post(f"{fake_url}/_fake/reset")).status_code == 200
+        yield client
+
+
+def paypal(http: httpx.AsyncClient, url: str, header: str | None = "PayPal-Request-Id") -> DownstreamClient:
+    return DownstreamClient("paypal", http, DownstreamConfig(url, "A21AA_token", idempotency_header=header))
+
+
+def adyen(http: httpx.AsyncClient, url: str) -> DownstreamClient:
+    config = DownstreamConfig(f"{url}/v71", "AQE_key", auth_scheme="X-API-Key")
+    return DownstreamClient("adyen", http, config)
+
+
+async def stats(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    result: dict[str, Any] = (await http.get(f"{url}/_fake/stats")).json()
+    return result
+
+
+async def test_both_captures_run_once_across_a_retry_with_the_steps_key(
+    pool: db.Pool, http: httpx.AsyncClient, fake_url: str
+) -> None:
+    runs = 0
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        nonlocal runs
+        runs += 1
+        pp = await capture_authorization(ctx, paypal(http, fake_url), "0VF52814937998046", step="paypal")
+        assert pp["status"] == "COMPLETED"
+        ad = await capture_payment(
+            ctx,
+            adyen(http, fake_url),
+            "QFQTPCQ8HXSKGK82",
+            merchant_account="ShopECOM",
+            value=1000,
+            currency="EUR",
+            step="adyen",
+        )
+        assert ad["status"] == "received"
+        if runs == 1:
+            raise TransientError("a later call blinked")
+
+    async with pool.connection() as conn:
+        job_id = await claim(conn, "order:77", max_attempts=3)
+    await make_worker(pool, registry(kind(handler))).run_until_idle()
+    async with pool.connection() as conn:
+        assert (await jobs.get(conn, job_id) or {})["state"] == "succeeded"
+    counts = await stats(http, fake_url)
+    assert counts["paypal_captures"] == {"0VF52814937998046": 1}
+    assert counts["adyen_captures"] == {"QFQTPCQ8HXSKGK82": 1}
+    assert (counts["replays"], counts["requests_without_key"]) == (0, 0)
+
+
+async def test_the_same_key_again_is_answered_with_the_first_capture(
+    http: httpx.AsyncClient, fake_url: str
+) -> None:
+    """The crash window: the capture reached the provider, its answer was never recorded, the step runs
+    again with the same key. Both providers answer with the first result instead of capturing again."""
+    key = idempotency_key("default", "order:78", "capture")
+    path = "/v2/payments/authorizations/AUTH78/capture"
+    first = await paypal(http, fake_url).request(
+        "POST", path, json={"final_capture": True}, idempotency_key=key
+    )
+    again = await paypal(http, fake_url).request(
+        "POST", path, json={"final_capture": True}, idempotency_key=key
+    )
+    assert again == first
+    body = {"merchantAccount": "ShopECOM", "amount": {"value": 500, "currency": "EUR"}}
+    a1 = await adyen(http, fake_url).request(
+        "POST", "/payments/PSP78/captures", json=body, idempotency_key=key
+    )
+    a2 = await adyen(http, fake_url).request(
+        "POST", "/payments/PSP78/captures", json=body, idempotency_key=key
+    )
+    assert a2 == a1
+    counts = await stats(http, fake_url)
+    assert (counts["paypal_captures"], counts["adyen_captures"], counts["replays"]) == (
+        {"AUTH78": 1},
+        {"PSP78": 1},
+        2,
+    )
+
+
+async def test_a_key_in_the_wrong_header_is_refused_before_anything_is_sent(
+    http: httpx.AsyncClient, fake_url: str
+) -> None:
+    # In Idempotency-Key, PayPal would ignore the key and capture again on a retry.
+    with pytest.raises(ValueError, match="PayPal-Request-Id"):
+        await capture_authorization(None, paypal(http, fake_url, header="Idempotency-Key"), "AUTH79")  # type: ignore[arg-type]
+    assert (await stats(http, fake_url))["requests_without_key"] == 0
+
+
+async def test_a_second_capture_under_another_key_is_refused_terminally(
+    http: httpx.AsyncClient, fake_url: str
+) -> None:
+    path = "/v2/payments/authorizations/AUTH80/capture"
+    await paypal(http, fake_url).request("POST", path, json={}, idempotency_key="k-first")
+    with pytest.raises(TerminalError):
+        await paypal(http, fake_url).request("POST", path, json={}, idempotency_key="k-second")
+    assert (await stats(http, fake_url))["paypal_captures"] == {"AUTH80": 1}
