@@ -301,7 +301,8 @@ def serve_app() -> Any:
     serving.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
     config = load(os.environ["EFFECTGATE_CONFIG"], role="gateway")
-    import_handlers(config)
+    # The supervisor already warned about the handlers once; N children need not repeat it.
+    import_handlers(config, warn=False)
     guard.configure(config.gateway.limits)
     tracing.configure(config.tracing, role="gateway")
     session_key = bytes.fromhex(os.environ.pop(_SESSION_KEY_ENV))
