@@ -432,6 +432,12 @@ def _prepare(
             return [ids["order-paid:1"]], [f"job {ids['order-paid:1']}: redriven"]
         case ("jobs", "cancel"):
             return [ids["ship:9"]], [f"job {ids['ship:9']}: cancelled"]
+        case ("jobs", "resolve"):
+            job_id = ids["order-paid:1"]
+            return [job_id, "--reason", "refunded by phone"], [
+                f"job {job_id}: resolved by hand (was failed)",
+                "refunded by phone",
+            ]
         case ("jobs", "pause"):
             return ["--kind", "ship_order"], ["kind ship_order: paused"]
         case ("jobs", "resume"):
