@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint
 
-from .processes import wait_until
+from .processes import free_port, wait_until
 from .test_startup import cli, wait_log
 
 STUCK_HANDLERS = """\
@@ -140,3 +143,43 @@ def test_a_second_signal_hands_the_running_jobs_back_now_fenced(
         wait_log(again, tmp_path / "again.log", "worker.draining")
         again.send_signal(signal.SIGTERM)
         assert again.wait(timeout=120) == 0
+
+
+def test_under_up_one_ctrl_c_drains_and_a_second_hands_back_now(db_url: str, tmp_path: Path) -> None:
+    project = _project(tmp_path / "project")
+    marker = tmp_path / "started"
+    log = tmp_path / "up.log"
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**base, "DATABASE_URL": db_url, "STARTUP_SECRET": "whsec_x", "STOP_STARTED_MARKER": str(marker)}
+    command = [sys.executable, "-m", "effectgate.gateway.cli", "up", "--config", "effectgate.toml"]
+    with log.open("wb") as out:
+        # A session of its own, as a terminal gives: Ctrl-C is a SIGINT to every process of the group.
+        proc = subprocess.Popen(
+            [*command, "--port", str(free_port())],
+            cwd=project,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_log(proc, log, "worker.started")
+        job_ids = asyncio.run(_claim(db_url, 1))
+        wait_until(lambda: marker.exists() and marker.read_text().split() != [], 60, "the job to be running")
+        os.killpg(proc.pid, signal.SIGINT)
+        wait_log(proc, log, "effectgate: stopping: the worker drains for up to 3600 s")
+        wait_log(proc, log, "worker.draining")
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    [draining] = _lines(log, "worker.draining")
+    assert draining["job_ids"] == job_ids
+    assert len(_lines(log, "worker.stopping_now")) == 1
+    # The stop-now came from the second Ctrl-C, passed on by the supervisor after it said so, not from the
+    # first one reaching the worker twice (from the terminal, and passed on): all write to one file, in order.
+    text = log.read_text()
+    assert text.index("effectgate: stopping now") < text.index('"worker.stopping_now"')
+    assert _lines(log, "worker.leases_abandoned")[0]["job_ids"] == job_ids
