@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from effectgate.gateway.config import ConfigError, app_dir, import_handlers, load, parse
+from effectgate.gateway.examples import EXAMPLE_TYPES
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker import DEFAULT_CONCURRENCY
 
@@ -531,8 +532,7 @@ def test_every_handler_mistake_is_refused_at_once_at_the_users_line(
     assert problems == [
         f"{project / name}_fixed.py:25: effect 'fixed.never_matches': event pattern "
         "'PaymentIntentSucceeded' can never match a stripe event of source 'stripe': stripe types are "
-        "lower-case words joined by dots, such as 'payment_intent.succeeded', 'charge.succeeded', "
-        "'charge.refunded'"
+        "lower-case words joined by dots, such as " + ", ".join(repr(t) for t in EXAMPLE_TYPES["stripe"])
     ]
 
 
