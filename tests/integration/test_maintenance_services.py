@@ -24,6 +24,7 @@ from tests.integration.jobs_fixtures import (
     claim,
     connected,
     job,
+    later,
     module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
     rolled_back_conn,  # noqa: F401   on one database per module)
     scalar,
@@ -238,3 +239,36 @@ async def test_a_maintenance_failure_is_logged_at_error_under_its_own_name(
     errors = getattr(record, "service_errors", None) or {"loop": getattr(record, "error", "")}
     assert any("does not exist" in str(e) for e in errors.values()), errors
     assert "reconciler.repaired" not in caplog.messages
+
+
+async def test_a_job_the_reconciler_parks_is_logged_at_error_with_its_kind_key_and_reason(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = db.make_pool(db_url, min_size=1, max_size=2, name="effectgate-test")
+    await pool.open(wait=True)
+    stopping = asyncio.Event()
+    try:
+        async with connected(db_url) as c:
+            job_id = await claim(c, "order:7", kind="ship", orphan_policy="park", now=later(-100))
+            await jobs.fetch_and_lease(c, owner="gone", kinds={"ship": 10}, limit=1, now=later(-100))
+        with caplog.at_level(logging.INFO, logger="effectgate"):
+            loop = asyncio.create_task(
+                reconcile_forever(pool, Registry(), ReconcilerConfig(tick=0.05), stopping)
+            )
+
+            async def parked() -> bool:
+                return "reconciler.parked" in caplog.messages
+
+            await wait_for(parked, 30, "the park to be logged")
+            stopping.set()
+            await loop
+    finally:
+        await pool.close()
+    [record] = [r for r in caplog.records if r.getMessage() == "reconciler.parked"]
+    assert record.levelno == logging.ERROR
+    assert (record.job_id, record.kind, record.effect_key, record.reason) == (  # type: ignore[attr-defined]
+        job_id,
+        "ship",
+        "order:7",
+        "orphaned: lease expired and orphan_policy is park",
+    )
