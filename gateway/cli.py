@@ -301,7 +301,8 @@ def serve_app() -> Any:
     serving.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
     config = load(os.environ["EFFECTGATE_CONFIG"], role="gateway")
-    import_handlers(config)
+    # The supervisor already warned about the handlers once; N children need not repeat it.
+    import_handlers(config, warn=False)
     tracing.configure(config.tracing, role="gateway")
     session_key = bytes.fromhex(os.environ.pop(_SESSION_KEY_ENV))
     trusted = os.environ.get(_TRUSTED_ENV)
@@ -329,6 +330,8 @@ _SESSION_KEY_ENV = "EFFECTGATE_SESSION_KEY"
 _OPERATOR_PORT_ENV = "EFFECTGATE_OPERATOR_PORT"
 _TRUSTED_ENV = "EFFECTGATE_FORWARDED_ALLOW_IPS"
 _APP_FACTORY = "effectgate.gateway.cli:serve_app"
+# Set by `effectgate up` for its children: the supervisor passes every stop signal on as SIGTERM.
+_SUPERVISED_ENV = "EFFECTGATE_SUPERVISED"
 
 
 def event_loop() -> str:
@@ -536,8 +539,13 @@ async def _run_worker(
             pool, REGISTRY, url=url, config=worker_config, services=services, observer=metrics.WORKER_OBSERVER
         )
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+        loop.add_signal_handler(signal.SIGTERM, worker.stop)
+        if os.environ.get(_SUPERVISED_ENV):
+            # Under `effectgate up` a terminal's Ctrl-C reaches the whole process group, and the supervisor
+            # passes each one on as SIGTERM: heeding both would make the first Ctrl-C a second stop.
+            loop.add_signal_handler(signal.SIGINT, lambda: None)
+        else:
+            loop.add_signal_handler(signal.SIGINT, worker.stop)
         try:
             async with _serving_metrics(
                 pool, metrics_socket, config.metrics_token_sha256, config.gateway.limits
@@ -763,9 +771,20 @@ def _run_up(
     home: Path,
 ) -> int:
     stopping = False
+    procs: list[subprocess.Popen[bytes]] = []
 
     def stop(signum: int, _frame: Any) -> None:
         nonlocal stopping
+        if stopping:
+            # A second Ctrl-C or SIGTERM: passed on, so the worker hands its running jobs back now.
+            print(
+                "effectgate: stopping now: the worker hands its running jobs back",
+                file=sys.stderr,
+                flush=True,
+            )
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
         stopping = True
 
     # Before the children start: a SIGTERM from here on stops them too, rather than leaving them behind.
@@ -780,7 +799,7 @@ def _run_up(
         [*me, "serve", "--config", config_path, "--no-migrate", "--host", host, "--port", str(port)]
     )
     commands.append([*me, "worker", "--config", config_path, "--no-migrate"])
-    procs = [subprocess.Popen(c, env=env) for c in commands]
+    procs.extend(subprocess.Popen(c, env={**env, _SUPERVISED_ENV: "1"}) for c in commands)
     names = {id(p): c[3] for p, c in zip(procs, commands, strict=True)}
 
     base = f"http://{host}:{port}"
@@ -812,6 +831,13 @@ def _run_up(
             exit_code = EXIT_FAILURE
             break
         time.sleep(0.2)
+    if stopping:
+        print(
+            f"effectgate: stopping: the worker drains for up to {config.worker.drain_timeout:g} s "
+            "(its log says what); Ctrl-C again to stop now",
+            file=sys.stderr,
+            flush=True,
+        )
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import ipaddress
+import logging
 import os
 import re
 import sys
@@ -44,7 +45,7 @@ from effectgate.ledger.retention import DEFAULT_HISTORY, DEFAULT_PAYLOADS, Reten
 from effectgate.ledger.sweeps import SweepConfig
 from effectgate.ledger.waker import WakerConfig
 
-from . import guard, penalty_box
+from . import guard, handler_checks, penalty_box
 from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
 from .penalty_box import PenaltySettings
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
@@ -54,6 +55,8 @@ from .secret_sources import read_file as read_secret_file
 from .signatures import SCHEMES, Covers, Scheme, SchemeConfigError, build_scheme, covers_of
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
+
+log = logging.getLogger("effectgate.config")
 
 DEFAULT_CONFIG_FILE = "effectgate.toml"
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -232,6 +235,9 @@ class Config:
     path: str
     sources: Mapping[str, Source]
     handler_modules: tuple[str, ...]
+    # [handlers] skip_sources: sources the modules declare effects for that this deployment does not take
+    # (a shared handler module); their effects are not refused at start-up for the missing source.
+    handler_skip_sources: tuple[str, ...] = ()
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     payments: DownstreamConfig | None = None
@@ -784,6 +790,10 @@ def parse(
     if not all(isinstance(m, str) and m for m in modules):
         hd.problem("modules", "must be a list of importable module names")
         modules = []
+    skip_sources = hd.get("skip_sources", list, [])
+    if not all(isinstance(m, str) and m for m in skip_sources):
+        hd.problem("skip_sources", "must be a list of source names")
+        skip_sources = []
     hd.no_unknown_keys()
 
     src = root.table_of("sources")
@@ -829,6 +839,7 @@ def parse(
         path=path,
         sources=sources,
         handler_modules=tuple(modules),
+        handler_skip_sources=tuple(skip_sources),
         gateway=gateway,
         worker=worker,
         payments=downstreams.get("payments"),
@@ -914,31 +925,39 @@ def app_dir(config: Config) -> Path:
     return path.resolve().parent if path.is_file() else Path.cwd()
 
 
-def import_handlers(config: Config) -> None:
+def import_handlers(config: Config, *, warn: bool = True) -> None:
     """Import the configured handler modules, which register their effects on import.
 
     The configuration file's directory goes first on ``sys.path`` (as uvicorn's ``--app-dir`` does), so
     a handler module kept next to ``effectgate.toml`` imports without ``PYTHONPATH``, from any working
     directory and in every process of ``serve --workers N``. Every module that fails is reported at
-    once, with the error and what to do about it.
+    once, with the error and what to do about it, and so is every mistaken ``@effect`` declaration and
+    every effect of an unconfigured source (``handler_checks``), each at the user's file and line. An
+    event pattern that can never match its source's scheme is logged as a warning (``warn``).
     """
     directory = str(app_dir(config))
     if directory not in sys.path:
         sys.path.insert(0, directory)
     where = f"{directory} (the configuration file's directory)" if Path(config.path).is_file() else directory
     problems = []
-    for module in config.handler_modules:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:
-            problems.append(
-                f"{config.path}: handlers.modules: cannot import {module!r}: {_import_failure(module, exc, where)}"
-            )
+    with REGISTRY.collecting() as mistakes:
+        for module in config.handler_modules:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                problems.append(
+                    f"{config.path}: handlers.modules: cannot import {module!r}: {_import_failure(module, exc, where)}"
+                )
+    schemes = {name: source.scheme_name for name, source in config.sources.items()}
+    problems.extend(handler_checks.problems(REGISTRY, mistakes, schemes, config.handler_skip_sources))
     if not problems:
         problems = [f"{config.path}: {p}" for p in identity_problems(config, REGISTRY)]
         problems += check_downstream_names(REGISTRY, config.downstream_names)
     if problems:
         raise ConfigError(*problems)
+    if warn:
+        for warning in handler_checks.warnings(REGISTRY, schemes):
+            log.warning("handlers.pattern_never_matches", extra={"problem": warning})
 
 
 def unsigned_fields(config: Config) -> dict[str, frozenset[str]]:

@@ -188,6 +188,27 @@ async def extend_leases(
     )
 
 
+async def abandon_leases(
+    conn: Conn, leases: Sequence[tuple[int, int]], *, now: datetime | None = None
+) -> list[int]:
+    """Give up many leases, given as (job id, lease token), in one statement: each expires now, where its
+    token still holds, and the reconciler hands the job on by its release rule at its next pass. Returns
+    the jobs whose lease was given up (one taken by someone else meanwhile is not among them)."""
+    if not leases:
+        return []
+    rows = await (
+        await conn.execute(
+            Q["lease_abandon_if_held"],
+            {
+                "job_ids": [job_id for job_id, _ in leases],
+                "lease_tokens": [token for _, token in leases],
+                "now": now,
+            },
+        )
+    ).fetchall()
+    return sorted(row["id"] for row in rows)
+
+
 async def save_checkpoint(
     conn: Conn, job_id: int, lease_token: int, checkpoint: Any, *, now: datetime | None = None
 ) -> None:

@@ -107,6 +107,15 @@ SELECT j.id, false, true
 FROM jobs j JOIN asked a ON j.id = a.job_id AND j.lease_token = a.lease_token
 WHERE j.state = 'running' AND NOT EXISTS (SELECT 1 FROM held WHERE held.id = j.id);
 
+-- name: lease_abandon_if_held
+-- A stopping worker gives up leases it can no longer use, only where its token still holds: the lease
+-- expires now, so the lease rescuer of any process applies the release rule (orphan policy, poison count,
+-- an asked-for cancel) at its next tick instead of after the TTL. Nothing else of the row changes.
+UPDATE jobs j SET lease_expires_at = coalesce(%(now)s, now()), updated_at = coalesce(%(now)s, now())
+FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[]) AS a(job_id, lease_token)
+WHERE j.id = a.job_id AND j.lease_token = a.lease_token AND j.state = 'running'
+RETURNING j.id;
+
 -- name: lease_hold_if_leased
 -- Locks the job row for the rest of the caller's transaction, only for the holder of the current token:
 -- a reclaim cannot interleave with a fenced write, and the write counts as committed progress.

@@ -74,6 +74,7 @@ def test_serve_and_worker_export_spans_over_otlp_and_the_provider_sees_tracepare
         f"""
 [handlers]
 modules = ["tests.e2e.e2e_handlers"]
+skip_sources = ["connect"]
 
 [sources.shop]
 scheme = "stripe"

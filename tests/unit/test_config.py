@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from effectgate.gateway.config import ConfigError, app_dir, import_handlers, load, parse
+from effectgate.gateway.examples import EXAMPLE_TYPES
 from effectgate.gateway.penalty_box import PenaltySettings
+from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker import DEFAULT_CONCURRENCY
 
 ENV = {"S1": "whsec_one", "S2": "whsec_two"}
@@ -351,9 +353,11 @@ def test_the_startup_wait_is_configurable_and_checked() -> None:
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A user's project directory, with the test run from another directory and the import state
-    restored afterwards."""
+    restored afterwards, and the process registry empty (other tests' handler modules registered into it)."""
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    for attribute in ("_kinds", "_sweeps"):
+        monkeypatch.setattr(REGISTRY, attribute, {})
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -498,3 +502,85 @@ def test_client_concurrency_builds_each_process_its_slots_trusted_proxies_exempt
     assert not proxied.limits("10.0.3.7") and proxied.limits("10.0.4.7")
     with pytest.raises(ConfigError, match=r"gateway\.client_concurrency: must be >= 0"):
         parse(MINIMAL + "[gateway]\nclient_concurrency = -1\n", env=ENV)
+
+
+BAD_HANDLERS = """\
+from effectgate import effect
+
+
+@effect(source="strip", events=["payment_intent.succeeded"], name="typo_source")
+async def typo_source(ctx, ev):
+    return None
+
+
+@effect(source="stripe", events=["payment_intent.succeeded"], name="plain_def")
+def plain_def(ctx, ev):
+    return None
+
+
+@effect(
+    source="stripe",
+    events=["payment_intent.succeeded"],
+    name="bad_arguments",
+    lease_ttl=-1,
+    orphan_policy="retry",
+)
+async def bad_arguments(ctx, ev):
+    return None
+
+
+@effect(source="stripe", events=["PaymentIntentSucceeded", "charge.*"], name="never_matches")
+async def never_matches(ctx, ev):
+    return None
+"""
+
+
+def test_every_handler_mistake_is_refused_at_once_at_the_users_line(
+    project: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = f"eg_bad_handlers_{uuid.uuid4().hex[:8]}"
+    (project / f"{name}.py").write_text(BAD_HANDLERS)
+    config = load(_project_config(project, name), env=ENV)
+    with pytest.raises(ConfigError) as caught:
+        import_handlers(config)
+    at = f"{project / name}.py"
+    assert list(caught.value.problems) == [
+        f"{at}:9: effect 'plain_def': the handler must be a coroutine function (async def), not a plain def",
+        f"{at}:14: effect 'bad_arguments': orphan_policy must be 'redrive' or 'park', got 'retry'",
+        f"{at}:14: effect 'bad_arguments': lease_ttl must be a finite number of seconds > 0, got -1",
+        f"{at}:4: effect 'typo_source': source 'strip' is not configured, so it would never run "
+        "(configured sources: 'stripe'); did you mean 'stripe'? Configure [sources.strip], or list it in "
+        "[handlers] skip_sources if this deployment does not take it.",
+    ]
+    # Once the mistakes are fixed, the pattern that can never match a Stripe type is a warning.
+    REGISTRY.clear()
+    (project / f"{name}_fixed.py").write_text(
+        BAD_HANDLERS.replace('"strip"', '"stripe"')
+        .replace("def plain_def", "async def plain_def")
+        .replace("lease_ttl=-1", "lease_ttl=1")
+        .replace('"retry"', '"park"')
+        .replace("name=", "name='fixed.' + ")
+    )
+    with caplog.at_level("WARNING", logger="effectgate.config"):
+        import_handlers(load(_project_config(project, f"{name}_fixed"), env=ENV))
+    problems = [r.problem for r in caplog.records if r.getMessage() == "handlers.pattern_never_matches"]
+    assert problems == [
+        f"{project / name}_fixed.py:25: effect 'fixed.never_matches': event pattern "
+        "'PaymentIntentSucceeded' can never match a stripe event of source 'stripe': stripe types are "
+        "lower-case words joined by dots, such as " + ", ".join(repr(t) for t in EXAMPLE_TYPES["stripe"])
+    ]
+
+
+def test_a_source_listed_in_skip_sources_is_not_refused(project: Path) -> None:
+    name = f"eg_skip_{uuid.uuid4().hex[:8]}"
+    (project / f"{name}.py").write_text(
+        "from effectgate import effect\n\n"
+        "@effect(source='shopify', events=['orders/paid'], name='skip.shopify')\n"
+        "async def ship(ctx, ev):\n    return None\n"
+    )
+    config = project / "effectgate.toml"
+    config.write_text(f'[handlers]\nmodules = ["{name}"]\nskip_sources = ["shopify"]\n' + MINIMAL)
+    import_handlers(load(config, env=ENV))
+    assert REGISTRY.get("skip.shopify") is not None
+    with pytest.raises(ConfigError, match=r"handlers\.skip_sources: must be a list of source names"):
+        parse("[handlers]\nskip_sources = [1]\n" + MINIMAL, env=ENV)
