@@ -1,4 +1,5 @@
-"""The one place a verified event becomes effect requests: tenant, require, key, fingerprint, lock key.
+"""The one place a verified event becomes effect requests: tenant, require, key, fingerprint, lock key,
+version.
 
 The ingress (``gateway/ingress.py``) and the replay of unmatched deliveries (``handlers/replay.py``) both
 call ``plan_event``, so a delivery replayed later is claimed exactly as it would have been on arrival
@@ -6,7 +7,7 @@ call ``plan_event``, so a delivery replayed later is claimed exactly as it would
 
 Identity from signed material. A provider's signature may leave the event type unsigned (GitHub's
 ``X-GitHub-Delivery`` and ``X-GitHub-Event``, Shopify's topic; the gateway already replaced unsigned ids
-with the signed body's digest). Key, lock-key and ``require`` functions therefore see a ``SignedView`` of
+with the signed body's digest). Key, lock-key, version and ``require`` functions therefore see a ``SignedView`` of
 the event: reading ``delivery_id``, or ``type`` where it is unsigned, raises ``UnsignedField`` unless the
 effect declared ``trust_unsigned=True``. ``check_identity`` finds such reads at start-up by reading the
 functions' bytecode (attribute loads of ``type`` and ``delivery_id``), so most mistakes stop the process
@@ -102,6 +103,8 @@ def plan_event(registry: Registry, event: Event) -> EventPlan:
                 continue
             key = kind.effect_key(seen)
             lock_key = kind.lock_key_for(seen)
+            # No object, no order: a delivery whose lock key function names none is claimed unversioned.
+            version = kind.version_for(seen) if lock_key is not None else None
         except Exception as exc:
             raise PlanFailed(kind.name, event.id, exc) from exc
         plan.effects.append(
@@ -112,6 +115,7 @@ def plan_event(registry: Registry, event: Event) -> EventPlan:
                 kind.orphan_policy,
                 lock_key,
                 fingerprint=kind.fingerprint_of(event),
+                version=version,
             )
         )
     return plan
@@ -192,7 +196,13 @@ def check_identity(registry: Registry, unsigned_by_source: Mapping[str, frozense
         if unsigned is None or kind.trust_unsigned:
             continue
         guarded = UNSIGNED_ALWAYS | unsigned
-        for role, fn in (("key", kind.key), ("lock_key", kind.lock_key), ("require", kind.require_fn)):
+        version_fn = kind.version if callable(kind.version) else None
+        for role, fn in (
+            ("key", kind.key),
+            ("lock_key", kind.lock_key),
+            ("require", kind.require_fn),
+            ("version", version_fn),
+        ):
             code = getattr(fn, "__code__", None)
             if not isinstance(code, CodeType):
                 continue

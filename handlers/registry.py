@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from effectgate.ledger.fingerprints import fingerprint_selected
@@ -40,6 +41,8 @@ DEFAULT_LEASE_TTL = 60.0
 DEFAULT_SLICE_BUDGET = 300.0
 MAX_EFFECT_KEY_LENGTH = 512
 MAX_LOCK_KEY_LENGTH = 512
+# Versions are stored as Postgres bigints (migrations/0020): integers as they are, times in microseconds.
+MAX_VERSION = 2**63 - 1
 # ``max_slice`` defaults to this many slice budgets; it may never be set below MIN_SLICE_FACTOR.
 DEFAULT_SLICE_FACTOR = 3.0
 MIN_SLICE_FACTOR = 2.0
@@ -54,6 +57,8 @@ KeyFn = Callable[[Event], str]
 LockKeyFn = Callable[[Event], "str | None"]
 TransitionHook = Callable[["Conn", Transition], Awaitable[None]]
 RequireFn = Callable[[Event], bool]
+# ``version`` as a function: an int, an ISO 8601 time with its offset, or a timezone-aware datetime.
+VersionFn = Callable[[Event], "int | str | datetime"]
 # ``require`` as declared: JSON Pointer -> the value the signed payload must hold there, or a predicate.
 Require = Mapping[str, Any] | RequireFn
 SweepFn = Callable[["Conn"], Awaitable[int]]
@@ -145,6 +150,10 @@ class EffectKind:
     source's events can claim them, ``"shared"`` keeps them as returned; ``None`` (undeclared) keeps them as
     returned too, and the gateway refuses to start when effects of two sources that can reach one tenant
     both leave it undeclared (docs/adr/0007).
+    ``version``: latest wins per object (docs/ordering.md). A JSON Pointer into the signed payload (given as a
+    string, parsed here) or a function of the event, naming a monotonic field of the object the lock key
+    names: an integer, or an ISO 8601 time with an offset. It needs ``lock_key``. A delivery whose version is
+    lower than the highest claimed for (tenant, kind, lock key) is recorded ``superseded`` and never runs.
     """
 
     name: str
@@ -166,6 +175,7 @@ class EffectKind:
     require_fn: RequireFn | None = None
     trust_unsigned: bool = False
     key_space: KeySpace | None = None
+    version: JsonPointer | VersionFn | None = None
     # ``path:line`` of the ``@effect(...)`` that declared it (None: built directly), for start-up checks.
     defined_at: str | None = field(default=None, compare=False)
 
@@ -205,6 +215,22 @@ class EffectKind:
                 object.__setattr__(self, "fingerprint", _pointers(self.name, self.fingerprint))
             except ValueError as exc:
                 problems.append(str(exc))
+        if self.version is not None:
+            if isinstance(self.version, str):
+                try:
+                    object.__setattr__(self, "version", JsonPointer.parse(self.version))
+                except ValueError as exc:
+                    problems.append(f"effect {self.name!r}: version: {exc}")
+            elif not isinstance(self.version, JsonPointer) and not callable(self.version):
+                problems.append(
+                    f"effect {self.name!r}: version must be a JSON Pointer or a function of the event, "
+                    f"got {self.version!r}"
+                )
+            if self.lock_key is None:
+                # The version orders the deliveries of one object; the lock key says which object.
+                problems.append(
+                    f"effect {self.name!r}: version needs a lock_key naming the object it versions"
+                )
         if not callable(self.fn):
             problems.append(f"effect {self.name!r}: the handler must be an async function, got {self.fn!r}")
         if not self.events or not all(isinstance(e, str) and e for e in self.events):
@@ -303,6 +329,43 @@ class EffectKind:
                 f"string of at most {MAX_LOCK_KEY_LENGTH} characters"
             )
         return lock
+
+    def version_for(self, event: Event) -> int | None:
+        """The version of ``event`` as a bigint (``None``: the effect declares none), computed at claim time.
+        A missing field, or one that is neither an integer nor an ISO 8601 time with an offset, raises
+        ``ValueError``: ordering by a guess would let an old event win."""
+        if self.version is None:
+            return None
+        if isinstance(self.version, JsonPointer):
+            try:
+                found = self.version.resolve(event.payload)
+            except PointerMissing:
+                raise ValueError(f"effect {self.name!r}: no version at {self.version.text!r}") from None
+        else:
+            found = self.version(event)
+        return _version_number(self.name, found)
+
+
+def _version_number(kind: str, found: object) -> int:
+    if isinstance(found, str):
+        text = found
+        try:
+            found = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(
+                f"effect {kind!r}: the version {text[:64]!r} is neither an integer nor an ISO 8601 time"
+            ) from None
+    if isinstance(found, datetime):
+        if found.tzinfo is None:
+            # A time without an offset is a different instant in every zone: no order can be read from it.
+            raise ValueError(f"effect {kind!r}: the version time {found.isoformat()!r} has no UTC offset")
+        delta = found - datetime(1970, 1, 1, tzinfo=UTC)
+        found = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    if isinstance(found, bool) or not isinstance(found, int) or not -MAX_VERSION <= found <= MAX_VERSION:
+        raise ValueError(
+            f"effect {kind!r}: the version {found!r} is not an integer (of at most 63 bits) or an ISO 8601 time"
+        )
+    return found
 
 
 def _pointers(kind: str, pointers: object) -> tuple[JsonPointer, ...]:
@@ -440,6 +503,7 @@ class Registry:
         require: Require | None = None,
         trust_unsigned: bool = False,
         key_space: KeySpace | None = None,
+        version: str | VersionFn | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: register an async handler for ``events`` from ``source``.
 
@@ -467,6 +531,7 @@ class Registry:
             settings: dict[str, Any] = {
                 "fingerprint": None if fingerprint is None else fingerprint,
                 "require": require_map,
+                "version": version,
             }
             try:
                 kind = EffectKind(
@@ -551,6 +616,7 @@ def effect(
     require: Require | None = None,
     trust_unsigned: bool = False,
     key_space: KeySpace | None = None,
+    version: str | VersionFn | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register an async effect handler in the process registry.
 
@@ -567,6 +633,9 @@ def effect(
     cannot read unsigned fields (``delivery_id``; ``type`` where unsigned) unless ``trust_unsigned=True``.
     ``key_space="source"`` files a key function's keys under the source, so another source's events can
     never claim them; ``"shared"`` says sharing them across sources is meant.
+    ``version`` (with ``lock_key``) makes the latest event per object win: a JSON Pointer into the signed
+    payload (``"/created"``) or a function of the event giving an integer or an ISO 8601 time; a delivery
+    older than the newest claimed for its object is recorded ``superseded`` and never runs.
     Every other setting is described on ``EffectKind``; all are validated here, at registration.
     """
     return REGISTRY.effect(
@@ -587,6 +656,7 @@ def effect(
         require=require,
         trust_unsigned=trust_unsigned,
         key_space=key_space,
+        version=version,
     )
 
 

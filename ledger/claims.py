@@ -34,6 +34,8 @@ class EffectRequest:
     # The fingerprint of the fields this effect says make "the same request"; None: the delivery's,
     # of the whole payload.
     fingerprint: str | None = None
+    # Latest wins per (tenant, handler, lock key): the delivery's version (None: the effect declares none).
+    version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +87,18 @@ class Rejected:
     outcome: Literal[DeliveryOutcome.REJECTED] = DeliveryOutcome.REJECTED
 
 
-ClaimOutcome = Accepted | Duplicate | Rejected
+@dataclass(frozen=True, slots=True)
+class Superseded:
+    """Older than the newest version claimed for its object (``latest_version``): recorded, never run."""
+
+    effect_key: str
+    handler: str
+    version: int
+    latest_version: int
+    outcome: Literal[DeliveryOutcome.SUPERSEDED] = DeliveryOutcome.SUPERSEDED
+
+
+ClaimOutcome = Accepted | Duplicate | Rejected | Superseded
 
 
 async def claim_delivery(
@@ -133,6 +146,8 @@ async def claim_deliveries(
             outcome = Accepted(key, handler, row["effect_id"], row["job_id"])
         elif row["outcome"] == DeliveryOutcome.DUPLICATE:
             outcome = Duplicate(key, handler, row["effect_id"], row["delivery_count"])
+        elif row["outcome"] == DeliveryOutcome.SUPERSEDED:
+            outcome = Superseded(key, handler, row["version"], row["latest_version"])
         else:
             outcome = Rejected(key, handler, row["effect_id"], row["held_fingerprint"])
         results[d][e] = outcome
@@ -181,12 +196,13 @@ async def _claim_round(
             # A delivery no handler asked for keeps its payload too (for the payload window), so it can be
             # replayed once a handler exists.
             effect_key = handler = orphan_policy = lock_key = None
-            max_attempts = None
+            max_attempts = version = None
             fingerprint = delivery.fingerprint
         else:
             effect = effects[e]
             effect_key, handler = effect.effect_key, effect.handler
             max_attempts, orphan_policy, lock_key = effect.max_attempts, effect.orphan_policy, effect.lock_key
+            version = effect.version if lock_key is not None else None
             # The effect's own fingerprint fields, when it names some; else the whole payload's.
             fingerprint = effect.fingerprint or delivery.fingerprint
         ix = payload_ix.get(d)
@@ -210,6 +226,7 @@ async def _claim_round(
             ("orphan_policy", orphan_policy),
             ("lock_key", lock_key),
             ("secret_index", delivery.secret_index),
+            ("version", version),
         ):
             columns[name].append(value)
     params: dict[str, Any] = {**columns, "payloads": payloads, "now": now}
@@ -232,6 +249,7 @@ _COLUMNS = (
     "orphan_policy",
     "lock_key",
     "secret_index",
+    "version",
 )
 
 

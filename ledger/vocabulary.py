@@ -38,6 +38,7 @@ class DeliveryOutcome(StrEnum):
     DUPLICATE = "duplicate"  # the same request again: counted, not run
     REJECTED = "rejected"  # another request under a held key: recorded, never run
     UNMATCHED = "unmatched"  # no handler asked for the event
+    SUPERSEDED = "superseded"  # older than the newest version claimed for its object: recorded, never run
 
 
 class StepStatus(StrEnum):

@@ -1,6 +1,7 @@
 -- name: effect_claim_batch
 -- Claims the effects of many deliveries in one statement: new keys get a claim and a job, the same payload is
--- counted a duplicate, another payload is recorded as a reject; every delivery gets its rows (an unmatched body
+-- counted a duplicate, another payload is recorded as a reject, a version older than its object's newest is
+-- recorded superseded; every delivery gets its rows (an unmatched body
 -- only the first time it is seen, later ones counted); workers are woken.
 -- Entries are parallel arrays, one element per effect (effect_key NULL: a delivery no handler asked for);
 -- payloads are sent once per delivery (the payloads array, indexed by payload_ix). The arrays go in binary:
@@ -13,20 +14,43 @@ WITH input AS (
     SELECT * FROM unnest(%(ord)b::int[], %(request_id)b::text[], %(tenant)b::text[], %(effect_key)b::text[],
                          %(source)b::text[], %(handler)b::text[], %(event_id)b::text[], %(event_type)b::text[],
                          %(fingerprint)b::text[], %(payload_ix)b::int[], %(max_attempts)b::int[],
-                         %(orphan_policy)b::text[], %(lock_key)b::text[], %(secret_index)b::int[])
+                         %(orphan_policy)b::text[], %(lock_key)b::text[], %(secret_index)b::int[],
+                         %(version)b::int8[])
         AS i(ord, request_id, tenant, effect_key, source, handler, event_id, event_type, fingerprint,
-             payload_ix, max_attempts, orphan_policy, lock_key, secret_index)
+             payload_ix, max_attempts, orphan_policy, lock_key, secret_index, version)
 ),
 payloads AS (
     SELECT p.ix::int AS ix, p.body::jsonb AS body FROM unnest(%(payloads)b::text[]) WITH ORDINALITY AS p(body, ix)
+),
+latest AS (
+    -- Latest wins per object (migrations/0020): raise each (tenant, kind, lock key)'s high-water mark to the
+    -- newest version of this batch. DO UPDATE locks the row, so a concurrent batch for the same object waits
+    -- for our commit and then compares against our mark, not its own snapshot's: racing deliveries resolve
+    -- as if they ran one after another. Batch-mates are concurrent, so the newest of them is taken to have
+    -- arrived first. Rows are locked in C order, before any effect key (the sort below needs all of this).
+    INSERT INTO effect_versions AS v (tenant, kind, lock_key, version, updated_at)
+    SELECT i.tenant, i.handler, i.lock_key, max(i.version), coalesce(%(now)s, now())
+    FROM input i WHERE i.version IS NOT NULL AND i.lock_key IS NOT NULL
+    GROUP BY i.tenant, i.handler, i.lock_key
+    ORDER BY i.tenant COLLATE "C", i.handler COLLATE "C", i.lock_key COLLATE "C"
+    ON CONFLICT (tenant, kind, lock_key) DO UPDATE SET
+        version = GREATEST(v.version, EXCLUDED.version),
+        updated_at = CASE WHEN EXCLUDED.version > v.version THEN EXCLUDED.updated_at ELSE v.updated_at END
+    RETURNING v.tenant, v.kind, v.lock_key, v.version
+),
+versioned AS (
+    -- Older than the mark: superseded, never claimed. An equal version goes on to the usual duplicate and
+    -- conflict rules.
+    SELECT i.*, l.version AS latest_version, coalesce(i.version < l.version, false) AS superseded
+    FROM input i LEFT JOIN latest l ON l.tenant = i.tenant AND l.kind = i.handler AND l.lock_key = i.lock_key
 ),
 claim AS (
     INSERT INTO effects AS e (tenant, effect_key, source, handler, event_id, event_type, fingerprint, payload,
                               first_seen_at, last_seen_at)
     SELECT i.tenant, i.effect_key, i.source, i.handler, i.event_id, i.event_type, i.fingerprint, p.body,
            coalesce(%(now)s, now()), coalesce(%(now)s, now())
-    FROM input i JOIN payloads p ON p.ix = i.payload_ix
-    WHERE i.effect_key IS NOT NULL
+    FROM versioned i JOIN payloads p ON p.ix = i.payload_ix
+    WHERE i.effect_key IS NOT NULL AND NOT i.superseded
     ORDER BY i.tenant COLLATE "C", i.effect_key COLLATE "C"
     ON CONFLICT (tenant, effect_key) DO UPDATE SET
         delivery_count = e.delivery_count + (e.fingerprint = EXCLUDED.fingerprint)::int,
@@ -41,7 +65,10 @@ outcome AS (
            CASE WHEN c.created THEN 'accepted'
                 WHEN c.held_fingerprint = i.fingerprint THEN 'duplicate'
                 ELSE 'rejected' END AS outcome
-    FROM input i JOIN claim c ON c.tenant = i.tenant AND c.effect_key = i.effect_key
+    FROM versioned i JOIN claim c ON c.tenant = i.tenant AND c.effect_key = i.effect_key
+    UNION ALL
+    SELECT i.*, NULL::bigint, NULL::int, NULL::text, 'superseded'
+    FROM versioned i WHERE i.effect_key IS NOT NULL AND i.superseded
 ),
 unmatched AS (
     -- One row per (tenant, source, body) ever seen unmatched: a replayed unmatched delivery is counted, and gets
@@ -57,9 +84,9 @@ unmatched AS (
     RETURNING u.tenant, u.source, u.fingerprint, (u.xmax = 0) AS created
 ),
 job AS (
-    INSERT INTO jobs (effect_id, tenant, kind, max_attempts, orphan_policy, lock_key, run_at, created_at,
-                      updated_at)
-    SELECT effect_id, tenant, handler, max_attempts, orphan_policy, lock_key,
+    INSERT INTO jobs (effect_id, tenant, kind, max_attempts, orphan_policy, lock_key, version, run_at,
+                      created_at, updated_at)
+    SELECT effect_id, tenant, handler, max_attempts, orphan_policy, lock_key, version,
            coalesce(%(now)s, now()), coalesce(%(now)s, now()), coalesce(%(now)s, now())
     FROM outcome WHERE outcome = 'accepted'
     RETURNING id, effect_id, kind
@@ -94,7 +121,7 @@ woken AS (
     SELECT count(pg_notify('effectgate_jobs', k.kind)) AS n FROM (SELECT DISTINCT kind FROM job) k
 )
 SELECT o.ord, o.effect_id, o.outcome, o.delivery_count, o.held_fingerprint, j.id AS job_id,
-       (SELECT n FROM woken) AS notified
+       o.version, o.latest_version, (SELECT n FROM woken) AS notified
 FROM outcome o LEFT JOIN job j ON j.effect_id = o.effect_id;
 
 -- name: signature_failure_count

@@ -13,15 +13,16 @@
 -- A kind's walk is also bounded by %(scan_limit)s rows: a run of due jobs whose lock keys are all held (one
 -- hot key with a backlog of its own) would otherwise be walked on every fetch. Past that run the kind
 -- leases nothing until the holders finish and the head of the run becomes runnable (docs/performance.md).
+-- A versioned job older than its object's newest claimed version is cancelled ('superseded') instead.
 WITH kinds AS (
     SELECT k.kind, k.ttl FROM unnest(%(kinds)s::text[], %(ttls)s::float8[]) AS k(kind, ttl)
     -- A paused kind (an operator's `jobs pause`) is not leased; its jobs wait pending.
     WHERE NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = k.kind)
 ),
 candidates AS (
-    SELECT c.id, c.tenant, c.lock_key, c.run_at, c.ttl
+    SELECT c.id, c.tenant, c.kind, c.lock_key, c.version, c.run_at, c.ttl
     FROM kinds k CROSS JOIN LATERAL (
-        SELECT j.id, j.tenant, j.lock_key, j.run_at, k.ttl
+        SELECT j.id, j.tenant, j.kind, j.lock_key, j.version, j.run_at, k.ttl
         FROM (
             -- The walk's bound, on the index alone; the row lock and the recheck are below.
             SELECT w.id, w.run_at FROM jobs w
@@ -44,12 +45,29 @@ candidates AS (
     LIMIT %(limit)s
 ),
 due AS (
-    SELECT id, ttl FROM (
-        SELECT id, ttl, lock_key,
-               row_number() OVER (PARTITION BY tenant, lock_key ORDER BY run_at, id) AS nth
-        FROM candidates
+    SELECT id, ttl, superseded FROM (
+        SELECT c.id, c.ttl, c.lock_key,
+               row_number() OVER (PARTITION BY c.tenant, c.lock_key ORDER BY c.run_at, c.id) AS nth,
+               -- Latest wins (migrations/0020): a newer version of this object was claimed while the job
+               -- waited, so it must not run after that one; one primary-key probe per versioned job.
+               c.version IS NOT NULL AND EXISTS (
+                   SELECT 1 FROM effect_versions v
+                   WHERE v.tenant = c.tenant AND v.kind = c.kind AND v.lock_key = c.lock_key
+                     AND v.version > c.version
+               ) AS superseded
+        FROM candidates c
     ) c
     WHERE lock_key IS NULL OR nth = 1
+),
+superseded AS (
+    UPDATE jobs j SET
+        state = 'cancelled',
+        terminal_reason = 'superseded',
+        terminal_by = 'ledger',
+        finished_at = coalesce(%(now)s, now()),
+        updated_at = coalesce(%(now)s, now())
+    FROM due
+    WHERE j.id = due.id AND due.superseded
 ),
 leased AS (
     UPDATE jobs j SET
@@ -60,7 +78,7 @@ leased AS (
         lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => due.ttl),
         updated_at = coalesce(%(now)s, now())
     FROM due
-    WHERE j.id = due.id
+    WHERE j.id = due.id AND NOT due.superseded
     RETURNING j.id, j.effect_id, j.kind, j.tenant, j.attempt, j.max_attempts, j.lease_token, j.checkpoint,
               j.cancel_requested, j.lock_key
 ),
