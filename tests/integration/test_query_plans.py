@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,6 +30,8 @@ from psycopg import sql
 
 from effectgate.gateway.operator import reporting
 from effectgate.ledger import bulk, db, jobs, reports, resolutions
+from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
+from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.queries import Q
 from effectgate.ledger.rescuer import LeaseRescuer
 from effectgate.ledger.retention import RetentionConfig, RetentionKeeper
@@ -39,7 +42,7 @@ from tests.conftest import database_url
 pytestmark = pytest.mark.anyio
 
 EFFECTS = 120_000  # 84 % of them pending: about 10⁵ pending jobs
-BIG_TABLES = {"jobs", "effects"}
+BIG_TABLES = {"jobs", "effects", "effect_versions"}
 KINDS = {f"kind-{i}": 30.0 for i in range(5)}
 PAUSED = "kind-4"
 
@@ -79,6 +82,16 @@ FROM (
 ) s
 """
 
+# Latest wins (migrations/0020): every job with a lock key is versioned, and 10⁵ objects have a high-water
+# mark, the lock keys' own at 0 so no job is superseded and the fetch tests lease what they did.
+VERSIONS = """
+UPDATE jobs SET version = id WHERE lock_key IS NOT NULL;
+INSERT INTO effect_versions (tenant, kind, lock_key, version, updated_at)
+SELECT DISTINCT tenant, kind, lock_key, 0, now() FROM jobs WHERE lock_key IS NOT NULL;
+INSERT INTO effect_versions (tenant, kind, lock_key, version, updated_at)
+SELECT 'default', 'kind-' || (g % 5), 'object-' || g, g, now() FROM generate_series(1, 100000) g;
+"""
+
 
 @pytest.fixture(scope="module")
 def ledger_url(pg_server_url: str, template_db: str) -> Iterator[str]:
@@ -95,6 +108,7 @@ def ledger_url(pg_server_url: str, template_db: str) -> Iterator[str]:
         c.execute(
             "INSERT INTO paused_kinds (kind, paused_at, paused_by) VALUES (%s, now(), 'plans')", [PAUSED]
         )
+        c.execute(VERSIONS)
         c.execute("VACUUM ANALYZE")
     yield url
     with psycopg.connect(pg_server_url, autocommit=True) as admin:
@@ -245,6 +259,36 @@ async def test_a_paused_kinds_backlog_ahead_of_everything_is_not_read(conn: db.C
     [(_, plan)] = plans
     assert_bounded(plans)
     assert rows_read(plan, "jobs") <= 4 * 10 * 4 + 10
+
+
+async def test_a_versioned_claim_probes_its_objects_not_the_versions_table(conn: db.Conn) -> None:
+    """The claim of 32 deliveries of versioned objects, half of them older than the object's mark: the
+    high-water marks are upserted and compared by primary key, at 10⁵ objects."""
+    items = []
+    for n in range(32):
+        payload = {"id": f"evt_plan_{n}"}
+        delivery = Delivery(
+            uuid.uuid4().hex,
+            "default",
+            "test",
+            f"evt_plan_{n}",
+            "thing.happened",
+            payload,
+            fingerprint(payload),
+        )
+        version = n * 1000 + (-1 if n % 2 else 1)  # object-{n * 1000} holds n * 1000: half older
+        request = EffectRequest(
+            f"plan:{n}", f"kind-{n * 1000 % 5}", 5, "redrive", f"object-{n * 1000}", version=version
+        )
+        items.append((delivery, [request]))
+
+    async def claim_then_check(c: Any) -> None:
+        outcomes = await claim_deliveries(c, items)
+        assert Counter(str(o.outcome) for [o] in outcomes) == {"accepted": 16, "superseded": 16}
+
+    plans = await plans_of(conn, claim_then_check)
+    assert_bounded(plans)
+    assert [name for name, _ in plans] == ["effect_claim_batch"]
 
 
 async def test_the_fetch_plan_holds_as_a_prepared_generic_plan(conn: db.Conn) -> None:
