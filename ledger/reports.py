@@ -138,6 +138,7 @@ FIELDS: dict[str, Column] = {
         Column("duplicates", T.INTEGER, "duplicates"),
         Column("rejected", T.INTEGER, "rejected"),
         Column("unmatched", T.INTEGER, "unmatched"),
+        Column("superseded", T.INTEGER, "superseded"),
         Column("duplicate_rate", T.NUMBER, "duplicate rate"),
         Column("reject_rate", T.NUMBER, "reject rate"),
     )
@@ -265,7 +266,8 @@ DELIVERY_OUTCOMES = ReportSpec(
     name="delivery_outcomes",
     title="Deliveries by outcome per source",
     description="Deliveries received in [since, until) (default: the last 24 hours) per source: how many "
-    "were accepted, duplicates, rejected (key conflicts) or matched no handler, and the duplicate and "
+    "were accepted, duplicates, rejected (key conflicts), matched no handler or were superseded (older than "
+    "the newest version claimed for their object, never run), and the duplicate and "
     "reject rates (of all deliveries). A delivery asking for several effects counts once per effect.",
     query="report_delivery_outcomes",
     filters=(_SOURCE, _TENANT),
@@ -273,7 +275,9 @@ DELIVERY_OUTCOMES = ReportSpec(
         ("-deliveries", ("deliveries", "source"), "busiest source first"),
         ("source", ("source",), "by source name"),
     ),
-    columns=_columns("source deliveries accepted duplicates rejected unmatched duplicate_rate reject_rate"),
+    columns=_columns(
+        "source deliveries accepted duplicates rejected unmatched superseded duplicate_rate reject_rate"
+    ),
 )
 
 REPORTS: tuple[ReportSpec, ...] = (DUPLICATES, KEY_CONFLICTS, AUTH_FAILURES, JOBS, DELIVERY_OUTCOMES)

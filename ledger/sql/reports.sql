@@ -129,6 +129,7 @@ SELECT * FROM (
            count(*) FILTER (WHERE outcome = 'duplicate')::bigint AS duplicates,
            count(*) FILTER (WHERE outcome = 'rejected')::bigint AS rejected,
            count(*) FILTER (WHERE outcome = 'unmatched')::bigint AS unmatched,
+           count(*) FILTER (WHERE outcome = 'superseded')::bigint AS superseded,
            (count(*) FILTER (WHERE outcome = 'duplicate'))::float8 / count(*) AS duplicate_rate,
            (count(*) FILTER (WHERE outcome = 'rejected'))::float8 / count(*) AS reject_rate
     FROM deliveries

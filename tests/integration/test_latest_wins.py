@@ -21,10 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from effectgate.gateway.operator import reporting
 from effectgate.handlers.event import Event
 from effectgate.handlers.plan import plan_event
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db
+from effectgate.ledger import db, reports
 from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import ClaimOutcome, Delivery, Superseded
 from effectgate.ledger.fingerprints import fingerprint
@@ -146,6 +147,7 @@ async def test_a_thousand_shuffled_updates_of_a_hundred_objects_leave_each_at_it
     async with connected(db_url) as conn:
         jobs_by_event = await _jobs_by_event(conn)
         high_water = await _high_water(conn)
+        rates = await reporting.fetch(conn, reports.DELIVERY_OUTCOMES, {})
         stored = Counter(
             r["outcome"] for r in await (await conn.execute("SELECT outcome FROM deliveries")).fetchall()
         )
@@ -177,6 +179,13 @@ async def test_a_thousand_shuffled_updates_of_a_hundred_objects_leave_each_at_it
     _assert_in_version_order(ran)
     assert superseded_at_claim + superseded_at_fetch == objects * (versions - 1)
     assert stored == Counter({k: n for k, n in claimed.items()})
+    # The per-source rates report (and the dashboard, which shows its columns) counts them.
+    [rate] = rates.items
+    assert (rate["source"], rate["superseded"], rate["accepted"]) == (
+        "shop",
+        superseded_at_claim,
+        claimed["accepted"],
+    )
     print(
         f"\nlatest wins: {len(events)} deliveries of {objects} objects; claim outcomes {dict(claimed)}; "
         f"superseded at the claim {superseded_at_claim}, cancelled as superseded before running "
