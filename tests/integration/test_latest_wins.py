@@ -30,7 +30,6 @@ from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import ClaimOutcome, Delivery, Superseded
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.vocabulary import DeliveryOutcome
-
 from tests.integration.jobs_fixtures import connected, make_worker, pool  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.anyio
