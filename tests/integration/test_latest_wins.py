@@ -83,11 +83,11 @@ def _delivery(event: Event) -> Delivery:
 
 
 async def _send_concurrently(
-    pool: db.Pool, reg: Registry, events: list[Event], *, senders: int = 32
+    claims_pool: db.Pool, reg: Registry, events: list[Event], *, senders: int = 32
 ) -> list[ClaimOutcome]:
     """Every event claimed through one batcher by ``senders`` concurrent senders, as concurrent requests
     of a gateway process are; returns one outcome per event, in ``events`` order."""
-    batcher = ClaimBatcher(pool, max_batch=16, max_in_flight=4, deadline=600)
+    batcher = ClaimBatcher(claims_pool, max_batch=16, max_in_flight=4, deadline=600)
     outcomes: list[ClaimOutcome | None] = [None] * len(events)
     queue = list(enumerate(events))
 
