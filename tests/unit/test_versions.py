@@ -33,7 +33,7 @@ def test_a_version_needs_a_lock_key_and_a_pointer_or_a_function() -> None:
     with pytest.raises(InvalidEffect) as caught:
         _kind(version="/order/updated_at")
     assert caught.value.problems == ("effect 'sync': version needs a lock_key naming the object it versions",)
-    with pytest.raises(InvalidEffect, match="effect 'sync': version: .*JSON Pointer"):
+    with pytest.raises(InvalidEffect, match=r"effect 'sync': version: .*JSON Pointer"):
         _kind(version="order/updated_at", lock_key=_lock)
     with pytest.raises(InvalidEffect, match="version must be a JSON Pointer or a function of the event"):
         _kind(version=7, lock_key=_lock)
