@@ -92,7 +92,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 DELIVERIES = _Capped(
     Counter(
         "effectgate_deliveries",
-        "Webhook deliveries answered, by source and outcome (accepted, duplicate, rejected, unmatched, or an error code).",
+        "Webhook deliveries answered, by source and outcome (accepted, duplicate, rejected, superseded, unmatched, or an error code).",
         ("source", "outcome"),
         registry=REGISTRY,
     ),
@@ -187,7 +187,7 @@ def delivery(source: str, outcome: str) -> None:
 
 
 def claimed(source: str, outcomes: Iterable[DeliveryOutcome]) -> None:
-    """Count one claimed delivery of ``source`` per effect outcome (accepted, duplicate, rejected), or as
+    """Count one claimed delivery of ``source`` per effect outcome (accepted, duplicate, rejected, superseded), or as
     ``unmatched`` when no handler asked for an effect."""
     counted = False
     for outcome in outcomes:
