@@ -30,6 +30,9 @@ LOCK_KEY_INDEX = "jobs_lock_key_running_unique"
 # Two fetches racing for two jobs of one lock key: the loser's statement is refused by the index and
 # changed nothing, so it simply asks again (its next snapshot sees the winner as the holder).
 FETCH_LOCK_KEY_RETRIES = 3
+# A fetch that cancelled superseded jobs (migrations/0020) and leased fewer than asked asks again, this many
+# times at most: the newer jobs that superseded them are due, and their wake-ups may already be spent.
+FETCH_SUPERSEDED_ROUNDS = 4
 # How much of Postgres's refusal a stand-in terminal reason quotes.
 MAX_REFUSAL_TEXT = 300
 
@@ -79,8 +82,26 @@ async def fetch_and_lease(
     Each job is leased for its own kind's TTL: one short-TTL kind must not shorten the lease of a
     long one, whose heartbeats come at a third of *its* TTL. A job whose lock key a running job holds
     is left pending. Each kind's walk reads at most ``scan_limit`` due rows (never fewer than ``limit``),
-    so a fetch costs about ``limit`` index reads per kind at any backlog.
+    so a fetch costs about ``limit`` index reads per kind at any backlog. A job older than the newest
+    version claimed for its object is cancelled as superseded instead of leased.
     """
+    leases: list[Lease] = []
+    for _ in range(FETCH_SUPERSEDED_ROUNDS):
+        leased, superseded = await _fetch_once(conn, owner, kinds, limit - len(leases), now, scan_limit)
+        leases += leased
+        if not superseded or len(leases) >= limit:
+            break
+    return leases
+
+
+async def _fetch_once(
+    conn: Conn,
+    owner: str,
+    kinds: Mapping[str, float],
+    limit: int,
+    now: datetime | None,
+    scan_limit: int,
+) -> tuple[list[Lease], int]:
     params = {
         "owner": owner,
         "kinds": list(kinds),
@@ -103,7 +124,8 @@ async def fetch_and_lease(
             if exc.diag.constraint_name != LOCK_KEY_INDEX:
                 raise
     else:
-        return []
+        return [], 0
+    superseded = rows[0]["superseded"] if rows else 0
     return [
         Lease(
             job_id=r["id"],
@@ -124,7 +146,8 @@ async def fetch_and_lease(
             has_steps=r["has_steps"],
         )
         for r in rows
-    ]
+        if r["id"] is not None
+    ], superseded
 
 
 def _fenced(job_id: int, lease_token: int, row: Any) -> Any:

@@ -47,7 +47,10 @@ candidates AS (
 due AS (
     SELECT id, ttl, superseded FROM (
         SELECT c.id, c.ttl, c.lock_key,
-               row_number() OVER (PARTITION BY c.tenant, c.lock_key ORDER BY c.run_at, c.id) AS nth,
+               row_number() OVER (PARTITION BY c.tenant, c.lock_key, c.superseded ORDER BY c.run_at, c.id) AS nth,
+               c.superseded
+        FROM (
+            SELECT c.*,
                -- Latest wins (migrations/0020): a newer version of this object was claimed while the job
                -- waited, so it must not run after that one; one primary-key probe per versioned job.
                c.version IS NOT NULL AND EXISTS (
@@ -55,9 +58,11 @@ due AS (
                    WHERE v.tenant = c.tenant AND v.kind = c.kind AND v.lock_key = c.lock_key
                      AND v.version > c.version
                ) AS superseded
-        FROM candidates c
+            FROM candidates c
+        ) c
     ) c
-    WHERE lock_key IS NULL OR nth = 1
+    -- Every superseded candidate is cancelled, and the first of the others per lock key leased.
+    WHERE superseded OR lock_key IS NULL OR nth = 1
 ),
 superseded AS (
     UPDATE jobs j SET
@@ -68,6 +73,7 @@ superseded AS (
         updated_at = coalesce(%(now)s, now())
     FROM due
     WHERE j.id = due.id AND due.superseded
+    RETURNING j.id
 ),
 leased AS (
     UPDATE jobs j SET
@@ -86,9 +92,12 @@ attempt AS (
     INSERT INTO job_attempts (job_id, attempt, lease_token, worker, started_at)
     SELECT id, attempt, lease_token, %(owner)s, coalesce(%(now)s, now()) FROM leased
 )
+-- At least one row: with nothing leased, one row of NULLs still says how many were superseded (the caller then
+-- fetches again rather than wait for a wake-up that the superseded jobs' claims already spent).
 SELECT l.*, e.effect_key, e.source, e.event_id, e.event_type, e.payload,
-       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id) AS has_steps
-FROM leased l JOIN effects e ON e.id = l.effect_id
+       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id) AS has_steps, n.superseded
+FROM (SELECT count(*) AS superseded FROM superseded) n
+     LEFT JOIN (leased l JOIN effects e ON e.id = l.effect_id) ON true
 ORDER BY l.id;
 
 -- name: lease_extend_if_held

@@ -298,3 +298,24 @@ async def test_racing_out_of_order_deliveries_match_the_model(
             if outcome.outcome == DeliveryOutcome.ACCEPTED and version < newest[obj]:
                 job = jobs_by_event[event.id]
                 assert (job["state"], job["terminal_reason"]) == ("cancelled", "superseded")
+
+
+async def test_a_fetch_that_only_finds_superseded_jobs_goes_on_to_the_newer_one(
+    pool: db.Pool,  # noqa: F811
+    db_url: str,
+) -> None:
+    """One free slot, the older version at the head of the queue: the fetch cancels it and still leases the
+    newer one, rather than answer "nothing due" and leave it to the next poll."""
+    ran: list[tuple[str, int]] = []
+    reg = _registry(ran, iso=False)
+    for version in (1, 2):
+        [[outcome]] = [await _send_concurrently(pool, reg, [_event(7, version)], senders=1)]
+        assert outcome.outcome == DeliveryOutcome.ACCEPTED
+    assert await make_worker(pool, reg, concurrency=1).run_until_idle() == 1
+    assert ran == [("o7", 2)]
+    async with connected(db_url) as conn:
+        jobs_by_event = await _jobs_by_event(conn)
+    assert (jobs_by_event["evt_7_1"]["state"], jobs_by_event["evt_7_1"]["terminal_reason"]) == (
+        "cancelled",
+        "superseded",
+    )
