@@ -55,6 +55,10 @@ def only_keys(after: list[dict[str, Any]], like: list[dict[str, Any]]) -> list[d
 
 
 OLD_CLAIM = parse((Path(__file__).parents[1] / "data" / "claims_before_0006.sql").read_text())["effect_claim"]
+# The fetch of a release before 0020 (today's reads jobs.version, which that migration adds).
+OLD_FETCH = parse((Path(__file__).parents[1] / "data" / "previous_release_sql" / "jobs.sql").read_text())[
+    "job_fetch_and_lease"
+]
 
 
 async def old_claim(conn: db.Conn, arrived: Delivery, effect: EffectRequest, now: datetime) -> str:
@@ -105,18 +109,19 @@ async def populate_arrivals(conn: db.Conn, now: datetime) -> None:
 
 async def populate_work(conn: db.Conn, now: datetime) -> None:
     """Leases, steps and outcomes, written by the worker's code (its fetch reads paused_kinds, from 0006)."""
-    for lease in await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 30}, limit=10, now=now):
+    params = {"owner": "w", "kinds": ["k"], "ttls": [30.0], "limit": 10, "scan_limit": 1000, "now": now}
+    for lease in await (await conn.execute(OLD_FETCH, params)).fetchall():
         await steps.record(
             conn,
-            job_id=lease.job_id,
-            lease_token=lease.lease_token,
+            job_id=lease["id"],
+            lease_token=lease["lease_token"],
             name="capture",
-            idempotency_key=f"idem-{lease.job_id}",
+            idempotency_key=f"idem-{lease['id']}",
             status="succeeded",
             result={"ok": True},
             now=now,
         )
-        await jobs.finish(conn, lease.job_id, lease.lease_token, state="succeeded", by="w", now=now)
+        await jobs.finish(conn, lease["id"], lease["lease_token"], state="succeeded", by="w", now=now)
 
 
 async def test_the_upgrade_keeps_every_row_and_the_ledger_works_after_it(
