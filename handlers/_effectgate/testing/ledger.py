@@ -49,7 +49,8 @@ class TestLedger:
         self.services = services
 
     async def deliver(self, event: Event, *, registry: Registry | None = None) -> list[ClaimOutcome]:
-        """Claim ``event``'s effects as the ingress would; one ``Accepted | Duplicate | Rejected`` each."""
+        """Claim ``event``'s effects as the ingress would; one ``Accepted | Duplicate | Rejected | Superseded``
+        each."""
         planned = plan_event(registry or self.registry or REGISTRY, event)
         canonical = canonical_json(event.payload)
         delivery = Delivery(
