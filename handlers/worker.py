@@ -32,7 +32,7 @@ from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
 from effectgate.ledger.reconciler import ReconcilerConfig, ReconcileResult
 from effectgate.ledger.vocabulary import JobState
 
-from . import tracing
+from . import control, tracing
 from .context import EffectContext, Services
 from .errors import TerminalError, TransientError, UnrecoverableError
 from .event import Event, Transition
@@ -362,10 +362,34 @@ class Worker:
             limit = min(limit, self.config.concurrency - len(self._running))
             if limit < 1:
                 return 0
+            to_supersede: list[int] = []
             async with db.connection(self.pool) as conn:
-                leases = await jobs.fetch_and_lease(conn, owner=self.owner, kinds=ttls, limit=limit)
+                leases = await jobs.fetch_and_lease(
+                    conn,
+                    owner=self.owner,
+                    kinds=ttls,
+                    limit=limit,
+                    hooked=self._hooked(),
+                    to_supersede=to_supersede,
+                )
             self._start(leases)
+        if to_supersede:
+            await self._supersede(to_supersede)
+            if len(leases) < limit:
+                # The newer jobs that superseded them are due, and their wake-ups may already be spent.
+                return len(leases) + await self.fetch_and_start(limit - len(leases))
         return len(leases)
+
+    def _hooked(self) -> list[str]:
+        return [k.name for k in self.registry.kinds() if k.on_transition is not None]
+
+    async def _supersede(self, job_ids: list[int]) -> None:
+        """Cancel, as superseded, pending jobs of kinds with an ``on_transition`` hook that a fetch found older
+        than their object's newest claimed version: through the operator's cancel, which runs the hook in the
+        cancel's transaction. A job another worker cancelled meanwhile is refused and changes nothing."""
+        async with db.connection(self.pool) as conn:
+            for job_id in job_ids:
+                await control.cancel(conn, self.registry, job_id, by="ledger", reason="superseded")
 
     @contextlib.asynccontextmanager
     async def _refill(self, conn: db.Conn, finishing: int) -> AsyncIterator[Callable[[], None] | None]:
@@ -380,8 +404,19 @@ class Worker:
             yield None
             return
         async with self._fetching:
+            to_supersede: list[int] = []
             try:
-                leases = await jobs.fetch_and_lease(conn, owner=self.owner, kinds=ttls, limit=free)
+                leases = await jobs.fetch_and_lease(
+                    conn,
+                    owner=self.owner,
+                    kinds=ttls,
+                    limit=free,
+                    hooked=self._hooked(),
+                    to_supersede=to_supersede,
+                )
+                if to_supersede:
+                    # Cancelled by the run loop's next fetch, outside this batch's transaction.
+                    self._wake.set()
             except Exception as exc:
                 log.warning("worker.fetch_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
                 leases = []

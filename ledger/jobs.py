@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -76,6 +76,8 @@ async def fetch_and_lease(
     limit: int,
     now: datetime | None = None,
     scan_limit: int = FETCH_SCAN_LIMIT,
+    hooked: Collection[str] = (),
+    to_supersede: list[int] | None = None,
 ) -> list[Lease]:
     """Lease up to ``limit`` due jobs to ``owner``; ``kinds`` maps each kind it runs to its lease TTL.
 
@@ -83,12 +85,18 @@ async def fetch_and_lease(
     long one, whose heartbeats come at a third of *its* TTL. A job whose lock key a running job holds
     is left pending. Each kind's walk reads at most ``scan_limit`` due rows (never fewer than ``limit``),
     so a fetch costs about ``limit`` index reads per kind at any backlog. A job older than the newest
-    version claimed for its object is cancelled as superseded instead of leased.
+    version claimed for its object is cancelled as superseded instead of leased; of the ``hooked`` kinds
+    (those with an ``on_transition`` hook) it is left pending and its id appended to ``to_supersede``, for
+    the caller to cancel with the hook in the cancel's transaction.
     """
     leases: list[Lease] = []
     for _ in range(FETCH_SUPERSEDED_ROUNDS):
-        leased, superseded = await _fetch_once(conn, owner, kinds, limit - len(leases), now, scan_limit)
+        leased, superseded, hooked_ids = await _fetch_once(
+            conn, owner, kinds, limit - len(leases), now, scan_limit, list(hooked)
+        )
         leases += leased
+        if to_supersede is not None:
+            to_supersede.extend(i for i in hooked_ids if i not in to_supersede)
         if not superseded or len(leases) >= limit:
             break
     return leases
@@ -101,8 +109,10 @@ async def _fetch_once(
     limit: int,
     now: datetime | None,
     scan_limit: int,
-) -> tuple[list[Lease], int]:
+    hooked: list[str],
+) -> tuple[list[Lease], int, list[int]]:
     params = {
+        "hooked": hooked,
         "owner": owner,
         "kinds": list(kinds),
         "ttls": [float(ttl) for ttl in kinds.values()],
@@ -124,30 +134,35 @@ async def _fetch_once(
             if exc.diag.constraint_name != LOCK_KEY_INDEX:
                 raise
     else:
-        return [], 0
+        return [], 0, []
     superseded = rows[0]["superseded"] if rows else 0
-    return [
-        Lease(
-            job_id=r["id"],
-            effect_id=r["effect_id"],
-            kind=r["kind"],
-            tenant=r["tenant"],
-            attempt=r["attempt"],
-            max_attempts=r["max_attempts"],
-            lease_token=r["lease_token"],
-            checkpoint=r["checkpoint"],
-            cancel_requested=r["cancel_requested"],
-            effect_key=r["effect_key"],
-            source=r["source"],
-            event_id=r["event_id"],
-            event_type=r["event_type"],
-            payload=r["payload"],
-            lock_key=r["lock_key"],
-            has_steps=r["has_steps"],
-        )
-        for r in rows
-        if r["id"] is not None
-    ], superseded
+    hooked_ids: list[int] = (rows[0]["to_supersede"] or []) if rows else []
+    return (
+        [
+            Lease(
+                job_id=r["id"],
+                effect_id=r["effect_id"],
+                kind=r["kind"],
+                tenant=r["tenant"],
+                attempt=r["attempt"],
+                max_attempts=r["max_attempts"],
+                lease_token=r["lease_token"],
+                checkpoint=r["checkpoint"],
+                cancel_requested=r["cancel_requested"],
+                effect_key=r["effect_key"],
+                source=r["source"],
+                event_id=r["event_id"],
+                event_type=r["event_type"],
+                payload=r["payload"],
+                lock_key=r["lock_key"],
+                has_steps=r["has_steps"],
+            )
+            for r in rows
+            if r["id"] is not None
+        ],
+        superseded,
+        hooked_ids,
+    )
 
 
 def _fenced(job_id: int, lease_token: int, row: Any) -> Any:

@@ -45,8 +45,8 @@ candidates AS (
     LIMIT %(limit)s
 ),
 due AS (
-    SELECT id, ttl, superseded FROM (
-        SELECT c.id, c.ttl, c.lock_key,
+    SELECT id, ttl, kind, superseded FROM (
+        SELECT c.id, c.ttl, c.kind, c.lock_key,
                row_number() OVER (PARTITION BY c.tenant, c.lock_key, c.superseded ORDER BY c.run_at, c.id) AS nth,
                c.superseded
         FROM (
@@ -72,7 +72,9 @@ superseded AS (
         finished_at = coalesce(%(now)s, now()),
         updated_at = coalesce(%(now)s, now())
     FROM due
-    WHERE j.id = due.id AND due.superseded
+    -- A kind with an on_transition hook (%(hooked)s) ends its superseded jobs in the worker, through the cancel
+    -- that runs the hook in its transaction: they stay pending, and their ids are returned below.
+    WHERE j.id = due.id AND due.superseded AND NOT due.kind = ANY(%(hooked)s::text[])
     RETURNING j.id
 ),
 leased AS (
@@ -95,8 +97,10 @@ attempt AS (
 -- At least one row: with nothing leased, one row of NULLs still says how many were superseded (the caller then
 -- fetches again rather than wait for a wake-up that the superseded jobs' claims already spent).
 SELECT l.*, e.effect_key, e.source, e.event_id, e.event_type, e.payload,
-       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id) AS has_steps, n.superseded
-FROM (SELECT count(*) AS superseded FROM superseded) n
+       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id) AS has_steps, n.superseded, n.to_supersede
+FROM (SELECT (SELECT count(*) FROM superseded) AS superseded,
+             (SELECT array_agg(id ORDER BY id) FROM due
+              WHERE superseded AND kind = ANY(%(hooked)s::text[])) AS to_supersede) n
      LEFT JOIN (leased l JOIN effects e ON e.id = l.effect_id) ON true
 ORDER BY l.id;
 

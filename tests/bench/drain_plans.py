@@ -75,6 +75,7 @@ async def one(url: str, backlog: int, round_: int) -> None:
             "limit": 16,
             "scan_limit": 1000,
             "now": None,
+            "hooked": [],
         }
         for _ in range(3):
             print(

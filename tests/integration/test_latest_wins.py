@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from effectgate.gateway.operator import reporting
-from effectgate.handlers.event import Event
+from effectgate.handlers.event import Event, Transition
 from effectgate.handlers.plan import plan_event
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, reports
@@ -319,3 +319,39 @@ async def test_a_fetch_that_only_finds_superseded_jobs_goes_on_to_the_newer_one(
         "cancelled",
         "superseded",
     )
+
+
+async def test_a_superseded_job_of_a_kind_with_on_transition_ends_through_its_hook(
+    pool: db.Pool,  # noqa: F811
+    db_url: str,
+) -> None:
+    """The hook mirrors every terminal state, the superseded cancel included, in the cancel's transaction."""
+    ran: list[tuple[str, int]] = []
+    seen: list[tuple[str, str, str | None]] = []
+
+    async def mirror(conn: db.Conn, transition: Transition) -> None:
+        seen.append((transition.effect_key, str(transition.state), transition.reason))
+
+    reg = Registry()
+
+    async def sync_order(ctx: Any, ev: Event) -> None:
+        ran.append((ev.payload["order"]["id"], ev.payload["order"]["seq"]))
+
+    reg.effect(
+        source="shop",
+        events=["orders/updated"],
+        name=KIND,
+        key=lambda ev: f"order-sync:{ev.payload['id']}",
+        lock_key=lambda ev: f"order:{ev.payload['order']['id']}",
+        version="/order/seq",
+        on_transition=mirror,
+    )(sync_order)
+    for version in (1, 2):
+        [outcome] = await _send_concurrently(pool, reg, [_event(3, version)], senders=1)
+        assert outcome.outcome == DeliveryOutcome.ACCEPTED
+    assert await make_worker(pool, reg, concurrency=1).run_until_idle() == 1
+    assert ran == [("o3", 2)]
+    assert sorted(seen) == [
+        ("order-sync:evt_3_1", "cancelled", "superseded"),
+        ("order-sync:evt_3_2", "succeeded", None),
+    ]
