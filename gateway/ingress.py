@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from effectgate.handlers import tracing
@@ -83,12 +83,25 @@ def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
 
 
 async def receive(request: Request) -> Response:
-    """The ingress route."""
-    attributes: dict[str, tracing.AttributeValue] = {"effectgate.source": request.path_params["source"]}
-    with tracing.span("effectgate.delivery", attributes) as span:
-        response = await _receive(request)
-        span.set_attribute("http.response.status_code", response.status_code)
-        return response
+    """The ingress route. Every request is counted here, once, by source and status, whatever answered it
+    (``effectgate_webhook_requests_total``); an exception escaping ``_receive`` is counted with the status
+    its handler will answer (400 for a client that went away, else 500)."""
+    started = time.perf_counter()
+    name = request.path_params["source"]
+    status = 500
+    attributes: dict[str, tracing.AttributeValue] = {"effectgate.source": name}
+    try:
+        with tracing.span("effectgate.delivery", attributes) as span:
+            response = await _receive(request)
+            status = response.status_code
+            span.set_attribute("http.response.status_code", status)
+            return response
+    except ClientDisconnect:
+        status = 400
+        raise
+    finally:
+        label = name if name in request.app.state.config.sources else metrics.UNKNOWN_SOURCE
+        metrics.webhook_request(label, status, time.perf_counter() - started)
 
 
 async def _receive(request: Request) -> Response:

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib.metadata
 import logging
 import os
+import platform
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
@@ -171,6 +173,38 @@ DOWNSTREAM_CALLS = _Capped(
     ),
     2,
 )
+# Every answer of the delivery plane (POST /webhooks/{source}), one per HTTP request whatever it held:
+# unlike DELIVERIES (one per effect claimed), a delivery asking for three effects counts once here,
+# and 404 unknown_source and 413 payload_too_large are counted too.
+WEBHOOK_REQUESTS = _Capped(
+    Counter(
+        "effectgate_webhook_requests",
+        "HTTP requests answered on the delivery plane, by source and HTTP status.",
+        ("source", "status"),
+        registry=REGISTRY,
+    ),
+    2,
+)
+WEBHOOK_REQUEST_TIME = _Capped(
+    Histogram(
+        "effectgate_webhook_request_seconds",
+        "Time from a delivery request's routing to its answer, by source and status class (2xx, 4xx, 5xx).",
+        ("source", "status_class"),
+        buckets=LATENCY_BUCKETS,
+        registry=REGISTRY,
+    ),
+    2,
+)
+DOWNSTREAM_CALL_TIME = _Capped(
+    Histogram(
+        "effectgate_downstream_call_seconds",
+        "Time of one call to a downstream API, by service and outcome (2xx, 4xx, 5xx, or error), in seconds.",
+        ("service", "outcome"),
+        buckets=LATENCY_BUCKETS,
+        registry=REGISTRY,
+    ),
+    2,
+)
 # "max" across processes, the dead included: the latest pass any of them finished. A process that
 # died keeps its last tick, which is older than any live process's, so it never hides a stall.
 RECONCILER_LAST_TICK = Gauge(
@@ -179,6 +213,24 @@ RECONCILER_LAST_TICK = Gauge(
     multiprocess_mode="max",
     registry=REGISTRY,
 )
+
+
+#: The ``source`` label of a request to a source name that is not configured: one series for all of them
+#: (source names are letters, digits, '-' and '_', so it cannot be a real one), so a scan of random
+#: URLs cannot push the configured sources into ``other``.
+UNKNOWN_SOURCE = "(unknown)"
+_STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+def status_class(status: int) -> str:
+    """``2xx`` for 204, and so on; ``other`` for a number outside 100-599."""
+    return _STATUS_CLASSES[status // 100 - 1] if 100 <= status < 600 else OTHER
+
+
+def webhook_request(source: str, status: int, seconds: float) -> None:
+    """Count one answered request of the delivery plane and how long it took."""
+    WEBHOOK_REQUESTS.labels(source, str(status)).inc()
+    WEBHOOK_REQUEST_TIME.labels(source, status_class(status)).observe(seconds)
 
 
 def delivery(source: str, outcome: str) -> None:
@@ -237,9 +289,11 @@ def job_reclaim(kind: str) -> None:
     JOB_RECLAIMS.labels(kind).inc()
 
 
-def downstream_call(service: str, status: int | str) -> None:
-    """Count one downstream call with its HTTP status (or an error name)."""
+def downstream_call(service: str, status: int | str, seconds: float) -> None:
+    """Count one downstream call with its HTTP status (or an error name), and how long it took."""
     DOWNSTREAM_CALLS.labels(service, str(status)).inc()
+    outcome = status_class(status) if isinstance(status, int) else "error"
+    DOWNSTREAM_CALL_TIME.labels(service, outcome).observe(seconds)
 
 
 def reconciler_ticked() -> None:
@@ -253,15 +307,28 @@ WORKER_OBSERVER = WorkerObserver(
 )
 
 
+def _build_info() -> str:
+    try:
+        version = importlib.metadata.version("effectgate")
+    except importlib.metadata.PackageNotFoundError:
+        version = "0+unknown"
+    python = platform.python_version()
+    return (
+        "# HELP effectgate_build_info Always 1; the labels say which effectgate and Python this process runs.\n"
+        "# TYPE effectgate_build_info gauge\n"
+        f"effectgate_build_info{_labels(('version', 'python'), (version, python))} 1\n"
+    )
+
+
 def render() -> str:
     """The counted metrics in the text format: this process's, or, with several processes sharing a
-    ``PROMETHEUS_MULTIPROC_DIR``, the sum over all of them."""
+    ``PROMETHEUS_MULTIPROC_DIR``, the sum over all of them; then ``effectgate_build_info``."""
     directory = multiprocess_dir()
     if directory is None:
-        return generate_latest(REGISTRY).decode("utf-8")
+        return generate_latest(REGISTRY).decode("utf-8") + BUILD_INFO
     merged = CollectorRegistry()
     multiprocess.MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]
-    return generate_latest(merged).decode("utf-8")
+    return generate_latest(merged).decode("utf-8") + BUILD_INFO
 
 
 def _escape(value: str) -> str:
@@ -270,6 +337,11 @@ def _escape(value: str) -> str:
 
 def _labels(names: Sequence[str], values: Sequence[str]) -> str:
     return "{" + ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+
+
+# Rendered as text, not a Gauge: in multiprocess mode a gauge is one series per process (or an
+# aggregate of them), while this is a constant of the installed package, the same in every process.
+BUILD_INFO = _build_info()
 
 
 def render_job_gauges(gauges: reports.JobGauges | None) -> str:
