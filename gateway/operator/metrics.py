@@ -4,8 +4,8 @@ The ingress and the worker count what happens in their process through the modul
 (``delivery``, ``verification_failure``, ``claim_latency``, ``job_run``, ``job_retry``, ``job_reclaim``,
 ``downstream_call``, ``reconciler_ticked``); a scrape of ``/metrics`` renders those and adds what only
 the ledger knows for every process at once — jobs not yet done by state and kind, and the wait of the
-oldest due job — read from the database at scrape time, so those are single-valued however many
-processes answer. Workers count through ``WORKER_OBSERVER`` and the downstream clients' ``on_call``,
+oldest due job — read from the database through ``LedgerGauges`` (at most once per ``LEDGER_GAUGES_TTL``
+per process or ``serve`` tree), so those are single-valued however many processes answer. Workers count through ``WORKER_OBSERVER`` and the downstream clients' ``on_call``,
 both handed in by ``gateway.cli`` (``handlers`` cannot import this module), and serve the same page from
 ``app`` when run with ``--metrics-port``.
 
@@ -22,13 +22,16 @@ being handed a resource.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import importlib.metadata
 import logging
+import math
 import os
 import platform
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -403,8 +406,116 @@ def bearer_ok(request: Request, token_sha256: bytes | None) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(digest, token_sha256)
 
 
+#: How long the ledger's part of a ``/metrics`` page is served from memory before it is read again.
+#: Shorter than any scrape interval worth having, so each scrape still sees a recent value, yet every
+#: scrape within it (two Prometheus replicas, a dashboard, the N processes of ``serve --workers N``)
+#: shares one read.
+LEDGER_GAUGES_TTL = 10.0
+# The file through which the processes of one `serve --workers N` tree share the ledger's text. Not
+# `*.db`: prometheus_client's multiprocess collector reads only those.
+_SHARED_FILE = "ledger-gauges.prom"
+
+
+async def read_ledger_gauges(pool: db.Pool, *, now: float | None = None) -> str:
+    """The ledger's part of a ``/metrics`` page, read from the database now: job gauges, retention
+    counters, paused kinds, and when they were read; ``effectgate_ledger_up 0`` alone when it could not."""
+    try:
+        async with db.connection(pool) as conn:
+            gauges = await reports.job_gauges(conn)
+            purged = await retention.purge_totals(conn)
+            paused = [row["kind"] for row in await bulk.paused(conn)]
+    except Exception as exc:
+        # A scrape must answer even when the database does not: ledger_up 0 is the signal.
+        log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})
+        return render_job_gauges(None)
+    read_at = time.time() if now is None else now
+    return (
+        render_job_gauges(gauges)
+        + render_retention(purged)
+        + render_paused(paused)
+        + "# HELP effectgate_ledger_read_timestamp_seconds Unix time at which the ledger gauges were read.\n"
+        + "# TYPE effectgate_ledger_read_timestamp_seconds gauge\n"
+        + f"effectgate_ledger_read_timestamp_seconds {read_at!r}\n"
+    )
+
+
+class LedgerGauges:
+    """The ledger's part of ``/metrics``, read from the database at most once per ``ttl`` seconds.
+
+    What the ledger knows is the same for every process, so reading it per scrape multiplies the same
+    queries by scrapers and processes. One instance serves an app (one per process): scrapes within
+    ``ttl`` of a read get its text, concurrent scrapes past it wait for one read rather than each
+    starting their own. With ``directory`` (the ``PROMETHEUS_MULTIPROC_DIR`` of ``serve --workers N``)
+    the text is shared through a file there too, so the processes of one tree read the ledger about
+    once per ``ttl`` between them (two that find it stale at the same moment may both read: harmless).
+    A failed read (``effectgate_ledger_up 0``) is kept for ``ttl`` as well: a database that is down is
+    not asked again by every scrape.
+    """
+
+    def __init__(
+        self,
+        ttl: float = LEDGER_GAUGES_TTL,
+        *,
+        directory: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if ttl < 0:
+            raise ValueError(f"ttl must be >= 0 seconds, got {ttl!r}")
+        self.ttl = ttl
+        self.reads = 0
+        self._clock = clock
+        self._shared = os.path.join(directory, _SHARED_FILE) if directory else None
+        self._text = ""
+        self._read_at = -math.inf
+        self._lock = asyncio.Lock()
+
+    async def text(self, pool: db.Pool) -> str:
+        """The text last read, or a new read when it is older than ``ttl``."""
+        if self._fresh(self._clock()):
+            return self._text
+        async with self._lock:
+            now = self._clock()
+            if self._fresh(now) or self._take_shared(now):
+                return self._text
+            self._text = await read_ledger_gauges(pool, now=now)
+            self._read_at = now
+            self.reads += 1
+            self._give_shared()
+            return self._text
+
+    def _fresh(self, now: float) -> bool:
+        return now - self._read_at < self.ttl
+
+    def _take_shared(self, now: float) -> bool:
+        if self._shared is None:
+            return False
+        try:
+            with open(self._shared, encoding="utf-8") as f:
+                stamp, _, text = f.read().partition("\n")
+            read_at = float(stamp)
+        except (OSError, ValueError):
+            return False
+        if not now - self.ttl < read_at <= now:
+            return False
+        self._text, self._read_at = text, read_at
+        return True
+
+    def _give_shared(self) -> None:
+        if self._shared is None:
+            return
+        # Written aside and renamed: a sibling reads the old text or the new one, never half of one.
+        partial = f"{self._shared}.{os.getpid()}"
+        try:
+            with open(partial, "w", encoding="utf-8") as f:
+                f.write(f"{self._read_at!r}\n{self._text}")
+            os.replace(partial, self._shared)
+        except OSError as exc:
+            log.warning("metrics.ledger_gauges_not_shared", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+
 async def endpoint(request: Request) -> Response:
-    """``GET /metrics``: the counted metrics, the ledger's job gauges, retention counters and paused kinds."""
+    """``GET /metrics``: the counted metrics, then the ledger's job gauges, retention counters and paused kinds
+    as ``LedgerGauges`` last read them."""
     if not bearer_ok(request, getattr(request.app.state, "metrics_token_sha256", None)):
         # A wrong token (not a missing one) is a guess, counted per client like the operator tokens'; the
         # right one is checked first and never refused (gateway.operator.throttle).
@@ -424,19 +535,8 @@ async def endpoint(request: Request) -> Response:
             media_type="application/json",
             headers={"WWW-Authenticate": 'Bearer realm="effectgate-metrics"', "Cache-Control": "no-store"},
         )
-    gauges: reports.JobGauges | None
-    purged: dict[str, int] | None
-    paused: list[str] | None
-    try:
-        async with db.connection(request.app.state.pool) as conn:
-            gauges = await reports.job_gauges(conn)
-            purged = await retention.purge_totals(conn)
-            paused = [row["kind"] for row in await bulk.paused(conn)]
-    except Exception as exc:
-        # A scrape must answer even when the database does not: ledger_up 0 is the signal.
-        log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})
-        gauges, purged, paused = None, None, None
-    body = render() + render_job_gauges(gauges) + render_retention(purged) + render_paused(paused)
+    ledger: LedgerGauges = request.app.state.ledger_gauges
+    body = render() + await ledger.text(request.app.state.pool)
     return Response(body, media_type=CONTENT_TYPE)
 
 
@@ -448,4 +548,5 @@ def app(pool: db.Pool, *, token_sha256: bytes | None = None) -> Starlette:
     metrics_app.state.pool = pool
     metrics_app.state.metrics_token_sha256 = token_sha256
     metrics_app.state.auth_throttle = FailureThrottle()
+    metrics_app.state.ledger_gauges = LedgerGauges(directory=multiprocess_dir())
     return metrics_app
