@@ -187,6 +187,7 @@ def create_app(
     app.state.config = config
     app.state.registry = registry
     app.state.metrics_token_sha256 = config.metrics_token_sha256
+    app.state.ledger_gauges = metrics.LedgerGauges(directory=metrics.multiprocess_dir())
     secret = config.dashboard.session_secret
     # The key is derived, so the configured secret itself signs nothing and is never compared.
     app.state.session_key = (

@@ -449,7 +449,10 @@ class Worker:
             "effectgate.effect_key": lease.effect_key,
             "effectgate.attempt": lease.attempt,
         }
-        with tracing.span("effectgate.job", attributes) as span:
+        # A link, not a parent: the job's trace is its own (it may run hours later, many times), and leads
+        # back to the delivery request that claimed it.
+        links = (lease.trace_parent,) if lease.trace_parent else ()
+        with tracing.span("effectgate.job", attributes, links=links) as span:
             outcome = await self._run_job(lease)
             span.set_attribute("effectgate.job.outcome", outcome or "not_run")
             return outcome
