@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -252,19 +253,29 @@ async def test_a_failing_transition_hook_never_leaves_the_job_running(
 
 async def test_heartbeats_keep_a_slice_longer_than_the_ttl_alive(pool: db.Pool, conn: db.Conn) -> None:
     rescued: list[int] = []
+    passes: list[int] = []
 
     async def handler(ctx: EffectContext, ev: Event) -> None:
-        for _ in range(6):
-            await asyncio.sleep(0.1)
-            # A reconciler pass on the real clock, mid-slice, finds the lease alive.
-            async with db.connection(pool) as c:
+        async with db.connection(pool) as c:
+            first = await jf.scalar(c, "SELECT lease_expires_at FROM jobs WHERE id = %s", ctx.job_id)
+            deadline = time.monotonic() + 120
+            # The slice runs until the database's own clock is a second past its first lease's expiry: only
+            # the heartbeats can have kept it. A reconciler pass on the real clock at every look finds the
+            # lease alive. The TTL leaves two heartbeats' slack for a starved event loop.
+            while not await jf.scalar(c, "SELECT clock_timestamp() > %s + interval '1 second'", first):
+                if time.monotonic() > deadline:
+                    raise AssertionError("the database clock never passed the first lease's expiry")
                 rescued.extend((await Reconciler().run_once(c)).redriven)
+                passes.append(1)
+                await asyncio.sleep(0.05)
+            rescued.extend((await Reconciler().run_once(c)).redriven)
         await ctx.save_checkpoint("done")
 
     job_id = await claim(conn)
-    await make_worker(pool, registry(kind(handler, lease_ttl=0.3))).run_until_idle()
+    await make_worker(pool, registry(kind(handler, lease_ttl=3))).run_until_idle()
     assert (await job(conn, job_id))["state"] == "succeeded"
     assert rescued == []
+    assert passes
 
 
 async def test_a_cancel_during_a_running_step_ends_cancelled_even_if_the_step_then_returns(

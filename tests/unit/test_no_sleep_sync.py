@@ -30,10 +30,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "test_orders_survive_faults_duplicates_and_killed_workers",
     ): "chaos: SIGKILLs land at random moments between deliveries; the random moment is the test",
     (
-        "integration/test_worker.py",
-        "test_heartbeats_keep_a_slice_longer_than_the_ttl_alive.handler",
-    ): "the handler's work spans two lease TTLs of real time; heartbeats must keep it alive as the clock runs",
-    (
         "integration/test_worker_runtime.py",
         "test_stop_drains_slices_that_yield_and_leaves_the_rest_to_lease_expiry.polite",
     ): "units of handler work between should_yield() checks; the drain is what ends them",
