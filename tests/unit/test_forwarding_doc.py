@@ -22,7 +22,7 @@ def block(language: str) -> str:
 
 
 def transcript_secret() -> str:
-    match = re.search(r"export ORDER_SERVICE_SECRET=(\S+)", block("console"))
+    match = re.search(r"export .*ORDER_SERVICE_SECRET=(\S+)", block("console"))
     assert match is not None
     return match.group(1)
 
