@@ -107,6 +107,12 @@ class KeyTemplate:
     def __repr__(self) -> str:
         return f"KeyTemplate({self.text!r})"
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeyTemplate) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
     def render(self, payload: Any) -> str:
         """The key for ``payload``; ``ValueError`` names the placeholder that cannot be filled."""
         out = []

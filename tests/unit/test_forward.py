@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 import respx
 import standardwebhooks
 
-from effectgate.gateway.config import ConfigError, parse
+from effectgate.gateway.config import ConfigError, import_handlers, load, parse
 from effectgate.handlers.errors import TerminalError, TransientError
 from effectgate.handlers.event import Event
 from effectgate.handlers.forward import ForwardTarget, KeyTemplate, post_signed, register_declared
 from effectgate.handlers.plan import PlanFailed, plan_event
-from effectgate.handlers.registry import Registry
+from effectgate.handlers.registry import REGISTRY, Registry
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 URL = "http://127.0.0.1:9/hooks/order-paid"
@@ -73,6 +75,33 @@ def test_declared_effect_plans_like_a_python_effect_and_an_unfillable_key_fails_
     assert request.fingerprint is not None
     with pytest.raises(PlanFailed):
         plan_event(registry, Event("shop", "evt_2", "order.paid", {"data": {}}))
+
+
+def test_a_declared_name_taken_by_a_python_handler_is_refused_at_start_up(tmp_path: Path) -> None:
+    (tmp_path / "clash_handlers.py").write_text(
+        "from effectgate.handlers.registry import effect\n"
+        "@effect(source='shop', events=['order.paid'], name='order-paid')\n"
+        "async def handle(ctx, event):\n    return None\n"
+    )
+    config_file = tmp_path / "effectgate.toml"
+    config_file.write_text('[handlers]\nmodules = ["clash_handlers"]\n' + CONFIG)
+    config = load(config_file, env=ENV)
+    REGISTRY.clear()
+    try:
+        with pytest.raises(
+            ConfigError, match=r"effects.order-paid: effect 'order-paid' is already registered"
+        ):
+            import_handlers(config)
+    finally:
+        REGISTRY.clear()
+        sys.modules.pop("clash_handlers", None)
+
+
+def test_loading_the_configuration_twice_registers_each_declared_effect_once() -> None:
+    registry = Registry()
+    for _ in range(2):
+        register_declared(registry, parse(CONFIG, path="eg.toml", env=ENV).effects[0])
+    assert [k.name for k in registry.kinds()] == ["order-paid"]
 
 
 def test_worker_reads_the_secret_and_every_mistake_is_named_by_file_and_key() -> None:
