@@ -5,132 +5,20 @@ SIGKILLed while the service holds its answer: the service sees the same key agai
 
 from __future__ import annotations
 
-import base64
-import json
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import psycopg
 import pytest
-from psycopg.rows import dict_row
 
-from effectgate.handlers.idempotency import idempotency_key
-
-from .conftest import SECRET, headers
-from .node_service import NodeService
-from .processes import Process, free_port, wait_until
-
-FORWARD_SECRET = "whsec_" + base64.b64encode(b"node-receiver-test-key-32-bytes!").decode()
-
-
-@dataclass
-class Forwarding:
-    gateway_url: str
-    db_url: str
-    config: Path
-    env: dict[str, str]
-    tmp: Path
-    node: NodeService
-    processes: list[Process]
-
-    def worker(self, name: str) -> Process:
-        proc = Process(
-            ["worker", "--config", str(self.config), "--no-migrate"], self.env, self.tmp / f"{name}.log"
-        )
-        self.processes.append(proc)
-        proc.wait_log("worker.started")
-        return proc
-
-    def deliver(self, order: str, event_id: str, amount: int = 1000) -> httpx.Response:
-        body = json.dumps(
-            {
-                "id": event_id,
-                "type": "checkout.session.completed",
-                "data": {"object": {"amount_total": amount, "metadata": {"order_id": order}}},
-            }
-        ).encode()
-        return httpx.post(
-            f"{self.gateway_url}/webhooks/shop", content=body, headers=headers(body), timeout=30
-        )
-
-    def job(self, order: str) -> dict[str, object]:
-        with psycopg.connect(self.db_url, row_factory=dict_row) as conn:
-            row = conn.execute(
-                "SELECT j.state::text AS state, j.attempt, s.status AS step, s.result, s.error "
-                "FROM jobs j JOIN effects e ON e.id = j.effect_id "
-                "LEFT JOIN steps s ON s.effect_id = e.id AND s.name = 'forward' WHERE e.effect_key = %s",
-                (f"order-paid:{order}",),
-            ).fetchone()
-        assert row is not None, order
-        return row
-
-    def wait_state(self, order: str, state: str) -> dict[str, object]:
-        wait_until(lambda: self.job(order)["state"] == state, 60, f"order {order} to be {state}")
-        return self.job(order)
-
-
-def key_of(order: str) -> str:
-    return idempotency_key("default", f"order-paid:{order}", "forward")
+from .node_service import Forwarding, forwarding_stack, key_of
+from .processes import wait_until
 
 
 @pytest.fixture
 def forwarding(db_url: str, tmp_path: Path) -> Iterator[Forwarding]:
-    gateway_port, node_port = free_port(), free_port()
-    config = tmp_path / "effectgate.toml"
-    config.write_text(
-        f"""
-[sources.shop]
-scheme = "stripe"
-secrets = ["E2E_STRIPE_SECRET"]
-on_conflict = 409
-
-[worker]
-poll_interval = 0.2
-backoff_base = 0.05
-backoff_cap = 0.2
-
-[maintenance]
-tick = 0.2
-
-[effects.order-paid]
-source = "shop"
-events = ["checkout.session.completed"]
-key = "order-paid:{{/data/object/metadata/order_id}}"
-orphan_policy = "redrive"
-lease_ttl = 1.5
-
-[effects.order-paid.forward]
-url = "http://127.0.0.1:{node_port}/hooks/order-paid"
-timeout = 30
-secret_env = "ORDER_SERVICE_SECRET"
-"""
-    )
-    env = {
-        "DATABASE_URL": db_url,
-        "E2E_STRIPE_SECRET": SECRET,
-        "ORDER_SERVICE_SECRET": FORWARD_SECRET,
-        "EFFECTGATE_LOG_LEVEL": "INFO",
-    }
-    node = NodeService(node_port, FORWARD_SECRET, tmp_path / "node.log")
-    # The gateway has no forward secret: it computes keys and claims, it never forwards.
-    gateway_env = {k: v for k, v in env.items() if k != "ORDER_SERVICE_SECRET"}
-    gateway = Process(
-        ["serve", "--config", str(config), "--no-migrate", "--port", str(gateway_port)],
-        gateway_env,
-        tmp_path / "gateway.log",
-    )
-    f = Forwarding(f"http://127.0.0.1:{gateway_port}", db_url, config, env, tmp_path, node, [gateway])
-    try:
-        node.wait_ready()
-        gateway.wait_http(f"{f.gateway_url}/readyz")
-        yield f
-    finally:
-        for proc in reversed(f.processes):
-            proc.stop()
-        node.stop()
+    with forwarding_stack(db_url, tmp_path) as stack:
+        yield stack
 
 
 def test_a_node_service_acts_once_per_effect_through_retries_refusals_and_a_sigkill(

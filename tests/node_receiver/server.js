@@ -8,6 +8,7 @@
 //   ...flaky...  answers 500 the first time, then acts
 //   ...reject... answers 422 (never acts)
 //   ...hold...   acts, then holds its answer until POST /release (the test kills the worker meanwhile)
+//   ...drop...   acts, then drops the connection without answering, the first time
 // GET /stats answers {seen: {key: n}, acted: {key: n}, rejected_signatures: n, held: [key]}.
 "use strict";
 
@@ -52,6 +53,11 @@ function handleEffect(req, res, raw) {
   }
   acted[key] = (acted[key] || 0) + 1;
   answers[key] = { order, fulfilled: true, effect: message.effect.key };
+  if (order.includes("drop") && acted[key] === 1) {
+    // Acted, and the answer lost on the way: the caller must retry with the same key.
+    req.socket.destroy();
+    return;
+  }
   if (order.includes("hold") && acted[key] === 1) {
     // The action is done, the answer not yet given: a worker killed now never hears it.
     held.push({ key, res });
