@@ -30,6 +30,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "test_orders_survive_faults_duplicates_and_killed_workers",
     ): "chaos: SIGKILLs land at random moments between deliveries; the random moment is the test",
     (
+        "e2e/test_chaos.py",
+        "test_declared_effects_act_once_per_key_through_faults_duplicates_and_killed_workers",
+    ): "chaos with declared effects: the same random kill moments",
+    (
         "integration/test_worker_runtime.py",
         "test_stop_drains_slices_that_yield_and_leaves_the_rest_to_lease_expiry.polite",
     ): "units of handler work between should_yield() checks; the drain is what ends them",
