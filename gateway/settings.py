@@ -58,6 +58,8 @@ class Setting:
     secret: bool = False
     roles: tuple[str, ...] = BOTH
     default_text: str | None = None
+    # A key whose default does not apply when this other key of the table is set (tenant, with tenant_from).
+    unless: str | None = None
 
     @property
     def table(self) -> str:
@@ -307,7 +309,13 @@ SETTINGS: tuple[Setting, ...] = (
         roles=_G,
         default_text="the scheme's own",
     ),
-    Setting("sources.*.tenant", "string", "default", "the tenant its effects are filed under"),
+    Setting(
+        "sources.*.tenant",
+        "string",
+        "default",
+        "the tenant its effects are filed under (or tenant_from)",
+        unless="tenant_from",
+    ),
     Setting(
         "sources.*.tenant_from",
         "string",
