@@ -96,7 +96,10 @@ def test_every_key_the_parser_reads_is_declared_and_every_declared_key_is_read()
             undeclared.append(path)
             continue
         read_keys.add(path)
-    assert not undeclared, f"keys the parser reads that gateway/settings.py does not declare: {undeclared}"
+    assert not undeclared, (
+        f"keys the parser reads that gateway/settings.py does not declare: {sorted(set(undeclared))}. Declare "
+        "them there; for a new kind of table, add one such table to FULL above so its keys are checked too"
+    )
     never_read = sorted(set(settings.BY_PATH) - read_keys)
     assert not never_read, f"declared in gateway/settings.py but never read by the parser: {never_read}"
 

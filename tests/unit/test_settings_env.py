@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from effectgate.gateway import config
+from effectgate.gateway import cli, config
 
 BASE = '[gateway]\nclaim_deadline = 1.5\n[sources.my-src]\nscheme = "stripe"\nsecrets = ["S"]\n'
 ENV = {"S": "whsec_" + "x" * 32}
@@ -50,3 +50,15 @@ def test_a_bad_override_names_the_variable(var: str, value: str, said: str) -> N
     assert any(p.startswith(f"environment {var}: ") and said in p for p in caught.value.problems), (
         caught.value.problems
     )
+
+
+def test_the_older_single_variable_still_wins_over_the_files_key_set_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = config.parse(BASE, env={**ENV, "EFFECTGATE_DATABASE__STARTUP_WAIT": "7"})
+    assert cfg.database.startup_wait == 7
+    args = cli.build_parser().parse_args(["reconcile"])
+    assert cli._startup_wait(args, cfg) == 7
+    monkeypatch.setenv("EFFECTGATE_STARTUP_WAIT", "3")
+    assert cli._startup_wait(args, cfg) == 3
+    assert cli._startup_wait(cli.build_parser().parse_args(["reconcile", "--startup-wait", "1"]), cfg) == 1
