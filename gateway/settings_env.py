@@ -41,7 +41,7 @@ def override(data: dict[str, Any], env: Mapping[str, str]) -> tuple[dict[str, An
 
 def _apply(data: dict[str, Any], var: str, text: str) -> None:
     tokens = var[len(PREFIX) :].split("__")
-    if "[]" in "".join(tokens) or tokens[0].lower() == "operators":
+    if tokens[0].lower() == "operators":
         raise ValueError("[[operators]] entries cannot be set from the environment; set them in the file")
     table: dict[str, Any] = data
     pattern: list[str] = []
@@ -49,12 +49,12 @@ def _apply(data: dict[str, Any], var: str, text: str) -> None:
         last = depth == len(tokens) - 1
         fixed = ".".join([*pattern, token.lower()])
         if last:
-            setting = _setting(".".join(pattern), token.lower(), var)
+            setting = _setting(".".join(pattern), token.lower())
             table[token.lower()] = parse_value(setting, text)
             return
         if any(s.path.startswith(fixed + ".") for s in SETTINGS):
             pattern.append(token.lower())
-            table = _subtable(table, token.lower(), var)
+            table = _subtable(table, token.lower())
         elif any(s.path.startswith(".".join([*pattern, "*"]) + ".") for s in SETTINGS):
             names = [n for n in table if isinstance(table[n], dict) and _spelled(n) == token]
             if not names:
@@ -66,23 +66,18 @@ def _apply(data: dict[str, Any], var: str, text: str) -> None:
             pattern.append("*")
             table = table[names[0]]
         else:
-            raise ValueError(f"{_where(pattern, token)} is not a known table{_close(fixed)}")
-    raise ValueError("names no setting")  # pragma: no cover - the loop returns at its last token
+            raise ValueError(f"{fixed} is not a known table{_close(fixed)}")
 
 
 def _spelled(name: str) -> str:
     return name.upper().replace("-", "_")
 
 
-def _subtable(table: dict[str, Any], key: str, var: str) -> dict[str, Any]:
+def _subtable(table: dict[str, Any], key: str) -> dict[str, Any]:
     value = table.setdefault(key, {})
     if not isinstance(value, dict):
         raise ValueError(f"the file's {key} is not a table")
     return value
-
-
-def _where(pattern: list[str], token: str) -> str:
-    return ".".join([*pattern, token.lower()])
 
 
 def _close(path: str) -> str:
@@ -94,7 +89,7 @@ def _close(path: str) -> str:
     return f"; did you mean {var}?" if var else f"; did you mean {close[0]}?"
 
 
-def _setting(table: str, key: str, var: str) -> Setting:
+def _setting(table: str, key: str) -> Setting:
     path = f"{table}.{key}" if table else key
     for setting in SETTINGS:
         if setting.path == path:

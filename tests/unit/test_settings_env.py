@@ -41,6 +41,9 @@ def test_an_override_wins_over_the_file_and_is_typed() -> None:
         ("EFFECTGATE_GATEWAI__PORT", "1", "is not a known table"),
         ("EFFECTGATE_SOURCES__OTHER__TOLERANCE", "1", "the file has no [sources.NAME] spelt OTHER"),
         ("EFFECTGATE_OPERATORS__NAME", "x", "cannot be set from the environment"),
+        ("EFFECTGATE_RETENTION__HISTORY_DAYS", "0", "must be > 0"),
+        ("EFFECTGATE_TRACING__SAMPLE_RATIO", "1.5", "must be <= 1"),
+        ("EFFECTGATE_SOURCES__MY_SRC__ON_CONFLICT", "404", "expected one of 409, 200"),
         ("EFFECTGATE_SOURCES__MY_SRC__OPTIONS", "x", "cannot be set from the environment"),
     ],
 )
