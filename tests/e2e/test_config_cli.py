@@ -103,3 +103,34 @@ def test_schema_and_reference(tmp_path: Path) -> None:
     done = run("config", "reference", "--write", str(page))
     assert done.returncode == 2
     assert done.stderr.startswith(f"effectgate: {page}: the page has no generated part")
+
+
+def taplo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # The taplo binary installed beside this Python (the dev extra), not whichever one is on PATH.
+    binary = Path(sys.executable).parent / "taplo"
+    return subprocess.run([str(binary), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_taplo_checks_a_file_against_the_schema_both_ways_the_docs_say(tmp_path: Path) -> None:
+    assert run("config", "schema", "-o", str(tmp_path / "effectgate.schema.json")).returncode == 0
+    typo = GOOD.replace("claim_deadline", "claim_deadlne")
+
+    # 1. A #:schema line at the top of the file.
+    (tmp_path / "inline.toml").write_text("#:schema ./effectgate.schema.json\n" + typo)
+    done = taplo("check", "inline.toml", cwd=tmp_path)
+    assert done.returncode != 0 and "'claim_deadlne' was unexpected" in done.stdout + done.stderr
+
+    # 2. A .taplo.toml rule for effectgate.toml.
+    (tmp_path / ".taplo.toml").write_text(
+        '[[rule]]\ninclude = ["**/effectgate.toml"]\n[rule.schema]\npath = "effectgate.schema.json"\n'
+    )
+    (tmp_path / "effectgate.toml").write_text(typo)
+    done = taplo("check", "effectgate.toml", cwd=tmp_path)
+    assert done.returncode != 0 and "'claim_deadlne' was unexpected" in done.stdout + done.stderr
+    for shipped in (
+        ROOT / "deploy" / "effectgate.toml",
+        ROOT / "docs" / "examples" / "shop" / "effectgate.toml",
+    ):
+        (tmp_path / "effectgate.toml").write_text(shipped.read_text())
+        done = taplo("check", "effectgate.toml", cwd=tmp_path)
+        assert done.returncode == 0, (shipped, done.stdout + done.stderr)
