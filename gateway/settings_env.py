@@ -24,36 +24,57 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
-def override(data: dict[str, Any], env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+def override(
+    data: dict[str, Any], env: Mapping[str, str], origins: dict[str, str] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """``data`` (a parsed file) with every override in ``env`` applied, and a problem per bad variable,
-    each naming it. ``data`` itself is not changed."""
+    each naming it. ``data`` itself is not changed; ``origins``, when given, gets the variable that set
+    each key (``sources.my-src.tenant`` → ``EFFECTGATE_SOURCES__MY_SRC__TENANT``)."""
     out = copy.deepcopy(data)
     problems = []
     for var in sorted(env):
         if not var.startswith(PREFIX) or "__" not in var[len(PREFIX) :]:
             continue
         try:
-            _apply(out, var, env[var])
+            where = _apply(out, var, env[var])
         except ValueError as exc:
             problems.append(f"environment {var}: {exc}")
+        else:
+            if origins is not None:
+                origins[where] = var
     return out, problems
 
 
-def _apply(data: dict[str, Any], var: str, text: str) -> None:
+def mention(problems: list[str], path: str, origins: Mapping[str, str]) -> list[str]:
+    """``problems`` with the variable named after each one about a key the environment set: a rule across
+    keys (claim_lock_timeout below claim_statement_timeout) names the key, which the file may not set."""
+    out = []
+    for problem in problems:
+        for key, var in origins.items():
+            if problem.startswith(f"{path}: {key}: "):
+                problem += f" (set by {var})"
+                break
+        out.append(problem)
+    return out
+
+
+def _apply(data: dict[str, Any], var: str, text: str) -> str:
     tokens = var[len(PREFIX) :].split("__")
     if tokens[0].lower() == "operators":
         raise ValueError("[[operators]] entries cannot be set from the environment; set them in the file")
     table: dict[str, Any] = data
     pattern: list[str] = []
+    concrete: list[str] = []
     for depth, token in enumerate(tokens):
         last = depth == len(tokens) - 1
         fixed = ".".join([*pattern, token.lower()])
         if last:
             setting = _setting(".".join(pattern), token.lower())
             table[token.lower()] = parse_value(setting, text)
-            return
+            return ".".join([*concrete, token.lower()])
         if any(s.path.startswith(fixed + ".") for s in SETTINGS):
             pattern.append(token.lower())
+            concrete.append(token.lower())
             table = _subtable(table, token.lower())
         elif any(s.path.startswith(".".join([*pattern, "*"]) + ".") for s in SETTINGS):
             names = [n for n in table if isinstance(table[n], dict) and _spelled(n) == token]
@@ -64,9 +85,11 @@ def _apply(data: dict[str, Any], var: str, text: str) -> None:
                     f"the environment sets keys of the {section} tables the file declares, it adds none"
                 )
             pattern.append("*")
+            concrete.append(names[0])
             table = table[names[0]]
         else:
             raise ValueError(f"{fixed} is not a known table{_close(fixed)}")
+    raise ValueError("names no setting")  # unreachable: the loop returns at its last token
 
 
 def _spelled(name: str) -> str:

@@ -65,3 +65,12 @@ def test_the_older_single_variable_still_wins_over_the_files_key_set_from_the_en
     monkeypatch.setenv("EFFECTGATE_STARTUP_WAIT", "3")
     assert cli._startup_wait(args, cfg) == 3
     assert cli._startup_wait(cli.build_parser().parse_args(["reconcile", "--startup-wait", "1"]), cfg) == 1
+
+
+def test_a_rule_across_keys_names_the_variable_that_set_the_key() -> None:
+    with pytest.raises(config.ConfigError) as caught:
+        config.parse(BASE, path="f.toml", env={**ENV, "EFFECTGATE_GATEWAY__CLAIM_LOCK_TIMEOUT": "10"})
+    assert caught.value.problems == (
+        "f.toml: gateway.claim_lock_timeout: must be shorter than claim_statement_timeout (5), got 10 "
+        "(set by EFFECTGATE_GATEWAY__CLAIM_LOCK_TIMEOUT)",
+    )
