@@ -122,13 +122,22 @@ SETTINGS: tuple[Setting, ...] = (
         1024 * 1024,
         "largest webhook body read (past it: 413)",
         minimum=1,
+        roles=_G,
     ),
-    Setting("gateway.pool_max", "integer", 10, "connections in each process's main database pool", minimum=1),
+    Setting(
+        "gateway.pool_max",
+        "integer",
+        10,
+        "connections in each process's main database pool",
+        minimum=1,
+        roles=_G,
+    ),
     Setting(
         "gateway.run_reconciler",
         "boolean",
         True,
         "whether `serve` ticks maintenance too (false: it only answers)",
+        roles=_G,
     ),
     Setting(
         "gateway.forwarded_allow_ips",
