@@ -55,7 +55,7 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate, unapplied
 
-from . import demo, embedded, guard, logs, migrate_cli, operator_cli, send
+from . import config_cli, demo, embedded, guard, logs, migrate_cli, operator_cli, send
 from .config import (
     DEFAULT_CONFIG_FILE,
     DEFAULT_MIGRATION_WAIT,
@@ -1081,6 +1081,7 @@ def build_parser() -> argparse.ArgumentParser:
     dd.add_argument("--url", default="http://127.0.0.1:8000")
     dd.add_argument("--order", default="1234")
     dd.set_defaults(func=cmd_demo_delivery)
+    config_cli.register(sub)
     before = set(sub.choices)
     operator_cli.register(sub, run_on_ledger)
     for name in sorted(set(sub.choices) - before):

@@ -54,6 +54,8 @@ from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_statu
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
 from .secret_sources import read_file as read_secret_file
+from .settings_env import mention as env_mention
+from .settings_env import override as env_override
 from .signatures import SCHEMES, Covers, Scheme, SchemeConfigError, build_scheme, covers_of
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
@@ -724,7 +726,11 @@ def parse(
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    # EFFECTGATE_<SECTION>__<KEY> wins over the file (gateway.settings_env).
+    env_origins: dict[str, str] = {}
+    data, env_problems = env_override(data, os.environ if env is None else env, env_origins)
     root = TableReader(path, "", data)
+    root.problems.extend(env_problems)
 
     gw = root.table_of("gateway")
     gateway = GatewayConfig(
@@ -840,7 +846,7 @@ def parse(
     tracing = _tracing(root.table_of("tracing"))
     root.no_unknown_keys()
     if root.problems:
-        raise ConfigError(*root.problems)
+        raise ConfigError(*env_mention(root.problems, path, env_origins))
     return Config(
         path=path,
         sources=sources,
