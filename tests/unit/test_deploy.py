@@ -9,6 +9,7 @@ worker is given longer to stop than it takes to drain.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import tomllib
@@ -24,6 +25,7 @@ from effectgate.gateway.cli import build_parser
 from effectgate.gateway.config import Config, parse
 from effectgate.gateway.secret_sources import ROLE_SECRETS, Role
 from effectgate.handlers.worker import DEFAULT_DRAIN_TIMEOUT
+from tests.container import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -315,13 +317,15 @@ def test_compose_gives_each_process_exactly_its_roles_secrets() -> None:
 # -- Kubernetes -----------------------------------------------------------------------------------
 
 
+@functools.cache
+def rendered() -> list[dict[str, Any]]:
+    """The CI overlay as kustomize renders it (what deploy-run starts; the base plus the local image)."""
+    return kustomize.render(kustomize.CI_OVERLAY)
+
+
 def manifests() -> dict[tuple[str, str], dict[str, Any]]:
-    found = {}
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
-                found[(doc["kind"], doc["metadata"]["name"])] = doc
-    return found
+    """Rendered objects by kind and name, the name without the ConfigMap hash or the release suffix."""
+    return kustomize.by_name(rendered())
 
 
 def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -346,6 +350,9 @@ def test_the_manifests_are_the_expected_set() -> None:
         ("Service", "effectgate-operator"),
         ("PodDisruptionBudget", "effectgate-gateway"),
         ("Deployment", "effectgate-worker"),
+        ("NetworkPolicy", "effectgate-gateway"),
+        ("NetworkPolicy", "effectgate-worker"),
+        ("NetworkPolicy", "effectgate-migrate"),
     }
 
 
@@ -441,7 +448,8 @@ def test_secrets_come_from_the_secret_and_the_config_from_the_configmap(name: st
         assert entry["valueFrom"]["secretKeyRef"]["name"] == "effectgate"
     assert {"name": "config", "mountPath": "/etc/effectgate", "readOnly": True} in c["volumeMounts"]
     spec = manifests()[("Deployment", name)]["spec"]["template"]["spec"]
-    assert {"name": "config", "configMap": {"name": "effectgate-config"}} in spec["volumes"]
+    configmap = manifests()[("ConfigMap", "effectgate-config")]["metadata"]["name"]
+    assert {"name": "config", "configMap": {"name": configmap}} in spec["volumes"]
 
 
 def test_the_migrate_job_needs_only_the_database() -> None:
