@@ -479,7 +479,12 @@ def unit(name: str) -> dict[str, dict[str, list[str]]]:
     return sections
 
 
-UNITS = ["effectgate-migrate.service", "effectgate-gateway.service", "effectgate-worker.service"]
+UNITS = [
+    "effectgate-migrate.service",
+    "effectgate-gateway.service",
+    "effectgate-worker.service",
+    "effectgate-worker@.service",
+]
 SANDBOX = {
     "ProtectSystem": "strict",
     "ProtectHome": "yes",
@@ -518,10 +523,12 @@ def test_every_unit_is_sandboxed_and_runs_as_the_effectgate_user(name: str) -> N
         ("effectgate-migrate.service", "migrate"),
         ("effectgate-gateway.service", "serve"),
         ("effectgate-worker.service", "worker"),
+        ("effectgate-worker@.service", "worker"),
     ],
 )
 def test_every_unit_runs_its_command_without_migrating_at_start(name: str, command: str) -> None:
     (exec_start,) = unit(name)["Service"]["ExecStart"]
+    exec_start = exec_start.replace("%i", "9101")  # the template's instance is its metrics port
     executable, *argv = shlex.split(exec_start)
     assert executable == "/opt/effectgate/bin/effectgate"
     assert_production_command(argv, command)
@@ -529,7 +536,7 @@ def test_every_unit_runs_its_command_without_migrating_at_start(name: str, comma
 
 def test_the_migrate_oneshot_runs_before_gateway_and_worker() -> None:
     assert unit("effectgate-migrate.service")["Service"]["Type"] == ["oneshot"]
-    for name in ("effectgate-gateway.service", "effectgate-worker.service"):
+    for name in ("effectgate-gateway.service", "effectgate-worker.service", "effectgate-worker@.service"):
         sections = unit(name)
         assert "effectgate-migrate.service" in " ".join(sections["Unit"]["After"]).split()
         assert "effectgate-migrate.service" in " ".join(sections["Unit"]["Wants"]).split()
@@ -541,6 +548,7 @@ def test_the_migrate_oneshot_runs_before_gateway_and_worker() -> None:
     [
         ("effectgate-gateway.service", "gateway"),
         ("effectgate-worker.service", "worker"),
+        ("effectgate-worker@.service", "worker"),
         ("effectgate-migrate.service", None),
     ],
 )
@@ -566,11 +574,30 @@ def test_the_gateway_unit_listens_on_loopback_and_trusts_only_the_local_proxy() 
     assert args.operator_port is None and args.operator_host is None
 
 
-def test_the_worker_unit_waits_longer_than_the_drain() -> None:
-    service = unit("effectgate-worker.service")["Service"]
+@pytest.mark.parametrize("name", ["effectgate-worker.service", "effectgate-worker@.service"])
+def test_the_worker_unit_waits_longer_than_the_drain(name: str) -> None:
+    service = unit(name)["Service"]
     assert service["KillSignal"] == ["SIGTERM"]
     (timeout,) = service["TimeoutStopSec"]
     assert int(timeout) >= max(drain_timeout(), DEFAULT_DRAIN_TIMEOUT) + STOP_MARGIN_SECONDS
+
+
+def test_the_worker_template_is_the_worker_unit_with_the_instance_as_its_metrics_port() -> None:
+    single, template = unit("effectgate-worker.service"), unit("effectgate-worker@.service")
+    (exec_start,) = template["Service"]["ExecStart"]
+    assert command_args(shlex.split(exec_start.replace("%i", "9101"))[1:]).metrics_port == 9101
+    for section in single:
+        differs = {"Unit": {"Description"}, "Service": {"ExecStart"}}.get(section, set())
+        assert {k: v for k, v in single[section].items() if k not in differs} == {
+            k: v for k, v in template[section].items() if k not in differs
+        }, section
+
+
+@pytest.mark.parametrize("name", [u for u in UNITS if u != "effectgate-migrate.service"])
+def test_a_configuration_mistake_exit_2_is_not_restarted(name: str) -> None:
+    service = unit(name)["Service"]
+    assert service["Restart"] == ["on-failure"]
+    assert service["RestartPreventExitStatus"] == ["2"]
 
 
 def alert_commands() -> list[tuple[str, str]]:
