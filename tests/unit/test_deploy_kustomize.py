@@ -78,6 +78,20 @@ def test_one_version_the_package_the_images_the_manifests_and_the_changelog() ->
     assert re.search(r"^## (\S+)", changelog, re.MULTILINE)[1] == tag  # type: ignore[index]
 
 
+def test_the_classifiers_claim_only_what_ci_runs_python_3_11_on_linux() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    classifiers = project["classifiers"]
+    pythons = {
+        c.rsplit(" :: ", 1)[1]
+        for c in classifiers
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    }
+    assert pythons == {"3.11"} and project["requires-python"] == ">=3.11"
+    assert [c for c in classifiers if c.startswith("Operating System")] == [
+        "Operating System :: POSIX :: Linux"
+    ]
+
+
 def test_the_base_configuration_is_deploy_effectgate_toml_verbatim() -> None:
     base = (kustomize.KUBERNETES / "base" / "effectgate.toml").read_text()
     assert base == (DEPLOY / "effectgate.toml").read_text()
