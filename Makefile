@@ -14,11 +14,12 @@ lint:
 	$(PYTHON) -m ruff check $(PY_SOURCES)
 
 # mypy cannot follow setuptools' package-dir mapping, so it checks a tree of links laid out the way the
-# wheel installs the folders: build/typecheck/effectgate/{__init__.py,gateway,handlers,ledger}.
+# wheel installs the folders: build/typecheck/effectgate/{__init__.py,gateway,handlers,ledger,testing}.
 TYPECHECK_TREE = build/typecheck/effectgate
 typecheck:
 	rm -rf build/typecheck && mkdir -p $(TYPECHECK_TREE)
 	ln -s ../../../handlers/_effectgate/__init__.py ../../../handlers/_effectgate/py.typed $(TYPECHECK_TREE)/
+	ln -s ../../../handlers/_effectgate/testing $(TYPECHECK_TREE)/
 	ln -s ../../../gateway ../../../handlers ../../../ledger ../../../migrations $(TYPECHECK_TREE)/
 	cd build/typecheck && $(PYTHON) -m mypy --config-file ../../pyproject.toml --strict -p effectgate
 

@@ -32,6 +32,7 @@ from .operator.api import ApiHeaders
 from .operator.dashboard import form_too_large
 from .operator.routes import operator_routes
 from .operator.throttle import FailureThrottle
+from .penalty_box import PenaltyBox
 from .planes import PlaneGate
 from .signature_failures import SignatureFailures
 
@@ -91,6 +92,7 @@ def create_app(
     session_key: bytes | None = None,
     operator_port: int | None = None,
     failure_flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+    penalty_box: PenaltyBox | None = None,
 ) -> Starlette:
     """The gateway app for ``config``; the pool opens with the lifespan and closes with it.
 
@@ -204,6 +206,7 @@ def create_app(
     app.state.config = config
     app.state.registry = registry
     app.state.metrics_token_sha256 = config.metrics_token_sha256
+    app.state.ledger_gauges = metrics.LedgerGauges(directory=metrics.multiprocess_dir())
     secret = config.dashboard.session_secret
     # The key is derived, so the configured secret itself signs nothing and is never compared.
     app.state.session_key = (
@@ -211,5 +214,7 @@ def create_app(
         if secret is not None
         else session_key or os.urandom(32)
     )
+    # The connection guard of this process enforces the same box (``guard.configure``).
+    app.state.penalty_box = penalty_box if penalty_box is not None else PenaltyBox(config.gateway.penalty_box)
     app.state.auth_throttle = FailureThrottle(config.operator.throttle_limit, config.operator.throttle_window)
     return app

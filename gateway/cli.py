@@ -301,8 +301,8 @@ def serve_app() -> Any:
     serving.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
     config = load(os.environ["EFFECTGATE_CONFIG"], role="gateway")
-    import_handlers(config)
-    guard.configure(config.gateway.limits)
+    # The supervisor already warned about the handlers once; N children need not repeat it.
+    import_handlers(config, warn=False)
     tracing.configure(config.tracing, role="gateway")
     session_key = bytes.fromhex(os.environ.pop(_SESSION_KEY_ENV))
     trusted = os.environ.get(_TRUSTED_ENV)
@@ -312,13 +312,15 @@ def serve_app() -> Any:
             gateway=replace(config.gateway, forwarded_allow_ips=tuple(p for p in trusted.split(",") if p)),
         )
     operator_port = os.environ.get(_OPERATOR_PORT_ENV)
-    return create_app(
+    app = create_app(
         config,
         REGISTRY,
         os.environ["DATABASE_URL"],
         session_key=session_key,
         operator_port=int(operator_port) if operator_port else None,
     )
+    guard.configure(config.gateway.limits, app.state.penalty_box, config.gateway.client_slots())
+    return app
 
 
 # The dashboard's signing key when no secret is configured: made by the supervisor, shared by its children.
@@ -328,6 +330,8 @@ _SESSION_KEY_ENV = "EFFECTGATE_SESSION_KEY"
 _OPERATOR_PORT_ENV = "EFFECTGATE_OPERATOR_PORT"
 _TRUSTED_ENV = "EFFECTGATE_FORWARDED_ALLOW_IPS"
 _APP_FACTORY = "effectgate.gateway.cli:serve_app"
+# Set by `effectgate up` for its children: the supervisor passes every stop signal on as SIGTERM.
+_SUPERVISED_ENV = "EFFECTGATE_SUPERVISED"
 
 
 def event_loop() -> str:
@@ -446,8 +450,8 @@ def _serve(
         )
         return
     tracing.configure(config.tracing, role="gateway")
-    protocol = guard.configure(config.gateway.limits)
     app = create_app(config, REGISTRY, url, session_key=session_key, operator_port=operator_port)
+    protocol = guard.configure(config.gateway.limits, app.state.penalty_box, config.gateway.client_slots())
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
     server = uvicorn.Server(uvicorn.Config(app, http=protocol, **options))
@@ -537,8 +541,13 @@ async def _run_worker(
             pool, REGISTRY, url=url, config=worker_config, services=services, observer=metrics.WORKER_OBSERVER
         )
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+        loop.add_signal_handler(signal.SIGTERM, worker.stop)
+        if os.environ.get(_SUPERVISED_ENV):
+            # Under `effectgate up` a terminal's Ctrl-C reaches the whole process group, and the supervisor
+            # passes each one on as SIGTERM: heeding both would make the first Ctrl-C a second stop.
+            loop.add_signal_handler(signal.SIGINT, lambda: None)
+        else:
+            loop.add_signal_handler(signal.SIGINT, worker.stop)
         try:
             async with _serving_metrics(
                 pool, metrics_socket, config.metrics_token_sha256, config.gateway.limits, worker.health
@@ -764,9 +773,20 @@ def _run_up(
     home: Path,
 ) -> int:
     stopping = False
+    procs: list[subprocess.Popen[bytes]] = []
 
     def stop(signum: int, _frame: Any) -> None:
         nonlocal stopping
+        if stopping:
+            # A second Ctrl-C or SIGTERM: passed on, so the worker hands its running jobs back now.
+            print(
+                "effectgate: stopping now: the worker hands its running jobs back",
+                file=sys.stderr,
+                flush=True,
+            )
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
         stopping = True
 
     # Before the children start: a SIGTERM from here on stops them too, rather than leaving them behind.
@@ -781,7 +801,7 @@ def _run_up(
         [*me, "serve", "--config", config_path, "--no-migrate", "--host", host, "--port", str(port)]
     )
     commands.append([*me, "worker", "--config", config_path, "--no-migrate"])
-    procs = [subprocess.Popen(c, env=env) for c in commands]
+    procs.extend(subprocess.Popen(c, env={**env, _SUPERVISED_ENV: "1"}) for c in commands)
     names = {id(p): c[3] for p, c in zip(procs, commands, strict=True)}
 
     base = f"http://{host}:{port}"
@@ -813,6 +833,13 @@ def _run_up(
             exit_code = EXIT_FAILURE
             break
         time.sleep(0.2)
+    if stopping:
+        print(
+            f"effectgate: stopping: the worker drains for up to {config.worker.drain_timeout:g} s "
+            "(its log says what); Ctrl-C again to stop now",
+            file=sys.stderr,
+            flush=True,
+        )
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import ipaddress
+import logging
 import os
 import re
 import sys
@@ -44,8 +45,9 @@ from effectgate.ledger.retention import DEFAULT_HISTORY, DEFAULT_PAYLOADS, Reten
 from effectgate.ledger.sweeps import SweepConfig
 from effectgate.ledger.waker import WakerConfig
 
-from . import guard
+from . import guard, handler_checks, penalty_box
 from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
+from .penalty_box import PenaltySettings
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
@@ -53,6 +55,8 @@ from .secret_sources import read_file as read_secret_file
 from .signatures import SCHEMES, Covers, Scheme, SchemeConfigError, build_scheme, covers_of
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
+
+log = logging.getLogger("effectgate.config")
 
 DEFAULT_CONFIG_FILE = "effectgate.toml"
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -143,11 +147,23 @@ class GatewayConfig:
     claim_deadline: float = claim_batcher.DEFAULT_DEADLINE
     claim_lock_timeout: float = claim_batcher.DEFAULT_LOCK_TIMEOUT
     claim_statement_timeout: float = claim_batcher.DEFAULT_STATEMENT_TIMEOUT
+    # Requests in flight per client address and process (gateway.guard.ClientSlots); past it the client's
+    # next request waits unread for one of its own to finish. 0: no limit. Trusted proxies are not limited.
+    client_concurrency: int = guard.DEFAULT_CLIENT_CONCURRENCY
+    # [gateway.penalty_box]: a client that keeps failing authentication for a source is held off it
+    # (gateway.penalty_box).
+    penalty_box: PenaltySettings = field(default_factory=PenaltySettings)
 
     @property
     def limits(self) -> guard.Limits:
         """The connection guard's limits."""
         return guard.Limits(self.header_timeout, self.body_timeout, self.max_header_bytes)
+
+    def client_slots(self) -> guard.ClientSlots | None:
+        """A process's per-client request slots (its own, so build one per process), or None for no limit."""
+        if not self.client_concurrency:
+            return None
+        return guard.ClientSlots(self.client_concurrency, self.forwarded_allow_ips)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +235,9 @@ class Config:
     path: str
     sources: Mapping[str, Source]
     handler_modules: tuple[str, ...]
+    # [handlers] skip_sources: sources the modules declare effects for that this deployment does not take
+    # (a shared handler module); their effects are not refused at start-up for the missing source.
+    handler_skip_sources: tuple[str, ...] = ()
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     payments: DownstreamConfig | None = None
@@ -410,6 +429,19 @@ def _paypal_credentials(
         else:
             resolved[target] = env[var]
     return resolved
+
+
+def _penalty_settings(box: TableReader) -> PenaltySettings:
+    settings = PenaltySettings(
+        enabled=box.get("enabled", bool, True),
+        failures=box.number("failures", penalty_box.DEFAULT_FAILURES, minimum=1, integer=True),
+        window=box.number("window", penalty_box.DEFAULT_WINDOW, minimum=0.001),
+        cooling=box.number("cooling", penalty_box.DEFAULT_COOLING, minimum=0.001),
+        hold=box.number("hold", penalty_box.DEFAULT_HOLD, minimum=0, integer=True),
+        max_clients=box.number("max_clients", penalty_box.DEFAULT_MAX_CLIENTS, minimum=1, integer=True),
+    )
+    box.no_unknown_keys()
+    return settings
 
 
 def _forwarded_allow_ips(gw: TableReader) -> tuple[str, ...]:
@@ -706,6 +738,9 @@ def parse(
         claim_queue_max=gw.number(
             "claim_queue_max", claim_batcher.DEFAULT_MAX_QUEUE, minimum=1, integer=True
         ),
+        client_concurrency=gw.number(
+            "client_concurrency", guard.DEFAULT_CLIENT_CONCURRENCY, minimum=0, integer=True
+        ),
         claim_deadline=gw.number("claim_deadline", claim_batcher.DEFAULT_DEADLINE, minimum=0.001),
         claim_lock_timeout=gw.number("claim_lock_timeout", claim_batcher.DEFAULT_LOCK_TIMEOUT, minimum=0.001),
         claim_statement_timeout=gw.number(
@@ -714,6 +749,7 @@ def parse(
     )
     if gateway.port > 65535:
         gw.problem("port", f"must be <= 65535, got {gateway.port}")
+    gateway = replace(gateway, penalty_box=_penalty_settings(gw.table_of("penalty_box")))
     if gateway.claim_lock_timeout >= gateway.claim_statement_timeout:
         # A lock wait must end as a lock timeout (only the requests needing the key fail), not as a statement
         # timeout (the whole batch fails).
@@ -754,6 +790,10 @@ def parse(
     if not all(isinstance(m, str) and m for m in modules):
         hd.problem("modules", "must be a list of importable module names")
         modules = []
+    skip_sources = hd.get("skip_sources", list, [])
+    if not all(isinstance(m, str) and m for m in skip_sources):
+        hd.problem("skip_sources", "must be a list of source names")
+        skip_sources = []
     hd.no_unknown_keys()
 
     src = root.table_of("sources")
@@ -799,6 +839,7 @@ def parse(
         path=path,
         sources=sources,
         handler_modules=tuple(modules),
+        handler_skip_sources=tuple(skip_sources),
         gateway=gateway,
         worker=worker,
         payments=downstreams.get("payments"),
@@ -884,31 +925,39 @@ def app_dir(config: Config) -> Path:
     return path.resolve().parent if path.is_file() else Path.cwd()
 
 
-def import_handlers(config: Config) -> None:
+def import_handlers(config: Config, *, warn: bool = True) -> None:
     """Import the configured handler modules, which register their effects on import.
 
     The configuration file's directory goes first on ``sys.path`` (as uvicorn's ``--app-dir`` does), so
     a handler module kept next to ``effectgate.toml`` imports without ``PYTHONPATH``, from any working
     directory and in every process of ``serve --workers N``. Every module that fails is reported at
-    once, with the error and what to do about it.
+    once, with the error and what to do about it, and so is every mistaken ``@effect`` declaration and
+    every effect of an unconfigured source (``handler_checks``), each at the user's file and line. An
+    event pattern that can never match its source's scheme is logged as a warning (``warn``).
     """
     directory = str(app_dir(config))
     if directory not in sys.path:
         sys.path.insert(0, directory)
     where = f"{directory} (the configuration file's directory)" if Path(config.path).is_file() else directory
     problems = []
-    for module in config.handler_modules:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:
-            problems.append(
-                f"{config.path}: handlers.modules: cannot import {module!r}: {_import_failure(module, exc, where)}"
-            )
+    with REGISTRY.collecting() as mistakes:
+        for module in config.handler_modules:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                problems.append(
+                    f"{config.path}: handlers.modules: cannot import {module!r}: {_import_failure(module, exc, where)}"
+                )
+    schemes = {name: source.scheme_name for name, source in config.sources.items()}
+    problems.extend(handler_checks.problems(REGISTRY, mistakes, schemes, config.handler_skip_sources))
     if not problems:
         problems = [f"{config.path}: {p}" for p in identity_problems(config, REGISTRY)]
         problems += check_downstream_names(REGISTRY, config.downstream_names)
     if problems:
         raise ConfigError(*problems)
+    if warn:
+        for warning in handler_checks.warnings(REGISTRY, schemes):
+            log.warning("handlers.pattern_never_matches", extra={"problem": warning})
 
 
 def unsigned_fields(config: Config) -> dict[str, frozenset[str]]:

@@ -35,6 +35,8 @@ port = {port}
 
 [handlers]
 modules = ["effectgate.handlers.examples.commerce", "effectgate.handlers.examples.audit"]
+# The example module also fulfils Shopify orders; this deployment takes no Shopify webhooks.
+skip_sources = ["shopify"]
 
 [sources.stripe]
 scheme = "stripe"

@@ -16,21 +16,40 @@ uvicorn's, with three limits added per connection:
   parser buffers a trailer line whole before it reports it, so a trailer that drips for ever would
   otherwise grow the process until the body timeout.
 
-The limits are class attributes, set once per process by ``configure`` before the server starts (the
-``serve --workers N`` children do it in their app factory, before the first connection).
+It also enforces the penalty box (``gateway.penalty_box``): a request from a peer boxed for the source
+its path names is refused once its head is parsed, before its body is read or the app hears of it. The
+connection is held, reading paused, until the header timeout closes it without an answer (so a flood
+client waits rather than sends), at most ``PenaltySettings.hold`` at once per process; past that it is
+closed at once. Either costs the gateway one parsed request head.
+
+And it shares each process's request slots fairly between clients (``ClientSlots``): a peer with
+``client_concurrency`` requests in flight (head received, answer not yet complete) has its next request
+wait, unread, until one of its own finishes, so one client's hundreds of connections take no more of the
+event loop than that many requests, while other clients' requests go straight through. Trusted proxies
+(``forwarded_allow_ips``) are not limited: every client behind them shares their address.
+
+The limits, the box and the slots are class attributes, set once per process by ``configure`` before the server
+starts (the ``serve --workers N`` children do it in their app factory, before the first connection).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import http
+import ipaddress
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .operator import metrics
+from .penalty_box import PenaltyBox
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -52,6 +71,78 @@ class Limits:
             raise ValueError("timeouts must be > 0 and max_header_bytes >= 1")
 
 
+DEFAULT_CLIENT_CONCURRENCY = 64
+
+
+class ClientSlots:
+    """Requests in flight per client address in this process, and the connections waiting for a slot.
+
+    A soft cap: a connection is admitted when its first bytes arrive and counted once its head is whole,
+    so a burst of connections opened together can pass it by a few.
+    """
+
+    def __init__(self, per_client: int, trusted: Iterable[str] = ()) -> None:
+        if per_client < 1:
+            raise ValueError("per_client must be >= 1")
+        self.per_client = per_client
+        entries = tuple(trusted)
+        self._trust_all = "*" in entries
+        self._trusted = tuple(ipaddress.ip_network(e, strict=False) for e in entries if e != "*")
+        self._in_flight: collections.Counter[str] = collections.Counter()
+        self._waiting: dict[str, collections.deque[GuardedHttpToolsProtocol]] = {}
+        #: Requests that had to wait for a slot (tests and logs).
+        self.waited = 0
+
+    def limits(self, client: str) -> bool:
+        """Whether ``client``'s requests are counted (not a trusted proxy's)."""
+        if self._trust_all:
+            return False
+        if not self._trusted:
+            return True
+        try:
+            address = ipaddress.ip_address(client)
+        except ValueError:
+            return True
+        return not any(address in network for network in self._trusted)
+
+    def full(self, client: str) -> bool:
+        return self._in_flight[client] >= self.per_client
+
+    def start(self, client: str) -> None:
+        self._in_flight[client] += 1
+
+    def wait(self, client: str, protocol: GuardedHttpToolsProtocol) -> None:
+        self.waited += 1
+        metrics.client_slot_wait()
+        self._waiting.setdefault(client, collections.deque()).append(protocol)
+
+    def forget(self, client: str, protocol: GuardedHttpToolsProtocol) -> None:
+        """A waiting connection closed: it no longer waits (nor is kept alive by the queue)."""
+        waiting = self._waiting.get(client)
+        if waiting is not None:
+            try:
+                waiting.remove(protocol)
+            except ValueError:
+                pass
+            if not waiting:
+                del self._waiting[client]
+
+    def finish(self, client: str) -> None:
+        left = self._in_flight[client] - 1
+        if left > 0:
+            self._in_flight[client] = left
+        else:
+            del self._in_flight[client]
+        waiting = self._waiting.get(client)
+        while waiting:
+            protocol = waiting.popleft()
+            if not protocol.transport.is_closing():
+                protocol.loop.call_soon(protocol.admit)
+                break
+        if waiting is not None and not waiting:
+            del self._waiting[client]
+
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request that is refused."""
 
@@ -60,10 +151,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header timeout, a body timeout and a head-size limit."""
 
     limits = Limits()
+    box: PenaltyBox | None = None
+    slots: ClientSlots | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        # The source a boxed client asked for (set when its request line is refused), and whether this
+        # connection is being held for it.
+        self._boxed_source: str | None = None
+        self._holding = False
+        # Per-client slots: whether this connection holds one (a request in flight), and the bytes it
+        # received while waiting for one (None: not waiting).
+        self._slot = False
+        self._queued: list[bytes] | None = None
         self._reading_head = True
         self._head_bytes = 0
         self._head_size = 0
@@ -89,6 +190,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _timed_out(self, what: str) -> None:
         self._deadline = None
         if self.transport.is_closing():
+            return
+        if self._holding:
+            # A boxed client's held connection: closed without an answer, as it was held without one.
+            self.transport.close()
             return
         log.info("connection.timed_out", extra={"reading": what, "client": _address(self.client)})
         cycle = self.cycle
@@ -127,7 +232,33 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._release_slot()
+        if self._queued is not None and self.slots is not None and self.client is not None:
+            self._queued = None
+            self.slots.forget(self.client[0], self)
+        box = self.box
+        if box is not None and self.client is not None:
+            box.forget(*self.client)
+            if self._holding:
+                self._holding = False
+                box.held -= 1
         super().connection_lost(exc)
+
+    def _hold_boxed(self, box: PenaltyBox, source: str) -> None:
+        """Refuse a boxed client's request: hold the connection unread, or close it past the hold limit."""
+        if box.held >= box.settings.hold:
+            metrics.penalty_box_refusal(source, "closed")
+            self._disarm()
+            self.transport.close()
+            return
+        metrics.penalty_box_refusal(source, "held")
+        box.held += 1
+        self._holding = True
+        self.transport.pause_reading()
+        # The head's timer (armed when the request began) closes it; a connection whose head began in an
+        # earlier read may have none yet.
+        if self._deadline is None:
+            self._arm(self.limits.header_timeout, "headers")
 
     def _cut_body(self, status: int, detail: str) -> None:
         """Refuse a request whose body (or trailer) is being read: the app hears a disconnect."""
@@ -141,7 +272,49 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 return
         self._refuse(status, detail)
 
+    def _release_slot(self) -> None:
+        if self._slot and self.slots is not None and self.client is not None:
+            self._slot = False
+            self.slots.finish(self.client[0])
+
+    def on_response_complete(self) -> None:
+        if not self.pipeline:
+            self._release_slot()
+        super().on_response_complete()
+
+    def admit(self) -> None:
+        """A slot of this client's came free: read what arrived while this connection waited."""
+        if self._queued is None or self.transport.is_closing():
+            return
+        data = b"".join(self._queued)
+        self._queued = None
+        self.transport.resume_reading()
+        self._feed(data)
+
     def data_received(self, data: bytes) -> None:
+        if self._queued is not None:
+            self._queued.append(data)
+            return
+        slots = self.slots
+        if (
+            slots is not None
+            and not self._slot
+            and self.client is not None
+            and slots.full(self.client[0])
+            and slots.limits(self.client[0])
+        ):
+            # This client has its share of requests in flight: this one waits, unread, for one of them,
+            # at most the header timeout (then 408), as a head that does not arrive would.
+            self._queued = [data]
+            self.transport.pause_reading()
+            self._unset_keepalive_if_required()
+            if self._deadline is None:
+                self._arm(self.limits.header_timeout, "headers")
+            slots.wait(self.client[0], self)
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         if self._reading_head:
             self._head_bytes += len(data)
         self._unset_keepalive_if_required()
@@ -155,7 +328,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._unsupported_upgrade_warning()
             return
         except httptools.HttpParserError:
-            if self._refusal is not None:
+            if self._boxed_source is not None and self.box is not None:
+                self._hold_boxed(self.box, self._boxed_source)
+            elif self._refusal is not None:
                 self._refuse(*self._refusal)
             else:
                 log.info("connection.invalid_request", extra={"client": _address(self.client)})
@@ -197,8 +372,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        box = self.box
+        # Checked once the head is whole (a request line may arrive in pieces), before any body is read
+        # or the app hears of the request.
+        if box is not None and box.active and self.client is not None and self.url.startswith(_WEBHOOKS):
+            source = unquote(self.url[len(_WEBHOOKS) :].partition(b"?")[0].decode("latin-1"))
+            if box.refuses(self.client[0], self.client[1], source) > 0:
+                self._boxed_source = source
+                raise _Refused
         self._reading_head = False
         self._head_bytes = 0
+        slots = self.slots
+        if slots is not None and not self._slot and self.client is not None and slots.limits(self.client[0]):
+            self._slot = True
+            slots.start(self.client[0])
         self._arm(self.limits.body_timeout, "body")
         super().on_headers_complete()
 
@@ -218,6 +405,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
 
+_WEBHOOKS = b"/webhooks/"
 _CODES = {400: "invalid_request", 408: "request_timeout", 431: "header_too_large"}
 
 
@@ -225,9 +413,14 @@ def _address(client: tuple[str, int] | None) -> str | None:
     return f"{client[0]}:{client[1]}" if client else None
 
 
-def configure(limits: Limits) -> type[GuardedHttpToolsProtocol]:
-    """Set this process's limits; returns the protocol class to hand to uvicorn (``http=``)."""
+def configure(
+    limits: Limits, box: PenaltyBox | None = None, slots: ClientSlots | None = None
+) -> type[GuardedHttpToolsProtocol]:
+    """Set this process's limits, penalty box (the app's, ``app.state.penalty_box``; None: no box) and
+    per-client request slots (None: no limit); returns the protocol class to hand to uvicorn (``http=``)."""
     GuardedHttpToolsProtocol.limits = limits
+    GuardedHttpToolsProtocol.box = box
+    GuardedHttpToolsProtocol.slots = slots
     return GuardedHttpToolsProtocol
 
 

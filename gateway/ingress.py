@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from effectgate.handlers import tracing
@@ -41,6 +41,7 @@ from effectgate.ledger.storable import jsonb_problem
 from .bodies import BodyTooLarge, read_body
 from .config import Config, Source
 from .operator import metrics
+from .penalty_box import PenaltyBox
 from .replay_memory import LedgerReplayMemory
 from .signature_failures import SignatureFailures
 from .signatures import ConfirmationUnavailable, Event, PayloadError, SignatureError, Verified
@@ -82,12 +83,51 @@ def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
 
 
 async def receive(request: Request) -> Response:
-    """The ingress route."""
-    attributes: dict[str, tracing.AttributeValue] = {"effectgate.source": request.path_params["source"]}
-    with tracing.span("effectgate.delivery", attributes) as span:
-        response = await _receive(request)
-        span.set_attribute("http.response.status_code", response.status_code)
-        return response
+    """The ingress route. Every request is counted here, once, by source and status, whatever answered it
+    (``effectgate_webhook_requests_total``); an exception escaping ``_receive`` is counted with the status
+    its handler will answer (400 for a client that went away, else 500)."""
+    started = time.perf_counter()
+    name = request.path_params["source"]
+    status = 500
+    try:
+        with tracing.server_span(DELIVERY_SPAN, _server_attributes(request)) as span:
+            response = await _receive(request)
+            status = response.status_code
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                tracing.set_error(span, f"answered {status}")
+            return response
+    except ClientDisconnect:
+        status = 400
+        raise
+    finally:
+        label = name if name in request.app.state.config.sources else metrics.UNKNOWN_SOURCE
+        metrics.webhook_request(label, status, time.perf_counter() - started)
+
+
+#: The delivery's span: OpenTelemetry names an HTTP server span by its method and route.
+DELIVERY_SPAN = "POST /webhooks/{source}"
+
+
+def _server_attributes(request: Request) -> dict[str, tracing.AttributeValue] | None:
+    # Built only while tracing is on: with it off the span site costs one global lookup.
+    if not tracing.enabled():
+        return None
+    scope = request.scope
+    attributes: dict[str, tracing.AttributeValue] = {
+        "http.request.method": "POST",
+        "http.route": "/webhooks/{source}",
+        "url.path": scope["path"],
+        "url.scheme": scope.get("scheme", "http"),
+        "network.protocol.version": scope.get("http_version", "1.1"),
+        "effectgate.source": request.path_params["source"],
+    }
+    if scope.get("client"):
+        attributes["client.address"] = scope["client"][0]
+    user_agent = request.headers.get("user-agent")
+    if user_agent:
+        attributes["user_agent.original"] = user_agent
+    return attributes
 
 
 async def _receive(request: Request) -> Response:
@@ -100,6 +140,15 @@ async def _receive(request: Request) -> Response:
     source = config.sources.get(name)
     if source is None:
         return error(404, "unknown_source", f"no source named {name!r} is configured")
+    box: PenaltyBox = request.app.state.penalty_box
+    client = request.client
+    if client is not None and box.active:
+        # A direct peer in the box is refused by the connection guard before it gets here; this is the
+        # client a trusted proxy forwarded for. Refused before its body is read.
+        left = box.refuses(client.host, client.port, name)
+        if left > 0:
+            metrics.penalty_box_refusal(name, "answered")
+            return _penalised(left)
     try:
         body = await read_body(request, config.gateway.max_body_bytes)
     except BodyTooLarge:
@@ -126,6 +175,12 @@ async def _receive(request: Request) -> Response:
         log.info(
             "delivery.unauthenticated", extra={"source": name, "reason": exc.code, "request_id": request_id}
         )
+        if client is not None and box.failed(client.host, client.port, name):
+            metrics.penalty_box_entered(name)
+            log.warning(
+                "penalty_box.entered",
+                extra={"source": name, "client": client.host, "seconds": box.settings.cooling},
+            )
         return error(401, exc.code, exc.detail)
     except PayloadError as exc:
         metrics.delivery(name, exc.code)
@@ -135,6 +190,8 @@ async def _receive(request: Request) -> Response:
         metrics.delivery(name, exc.code)
         return error(503, exc.code, exc.detail)
 
+    if client is not None:
+        box.authenticated(client.host, client.port)
     if verified.challenge is not None:
         return JSONResponse(verified.challenge)
     for event in verified.events:
@@ -280,6 +337,8 @@ def _plan(
     # unusable tenant is refused before any key is computed.
     rule = source.tenant_rule
     tenants = [rule.tenant_of(event.id, event.payload) for event in verified.events]
+    # The delivery span's (tracing on), stored on the jobs this delivery creates: their spans link to it.
+    trace_parent = tracing.current_traceparent()
     planned = []
     unmet: list[dict[str, Any]] = []
     for event, tenant in zip(verified.events, tenants, strict=True):
@@ -309,6 +368,7 @@ def _plan(
             fingerprint=hashlib.sha256(canonical).hexdigest(),
             secret_index=verified.secret_index,
             payload_text=canonical.decode(),
+            trace_parent=trace_parent,
         )
         planned.append((delivery, plan.effects))
     return planned, unmet
@@ -316,6 +376,18 @@ def _plan(
 
 # Seconds a sender is asked to wait after a 503 overloaded or claim_timeout: long enough for a queue to drain.
 RETRY_AFTER = "1"
+
+
+def _penalised(seconds_left: float) -> JSONResponse:
+    response = error(
+        429,
+        "client_penalised",
+        "too many failed authentications from this client for this source; try again later",
+    )
+    response.headers["Retry-After"] = str(max(1, round(seconds_left)))
+    # Its next request would be refused too: it reconnects rather than keeps a connection to send it on.
+    response.headers["Connection"] = "close"
+    return response
 
 
 def _retry_later(code: str, detail: str) -> JSONResponse:

@@ -138,6 +138,8 @@ def _operator() -> str:
 
 
 def _cell(value: Any) -> str:
+    # Rows straight from the ledger hold datetimes and Decimals, which json.dumps refuses.
+    value = documents.jsonable(value)
     if value is None:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))

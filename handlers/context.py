@@ -63,6 +63,8 @@ class EffectContext:
         self._recorded = recorded
         self._services = services
         self._used: set[str] = set()
+        # The exceptions that left a step, with the step's name: what a retry or failure log line names.
+        self._step_errors: list[tuple[BaseException, str]] = []
         self._clock = clock
         self._deadline = clock() + slice_budget
         self._checkpoint = lease.checkpoint
@@ -173,7 +175,24 @@ class EffectContext:
             and self._recorded[name].status != StepStatus.STARTED,
         }
         with tracing.span("effectgate.step", attributes):
-            return await self._step(name, fn, find)
+            try:
+                return await self._step(name, fn, find)
+            except BaseException as exc:
+                self._step_errors.append((exc, name))
+                raise
+
+    def step_of(self, exc: BaseException) -> str | None:
+        """The step ``exc`` left (or the one an exception it was raised from or during left), or
+        ``None`` when it came from outside every step."""
+        seen: set[int] = set()
+        chain: BaseException | None = exc
+        while chain is not None and id(chain) not in seen:
+            seen.add(id(chain))
+            for error, name in reversed(self._step_errors):
+                if error is chain:
+                    return name
+            chain = chain.__cause__ or chain.__context__
+        return None
 
     async def _step(
         self,

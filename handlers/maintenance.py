@@ -10,6 +10,7 @@ import logging
 from effectgate.ledger import db
 from effectgate.ledger.maintenance import maintain_forever
 from effectgate.ledger.reconciler import KindPolicy, Reconciler, ReconcilerConfig, ReconcileResult, Repaired
+from effectgate.ledger.vocabulary import JobState
 
 from .event import Transition
 from .observe import WorkerObserver
@@ -52,7 +53,28 @@ async def reconcile_forever(
     def reported(result: ReconcileResult) -> None:
         if observer is not None:
             observer.reconciled(result)
-        if result.changed:
+        for repaired in result.repaired:
+            if repaired.state == JobState.PARKED:
+                log.error(
+                    "reconciler.parked",
+                    extra={
+                        "job_id": repaired.job_id,
+                        "kind": repaired.kind,
+                        "effect_key": repaired.effect_key,
+                        "reason": repaired.reason,
+                    },
+                )
+        if result.errors:
+            # A failure is not a repair: its own name, at error level, so an alert can key on it.
+            log.error(
+                "reconciler.failed",
+                extra={
+                    "service_errors": result.service_errors,
+                    "sweep_errors": result.sweep_errors,
+                    "hook_errors": result.hook_errors,
+                },
+            )
+        if _repaired_something(result):
             log.info("reconciler.repaired", extra={"result": str(result)})
 
     await maintain_forever(
@@ -61,4 +83,13 @@ async def reconcile_forever(
         tick=config.tick,
         stopping=stopping,
         on_result=reported,
+    )
+
+
+def _repaired_something(result: ReconcileResult) -> bool:
+    # ``changed`` counts a failed service, sweep or hook too; those are reported as failures, not repairs.
+    return (
+        bool(result.rescue.repaired)
+        or any(r.changed for r in (result.wake, result.partitions, result.retention))
+        or any(result.sweep.acted.values())
     )

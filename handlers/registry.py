@@ -7,9 +7,13 @@ compute effect keys) and by the worker (to run them) alike.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import inspect
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+import os
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,7 +59,26 @@ Require = Mapping[str, Any] | RequireFn
 SweepFn = Callable[["Conn"], Awaitable[int]]
 
 
-def _positive_seconds(kind: str, setting: str, value: object) -> None:
+class InvalidEffect(ValueError):
+    """An effect declaration with mistakes; ``problems`` lists every one, not just the first."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems))
+
+
+@dataclass(frozen=True, slots=True)
+class Mistake:
+    """A mistake in an ``@effect`` declaration, at the user's file and line (``where``: ``path:line``)."""
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+def _positive_seconds(kind: str, setting: str, value: object) -> str | None:
     # NaN and infinity compare false against everything, so a bare `value <= 0` would let them through.
     if (
         isinstance(value, bool)
@@ -63,12 +86,40 @@ def _positive_seconds(kind: str, setting: str, value: object) -> None:
         or not math.isfinite(value)
         or value <= 0
     ):
-        raise ValueError(f"effect {kind!r}: {setting} must be a finite number of seconds > 0, got {value!r}")
+        return f"effect {kind!r}: {setting} must be a finite number of seconds > 0, got {value!r}"
+    return None
 
 
-def _positive_int(kind: str, setting: str, value: object) -> None:
+def _positive_int(kind: str, setting: str, value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"effect {kind!r}: {setting} must be an integer >= 1, got {value!r}")
+        return f"effect {kind!r}: {setting} must be an integer >= 1, got {value!r}"
+    return None
+
+
+def _is_async(fn: object) -> bool:
+    # A class instance whose __call__ is ``async def`` is a coroutine function in all but name.
+    call = type(fn).__call__ if callable(fn) and not inspect.isroutine(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+
+
+def _caller() -> str:
+    """``path:line`` of the first frame outside this module: the user's ``@effect(...)`` line, so a
+    mistake is reported where it can be fixed, not here. The path is relative to the working
+    directory when it lies under it."""
+    frame = sys._getframe(1)
+    while (
+        frame.f_back is not None and os.path.normcase(os.path.abspath(frame.f_code.co_filename)) == _THIS_FILE
+    ):
+        frame = frame.f_back
+    path = frame.f_code.co_filename
+    with contextlib.suppress(ValueError):  # another drive (Windows): keep it absolute
+        relative = os.path.relpath(path)
+        if not relative.startswith(os.pardir):
+            path = relative
+    return f"{path}:{frame.f_lineno}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,54 +166,85 @@ class EffectKind:
     require_fn: RequireFn | None = None
     trust_unsigned: bool = False
     key_space: KeySpace | None = None
+    # ``path:line`` of the ``@effect(...)`` that declared it (None: built directly), for start-up checks.
+    defined_at: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise InvalidEffect(problems)
+
+    def _problems(self) -> list[str]:
+        """Every mistake in the settings (normalising ``require``, ``fingerprint`` and ``max_slice``
+        on the way), so that one declaration with three mistakes is reported with three."""
         if not self.name or not self.source:
-            raise ValueError("an effect needs a name and a source")
+            return ["an effect needs a name and a source"]
+        problems: list[str] = []
+
+        def check(problem: str | None) -> None:
+            if problem is not None:
+                problems.append(problem)
+
         if self.require is not None:
-            object.__setattr__(self, "require", _requirements(self.name, self.require))
+            try:
+                object.__setattr__(self, "require", _requirements(self.name, self.require))
+            except ValueError as exc:
+                problems.append(str(exc))
         if not isinstance(self.trust_unsigned, bool):
-            raise ValueError(f"effect {self.name!r}: trust_unsigned must be True or False")
+            problems.append(f"effect {self.name!r}: trust_unsigned must be True or False")
         if self.key_space not in (None, "source", "shared"):
-            raise ValueError(
+            problems.append(
                 f"effect {self.name!r}: key_space must be 'source' or 'shared', got {self.key_space!r}"
             )
-        if self.key_space is not None and self.key is None:
-            raise ValueError(
+        elif self.key_space is not None and self.key is None:
+            problems.append(
                 f"effect {self.name!r}: key_space applies to a key function; the default key is the source's"
             )
         if self.fingerprint is not None:
-            object.__setattr__(self, "fingerprint", _pointers(self.name, self.fingerprint))
+            try:
+                object.__setattr__(self, "fingerprint", _pointers(self.name, self.fingerprint))
+            except ValueError as exc:
+                problems.append(str(exc))
         if not callable(self.fn):
-            raise ValueError(f"effect {self.name!r}: the handler must be an async function")
+            problems.append(f"effect {self.name!r}: the handler must be an async function, got {self.fn!r}")
         if not self.events or not all(isinstance(e, str) and e for e in self.events):
-            raise ValueError(f"effect {self.name!r}: events must be a non-empty list of event types")
+            problems.append(
+                f"effect {self.name!r}: events must be a non-empty list of event types, got {self.events!r}"
+            )
         if self.orphan_policy not in ("redrive", "park"):
-            raise ValueError(f"effect {self.name!r}: orphan_policy must be 'redrive' or 'park'")
-        _positive_int(self.name, "max_attempts", self.max_attempts)
-        _positive_seconds(self.name, "lease_ttl", self.lease_ttl)
-        _positive_seconds(self.name, "slice_budget", self.slice_budget)
+            problems.append(
+                f"effect {self.name!r}: orphan_policy must be 'redrive' or 'park', got {self.orphan_policy!r}"
+            )
+        check(_positive_int(self.name, "max_attempts", self.max_attempts))
+        budget_problem = _positive_seconds(self.name, "slice_budget", self.slice_budget)
+        check(_positive_seconds(self.name, "lease_ttl", self.lease_ttl))
+        check(budget_problem)
         if self.pending_ttl is not None:
-            _positive_seconds(self.name, "pending_ttl", self.pending_ttl)
+            check(_positive_seconds(self.name, "pending_ttl", self.pending_ttl))
         if self.poison_threshold is not None:
-            _positive_int(self.name, "poison_threshold", self.poison_threshold)
+            check(_positive_int(self.name, "poison_threshold", self.poison_threshold))
         for hook in ("key", "lock_key", "on_transition", "require_fn"):
             if getattr(self, hook) is not None and not callable(getattr(self, hook)):
-                raise ValueError(f"effect {self.name!r}: {hook} must be callable")
+                problems.append(f"effect {self.name!r}: {hook} must be callable, got {getattr(self, hook)!r}")
         if self.max_slice is _UNSET:
-            object.__setattr__(self, "max_slice", DEFAULT_SLICE_FACTOR * self.slice_budget)
+            default = None if budget_problem else DEFAULT_SLICE_FACTOR * self.slice_budget
+            object.__setattr__(self, "max_slice", default)
         elif self.max_slice is not None:
-            _positive_seconds(self.name, "max_slice", self.max_slice)
-            if self.max_slice < MIN_SLICE_FACTOR * self.slice_budget:
-                raise ValueError(
+            slice_problem = _positive_seconds(self.name, "max_slice", self.max_slice)
+            check(slice_problem)
+            if slice_problem:
+                return problems
+            if budget_problem is None and self.max_slice < MIN_SLICE_FACTOR * self.slice_budget:
+                problems.append(
                     f"effect {self.name!r}: max_slice must be at least {MIN_SLICE_FACTOR:g} x slice_budget "
                     f"({MIN_SLICE_FACTOR * self.slice_budget:g} s), or None to disable the hard deadline"
                 )
         if self.max_slice is not None and self.max_slice > MAX_SLICE_LIMIT:
-            raise ValueError(
+            problems.append(
                 f"effect {self.name!r}: max_slice must be at most {MAX_SLICE_LIMIT:g} s (2**31 - 1 ms); "
                 "use None to disable the hard deadline"
             )
+        return problems
 
     def matches(self, source: str, event_type: str) -> bool:
         """Whether this kind handles ``event_type`` from ``source`` (``*`` patterns allowed)."""
@@ -307,6 +389,19 @@ class Registry:
     def __init__(self) -> None:
         self._kinds: dict[str, EffectKind] = {}
         self._sweeps: dict[str, SweepFn] = {}
+        self._collectors: list[list[Mistake]] = []
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[list[Mistake]]:
+        """Inside the block, a mistaken ``@effect`` is recorded in the list it gives instead of raised, so
+        the gateway can import every handler module and report every mistake at once; outside it, the
+        decorator raises ``InvalidEffect`` naming every mistake of that declaration at the user's line."""
+        mistakes: list[Mistake] = []
+        self._collectors.append(mistakes)
+        try:
+            yield mistakes
+        finally:
+            self._collectors.remove(mistakes)
 
     def register(self, kind: EffectKind) -> EffectKind:
         """Add a kind; a name registered twice is an error, never a silent replacement."""
@@ -346,16 +441,38 @@ class Registry:
         trust_unsigned: bool = False,
         key_space: KeySpace | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Decorator: register an async handler for ``events`` from ``source``."""
+        """Decorator: register an async handler for ``events`` from ``source``.
+
+        Every argument is checked here, at the decorated function, and every mistake is reported with the
+        file and line of this call (see ``collecting``).
+        """
+        where = _caller()
         require_map, require_fn = _split_require(require)
 
         def register(fn: Handler) -> Handler:
-            kind_name = name or f"{fn.__module__}.{fn.__qualname__}"
-            self.register(
-                EffectKind(
+            kind_name = name or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"
+            problems: list[str] = []
+            if callable(fn) and not _is_async(fn):
+                problems.append(
+                    f"effect {kind_name!r}: the handler must be a coroutine function (async def), "
+                    "not a plain def"
+                )
+            if isinstance(events, str):
+                event_types: tuple[Any, ...] = (events,)
+            else:
+                try:
+                    event_types = tuple(events)
+                except TypeError:
+                    event_types = ()
+            settings: dict[str, Any] = {
+                "fingerprint": None if fingerprint is None else fingerprint,
+                "require": require_map,
+            }
+            try:
+                kind = EffectKind(
                     name=kind_name,
                     source=source,
-                    events=tuple([events] if isinstance(events, str) else events),
+                    events=event_types,
                     fn=fn,
                     key=key,
                     orphan_policy=orphan_policy,
@@ -367,13 +484,25 @@ class Registry:
                     poison_threshold=poison_threshold,
                     lock_key=lock_key,
                     on_transition=on_transition,
-                    fingerprint=None if fingerprint is None else _pointers(kind_name, fingerprint),
-                    require=None if require_map is None else _requirements(kind_name, require_map),
                     require_fn=require_fn,
                     trust_unsigned=trust_unsigned,
                     key_space=key_space,
+                    defined_at=where,
+                    **settings,
                 )
-            )
+            except InvalidEffect as exc:
+                problems.extend(exc.problems)
+            else:
+                if not problems:
+                    try:
+                        self.register(kind)
+                    except ValueError as exc:
+                        problems.append(str(exc))
+            if problems:
+                if self._collectors:
+                    self._collectors[-1].extend(Mistake(where, p) for p in problems)
+                else:
+                    raise InvalidEffect([f"{where}: {p}" for p in problems])
             return fn
 
         return register

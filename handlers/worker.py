@@ -21,9 +21,10 @@ import socket
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from effectgate.ledger import db, jobs, steps
@@ -179,6 +180,9 @@ class Worker:
         self._contexts: dict[int, EffectContext] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        # Set by a second stop(): the drain gives up at once instead of at its deadline.
+        self._stop_now = asyncio.Event()
+        self._leases: dict[int, jobs.Lease] = {}
         # One heartbeat for every lease this worker holds, one statement per beat.
         self._beats: dict[int, _Beat] = {}
         self._beat_changed = asyncio.Event()
@@ -194,11 +198,40 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Begin draining: stop fetching, ask running slices to yield."""
+        """Begin draining: stop fetching, ask running slices to yield, and log what is draining until when.
+
+        Called again while draining (a second SIGTERM or Ctrl-C), stop now: every running slice is fenced
+        off and cancelled, and its lease given up at once (``jobs.abandon_leases``), so the reconciler of
+        any process hands the job on by its orphan policy at its next tick instead of after the lease TTL.
+        """
+        if self._stopping.is_set():
+            if not self._stop_now.is_set():
+                self._stop_now.set()
+                log.warning("worker.stopping_now", extra={"owner": self.owner, **self._draining()})
+            return
         self._stopping.set()
         self._wake.set()
         for ctx in self._contexts.values():
             ctx.draining = True
+        deadline = datetime.now(UTC) + timedelta(seconds=self.config.drain_timeout)
+        log.info(
+            "worker.draining",
+            extra={
+                "owner": self.owner,
+                **self._draining(),
+                "drain_timeout": self.config.drain_timeout,
+                "deadline": deadline.isoformat(timespec="seconds"),
+                "hint": "stop again (SIGTERM or Ctrl-C) to hand the running jobs back now",
+            },
+        )
+
+    def _draining(self) -> dict[str, Any]:
+        running = [self._leases[j] for j, t in self._running.items() if not t.done() and j in self._leases]
+        return {
+            "jobs": len(running),
+            "kinds": dict(Counter(lease.kind for lease in running)),
+            "job_ids": sorted(lease.job_id for lease in running),
+        }
 
     async def run(self) -> None:
         """Fetch and run jobs until ``stop()``; then drain and return."""
@@ -249,23 +282,51 @@ class Worker:
             ctx.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.drain_timeout
-        still: set[asyncio.Task[None]] = set()
+        still: list[asyncio.Task[None]] = []
         # Again until none is left: a finish batch in flight when the worker stopped may still have leased
         # jobs for the slots it freed, and started them after the first look.
         while tasks := [t for t in self._running.values() if not t.done()]:
-            _, still = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
-            if still:
+            remaining = deadline - loop.time()
+            if self._stop_now.is_set() or remaining <= 0:
+                still = tasks
                 break
-        if still:
+            now = asyncio.create_task(self._stop_now.wait())
+            try:
+                await asyncio.wait([*tasks, now], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                now.cancel()
+        if not still:
+            return
+        ids = sorted(_task_job(t) for t in still)
+        leases = [self._leases[j] for j in ids if j in self._leases]
+        if not self._stop_now.is_set():
             # Left to lease expiry: each cancelled slice fences itself off and stops its handler, and the
             # reconciler redrives or parks the job by policy once the lease runs out.
-            log.warning(
-                "worker.drain_timeout",
-                extra={"left_to_lease_expiry": sorted(_task_job(t) for t in still)},
-            )
-            for task in still:
-                task.cancel()
-            await asyncio.gather(*still, return_exceptions=True)
+            log.warning("worker.drain_timeout", extra={"left_to_lease_expiry": ids})
+        for task in still:
+            task.cancel()
+        await asyncio.gather(*still, return_exceptions=True)
+        if self._stop_now.is_set() and leases:
+            # Each slice is fenced off now (its later writes refused, its handler cancelled), and a write
+            # that was in flight committed whole or not at all: only then is the lease given up.
+            try:
+                async with db.connection(self.pool) as conn:
+                    given_up = await jobs.abandon_leases(
+                        conn, [(lease.job_id, lease.lease_token) for lease in leases]
+                    )
+            except LedgerError as exc:
+                log.error(
+                    "worker.abandon_failed",
+                    extra={
+                        "job_ids": ids,
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "left_to_lease_expiry": ids,
+                    },
+                )
+            else:
+                log.warning(
+                    "worker.leases_abandoned", extra={"job_ids": sorted(given_up), "owner": self.owner}
+                )
 
     async def _listen(self) -> None:
         """LISTEN for new and re-queued jobs; re-established whenever the connection drops."""
@@ -347,12 +408,14 @@ class Worker:
 
     def _start(self, leases: list[jobs.Lease]) -> None:
         for lease in leases:
+            self._leases[lease.job_id] = lease
             task = asyncio.create_task(self.run_job(lease), name=f"job-{lease.job_id}")
             self._running[lease.job_id] = task
             task.add_done_callback(functools.partial(self._finished, lease.job_id))
 
     def _finished(self, job_id: int, _task: asyncio.Task[None]) -> None:
         self._running.pop(job_id, None)
+        self._leases.pop(job_id, None)
         self._contexts.pop(job_id, None)
         self._wake.set()
 
@@ -405,7 +468,10 @@ class Worker:
             "effectgate.effect_key": lease.effect_key,
             "effectgate.attempt": lease.attempt,
         }
-        with tracing.span("effectgate.job", attributes) as span:
+        # A link, not a parent: the job's trace is its own (it may run hours later, many times), and leads
+        # back to the delivery request that claimed it.
+        links = (lease.trace_parent,) if lease.trace_parent else ()
+        with tracing.span("effectgate.job", attributes, links=links) as span:
             outcome = await self._run_job(lease)
             span.set_attribute("effectgate.job.outcome", outcome or "not_run")
             return outcome
@@ -448,7 +514,8 @@ class Worker:
             return SliceOutcome.ABANDONED
         if ctx.fenced_off:
             return SliceOutcome.LEASE_LOST
-        return await self._record_outcome(lease, kind, outcome, exc)
+        step = ctx.step_of(exc) if exc is not None else None
+        return await self._record_outcome(lease, kind, outcome, exc, step)
 
     def _beat(self, beat: _Beat) -> None:
         self._beats[beat.lease.job_id] = beat
@@ -533,7 +600,12 @@ class Worker:
         return outcome, exc
 
     async def _record_outcome(
-        self, lease: jobs.Lease, kind: EffectKind, outcome: _Ended, exc: BaseException | None
+        self,
+        lease: jobs.Lease,
+        kind: EffectKind,
+        outcome: _Ended,
+        exc: BaseException | None,
+        step: str | None = None,
     ) -> SliceOutcome:
         job_id, token = lease.job_id, lease.lease_token
         if outcome is _Ended.HANDED_BACK:
@@ -543,7 +615,13 @@ class Worker:
                 kind,
                 lambda conn: jobs.hand_back(conn, job_id, token, poison_threshold=threshold, by=self.owner),
             )
-            log.info("worker.handed_back", extra={"job_id": job_id, "state": reached.state})
+            if reached.state == JobState.PARKED:
+                log.error(
+                    "worker.parked",
+                    extra={**_job_fields(lease), "reason": reached.reason, "state": reached.state},
+                )
+            else:
+                log.info("worker.handed_back", extra={"job_id": job_id, "state": reached.state})
             return _ended(reached, requeued=SliceOutcome.HANDED_BACK)
         if outcome is _Ended.RETURNED:
             reached = await self._finish(
@@ -576,7 +654,17 @@ class Worker:
                 isinstance(exc, UnrecoverableError),
             )
             reached = await self._finish(lease, kind, finish)
-            log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
+            if reached.state == JobState.FAILED:
+                log.error(
+                    "worker.failed",
+                    extra={
+                        **_job_fields(lease, exc, step),
+                        "reason": failed_reason,
+                        "unrecoverable": isinstance(exc, UnrecoverableError),
+                    },
+                )
+            else:
+                log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
             return SliceOutcome(reached.state)
         delay = backoff_delay(lease.attempt, self.config.backoff_base, self.config.backoff_cap)
         retry_after = getattr(exc, "retry_after", None)
@@ -585,10 +673,13 @@ class Worker:
         reached = await self._transition(
             lease, kind, lambda conn: jobs.retry(conn, job_id, token, delay=delay, error=error)
         )
-        log.info(
-            "worker.retry",
-            extra={"job_id": job_id, "attempt": lease.attempt, "delay": delay, "state": reached.state},
-        )
+        if reached.state == JobState.PENDING:
+            log.warning("worker.retry", extra={**_job_fields(lease, exc, step), "delay": round(delay, 3)})
+        else:
+            log.info(
+                "worker.retry_overtaken",
+                extra={**_job_fields(lease, exc, step), "state": reached.state, "reason": reached.reason},
+            )
         if reached.state == JobState.PENDING and self.observer is not None:
             self.observer.retry_scheduled(lease.kind)
         return _ended(reached, requeued=SliceOutcome.RETRY)
@@ -801,6 +892,23 @@ def _outcome(handler: asyncio.Task[Any]) -> tuple[_Ended, BaseException | None]:
             'the handler returned "budget": return effectgate.HAND_BACK to hand the rest of the work back'
         )
     return _Ended.RETURNED, None
+
+
+def _job_fields(
+    lease: jobs.Lease, exc: BaseException | None = None, step: str | None = None
+) -> dict[str, Any]:
+    """What a retry, failure or park line says: which job, which attempt of how many, which step (``None``:
+    outside every step) and which error."""
+    return {
+        "job_id": lease.job_id,
+        "kind": lease.kind,
+        "effect_key": lease.effect_key,
+        "attempt": lease.attempt,
+        "max_attempts": lease.max_attempts,
+        "step": step,
+        "error_class": None if exc is None else type(exc).__name__,
+        "error": None if exc is None else _message(exc),
+    }
 
 
 def _task_job(task: asyncio.Task[Any]) -> int:

@@ -63,6 +63,8 @@ class Lease:
     lock_key: str | None = None
     # Whether an earlier attempt recorded any step: a first attempt need not ask for them.
     has_steps: bool = True
+    # The traceparent of the delivery span that claimed the job (None: tracing was off then).
+    trace_parent: str | None = None
 
 
 async def fetch_and_lease(
@@ -122,6 +124,7 @@ async def fetch_and_lease(
             payload=r["payload"],
             lock_key=r["lock_key"],
             has_steps=r["has_steps"],
+            trace_parent=r["trace_parent"],
         )
         for r in rows
     ]
@@ -186,6 +189,27 @@ async def extend_leases(
         {row["id"]: bool(row["cancel_requested"]) for row in rows if not row["busy"]},
         frozenset(row["id"] for row in rows if row["busy"]),
     )
+
+
+async def abandon_leases(
+    conn: Conn, leases: Sequence[tuple[int, int]], *, now: datetime | None = None
+) -> list[int]:
+    """Give up many leases, given as (job id, lease token), in one statement: each expires now, where its
+    token still holds, and the reconciler hands the job on by its release rule at its next pass. Returns
+    the jobs whose lease was given up (one taken by someone else meanwhile is not among them)."""
+    if not leases:
+        return []
+    rows = await (
+        await conn.execute(
+            Q["lease_abandon_if_held"],
+            {
+                "job_ids": [job_id for job_id, _ in leases],
+                "lease_tokens": [token for _, token in leases],
+                "now": now,
+            },
+        )
+    ).fetchall()
+    return sorted(row["id"] for row in rows)
 
 
 async def save_checkpoint(

@@ -90,6 +90,6 @@ async def maintain_forever(
             if on_result is not None:
                 on_result(result)
         except Exception as exc:
-            log.warning("maintenance.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+            log.error("maintenance.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), tick)

@@ -21,6 +21,11 @@ from effectgate.gateway import embedded
 from effectgate.ledger import db
 from effectgate.ledger.migrate import migrate
 
+# The handler authors' kit (effectgate_ledger), loaded the way its users load it.
+pytest_plugins = ["effectgate.testing.pytest_plugin"]
+# A user's project with tests of its own (run by tests/e2e/test_wheel.py in a fresh venv), not ours.
+collect_ignore = ["data"]
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -35,6 +40,12 @@ def pg_server_url() -> str:
     # A server of this session's own: concurrent test sessions never stop each other's server.
     data_dir = Path(tempfile.mkdtemp(prefix="effectgate-test-pg-")) / "data"
     return embedded.start(data_dir, cleanup="delete")
+
+
+@pytest.fixture(scope="session")
+def effectgate_server_url(pg_server_url: str) -> str:
+    """The kit's server is the suite's own: one embedded Postgres per session, not two."""
+    return pg_server_url
 
 
 def _admin(url: str) -> psycopg.Connection[tuple[object, ...]]:

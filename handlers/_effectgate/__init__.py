@@ -4,7 +4,8 @@ This is the one import a handler module needs::
 
     from effectgate import HAND_BACK, EffectContext, Event, TransientError, effect
 
-The names in ``__all__`` are the public handler API, pinned by a test. The gateway, the worker runtime
+The names in ``__all__`` are the public handler API, pinned by a test; ``effectgate.testing`` is the kit
+for testing handlers (docs/testing.md). The gateway, the worker runtime
 and the ledger live in ``effectgate.gateway``, ``effectgate.handlers`` and ``effectgate.ledger``. (In the
 repository this file lives in ``handlers/_effectgate/``; pyproject's package-dir installs it as the
 top-level ``effectgate`` package.)

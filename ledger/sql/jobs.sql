@@ -62,7 +62,7 @@ leased AS (
     FROM due
     WHERE j.id = due.id
     RETURNING j.id, j.effect_id, j.kind, j.tenant, j.attempt, j.max_attempts, j.lease_token, j.checkpoint,
-              j.cancel_requested, j.lock_key
+              j.cancel_requested, j.lock_key, j.trace_parent
 ),
 attempt AS (
     INSERT INTO job_attempts (job_id, attempt, lease_token, worker, started_at)
@@ -106,6 +106,15 @@ UNION ALL
 SELECT j.id, false, true
 FROM jobs j JOIN asked a ON j.id = a.job_id AND j.lease_token = a.lease_token
 WHERE j.state = 'running' AND NOT EXISTS (SELECT 1 FROM held WHERE held.id = j.id);
+
+-- name: lease_abandon_if_held
+-- A stopping worker gives up leases it can no longer use, only where its token still holds: the lease
+-- expires now, so the lease rescuer of any process applies the release rule (orphan policy, poison count,
+-- an asked-for cancel) at its next tick instead of after the TTL. Nothing else of the row changes.
+UPDATE jobs j SET lease_expires_at = coalesce(%(now)s, now()), updated_at = coalesce(%(now)s, now())
+FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[]) AS a(job_id, lease_token)
+WHERE j.id = a.job_id AND j.lease_token = a.lease_token AND j.state = 'running'
+RETURNING j.id;
 
 -- name: lease_hold_if_leased
 -- Locks the job row for the rest of the caller's transaction, only for the holder of the current token:
@@ -207,12 +216,12 @@ SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FRO
 -- A hand-back is progress only if something was committed since the last release; after
 -- %(poison_threshold)s releases in a row without one, the job is parked as poison.
 WITH held AS (
-    -- The release rule (migration 0006) is shared with the lease rescuer; a hand-back's "orphan policy"
+    -- The release rule (migration 0006, _v1 since 0017) is shared with the lease rescuer; a hand-back's "orphan policy"
     -- is always to re-queue.
     SELECT id,
-           job_release_verdict(cancel_requested, committed_since_release, releases_without_commit,
-                               %(poison_threshold)s, 'redrive') AS verdict,
-           job_release_count(committed_since_release, releases_without_commit) AS releases
+           job_release_verdict_v1(cancel_requested, committed_since_release, releases_without_commit,
+                                  %(poison_threshold)s, 'redrive') AS verdict,
+           job_release_count_v1(committed_since_release, releases_without_commit) AS releases
     FROM jobs
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
     FOR UPDATE

@@ -1,6 +1,6 @@
 -- name: job_rescue_expired_batch
 -- Lease rescuer: takes up to %(limit)s jobs whose lease expired off 'running' in one statement, each by the
--- release rule (migration 0006): cancelled if a cancel was asked, parked as poison after its kind's
+-- release rule (migration 0006, _v1 since 0017): cancelled if a cancel was asked, parked as poison after its kind's
 -- threshold of orphanings in a row without a commit, else re-queued (orphan_policy redrive) or parked
 -- (park). SKIP LOCKED passes over a job whose worker is inside a fenced write right now (the next pass sees
 -- it again) and lets two rescuers split the work; the state and expiry guard makes a second rescue of the
@@ -11,9 +11,9 @@ WITH policy AS (
 ),
 expired AS (
     SELECT j.id,
-           job_release_verdict(j.cancel_requested, j.committed_since_release, j.releases_without_commit,
-                               coalesce(p.poison_threshold, %(poison_threshold)s), j.orphan_policy) AS verdict,
-           job_release_count(j.committed_since_release, j.releases_without_commit) AS releases
+           job_release_verdict_v1(j.cancel_requested, j.committed_since_release, j.releases_without_commit,
+                                  coalesce(p.poison_threshold, %(poison_threshold)s), j.orphan_policy) AS verdict,
+           job_release_count_v1(j.committed_since_release, j.releases_without_commit) AS releases
     FROM jobs j LEFT JOIN policy p ON p.kind = j.kind
     WHERE j.state = 'running' AND j.lease_expires_at < coalesce(%(now)s, now())
     ORDER BY j.lease_expires_at, j.id

@@ -15,7 +15,19 @@ started a second before and stopped by itself a second after:
   every 0.1 s each, each reopened when the gateway closes it; ``--drip-seconds`` lets it outlast the
   gateway's header and body timeouts, the genuine load then measured at its end.
 
-The gateway's resident memory (all its processes) is printed before and after each scenario.
+The floods come from other loopback addresses than the genuine load (127.0.0.1): wrk's sockets are
+bound by a tiny ``connect()`` shim loaded with ``LD_PRELOAD`` (compiled here with ``cc``; wrk cannot
+bind a source address itself), each flood from an address of its own: ``--attacker-address`` (default
+127.0.0.2) for the first, the next address for the next (127.0.0.3, …), the drip's sockets likewise.
+So per-client defences (the penalty box, ``gateway.penalty_box``) are measured as they would work
+against an attacker that shares nothing with the provider. ``--attacker-address
+127.0.0.1`` is the worst case: the attacker shares the genuine sender's address. Without ``cc`` the
+floods share 127.0.0.1 and the run says so. ``--penalty-box off`` runs the gateway with the box
+disabled (the per-rejection cost of JSON and random floods is only measurable then: with it on, both
+are held after their first failures).
+
+The gateway's resident memory (all its processes) is printed before and after each scenario, and the
+CPU the gateway and the flood client used during it: the flood client runs on the same cores.
 
 Prints, per flood: genuine req/s and p99 and their ratios to quiet, genuine errors (non-2xx + socket), what
 the flood got (answers/s, or for the drip how long the gateway held a connection and how many bytes it
@@ -47,6 +59,65 @@ from .ingress_cost import tree
 
 BODY_BYTES = 250_000
 BAD_SIGNATURE = "v1=" + "0" * 64
+
+# connect() that binds an IPv4 socket to $EFFECTGATE_BENCH_SOURCE first: wrk from another loopback address.
+BIND_SHIM = r"""
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+int connect(int fd, const struct sockaddr *addr, socklen_t len) {
+    static int (*real)(int, const struct sockaddr *, socklen_t);
+    if (!real) real = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "connect");
+    const char *source = getenv("EFFECTGATE_BENCH_SOURCE");
+    if (source && addr->sa_family == AF_INET) {
+        struct sockaddr_in local = {0};
+        local.sin_family = AF_INET;
+        if (inet_pton(AF_INET, source, &local.sin_addr) == 1) bind(fd, (struct sockaddr *)&local, sizeof local);
+    }
+    return real(fd, addr, len);
+}
+"""
+
+
+def bind_shim(directory: Path) -> Path | None:
+    """The shim compiled into ``directory``, or None when there is no C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    source = directory / "bind_source.c"
+    source.write_text(BIND_SHIM)
+    library = directory / "bind_source.so"
+    done = subprocess.run(
+        [cc, "-shared", "-fPIC", "-O2", "-o", str(library), str(source), "-ldl"],
+        capture_output=True,
+        text=True,
+    )
+    return library if done.returncode == 0 else None
+
+
+def nth_address(address: str, n: int) -> str:
+    """The ``n``-th flood's address: the attacker's plus ``n`` (127.0.0.2 -> 127.0.0.4 for n=2); 127.0.0.1
+    (the shared worst case) stays 127.0.0.1 for every flood."""
+    if address == "127.0.0.1":
+        return address
+    parts = address.split(".")
+    return ".".join([*parts[:3], str(int(parts[3]) + n)])
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by ``pids`` (those still alive)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
 
 
 def rss_mb(pid: int) -> float:
@@ -96,10 +167,10 @@ class DripStats:
         )
 
 
-async def _drip_one(port: int, trailers: bool, deadline: float, stats: DripStats) -> None:
+async def _drip_one(port: int, trailers: bool, deadline: float, stats: DripStats, source: str) -> None:
     while time.monotonic() < deadline:
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
         except OSError:
             stats.connect_errors += 1
             await asyncio.sleep(0.5)
@@ -126,9 +197,9 @@ async def _drip_one(port: int, trailers: bool, deadline: float, stats: DripStats
             writer.close()
 
 
-async def drip(port: int, connections: int, seconds: float, stats: DripStats) -> None:
+async def drip(port: int, connections: int, seconds: float, stats: DripStats, source: str) -> None:
     deadline = time.monotonic() + seconds
-    await asyncio.gather(*(_drip_one(port, n % 2 == 1, deadline, stats) for n in range(connections)))
+    await asyncio.gather(*(_drip_one(port, n % 2 == 1, deadline, stats, source) for n in range(connections)))
 
 
 @dataclass(frozen=True)
@@ -143,17 +214,30 @@ class Flood:
 
 
 def run_flood(
-    wrk: str, base: str, port: int, tmp: Path, flood: Flood, seconds: float
+    wrk: str,
+    base: str,
+    port: int,
+    tmp: Path,
+    flood: Flood,
+    seconds: float,
+    attacker: str,
+    shim: Path | None,
 ) -> tuple[subprocess.Popen[str] | None, threading.Thread | None, DripStats | None]:
     if flood.body is None:
         stats = DripStats()
-        thread = threading.Thread(target=lambda: asyncio.run(drip(port, flood.connections, seconds, stats)))
+        source = attacker if shim is not None else "127.0.0.1"
+        thread = threading.Thread(
+            target=lambda: asyncio.run(drip(port, flood.connections, seconds, stats, source))
+        )
         thread.start()
         return None, thread, stats
     body = tmp / f"{flood.name}.body"
     body.write_bytes(flood.body)
     script = load.script(tmp, "fixed.lua", load.FIXED_LUA)
     threads = 2 if flood.connections >= 100 else 1
+    env = None
+    if shim is not None:
+        env = {**os.environ, "LD_PRELOAD": str(shim), "EFFECTGATE_BENCH_SOURCE": attacker}
     proc = load.start(
         wrk,
         base,
@@ -162,6 +246,7 @@ def run_flood(
         connections=flood.connections,
         seconds=seconds,
         threads=threads,
+        env=env,
     )
     return proc, None, None
 
@@ -175,6 +260,14 @@ def main() -> None:
         type=float,
         default=0,
         help="how long the drip runs (default: the genuine run + 2 s); genuine load is measured at its end",
+    )
+    parser.add_argument(
+        "--attacker-address",
+        default="127.0.0.2",
+        help="loopback address the floods come from (127.0.0.1: the genuine sender's own, the worst case)",
+    )
+    parser.add_argument(
+        "--penalty-box", choices=["on", "off"], default="on", help="the gateway's [gateway.penalty_box]"
     )
     args = parser.parse_args()
     wrk = shutil.which("wrk")
@@ -222,6 +315,21 @@ def main() -> None:
         port = ingress.free_port()
         base = f"http://127.0.0.1:{port}"
         config = ingress.write_config(tmp)
+        if args.penalty_box == "off":
+            config.write_text(config.read_text() + "[gateway.penalty_box]\nenabled = false\n")
+        shim = bind_shim(tmp) if args.attacker_address != "127.0.0.1" else None
+        attacker = args.attacker_address if shim is not None else "127.0.0.1"
+        print(
+            f"floods from {', '.join(nth_address(attacker, n) for n in range(len(floods)))} in turn, "
+            "genuine from 127.0.0.1"
+            + (
+                ""
+                if shim is not None or args.attacker_address == "127.0.0.1"
+                else " (no cc: no shim, shared)"
+            )
+            + f"; penalty box {args.penalty_box}; {os.cpu_count()} cores, shared with the load generators",
+            flush=True,
+        )
         gateway = subprocess.Popen(ingress.effectgate_command(config, port, 2), cwd=ROOT, env=env(db_url))
         try:
             wait_until_up(base)
@@ -231,7 +339,7 @@ def main() -> None:
             load.finish(
                 load.start(wrk, base, script, [str(warm), "/webhooks/bench"], connections=16, seconds=1)
             )
-            for flood in [None, *floods]:
+            for number, flood in enumerate([None, *floods]):
                 name = "quiet" if flood is None else flood.name
                 # Signed now, so the timestamps are fresh whatever the run's length.
                 pool = load.write_pool(tmp / "genuine.tsv", int(2000 * seconds))
@@ -241,18 +349,30 @@ def main() -> None:
                     # The drip can outlast the header and body timeouts (10 s and 30 s by default): then the
                     # genuine load is measured at its end, when the most connections and bytes are held.
                     length = max(seconds + 2, args.drip_seconds) if flood.body is None else seconds + 2
-                    proc, thread, stats = run_flood(wrk, base, port, tmp, flood, length)
+                    # Each flood from an address of its own: a box earned by one does not carry to the next.
+                    source = nth_address(attacker, number - 1)
+                    proc, thread, stats = run_flood(wrk, base, port, tmp, flood, length, source, shim)
                     time.sleep(length - seconds - 1)
-                genuine = load.finish(
-                    load.start(
-                        wrk,
-                        base,
-                        script,
-                        [str(pool), "/webhooks/bench"],
-                        connections=args.genuine_connections,
-                        seconds=seconds,
-                    )
+                gateway_pids = tree(gateway.pid)
+                flood_pids = [proc.pid] if proc is not None else [os.getpid()]
+                cpu_before = cpu_seconds(gateway_pids), cpu_seconds(flood_pids)
+                started = time.monotonic()
+                genuine_proc = load.start(
+                    wrk,
+                    base,
+                    script,
+                    [str(pool), "/webhooks/bench"],
+                    connections=args.genuine_connections,
+                    seconds=seconds,
                 )
+                # Sampled while the genuine load runs (the flood outlasts it): cores used in that time.
+                time.sleep(max(0.5, seconds - 0.5))
+                elapsed = time.monotonic() - started
+                cpu_used = [
+                    (cpu_seconds(pids) - before) / elapsed
+                    for pids, before in zip((gateway_pids, flood_pids), cpu_before, strict=True)
+                ]
+                genuine = load.finish(genuine_proc)
                 results[name] = genuine
                 if proc is not None:
                     got = load.finish(proc)
@@ -266,11 +386,16 @@ def main() -> None:
                     flood_results[name] = stats.line()
                 rss = f"gateway RSS {rss_before:.0f} -> {rss_mb(gateway.pid):.0f} MB"
                 print(f"genuine, {name}: {genuine.line()}; {rss}", flush=True)
+                client = "flood client" if proc is not None else "bench process (drip client)"
+                cpu = f"gateway CPU {cpu_used[0]:.2f} cores"
                 if flood is not None:
+                    cpu += f", {client} {cpu_used[1]:.2f} cores"
                     print(
-                        f"  flood {flood.what}, {flood.connections} connections: {flood_results[name]}",
+                        f"  flood {flood.what}, {flood.connections} connections: {flood_results[name]}; {cpu}",
                         flush=True,
                     )
+                else:
+                    print(f"  {cpu}", flush=True)
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)
@@ -286,7 +411,13 @@ def main() -> None:
             f"{flood.name:8} genuine p99 {got.p99_ms:8.1f} ms = {got.p99_ms / quiet.p99_ms:5.2f}x quiet; "
             f"throughput {got.rate / quiet.rate:4.2f}x quiet; errors {got.errors}"
         )
-    if flood_rates.get("json") and flood_rates.get("random"):
+    if args.penalty_box == "on":
+        # Both floods are boxed after their first failures: their answers/s say how fast the box
+        # engaged, not what a rejection costs.
+        print(
+            "JSON / random bad-signature rejection cost: not measured with the penalty box on (--penalty-box off)"
+        )
+    elif flood_rates.get("json") and flood_rates.get("random"):
         print(
             f"JSON / random bad-signature rejection cost: {flood_rates['random'] / flood_rates['json']:.2f}x "
             f"(random {flood_rates['random']:.0f}/s, JSON {flood_rates['json']:.0f}/s; target <= 1.5x)"

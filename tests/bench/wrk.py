@@ -153,6 +153,7 @@ def start(
     seconds: float,
     threads: int = 1,
     timeout: str = "10s",
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """wrk in the background; ``finish`` waits for it and parses its report. Stops by itself."""
     return subprocess.Popen(
@@ -172,6 +173,7 @@ def start(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=env,
     )
 
 

@@ -179,7 +179,7 @@ def test_a_printed_script_for_a_database_one_release_behind_holds_only_the_missi
 def _project(tmp_path: Path) -> Path:
     config = tmp_path / "effectgate.toml"
     config.write_text(
-        '[handlers]\nmodules = ["tests.e2e.e2e_handlers"]\n\n'
+        '[handlers]\nmodules = ["tests.e2e.e2e_handlers"]\nskip_sources = ["connect"]\n\n'
         '[sources.shop]\nscheme = "stripe"\nsecrets = ["E2E_STRIPE_SECRET"]\n\n'
         "[worker]\npoll_interval = 0.5\n\n[reconciler]\ntick = 0.5\n"
     )

@@ -439,3 +439,54 @@ def test_handler_modules_beside_the_config_import_in_every_serve_process_from_an
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     assert "cannot import" not in log.read_text()
+
+
+# -- handler mistakes never reach a worker ---------------------------------------------------------
+
+MISTAKEN_HANDLERS = """\
+from effectgate import effect
+
+
+@effect(source="strip", events=["payment_intent.succeeded"], name="mistaken.typo_source")
+async def typo_source(ctx, ev):
+    return None
+
+
+@effect(source="shop", events=["payment_intent.succeeded"], name="mistaken.plain_def")
+def plain_def(ctx, ev):
+    return None
+
+
+@effect(
+    source="shop",
+    events=["payment_intent.succeeded"],
+    name="mistaken.arguments",
+    max_attempts=0,
+    key_space="everywhere",
+)
+async def arguments(ctx, ev):
+    return None
+"""
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_every_handler_mistake_is_refused_at_start_at_the_users_line(
+    command: str, db_url: str, tmp_path: Path
+) -> None:
+    project = write_project(tmp_path / "project").parent
+    (project / "startup_effects.py").write_text(MISTAKEN_HANDLERS)
+    result = run([command, "--config", "effectgate.toml", "--no-migrate"], project, DATABASE_URL=db_url)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert lines == [
+        "effectgate: startup_effects.py:9: effect 'mistaken.plain_def': the handler must be a coroutine "
+        "function (async def), not a plain def",
+        "effectgate: startup_effects.py:14: effect 'mistaken.arguments': key_space must be 'source' or "
+        "'shared', got 'everywhere'",
+        "effectgate: startup_effects.py:14: effect 'mistaken.arguments': max_attempts must be an integer "
+        ">= 1, got 0",
+        "effectgate: startup_effects.py:4: effect 'mistaken.typo_source': source 'strip' is not configured, "
+        "so it would never run (configured sources: 'shop'). Configure "
+        "[sources.strip], or list it in [handlers] skip_sources if this deployment does not take it.",
+    ]

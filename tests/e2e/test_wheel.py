@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,8 +59,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     env_dir = base / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
+    # pytest beside the wheel, as a user's CI has it: the testing kit's plugin needs it, nothing else does.
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel), "pytest"],
         check=True,
         capture_output=True,
     )
@@ -384,3 +386,45 @@ def test_nothing_needs_the_checkout(installed: Installed, tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     count, location = done.stdout.split()
     assert int(count) > 40 and "site-packages" in location and str(ROOT) not in location
+
+
+SAMPLE_PROJECT = ROOT / "tests" / "data" / "sample_user_project"
+
+
+def test_the_sample_user_projects_handler_tests_pass_with_only_the_wheel(
+    installed: Installed, pg_server_url: str, tmp_path: Path
+) -> None:
+    # A copy, run from its own directory as its CI would: its tests import its own `shop` package (its
+    # pytest.ini puts the project on the path) and the installed effectgate.testing, in memory and through
+    # the kit's pytest plugin on a throwaway ledger.
+    project = tmp_path / "project"
+    shutil.copytree(SAMPLE_PROJECT, project, ignore=shutil.ignore_patterns("__pycache__"))
+    env = installed.env(TEST_DATABASE_URL=pg_server_url)
+    done = subprocess.run(
+        [str(installed.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", "tests"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    counts = done.stdout.strip().splitlines()[-1]
+    assert counts.startswith(f"{len(_sample_tests())} passed"), counts
+    # The kit came from site-packages, not from the checkout.
+    where = subprocess.run(
+        [str(installed.python), "-c", "import effectgate.testing as t; print(t.__file__)"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert "site-packages" in where.stdout and str(ROOT) not in where.stdout, where.stdout + where.stderr
+
+
+def _sample_tests() -> list[str]:
+    text = (SAMPLE_PROJECT / "tests" / "test_orders.py").read_text()
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith("async def test_") or line.startswith("def test_")
+    ]

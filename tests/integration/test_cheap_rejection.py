@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
 from effectgate.gateway.operator import reporting
+from effectgate.gateway.penalty_box import PenaltyBox, PenaltySettings
 from effectgate.gateway.signature_failures import SignatureFailures
 from effectgate.gateway.signatures._common import DIAGNOSE_MAX_BYTES, REENCODED_HINT
 from effectgate.handlers.event import Event
@@ -147,6 +148,9 @@ async def test_the_401_path_makes_no_database_call_so_a_closed_claim_pool_change
     pool: db.Pool = app.state.pool
     before = pool_checkouts(app)
     await pool.close()
+    # Sixty failures from one client would box it at fifty (tests/e2e/test_penalty_box.py): the counting
+    # path is what is tested here.
+    app.state.penalty_box = PenaltyBox(PenaltySettings(enabled=False))
     body = event("evt_1")
     answers = await asyncio.gather(
         *(

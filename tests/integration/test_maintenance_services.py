@@ -6,10 +6,13 @@ The clock is a parameter: a lease "expires" because the pass is told it is later
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import datetime
 
 import pytest
 
+from effectgate.handlers.maintenance import reconcile_forever
+from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, jobs
 from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig, service_lock_id
 from effectgate.ledger.rescuer import LeaseRescuer, Repaired, RescuerConfig
@@ -21,9 +24,11 @@ from tests.integration.jobs_fixtures import (
     claim,
     connected,
     job,
+    later,
     module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
     rolled_back_conn,  # noqa: F401   on one database per module)
     scalar,
+    wait_for,
 )
 
 pytestmark = pytest.mark.anyio
@@ -83,7 +88,7 @@ async def test_a_failing_hook_costs_its_own_job_nothing_and_the_others_theirs(co
 
 
 async def test_hand_back_and_rescue_follow_the_one_release_rule(conn: db.Conn) -> None:
-    # The rule is a function (migration 0006); both statements call it. Its table, written out:
+    # The rule is a function (migration 0006, named _v1 by 0017); both statements call it. Its table:
     cases = [
         # cancel, committed, releases so far, threshold, policy → verdict
         ((True, False, 5, 1, "park"), "cancelled"),
@@ -93,10 +98,10 @@ async def test_hand_back_and_rescue_follow_the_one_release_rule(conn: db.Conn) -
         ((False, True, 9, 1, "park"), "park"),
     ]
     for args, verdict in cases:
-        got = await scalar(conn, "SELECT job_release_verdict(%s, %s, %s, %s, %s)", *args)
+        got = await scalar(conn, "SELECT job_release_verdict_v1(%s, %s, %s, %s, %s)", *args)
         assert got == verdict, args
-    assert await scalar(conn, "SELECT job_release_count(true, 4)") == 0
-    assert await scalar(conn, "SELECT job_release_count(false, 4)") == 5
+    assert await scalar(conn, "SELECT job_release_count_v1(true, 4)") == 0
+    assert await scalar(conn, "SELECT job_release_count_v1(false, 4)") == 5
     # And the hand-back reaches the same poison verdict as the rescuer at the same count.
     job_id = await claim(conn, now=at(0))
     for n in range(2):
@@ -203,3 +208,67 @@ def test_every_service_config_refuses_nonsense_at_construction() -> None:
     ):
         with pytest.raises(ValueError):
             make()
+
+
+async def test_a_maintenance_failure_is_logged_at_error_under_its_own_name(
+    empty_db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An unmigrated database: every service throws. That is a failure to alert on, not a repair.
+    pool = db.make_pool(empty_db_url, min_size=1, max_size=2, name="effectgate-test")
+    await pool.open(wait=True)
+    stopping = asyncio.Event()
+    try:
+        with caplog.at_level(logging.INFO, logger="effectgate"):
+            loop = asyncio.create_task(
+                reconcile_forever(pool, Registry(), ReconcilerConfig(tick=0.05), stopping)
+            )
+
+            async def failed() -> bool:
+                return any(
+                    r.getMessage() in ("reconciler.failed", "maintenance.failed") for r in caplog.records
+                )
+
+            await wait_for(failed, 30, "the failing pass to be logged")
+            stopping.set()
+            await loop
+    finally:
+        await pool.close()
+    failures = [r for r in caplog.records if r.getMessage() in ("reconciler.failed", "maintenance.failed")]
+    assert failures and all(r.levelno == logging.ERROR for r in failures)
+    record = failures[0]
+    errors = getattr(record, "service_errors", None) or {"loop": getattr(record, "error", "")}
+    assert any("does not exist" in str(e) for e in errors.values()), errors
+    assert "reconciler.repaired" not in caplog.messages
+
+
+async def test_a_job_the_reconciler_parks_is_logged_at_error_with_its_kind_key_and_reason(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = db.make_pool(db_url, min_size=1, max_size=2, name="effectgate-test")
+    await pool.open(wait=True)
+    stopping = asyncio.Event()
+    try:
+        async with connected(db_url) as c:
+            job_id = await claim(c, "order:7", kind="ship", orphan_policy="park", now=later(-100))
+            await jobs.fetch_and_lease(c, owner="gone", kinds={"ship": 10}, limit=1, now=later(-100))
+        with caplog.at_level(logging.INFO, logger="effectgate"):
+            loop = asyncio.create_task(
+                reconcile_forever(pool, Registry(), ReconcilerConfig(tick=0.05), stopping)
+            )
+
+            async def parked() -> bool:
+                return "reconciler.parked" in caplog.messages
+
+            await wait_for(parked, 30, "the park to be logged")
+            stopping.set()
+            await loop
+    finally:
+        await pool.close()
+    [record] = [r for r in caplog.records if r.getMessage() == "reconciler.parked"]
+    assert record.levelno == logging.ERROR
+    assert (record.job_id, record.kind, record.effect_key, record.reason) == (  # type: ignore[attr-defined]
+        job_id,
+        "ship",
+        "order:7",
+        "orphaned: lease expired and orphan_policy is park",
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import csv
 import io
 import json
@@ -9,13 +11,18 @@ import logging
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from effectgate.gateway import cli, operator_cli
 from effectgate.gateway.operator import documents
+from effectgate.handlers.registry import REGISTRY
+from effectgate.ledger.claims import claim_delivery
 
+from .jobs_fixtures import connected
 from .test_reports_seed import NOW, seeded_database
+from .test_retention import delivery
 
 WINDOW = ["--since", (NOW - timedelta(hours=24)).isoformat(), "--until", NOW.isoformat()]
 
@@ -343,3 +350,125 @@ def test_every_report_is_a_ledger_command_from_its_spec(
     ]
     code, _, err = run(capsys, "ledger", "delivery-outcomes", "--sort", "amount")
     assert code == 2 and err.startswith("effectgate: --sort: ") and "[invalid_sort]" in err
+
+
+# -- every command's table output, on real rows ----------------------------------------------------
+
+REPLAY_HANDLERS = """\
+from effectgate import effect
+
+
+@effect(source="stripe", events=["thing.*"], key=lambda ev: f"order:{ev.payload['key']}", name="replayed")
+async def replayed(ctx, ev):
+    return None
+"""
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Every leaf command under ``parser``, as its words."""
+    found: set[tuple[str, ...]] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found |= _commands(child, (*prefix, name)) or {(*prefix, name)}
+    return found
+
+
+def _operator_commands() -> set[tuple[str, ...]]:
+    return {c for c in _commands(cli.build_parser()) if c[0] in ("ledger", "jobs")}
+
+
+def _prepare(
+    command: tuple[str, ...], url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: Any
+) -> tuple[list[str], list[str]]:
+    """What to run after getting the ledger ready for ``command``, and what its output must show (words
+    only a real row of the seeded ledger has)."""
+    _, out, _ = run(capsys, "jobs", "list", "--format", "json")
+    ids = {j["effect_key"]: str(j["id"]) for j in json.loads(out)["items"]}
+    match command:
+        case ("ledger", "duplicates"):
+            return WINDOW, ["order-paid:1234", "stripe"]
+        case ("ledger", "key-conflicts"):
+            return WINDOW, ["order-paid:1234"]
+        case ("ledger", "auth-failures"):
+            return WINDOW, ["signature_invalid"]
+        case ("ledger", "jobs"):
+            return WINDOW, ["fulfil_order", "failed"]
+        case ("ledger", "delivery-outcomes"):
+            return WINDOW, ["DUPLICATES", "shopify  2           1         1"]
+        case ("ledger", "rejects"):
+            return WINDOW, ["order-paid:1234", "signature_invalid"]
+        case ("ledger", "show"):
+            return ["order-paid:1234"], ["order-paid:1234", "succeeded"]
+        case ("ledger", "replay"):
+            asyncio.run(_unmatched(url))
+            (tmp_path / "replay_table_mod.py").write_text(REPLAY_HANDLERS)
+            (tmp_path / "eg.toml").write_text(
+                '[handlers]\nmodules = ["replay_table_mod"]\n'
+                '[sources.stripe]\nscheme = "stripe"\nsecrets = ["S"]\n'
+            )
+            monkeypatch.syspath_prepend(str(tmp_path))
+            monkeypatch.setattr(REGISTRY, "_kinds", {})
+            monkeypatch.setenv("S", "whsec_x")
+            args = [
+                "--unmatched",
+                "--source",
+                "stripe",
+                "--since",
+                "1h",
+                "--config",
+                str(tmp_path / "eg.toml"),
+            ]
+            return args, ["2 unmatched deliveries of stripe replayed", "effects accepted: 2"]
+        case ("ledger", "retention"):
+            monkeypatch.chdir(tmp_path)
+            monkeypatch.delenv("EFFECTGATE_CONFIG", raising=False)
+            return [], ["deliveries", "effects"]
+        case ("jobs", "list"):
+            return [], ["order-paid:1", "card declined"]
+        case ("jobs", "show"):
+            return [ids["order-paid:1"]], ["TerminalError: card declined"]
+        case ("jobs", "redrive"):
+            return [ids["order-paid:1"]], [f"job {ids['order-paid:1']}: redriven"]
+        case ("jobs", "cancel"):
+            return [ids["ship:9"]], [f"job {ids['ship:9']}: cancelled"]
+        case ("jobs", "resolve"):
+            job_id = ids["order-paid:1"]
+            return [job_id, "--reason", "refunded by phone"], [
+                f"job {job_id}: resolved by hand (was failed)",
+                "refunded by phone",
+            ]
+        case ("jobs", "pause"):
+            return ["--kind", "ship_order"], ["kind ship_order: paused"]
+        case ("jobs", "resume"):
+            assert run(capsys, "jobs", "pause", "--kind", "ship_order")[0] == 0
+            return ["--kind", "ship_order"], ["kind ship_order: resumed"]
+        case ("jobs", "paused"):
+            assert run(capsys, "jobs", "pause", "--kind", "ship_order", "--reason", "carrier down")[0] == 0
+            return [], ["ship_order", "carrier down"]
+    raise AssertionError(f"no table test for `effectgate {' '.join(command)}`: add one here")
+
+
+async def _unmatched(url: str) -> None:
+    async with connected(url) as conn:
+        for n in range(2):
+            await claim_delivery(conn, delivery(f"table{n}"), [])
+
+
+# Read from the parser: a command added without a case in _prepare fails its own parametrised test.
+TABLE_COMMANDS = sorted(_operator_commands())
+
+
+@pytest.mark.parametrize("command", TABLE_COMMANDS, ids=" ".join)
+def test_every_operator_commands_table_output_shows_real_rows(
+    command: tuple[str, ...],
+    own_ledger: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args, shown = _prepare(command, own_ledger, capsys, tmp_path, monkeypatch)
+    code, out, err = run(capsys, *command, *args)
+    assert (code, err) == (operator_cli.EXIT_OK, ""), err
+    for words in shown:
+        assert words in out, f"{words!r} not in:\n{out}"

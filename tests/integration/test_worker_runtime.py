@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from effectgate.handlers import HAND_BACK, EffectContext, Event, HandBack
+from effectgate.handlers import HAND_BACK, EffectContext, Event, HandBack, TerminalError, TransientError
 from effectgate.handlers.worker import LISTEN_APPLICATION_NAME
 from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
@@ -238,3 +238,123 @@ async def test_a_claim_wakes_a_waiting_worker_through_notify_and_after_a_lost_li
     finally:
         worker.stop()
         await asyncio.wait_for(running, 5)
+
+
+async def test_retry_failure_and_park_lines_name_the_error_the_step_and_the_attempt(
+    pool: db.Pool, conn: db.Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def declined(idempotency_key: str) -> None:
+        raise TransientError("502 from provider")
+
+    async def flaky(ctx: EffectContext, ev: Event) -> None:
+        if ctx.attempt == 1:
+            await ctx.step("capture", declined)
+        # Raised from the step's error, outside the step: still the capture's failure.
+        try:
+            await ctx.step("capture-again", declined)
+        except TransientError as exc:
+            raise TerminalError("card declined") from exc
+
+    async def outside(ctx: EffectContext, ev: Event) -> None:
+        raise ValueError("no order id in the payload")
+
+    async def idle(ctx: EffectContext, ev: Event) -> HandBack:
+        return HAND_BACK  # commits nothing, every time: poison after the threshold
+
+    flaky_job = await claim(conn, kind="flaky", key="order:1")
+    outside_job = await claim(conn, kind="outside", key="order:2", max_attempts=1)
+    idle_job = await claim(conn, kind="idle", key="order:3")
+    reg = registry(
+        kind(flaky, name="flaky"), kind(outside, name="outside"), kind(idle, name="idle", poison_threshold=2)
+    )
+    with caplog.at_level(logging.INFO, logger="effectgate.worker"):
+        await make_worker(pool, reg).run_until_idle()
+    assert (await job(conn, flaky_job))["state"] == "failed"
+    assert (await job(conn, idle_job))["state"] == "parked"
+
+    def fields(record: logging.LogRecord, *names: str) -> dict[str, Any]:
+        return {n: getattr(record, n) for n in names}
+
+    keys = ("job_id", "kind", "effect_key", "attempt", "max_attempts", "step", "error_class", "error")
+    [retry] = messages(caplog, "worker.retry")
+    assert retry.levelno == logging.WARNING
+    assert fields(retry, *keys) == {
+        "job_id": flaky_job,
+        "kind": "flaky",
+        "effect_key": "order:1",
+        "attempt": 1,
+        "max_attempts": 3,
+        "step": "capture",
+        "error_class": "TransientError",
+        "error": "502 from provider",
+    }
+    failed = {r.job_id: r for r in messages(caplog, "worker.failed")}  # type: ignore[attr-defined]
+    assert failed[flaky_job].levelno == logging.ERROR
+    assert fields(failed[flaky_job], "attempt", "step", "error_class", "error", "reason") == {
+        "attempt": 2,
+        "step": "capture-again",
+        "error_class": "TerminalError",
+        "error": "card declined",
+        "reason": "TerminalError: card declined",
+    }
+    assert fields(failed[outside_job], "attempt", "max_attempts", "step", "error_class", "error") == {
+        "attempt": 1,
+        "max_attempts": 1,
+        "step": None,
+        "error_class": "ValueError",
+        "error": "no order id in the payload",
+    }
+    [parked] = messages(caplog, "worker.parked")
+    assert parked.levelno == logging.ERROR
+    assert fields(parked, "job_id", "kind", "attempt", "reason") == {
+        "job_id": idle_job,
+        "kind": "idle",
+        "attempt": 1,  # a hand-back is not a failed attempt
+        "reason": "poison: handed back 2 times without committing",
+    }
+
+
+async def test_a_second_stop_hands_back_now_fenced_and_the_leases_are_reclaimable_at_once(
+    pool: db.Pool, conn: db.Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    started: list[EffectContext] = []
+
+    async def deaf(ctx: EffectContext, ev: Event) -> None:
+        if ctx.checkpoint == "begun":
+            return
+        await ctx.save_checkpoint("begun")
+        started.append(ctx)
+        await asyncio.Event().wait()  # never asks should_yield(), never returns on its own
+
+    first = await claim(conn, kind="deaf")
+    second = await claim(conn, kind="deaf")
+    reg = registry(kind(deaf, name="deaf", lease_ttl=600))
+    # A drain that would wait ten minutes: only the second stop can end it in time.
+    worker = make_worker(pool, reg, concurrency=2, drain_timeout=600)
+    running = asyncio.create_task(worker.run())
+
+    async def both_running() -> bool:
+        return len(started) == 2
+
+    with caplog.at_level(logging.INFO, logger="effectgate.worker"):
+        await wait_for(both_running, 5, "both slices to start")
+        worker.stop()
+        [draining] = messages(caplog, "worker.draining")
+        assert (draining.jobs, draining.kinds, draining.job_ids) == (2, {"deaf": 2}, sorted([first, second]))  # type: ignore[attr-defined]
+        assert draining.drain_timeout == 600 and draining.deadline  # type: ignore[attr-defined]
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+    [now] = messages(caplog, "worker.stopping_now")
+    assert now.job_ids == sorted([first, second])  # type: ignore[attr-defined]
+    [abandoned] = messages(caplog, "worker.leases_abandoned")
+    assert abandoned.job_ids == sorted([first, second])  # type: ignore[attr-defined]
+    assert not messages(caplog, "worker.drain_timeout")
+    # Fenced: the stopped slices can write nothing more, although their tokens are still the newest.
+    for ctx in started:
+        with pytest.raises(LeaseLost):
+            await ctx.save_checkpoint("after the stop")
+    # The leases expired at the stop, not in ten minutes: the next reconciler pass hands the jobs on.
+    for job_id in (first, second):
+        row = await job(conn, job_id)
+        assert row["state"] == "running" and row["checkpoint"] == "begun"
+    assert sorted((await Reconciler().run_once(conn, now=later(1))).redriven) == sorted([first, second])

@@ -29,6 +29,8 @@ FOLDERS = {
     "migrations": "effectgate.migrations",
 }
 TOP_LEVEL_INIT = ROOT / "handlers" / "_effectgate" / "__init__.py"
+# The testing kit for handler authors: installed as effectgate.testing, from beside the top-level package.
+KIT = ("handlers/_effectgate/testing", "effectgate.testing")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,13 @@ def project_modules(root: Path = ROOT) -> dict[str, Module]:
                 parts.pop()
             name = ".".join([package, *parts])
             modules[name] = Module(name, path)
+    folder, package = KIT
+    for path in sorted((root / folder).rglob("*.py")):
+        parts = list(path.relative_to(root / folder).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        name = ".".join([package, *parts])
+        modules[name] = Module(name, path)
     return modules
 
 
@@ -137,6 +146,19 @@ def layer_violations(graph: Mapping[str, set[str]]) -> list[str]:
                 found += [f"{source} -> {t}: {why}" for t in bad]
                 break
     return found
+
+
+def kit_importers(graph: Mapping[str, set[str]]) -> list[str]:
+    """Edges into the testing kit from outside it: the kit composes gateway, handlers and ledger (as the
+    CLI does) for users' tests, so nothing that runs in production may depend on it."""
+    kit = KIT[1]
+    return [
+        f"{source} -> {t}"
+        for source, targets in sorted(graph.items())
+        if not _within(source, kit)
+        for t in sorted(targets)
+        if _within(t, kit)
+    ]
 
 
 def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
@@ -230,6 +252,8 @@ def test_every_folder_is_read() -> None:
         "effectgate.gateway.cli",
         "effectgate.gateway.signatures.stripe",
         "effectgate.gateway.testing.fake_providers",
+        "effectgate.testing.context",
+        "effectgate.testing.pytest_plugin",
     ):
         assert must in modules
     graph = import_graph(modules)
@@ -245,6 +269,12 @@ def test_dependencies_point_one_way() -> None:
     assert layer_violations(import_graph(project_modules())) == []
 
 
+def test_nothing_of_the_project_imports_the_testing_kit() -> None:
+    graph = import_graph(project_modules())
+    assert "effectgate.handlers.context" in graph["effectgate.testing.context"]
+    assert kit_importers(graph) == []
+
+
 def test_no_import_cycles() -> None:
     assert cycles(import_graph(project_modules())) == []
 
@@ -257,7 +287,10 @@ def test_handlers_and_ledger_serve_no_http() -> None:
 
 def test_asyncio_run_only_in_the_composition_root() -> None:
     calls = asyncio_run_calls(project_modules())
-    assert calls and all(c.startswith("effectgate.gateway.cli:") for c in calls), calls
+    # The pytest plugin is a composition root of its own (a test session's): it migrates the template
+    # ledger from a plain fixture, so it serves tests of any async runner.
+    roots = ("effectgate.gateway.cli:", "effectgate.testing.pytest_plugin:")
+    assert calls and all(c.startswith(roots) for c in calls), calls
 
 
 # -- the checker, on a tree of its own -------------------------------------------------------------
@@ -295,6 +328,17 @@ def test_the_checker_finds_a_forbidden_import_in_a_function_and_under_type_check
         "effectgate.handlers.b -> effectgate.gateway.c: handlers know nothing of the gateway (HTTP)",
         "effectgate.ledger.a -> effectgate.handlers.b: the ledger imports nothing else of the project",
     ]
+
+
+def test_the_checker_finds_production_code_importing_the_testing_kit(tmp_path: Path) -> None:
+    modules = _tree(
+        tmp_path,
+        {
+            "handlers/_effectgate/testing/__init__.py": "from effectgate.handlers import w\n",
+            "handlers/w.py": "def f():\n    from effectgate.testing import MemoryContext\n",
+        },
+    )
+    assert kit_importers(import_graph(modules)) == ["effectgate.handlers.w -> effectgate.testing"]
 
 
 def test_the_checker_finds_a_cycle_through_a_relative_import(tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from effectgate.gateway.config import ConfigError, app_dir, import_handlers, load, parse
+from effectgate.gateway.examples import EXAMPLE_TYPES
+from effectgate.gateway.penalty_box import PenaltySettings
+from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker import DEFAULT_CONCURRENCY
 
 ENV = {"S1": "whsec_one", "S2": "whsec_two"}
@@ -350,9 +353,11 @@ def test_the_startup_wait_is_configurable_and_checked() -> None:
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A user's project directory, with the test run from another directory and the import state
-    restored afterwards."""
+    restored afterwards, and the process registry empty (other tests' handler modules registered into it)."""
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    for attribute in ("_kinds", "_sweeps"):
+        monkeypatch.setattr(REGISTRY, attribute, {})
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -463,3 +468,119 @@ def test_a_worker_without_webhook_secrets_still_knows_what_each_source_signs() -
     reg = Registry()
     reg.effect(source="gh", events=["*"], name="typed", key=lambda ev: ev.type)(noop)  # type: ignore[arg-type]
     assert identity_problems(gateway, reg) == identity_problems(worker, reg) != []
+
+
+def test_the_penalty_box_is_configured_under_gateway() -> None:
+    assert parse(MINIMAL, env=ENV).gateway.penalty_box == PenaltySettings()
+    text = (
+        MINIMAL + "[gateway.penalty_box]\nfailures = 5\nwindow = 2\ncooling = 30\nhold = 0\nmax_clients = 9\n"
+    )
+    assert parse(text, env=ENV).gateway.penalty_box == PenaltySettings(True, 5, 2.0, 30.0, 0, 9)
+    assert not parse(
+        MINIMAL + "[gateway.penalty_box]\nenabled = false\n", env=ENV
+    ).gateway.penalty_box.enabled
+    for bad, message in [
+        ("failures = 0", r"gateway\.penalty_box\.failures: must be >= 1"),
+        ("cooling = 0", r"gateway\.penalty_box\.cooling: must be >= 0\.001"),
+        ("hold = -1", r"gateway\.penalty_box\.hold: must be >= 0"),
+        ("enabled = 1", r"gateway\.penalty_box\.enabled: must be a boolean"),
+        ("failurs = 5", r"gateway\.penalty_box\.failurs: is not a known setting; did you mean 'failures'"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse(MINIMAL + "[gateway.penalty_box]\n" + bad + "\n", env=ENV)
+
+
+def test_client_concurrency_builds_each_process_its_slots_trusted_proxies_exempt() -> None:
+    defaults = parse(MINIMAL, env=ENV).gateway
+    slots = defaults.client_slots()
+    assert slots is not None and slots.per_client == 64 and slots.limits("127.0.0.1")
+    assert defaults.client_slots() is not slots
+    assert parse(MINIMAL + "[gateway]\nclient_concurrency = 0\n", env=ENV).gateway.client_slots() is None
+    text = MINIMAL + '[gateway]\nclient_concurrency = 3\nforwarded_allow_ips = ["10.0.3.0/24"]\n'
+    proxied = parse(text, env=ENV).gateway.client_slots()
+    assert proxied is not None and proxied.per_client == 3
+    assert not proxied.limits("10.0.3.7") and proxied.limits("10.0.4.7")
+    with pytest.raises(ConfigError, match=r"gateway\.client_concurrency: must be >= 0"):
+        parse(MINIMAL + "[gateway]\nclient_concurrency = -1\n", env=ENV)
+
+
+BAD_HANDLERS = """\
+from effectgate import effect
+
+
+@effect(source="strip", events=["payment_intent.succeeded"], name="typo_source")
+async def typo_source(ctx, ev):
+    return None
+
+
+@effect(source="stripe", events=["payment_intent.succeeded"], name="plain_def")
+def plain_def(ctx, ev):
+    return None
+
+
+@effect(
+    source="stripe",
+    events=["payment_intent.succeeded"],
+    name="bad_arguments",
+    lease_ttl=-1,
+    orphan_policy="retry",
+)
+async def bad_arguments(ctx, ev):
+    return None
+
+
+@effect(source="stripe", events=["PaymentIntentSucceeded", "charge.*"], name="never_matches")
+async def never_matches(ctx, ev):
+    return None
+"""
+
+
+def test_every_handler_mistake_is_refused_at_once_at_the_users_line(
+    project: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = f"eg_bad_handlers_{uuid.uuid4().hex[:8]}"
+    (project / f"{name}.py").write_text(BAD_HANDLERS)
+    config = load(_project_config(project, name), env=ENV)
+    with pytest.raises(ConfigError) as caught:
+        import_handlers(config)
+    at = f"{project / name}.py"
+    assert list(caught.value.problems) == [
+        f"{at}:9: effect 'plain_def': the handler must be a coroutine function (async def), not a plain def",
+        f"{at}:14: effect 'bad_arguments': orphan_policy must be 'redrive' or 'park', got 'retry'",
+        f"{at}:14: effect 'bad_arguments': lease_ttl must be a finite number of seconds > 0, got -1",
+        f"{at}:4: effect 'typo_source': source 'strip' is not configured, so it would never run "
+        "(configured sources: 'stripe'); did you mean 'stripe'? Configure [sources.strip], or list it in "
+        "[handlers] skip_sources if this deployment does not take it.",
+    ]
+    # Once the mistakes are fixed, the pattern that can never match a Stripe type is a warning.
+    REGISTRY.clear()
+    (project / f"{name}_fixed.py").write_text(
+        BAD_HANDLERS.replace('"strip"', '"stripe"')
+        .replace("def plain_def", "async def plain_def")
+        .replace("lease_ttl=-1", "lease_ttl=1")
+        .replace('"retry"', '"park"')
+        .replace("name=", "name='fixed.' + ")
+    )
+    with caplog.at_level("WARNING", logger="effectgate.config"):
+        import_handlers(load(_project_config(project, f"{name}_fixed"), env=ENV))
+    problems = [r.problem for r in caplog.records if r.getMessage() == "handlers.pattern_never_matches"]
+    assert problems == [
+        f"{project / name}_fixed.py:25: effect 'fixed.never_matches': event pattern "
+        "'PaymentIntentSucceeded' can never match a stripe event of source 'stripe': stripe types are "
+        "lower-case words joined by dots, such as " + ", ".join(repr(t) for t in EXAMPLE_TYPES["stripe"])
+    ]
+
+
+def test_a_source_listed_in_skip_sources_is_not_refused(project: Path) -> None:
+    name = f"eg_skip_{uuid.uuid4().hex[:8]}"
+    (project / f"{name}.py").write_text(
+        "from effectgate import effect\n\n"
+        "@effect(source='shopify', events=['orders/paid'], name='skip.shopify')\n"
+        "async def ship(ctx, ev):\n    return None\n"
+    )
+    config = project / "effectgate.toml"
+    config.write_text(f'[handlers]\nmodules = ["{name}"]\nskip_sources = ["shopify"]\n' + MINIMAL)
+    import_handlers(load(config, env=ENV))
+    assert REGISTRY.get("skip.shopify") is not None
+    with pytest.raises(ConfigError, match=r"handlers\.skip_sources: must be a list of source names"):
+        parse("[handlers]\nskip_sources = [1]\n" + MINIMAL, env=ENV)

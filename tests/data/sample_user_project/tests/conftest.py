@@ -1,0 +1,1 @@
+pytest_plugins = ["effectgate.testing.pytest_plugin"]

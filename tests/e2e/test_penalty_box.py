@@ -1,0 +1,218 @@
+"""The penalty box, attacked: a real ``serve`` process, clients on their own loopback addresses.
+
+An attacker at 127.0.0.2 sends bad signatures until it is boxed; then its requests get no answer at all
+(held, then closed by the header timeout; past the hold limit, closed at once), counted in ``/metrics``,
+while genuine signed deliveries from 127.0.0.1 still get 202 and their effect is claimed once. A
+connection of 127.0.0.2 that authenticated before keeps its service; a new one from that address is
+held off with the attacker (the shared-address worst case). Behind a trusted proxy the box keys on the
+forwarded address and answers 429. Every count is read back; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import stripe
+
+from .processes import Process, free_port
+from .test_schemes_e2e import SECRETS
+
+CONFIG = """
+[handlers]
+modules = ["tests.e2e.attack_handlers"]
+
+[gateway]
+forwarded_allow_ips = ["127.0.0.1"]
+header_timeout = 6
+
+[gateway.penalty_box]
+failures = 5
+window = 600
+cooling = 600
+hold = 2
+
+[sources.stripe]
+scheme = "stripe"
+secrets = ["STRIPE_SECRET"]
+"""
+
+ATTACKER = "127.0.0.2"
+FAILURES = 5
+HOLD = 2
+
+
+class Gateway:
+    def __init__(self, port: int, db_url: str) -> None:
+        self.port, self.url, self.db_url = port, f"http://127.0.0.1:{port}", db_url
+
+    def client(self, local_address: str = "127.0.0.1") -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, transport=httpx.HTTPTransport(local_address=local_address), timeout=30
+        )
+
+    def effects(self, event_id: str) -> int:
+        with psycopg.connect(self.db_url) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM effects WHERE source = 'stripe' AND effect_key LIKE %s",
+                (f"%{event_id}%",),
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    def metric(self, name: str, **labels: str) -> float:
+        page = httpx.get(f"{self.url}/metrics", timeout=10).text
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in page.splitlines():
+            series = line.rsplit(" ", 1)[0]
+            if series == (f"{name}{{{wanted}}}" if labels else name):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+@pytest.fixture
+def gateway(db_url: str, tmp_path: Path) -> Iterator[Gateway]:
+    port = free_port()
+    path = tmp_path / "effectgate.toml"
+    path.write_text(CONFIG)
+    process = Process(
+        ["serve", "--config", str(path), "--no-migrate", "--port", str(port)],
+        {"DATABASE_URL": db_url, **SECRETS},
+        tmp_path / "gateway.log",
+    )
+    try:
+        process.wait_http(f"http://127.0.0.1:{port}/readyz")
+        yield Gateway(port, db_url)
+    finally:
+        process.stop()
+
+
+def genuine(event_id: str) -> tuple[bytes, dict[str, str]]:
+    body = json.dumps({"id": event_id, "type": "payment_intent.succeeded", "data": {}})
+    header = stripe.WebhookSignature.generate_signature_header(body, SECRETS["STRIPE_SECRET"])
+    return body.encode(), {"Stripe-Signature": header, "Content-Type": "application/json"}
+
+
+def forged() -> tuple[bytes, dict[str, str]]:
+    return b"{}", {"Stripe-Signature": f"t={int(time.time())},v1={'0' * 64}"}
+
+
+def send_raw(port: int, source_address: str, body: bytes, headers: dict[str, str]) -> socket.socket:
+    """One request on a new connection from ``source_address``, sent; read it with ``read_to_close``."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source_address, 0))
+    head = f"POST /webhooks/stripe HTTP/1.1\r\nHost: gateway\r\nContent-Length: {len(body)}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    sock.sendall(head.encode() + b"\r\n" + body)
+    return sock
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    """Everything the gateway sent before it closed the connection (b"" for a refused one)."""
+    with sock:
+        received = b""
+        while chunk := _recv(sock):
+            received += chunk
+        return received
+
+
+def _recv(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(65536)
+    except ConnectionResetError:
+        return b""
+
+
+def test_a_boxed_address_gets_no_answer_while_other_senders_keep_theirs(gateway: Gateway) -> None:
+    with (
+        gateway.client(ATTACKER) as proven,
+        gateway.client(ATTACKER) as attacker,
+        gateway.client() as provider,
+    ):
+        # A connection of the attacker's address on which a delivery authenticated before the box.
+        first = f"evt_{uuid.uuid4().hex}"
+        assert (
+            proven.post("/webhooks/stripe", content=genuine(first)[0], headers=genuine(first)[1]).status_code
+            == 202
+        )
+
+        for _ in range(FAILURES):
+            body, headers = forged()
+            assert attacker.post("/webhooks/stripe", content=body, headers=headers).status_code == 401
+        assert gateway.metric("effectgate_penalty_box_entries_total", source="stripe") == 1
+        # The connection that proved itself before the box keeps its service (while it is kept alive).
+        later = f"evt_{uuid.uuid4().hex}"
+        assert (
+            proven.post("/webhooks/stripe", content=genuine(later)[0], headers=genuine(later)[1]).status_code
+            == 202
+        )
+        assert gateway.effects(later) == 1
+
+        # Boxed: new connections from that address get nothing at all, the first HOLD held until the
+        # header timeout, the rest closed at once; with a genuine signature as well (the shared-address case).
+        # All sent before any is read: the held ones are held at once.
+        shared_id = f"evt_{uuid.uuid4().hex}"
+        sent = [send_raw(gateway.port, ATTACKER, *forged()) for _ in range(3)]
+        sent.append(send_raw(gateway.port, ATTACKER, *genuine(shared_id)))
+        assert [read_to_close(sock) for sock in sent] == [b""] * 4
+        assert gateway.effects(shared_id) == 0
+        held = gateway.metric("effectgate_penalty_box_refusals_total", source="stripe", how="held")
+        closed = gateway.metric("effectgate_penalty_box_refusals_total", source="stripe", how="closed")
+        assert (held, closed) == (HOLD, 4 - HOLD)
+
+        # Genuine deliveries from another address: accepted, each effect claimed once.
+        for _ in range(3):
+            event_id = f"evt_{uuid.uuid4().hex}"
+            body, headers = genuine(event_id)
+            assert provider.post("/webhooks/stripe", content=body, headers=headers).status_code == 202
+            assert provider.post("/webhooks/stripe", content=body, headers=headers).status_code == 200
+            assert gateway.effects(event_id) == 1
+        assert (
+            gateway.metric(
+                "effectgate_verification_failures_total", source="stripe", reason="signature_invalid"
+            )
+            == FAILURES
+        )
+
+
+def test_behind_a_trusted_proxy_the_forwarded_client_is_boxed_and_answered_429(gateway: Gateway) -> None:
+    # 127.0.0.1 is the trusted proxy here; the clients are the addresses it forwards for.
+    with gateway.client() as proxy:
+        attacker = {"X-Forwarded-For": "203.0.113.9"}
+        for _ in range(FAILURES):
+            body, headers = forged()
+            assert (
+                proxy.post("/webhooks/stripe", content=body, headers={**headers, **attacker}).status_code
+                == 401
+            )
+        body, headers = forged()
+        refused = proxy.post("/webhooks/stripe", content=body, headers={**headers, **attacker})
+        assert refused.status_code == 429
+        assert refused.json()["error"] == "client_penalised"
+        assert int(refused.headers["retry-after"]) > 0 and refused.headers["connection"] == "close"
+        # Refused before the signature is checked: a genuine one from the boxed client is refused too.
+        boxed_id = f"evt_{uuid.uuid4().hex}"
+        body, headers = genuine(boxed_id)
+        assert (
+            proxy.post("/webhooks/stripe", content=body, headers={**headers, **attacker}).status_code == 429
+        )
+        assert gateway.effects(boxed_id) == 0
+
+        event_id = f"evt_{uuid.uuid4().hex}"
+        body, headers = genuine(event_id)
+        answer = proxy.post(
+            "/webhooks/stripe", content=body, headers={**headers, "X-Forwarded-For": "198.51.100.7"}
+        )
+        assert answer.status_code == 202
+        assert gateway.effects(event_id) == 1
+        # The proxy's own address is not boxed either.
+        direct = f"evt_{uuid.uuid4().hex}"
+        body, headers = genuine(direct)
+        assert proxy.post("/webhooks/stripe", content=body, headers=headers).status_code == 202
+    assert gateway.metric("effectgate_penalty_box_refusals_total", source="stripe", how="answered") == 2

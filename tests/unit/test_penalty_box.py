@@ -1,0 +1,80 @@
+"""The penalty box's accounting, on a hand-moved clock: who is boxed, for which source, for how long."""
+
+from __future__ import annotations
+
+import pytest
+
+from effectgate.gateway.penalty_box import PenaltyBox, PenaltySettings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def box(**settings: float | int | bool) -> tuple[PenaltyBox, Clock]:
+    clock = Clock()
+    return PenaltyBox(PenaltySettings(**settings), clock=clock), clock  # type: ignore[arg-type]
+
+
+def test_boxed_after_failures_within_the_window_for_that_source_only() -> None:
+    pb, clock = box(failures=3, window=10, cooling=60)
+    assert [pb.failed("10.0.0.9", 1, "stripe") for _ in range(3)] == [False, False, True]
+    assert pb.refuses("10.0.0.9", 2, "stripe") == 60
+    # Another source of the same client, and another client of the same source, are served.
+    assert pb.refuses("10.0.0.9", 2, "github") == 0
+    assert pb.refuses("10.0.0.8", 2, "stripe") == 0
+    clock.now += 59
+    assert pb.refuses("10.0.0.9", 2, "stripe") == 1
+    clock.now += 1
+    assert pb.refuses("10.0.0.9", 2, "stripe") == 0
+    assert not pb.active
+
+
+def test_failures_spread_wider_than_the_window_never_box() -> None:
+    pb, clock = box(failures=3, window=10)
+    for _ in range(10):
+        assert not pb.failed("10.0.0.9", 1, "stripe")
+        assert not pb.failed("10.0.0.9", 1, "stripe")
+        clock.now += 10
+    assert pb.refuses("10.0.0.9", 1, "stripe") == 0
+
+
+def test_a_connection_that_authenticated_keeps_its_service_until_it_fails() -> None:
+    pb, _ = box(failures=2)
+    pb.authenticated("10.0.0.9", 7)
+    pb.failed("10.0.0.9", 8, "stripe")
+    pb.failed("10.0.0.9", 8, "stripe")
+    assert pb.refuses("10.0.0.9", 8, "stripe") > 0
+    assert pb.refuses("10.0.0.9", 7, "stripe") == 0
+    pb.failed("10.0.0.9", 7, "stripe")
+    assert pb.refuses("10.0.0.9", 7, "stripe") > 0
+    # A closed connection's proof is forgotten: its port reused by a new connection proves nothing.
+    pb.authenticated("10.0.0.9", 9)
+    pb.forget("10.0.0.9", 9)
+    assert pb.refuses("10.0.0.9", 9, "stripe") > 0
+
+
+def test_disabled_boxes_nobody() -> None:
+    pb, _ = box(enabled=False, failures=1)
+    assert not pb.failed("10.0.0.9", 1, "stripe")
+    assert pb.refuses("10.0.0.9", 1, "stripe") == 0
+
+
+def test_bounded_by_max_clients_oldest_first() -> None:
+    pb, _ = box(failures=1, max_clients=3)
+    for n in range(5):
+        pb.failed(f"10.0.0.{n}", 1, "stripe")
+    assert [pb.refuses(f"10.0.0.{n}", 1, "stripe") > 0 for n in range(5)] == [False, False, True, True, True]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"failures": 0}, {"window": 0}, {"cooling": -1}, {"hold": -1}, {"max_clients": 0}],
+)
+def test_settings_refused(settings: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="failures and max_clients"):
+        PenaltySettings(**settings)  # type: ignore[arg-type]
