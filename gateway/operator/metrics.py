@@ -32,13 +32,13 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client import disable_created_metrics as _disable_created_metrics
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from effectgate.handlers.observe import WorkerObserver
@@ -540,11 +540,26 @@ async def endpoint(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE)
 
 
-def app(pool: db.Pool, *, token_sha256: bytes | None = None) -> Starlette:
+def app(
+    pool: db.Pool,
+    *,
+    token_sha256: bytes | None = None,
+    health: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
+) -> Starlette:
     """``GET /metrics`` alone, for a process that serves nothing else (``effectgate worker --metrics-port``);
     the job gauges are read through ``pool``, which the caller owns; ``token_sha256``, when given, is the
-    hash of the bearer token a scrape must present."""
-    metrics_app = Starlette(routes=[Route("/metrics", endpoint, methods=["GET"])])
+    hash of the bearer token a scrape must present. ``health``, when given, answers ``GET /healthz``
+    (200 or 503 with its JSON; no token: it reads process state only, never the database)."""
+    routes = [Route("/metrics", endpoint, methods=["GET"])]
+    if health is not None:
+        check = health
+
+        async def healthz(request: Request) -> Response:
+            alive, state = check()
+            return JSONResponse(state, status_code=200 if alive else 503)
+
+        routes.append(Route("/healthz", healthz, methods=["GET"]))
+    metrics_app = Starlette(routes=routes)
     metrics_app.state.pool = pool
     metrics_app.state.metrics_token_sha256 = token_sha256
     metrics_app.state.auth_throttle = FailureThrottle()
