@@ -39,15 +39,20 @@ from .signature_failures import SignatureFailures
 log = logging.getLogger("effectgate.gateway")
 
 
+# Seconds /readyz waits for its connection and its statement (kubelet's probe timeout is 3 s).
+READYZ_TIMEOUT = 2.0
+
+
 async def healthz(request: Request) -> Response:
     """The process is alive."""
     return JSONResponse({"status": "ok"})
 
 
 async def readyz(request: Request) -> Response:
-    """The ledger database answers and every migration is applied."""
+    """The ledger database answers and every migration is applied, asked on the probe's own connection:
+    a burst that takes every connection of the claim or operator pool leaves the gateway in rotation."""
     try:
-        async with db.connection(request.app.state.pool) as conn:
+        async with db.connection(request.app.state.probe_pool) as conn:
             todo = await unapplied(conn)
     except Exception as exc:
         # The exception's text can name the database host and user: the log gets it, the answer not.
@@ -112,6 +117,19 @@ def create_app(
         # answers 503, rather than crash-looping behind its load balancer.
         await pool.open(wait=False)
         app.state.pool = pool
+        # /readyz has a connection of its own, with short waits: readiness says whether the ledger answers,
+        # not whether this process's pools are busy (all of them busy must not take every gateway out of
+        # rotation at once).
+        probe_pool = db.make_pool(
+            database_url,
+            min_size=1,
+            max_size=1,
+            timeout=min(pool_timeout, READYZ_TIMEOUT),
+            name="effectgate-readyz",
+            statement_timeout=READYZ_TIMEOUT,
+        )
+        await probe_pool.open(wait=False)
+        app.state.probe_pool = probe_pool
         # The claim path has a pool of its own, so its lock and statement timeouts bound claims and nothing else
         # (reports and maintenance on the other pool may rightly run longer): one connection per batch in
         # flight, and one for the probe that finds a locked key.
@@ -163,6 +181,7 @@ def create_app(
             # Last: its final pass writes what the requests answered until now counted.
             stopping_flusher.set()
             await flushing
+            await probe_pool.close()
             await pool.close()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)
@@ -187,6 +206,7 @@ def create_app(
     app.state.config = config
     app.state.registry = registry
     app.state.metrics_token_sha256 = config.metrics_token_sha256
+    app.state.ledger_gauges = metrics.LedgerGauges(directory=metrics.multiprocess_dir())
     secret = config.dashboard.session_secret
     # The key is derived, so the configured secret itself signs nothing and is never compared.
     app.state.session_key = (

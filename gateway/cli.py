@@ -55,7 +55,7 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, MigrationError
 from effectgate.ledger.migrate import migrate, unapplied
 
-from . import demo, embedded, guard, logs, migrate_cli, operator_cli, send
+from . import config_cli, demo, embedded, guard, logs, migrate_cli, operator_cli, send
 from .config import (
     DEFAULT_CONFIG_FILE,
     DEFAULT_MIGRATION_WAIT,
@@ -483,8 +483,10 @@ async def _serving_metrics(
     sock: socket.socket | None,
     token_sha256: bytes | None = None,
     limits: guard.Limits | None = None,
+    health: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
 ) -> AsyncIterator[None]:
-    """``GET /metrics`` on ``sock`` in this event loop while the block runs; nothing when ``sock`` is None.
+    """``GET /metrics`` (and ``GET /healthz`` from ``health``: the worker loop's state, no database) on
+    ``sock`` in this event loop while the block runs; nothing when ``sock`` is None.
 
     The listener has the gateway's connection guard (``[gateway]`` header and body timeouts, head size):
     it shares the worker's event loop, so a client dripping a header into it would otherwise hold a
@@ -503,7 +505,7 @@ async def _serving_metrics(
 
     server = Server(
         uvicorn.Config(
-            metrics.app(pool, token_sha256=token_sha256),
+            metrics.app(pool, token_sha256=token_sha256, health=health),
             lifespan="off",
             log_config=None,
             access_log=False,
@@ -548,7 +550,7 @@ async def _run_worker(
             loop.add_signal_handler(signal.SIGINT, worker.stop)
         try:
             async with _serving_metrics(
-                pool, metrics_socket, config.metrics_token_sha256, config.gateway.limits
+                pool, metrics_socket, config.metrics_token_sha256, config.gateway.limits, worker.health
             ):
                 await worker.run()
         finally:
@@ -1081,6 +1083,7 @@ def build_parser() -> argparse.ArgumentParser:
     dd.add_argument("--url", default="http://127.0.0.1:8000")
     dd.add_argument("--order", default="1234")
     dd.set_defaults(func=cmd_demo_delivery)
+    config_cli.register(sub)
     before = set(sub.choices)
     operator_cli.register(sub, run_on_ledger)
     for name in sorted(set(sub.choices) - before):

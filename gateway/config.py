@@ -23,6 +23,7 @@ from typing import Any, ClassVar, cast
 
 from effectgate.handlers.downstream import DEFAULT_IDEMPOTENCY_HEADER, DownstreamConfig
 from effectgate.handlers.downstream_names import check_downstream_names
+from effectgate.handlers.forward import DeclaredEffect, register_declared
 from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule, check_identity, check_key_spaces
 from effectgate.handlers.registry import REGISTRY, Registry
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
@@ -46,12 +47,15 @@ from effectgate.ledger.sweeps import SweepConfig
 from effectgate.ledger.waker import WakerConfig
 
 from . import guard, handler_checks, penalty_box
+from .effects_config import read_effects
 from .operator.auth import MIN_TOKEN_LENGTH, OperatorToken, read_operators
 from .penalty_box import PenaltySettings
 from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
 from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv, missing
 from .secret_sources import read_file as read_secret_file
+from .settings_env import mention as env_mention
+from .settings_env import override as env_override
 from .signatures import SCHEMES, Covers, Scheme, SchemeConfigError, build_scheme, covers_of
 from .toml_reader import ConfigError as ConfigError  # re-exported: callers catch it from here
 from .toml_reader import TableReader
@@ -255,6 +259,8 @@ class Config:
     # OpenTelemetry export ([tracing]); None: no spans, and nothing of OpenTelemetry imported.
     tracing: TracingConfig | None = None
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    # Declared HTTP effects ([effects.NAME]), registered beside the handler modules' effects.
+    effects: tuple[DeclaredEffect, ...] = ()
 
 
 def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -720,7 +726,11 @@ def parse(
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    # EFFECTGATE_<SECTION>__<KEY> wins over the file (gateway.settings_env).
+    env_origins: dict[str, str] = {}
+    data, env_problems = env_override(data, os.environ if env is None else env, env_origins)
     root = TableReader(path, "", data)
+    root.problems.extend(env_problems)
 
     gw = root.table_of("gateway")
     gateway = GatewayConfig(
@@ -820,6 +830,8 @@ def parse(
     )
 
     downstreams, downstream_names = _downstreams(root, env_for("downstream"))
+    # The forward secret is a downstream credential: only a role that forwards reads it.
+    effects = read_effects(root, sources, env_for("downstream"))
 
     operator_env = env_for("operator")
     if operator_env is not None:
@@ -834,7 +846,7 @@ def parse(
     tracing = _tracing(root.table_of("tracing"))
     root.no_unknown_keys()
     if root.problems:
-        raise ConfigError(*root.problems)
+        raise ConfigError(*env_mention(root.problems, path, env_origins))
     return Config(
         path=path,
         sources=sources,
@@ -852,6 +864,7 @@ def parse(
         metrics_token_sha256=metrics_token_sha256,
         tracing=tracing,
         database=database,
+        effects=effects,
     )
 
 
@@ -948,6 +961,11 @@ def import_handlers(config: Config, *, warn: bool = True) -> None:
                 problems.append(
                     f"{config.path}: handlers.modules: cannot import {module!r}: {_import_failure(module, exc, where)}"
                 )
+    for declared in config.effects:
+        try:
+            register_declared(REGISTRY, declared)
+        except ValueError as exc:
+            problems.append(f"{config.path}: effects.{declared.name}: {exc} (by a handler module)")
     schemes = {name: source.scheme_name for name, source in config.sources.items()}
     problems.extend(handler_checks.problems(REGISTRY, mistakes, schemes, config.handler_skip_sources))
     if not problems:

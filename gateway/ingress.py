@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from effectgate.handlers import tracing
@@ -83,12 +83,51 @@ def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
 
 
 async def receive(request: Request) -> Response:
-    """The ingress route."""
-    attributes: dict[str, tracing.AttributeValue] = {"effectgate.source": request.path_params["source"]}
-    with tracing.span("effectgate.delivery", attributes) as span:
-        response = await _receive(request)
-        span.set_attribute("http.response.status_code", response.status_code)
-        return response
+    """The ingress route. Every request is counted here, once, by source and status, whatever answered it
+    (``effectgate_webhook_requests_total``); an exception escaping ``_receive`` is counted with the status
+    its handler will answer (400 for a client that went away, else 500)."""
+    started = time.perf_counter()
+    name = request.path_params["source"]
+    status = 500
+    try:
+        with tracing.server_span(DELIVERY_SPAN, _server_attributes(request)) as span:
+            response = await _receive(request)
+            status = response.status_code
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                tracing.set_error(span, f"answered {status}")
+            return response
+    except ClientDisconnect:
+        status = 400
+        raise
+    finally:
+        label = name if name in request.app.state.config.sources else metrics.UNKNOWN_SOURCE
+        metrics.webhook_request(label, status, time.perf_counter() - started)
+
+
+#: The delivery's span: OpenTelemetry names an HTTP server span by its method and route.
+DELIVERY_SPAN = "POST /webhooks/{source}"
+
+
+def _server_attributes(request: Request) -> dict[str, tracing.AttributeValue] | None:
+    # Built only while tracing is on: with it off the span site costs one global lookup.
+    if not tracing.enabled():
+        return None
+    scope = request.scope
+    attributes: dict[str, tracing.AttributeValue] = {
+        "http.request.method": "POST",
+        "http.route": "/webhooks/{source}",
+        "url.path": scope["path"],
+        "url.scheme": scope.get("scheme", "http"),
+        "network.protocol.version": scope.get("http_version", "1.1"),
+        "effectgate.source": request.path_params["source"],
+    }
+    if scope.get("client"):
+        attributes["client.address"] = scope["client"][0]
+    user_agent = request.headers.get("user-agent")
+    if user_agent:
+        attributes["user_agent.original"] = user_agent
+    return attributes
 
 
 async def _receive(request: Request) -> Response:
@@ -298,6 +337,8 @@ def _plan(
     # unusable tenant is refused before any key is computed.
     rule = source.tenant_rule
     tenants = [rule.tenant_of(event.id, event.payload) for event in verified.events]
+    # The delivery span's (tracing on), stored on the jobs this delivery creates: their spans link to it.
+    trace_parent = tracing.current_traceparent()
     planned = []
     unmet: list[dict[str, Any]] = []
     for event, tenant in zip(verified.events, tenants, strict=True):
@@ -327,6 +368,7 @@ def _plan(
             fingerprint=hashlib.sha256(canonical).hexdigest(),
             secret_index=verified.secret_index,
             payload_text=canonical.decode(),
+            trace_parent=trace_parent,
         )
         planned.append((delivery, plan.effects))
     return planned, unmet

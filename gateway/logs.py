@@ -1,4 +1,5 @@
-"""Logs as one JSON object per line: the event name, the time, the level and whatever the call gave."""
+"""Logs as one JSON object per line: the event name, the time, the level and whatever the call gave, and,
+while tracing is on, the ``trace_id`` and ``span_id`` of the span the line was written in."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 from typing import Any
+
+from effectgate.handlers import tracing
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 # uvicorn passes its message again with ANSI colour escapes for its own console formatter; in JSON the
@@ -27,6 +30,10 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _STANDARD and key not in _DROPPED and not key.startswith("_"):
                 entry[key] = value
+        # Formatted in the logging call's own task, so the current span is the one the line was written in.
+        ids = tracing.current_ids()
+        if ids is not None:
+            entry["trace_id"], entry["span_id"] = ids
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)

@@ -7,7 +7,10 @@ Its own module so the configuration (``gateway.config``) and the parts it delega
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -21,6 +24,34 @@ class ConfigError(Exception):
     def __init__(self, *problems: str) -> None:
         super().__init__("\n".join(problems))
         self.problems: tuple[str, ...] = problems
+
+
+@dataclass
+class Read:
+    """One key a reader was asked for: where, as what, with which default and minimum."""
+
+    prefix: str
+    key: str
+    kind: type | tuple[type, ...]
+    default: Any
+    required: bool
+    minimum: float | None = None
+
+
+# Set while ``reads()`` watches: the settings declaration (``gateway.settings``) is checked against what
+# the parser actually asks for, so a key added to the parser and not to the declaration fails a test.
+_reads: ContextVar[list[Read] | None] = ContextVar("effectgate_config_reads", default=None)
+
+
+@contextmanager
+def reads() -> Iterator[list[Read]]:
+    """Every key the readers are asked for inside the ``with``, in order."""
+    seen: list[Read] = []
+    token = _reads.set(seen)
+    try:
+        yield seen
+    finally:
+        _reads.reset(token)
 
 
 class TableReader:
@@ -63,6 +94,9 @@ class TableReader:
         self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False
     ) -> Any:
         self.used.add(key)
+        watching = _reads.get()
+        if watching is not None:
+            watching.append(Read(self.prefix, key, kind, default, required))
         if key not in self.table:
             if required:
                 # Reported by no_unknown_keys, which knows whether a misspelt key explains it.
@@ -81,6 +115,9 @@ class TableReader:
 
     def number(self, key: str, default: float, *, minimum: float, integer: bool = False) -> Any:
         value = self.get(key, int if integer else (int, float), default)
+        watching = _reads.get()
+        if watching is not None:
+            watching[-1].minimum = minimum
         if value < minimum:
             self.problem(key, f"must be >= {minimum:g}, got {value!r}")
             return default

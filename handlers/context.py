@@ -85,6 +85,11 @@ class EffectContext:
         return self._lease.effect_key
 
     @property
+    def handler(self) -> str:
+        """The name of the effect kind this job runs."""
+        return self._lease.kind
+
+    @property
     def tenant(self) -> str:
         """The tenant the effect belongs to."""
         return self._lease.tenant

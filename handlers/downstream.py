@@ -22,6 +22,7 @@ import base64
 import logging
 import math
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -143,8 +144,8 @@ async def send_idempotent(
     Failures are raised as `TransientError`, `TerminalError` or `UnrecoverableError` as the module docstring
     lays out, with transport errors chained as the cause. Nothing is retried here: a retry must come from the
     caller, with the same `idempotency_key`, so the provider can replay instead of acting twice.
-    `on_call(service, status)`, when given, hears of every request sent: the HTTP status, or the transport
-    error's class name (`ConnectError`, `ReadTimeout`, …) when no answer came.
+    `on_call(service, status, seconds)`, when given, hears of every request sent: the HTTP status, or the
+    transport error's class name (`ConnectError`, `ReadTimeout`, …) when no answer came, and how long it took.
     """
     _check_idempotency_key(idempotency_key)
     return await _send(
@@ -181,6 +182,7 @@ async def _send(
     headers = config.headers(idempotency_key)
     # The step's span, so the provider's side of the call joins the trace (when tracing is on).
     tracing.inject(headers)
+    started = time.perf_counter()
     try:
         response = await http.request(
             method,
@@ -195,10 +197,10 @@ async def _send(
         # Connect errors, timeouts and connections dropped mid-response all look the same from here: the
         # provider may or may not have acted. Only a replay with the same key can tell, so retry.
         logger.debug("downstream %s %s key=%s failed: %s", method, path, idempotency_key, type(exc).__name__)
-        report_call(on_call, service, type(exc).__name__)
+        report_call(on_call, service, type(exc).__name__, time.perf_counter() - started)
         raise TransientError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
     logger.debug("downstream %s %s key=%s -> %d", method, path, idempotency_key, response.status_code)
-    report_call(on_call, service, response.status_code)
+    report_call(on_call, service, response.status_code, time.perf_counter() - started)
     return classify_response(response)
 
 

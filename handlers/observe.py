@@ -25,8 +25,9 @@ SliceObserver = Callable[[str, SliceOutcome, float], None]
 KindObserver = Callable[[str], None]
 #: ``()`` when a reconciler pass finished (owned by this process or not), for a "last tick" gauge.
 TickObserver = Callable[[], None]
-#: ``(service, status)`` per downstream call: the HTTP status code, or the transport error's class name.
-CallObserver = Callable[[str, int | str], None]
+#: ``(service, status, seconds)`` per downstream call: the HTTP status code, or the transport error's class
+#: name, and the call's wall time (sending the request to reading the answer, or to the error).
+CallObserver = Callable[[str, int | str, float], None]
 
 SLICE_OUTCOMES = frozenset(SliceOutcome)
 # Reconciler repairs that took a job back from a worker whose lease expired; a cancel that lands on an
@@ -69,10 +70,10 @@ class WorkerObserver:
                     _safely(self.on_reclaim, repaired.kind)
 
 
-def report_call(on_call: CallObserver | None, service: str, status: int | str) -> None:
+def report_call(on_call: CallObserver | None, service: str, status: int | str, seconds: float) -> None:
     """Report one downstream call to ``on_call``, if set."""
     if on_call is not None:
-        _safely(on_call, service, status)
+        _safely(on_call, service, status, seconds)
 
 
 def _safely(fn: Callable[..., None], *args: object) -> None:

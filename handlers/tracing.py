@@ -7,14 +7,20 @@ a global lookup per span site and nothing else.
 
 The spans (names and the attributes they carry):
 
-    effectgate.delivery  source, request id, HTTP status            (gateway, one per POST /webhooks/…)
+    POST /webhooks/{source}   an HTTP SERVER span: http.request.method, http.route, url.path, url.scheme,
+                              network.protocol.version, client.address, user_agent.original,
+                              http.response.status_code, source   (gateway, one per delivery request;
+                              status ERROR on a 5xx answer)
       effectgate.verify  source, scheme; a signature error is recorded on it
       effectgate.claim   effect keys, outcomes                      (pool wait + the claim transaction)
     effectgate.job       job id, kind, tenant, effect key, attempt, outcome   (worker, one per slice)
       effectgate.step    effect key, step name, whether replayed from the ledger
         → downstream HTTP requests carry ``traceparent`` (W3C trace context) naming the step span
 
-A job's trace is its own: the job row keeps no trace context of the delivery that claimed it.
+A job's trace is its own, but LINKED to the delivery that claimed it: the claim stores the delivery span's
+``traceparent`` on the job row (``jobs.trace_parent``), and every attempt's ``effectgate.job`` span carries
+a link to it, so a trace UI goes from a job to the request that created it. While tracing is on, log
+lines written inside a span carry its ``trace_id`` and ``span_id`` (``gateway.logs``).
 """
 
 from __future__ import annotations
@@ -97,8 +103,24 @@ class _Span:
 
     __slots__ = ("_manager",)
 
-    def __init__(self, tracer: Tracer, name: str, attributes: Mapping[str, AttributeValue] | None) -> None:
-        self._manager = tracer.start_as_current_span(name, attributes=attributes)
+    def __init__(
+        self,
+        tracer: Tracer,
+        name: str,
+        attributes: Mapping[str, AttributeValue] | None,
+        *,
+        server: bool = False,
+        links: Sequence[str] = (),
+    ) -> None:
+        from opentelemetry.trace import Link, SpanKind
+
+        linked = [Link(context) for context in map(_span_context, links) if context is not None]
+        self._manager = tracer.start_as_current_span(
+            name,
+            kind=SpanKind.SERVER if server else SpanKind.INTERNAL,
+            attributes=attributes,
+            links=linked,
+        )
 
     def __enter__(self) -> Span:
         span: Span = self._manager.__enter__()
@@ -125,11 +147,67 @@ _inject: Any = None
 _provider: TracerProvider | None = None
 
 
-def span(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> _Span | _NoSpan:
-    """A span named ``name`` made current for the block, or ``NO_SPAN`` while tracing is off."""
+def span(
+    name: str, attributes: Mapping[str, AttributeValue] | None = None, *, links: Sequence[str] = ()
+) -> _Span | _NoSpan:
+    """A span named ``name`` made current for the block, or ``NO_SPAN`` while tracing is off. ``links`` are
+    ``traceparent`` values of spans this one follows from without being their child (a job's attempt and
+    the delivery that claimed it); one that does not parse is left out."""
     if _tracer is None:
         return NO_SPAN
-    return _Span(_tracer, name, attributes)
+    return _Span(_tracer, name, attributes, links=links)
+
+
+def server_span(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> _Span | _NoSpan:
+    """An HTTP SERVER span (OpenTelemetry's kind for a request this process answers), made current for the
+    block; ``NO_SPAN`` while tracing is off. It starts a trace of its own: a ``traceparent`` the sender
+    presents is not followed, since anyone can send one (and with it decide what is sampled)."""
+    if _tracer is None:
+        return NO_SPAN
+    return _Span(_tracer, name, attributes, server=True)
+
+
+def set_error(span: Span, description: str) -> None:
+    """Mark ``span`` failed (an HTTP server span answering 5xx, say); nothing while tracing is off."""
+    if _tracer is not None and not isinstance(span, _NoSpan):
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, description))  # type: ignore[attr-defined]
+
+
+def current_traceparent() -> str | None:
+    """The W3C ``traceparent`` of the current span, kept with what it creates (a claimed job) so later work
+    can link back to it; ``None`` while tracing is off or when no span is recording."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def current_ids() -> tuple[str, str] | None:
+    """``(trace_id, span_id)`` of the current span in hex, for log lines; ``None`` while tracing is off or
+    outside any span."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+
+def _span_context(traceparent: str) -> Any:
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    context = trace.get_current_span(TraceContextTextMapPropagator().extract({"traceparent": traceparent}))
+    span_context = context.get_span_context()
+    return span_context if span_context.is_valid else None
 
 
 def inject(headers: MutableMapping[str, str]) -> None:

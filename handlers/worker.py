@@ -74,6 +74,10 @@ TRANSITION_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
 # A lost LISTEN connection is re-opened after this, doubling up to the poll interval: a server restart
 # should not cost a full poll interval of latency, a server that stays down should not be hammered.
 LISTEN_RETRY_MIN = 0.05
+# GET /healthz on the worker's metrics port answers 503 once the run loop has not ticked for this long
+# beyond its poll interval. One tick is a fetch (bounded by the pool's wait for a connection, 5 s) and a
+# wait of at most poll_interval, so a loop older than this is stuck, not waiting for a database.
+HEALTHZ_STALE_AFTER = 60.0
 # A heartbeat skips a job whose row another transaction holds locked (lease_extend_if_held), and asks again
 # for it after this (or a tenth of its TTL, if shorter) instead of at the next third of its TTL.
 HEARTBEAT_BUSY_RETRY = 0.2
@@ -188,6 +192,8 @@ class Worker:
         # Held from a fetch's free-slot count until its jobs' tasks are started: the run loop's fetch and a
         # finish batch's refill must not both fill the same free slots.
         self._fetching = asyncio.Lock()
+        # time.monotonic() of the run loop's last tick: what /healthz answers from (None: not running yet).
+        self.last_tick: float | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -236,6 +242,7 @@ class Worker:
             background.append(asyncio.create_task(self._reconcile_loop()))
         try:
             while not self._stopping.is_set():
+                self.last_tick = time.monotonic()
                 # Cleared before the fetch, not after it: a NOTIFY landing while the fetch runs must wake
                 # the wait below, or a job claimed in that window waits out a whole poll interval.
                 self._wake.clear()
@@ -257,6 +264,18 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             log.info("worker.stopped", extra={"owner": self.owner})
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the run loop is alive, from this process's state alone (no database): its last tick is
+        recent, or it is draining after ``stop()``. For ``GET /healthz`` on the metrics port."""
+        draining = self._stopping.is_set()
+        age = None if self.last_tick is None else round(time.monotonic() - self.last_tick, 3)
+        state = {"loop_age_seconds": age, "running": len(self._running), "draining": draining}
+        if age is None:
+            return False, {"status": "starting", **state}
+        if draining or age <= self.config.poll_interval + HEALTHZ_STALE_AFTER:
+            return True, {"status": "ok", **state}
+        return False, {"status": "stuck", **state}
 
     async def _drain(self) -> None:
         for ctx in self._contexts.values():
@@ -484,7 +503,10 @@ class Worker:
             "effectgate.effect_key": lease.effect_key,
             "effectgate.attempt": lease.attempt,
         }
-        with tracing.span("effectgate.job", attributes) as span:
+        # A link, not a parent: the job's trace is its own (it may run hours later, many times), and leads
+        # back to the delivery request that claimed it.
+        links = (lease.trace_parent,) if lease.trace_parent else ()
+        with tracing.span("effectgate.job", attributes, links=links) as span:
             outcome = await self._run_job(lease)
             span.set_attribute("effectgate.job.outcome", outcome or "not_run")
             return outcome

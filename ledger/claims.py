@@ -52,6 +52,8 @@ class Delivery:
     secret_index: int | None = None
     # The canonical JSON the fingerprint was taken over, if the caller kept it: sent as the payload as is.
     payload_text: str | None = None
+    # The W3C traceparent of the span that received the delivery (tracing on), kept on the jobs it creates.
+    trace_parent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +229,7 @@ async def _claim_round(
             ("lock_key", lock_key),
             ("secret_index", delivery.secret_index),
             ("version", version),
+            ("trace_parent", delivery.trace_parent),
         ):
             columns[name].append(value)
     params: dict[str, Any] = {**columns, "payloads": payloads, "now": now}
@@ -250,6 +253,7 @@ _COLUMNS = (
     "lock_key",
     "secret_index",
     "version",
+    "trace_parent",
 )
 
 

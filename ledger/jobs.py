@@ -66,6 +66,8 @@ class Lease:
     lock_key: str | None = None
     # Whether an earlier attempt recorded any step: a first attempt need not ask for them.
     has_steps: bool = True
+    # The traceparent of the delivery span that claimed the job (None: tracing was off then).
+    trace_parent: str | None = None
 
 
 async def fetch_and_lease(
@@ -156,6 +158,7 @@ async def _fetch_once(
                 payload=r["payload"],
                 lock_key=r["lock_key"],
                 has_steps=r["has_steps"],
+                trace_parent=r["trace_parent"],
             )
             for r in rows
             if r["id"] is not None

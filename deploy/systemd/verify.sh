@@ -18,8 +18,9 @@ fi
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# A template (name@.service) is verified as an instance of it (name@9101.service): verify needs one.
 for unit in "$here"/*.service; do
-    sed "s#/opt/effectgate/bin/effectgate#$exe#g" "$unit" >"$work/$(basename "$unit")"
+    sed "s#/opt/effectgate/bin/effectgate#$exe#g" "$unit" >"$work/$(basename "$unit" | sed 's/@\.service$/@9101.service/')"
 done
 status=0
 out=$(systemd-analyze verify "$work"/*.service 2>&1) || status=$?

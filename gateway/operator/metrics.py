@@ -4,8 +4,8 @@ The ingress and the worker count what happens in their process through the modul
 (``delivery``, ``verification_failure``, ``claim_latency``, ``job_run``, ``job_retry``, ``job_reclaim``,
 ``downstream_call``, ``reconciler_ticked``); a scrape of ``/metrics`` renders those and adds what only
 the ledger knows for every process at once — jobs not yet done by state and kind, and the wait of the
-oldest due job — read from the database at scrape time, so those are single-valued however many
-processes answer. Workers count through ``WORKER_OBSERVER`` and the downstream clients' ``on_call``,
+oldest due job — read from the database through ``LedgerGauges`` (at most once per ``LEDGER_GAUGES_TTL``
+per process or ``serve`` tree), so those are single-valued however many processes answer. Workers count through ``WORKER_OBSERVER`` and the downstream clients' ``on_call``,
 both handed in by ``gateway.cli`` (``handlers`` cannot import this module), and serve the same page from
 ``app`` when run with ``--metrics-port``.
 
@@ -22,18 +22,23 @@ being handed a resource.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import importlib.metadata
 import logging
+import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Generic, TypeVar
+import platform
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client import disable_created_metrics as _disable_created_metrics
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from effectgate.handlers.observe import WorkerObserver
@@ -171,6 +176,38 @@ DOWNSTREAM_CALLS = _Capped(
     ),
     2,
 )
+# Every answer of the delivery plane (POST /webhooks/{source}), one per HTTP request whatever it held:
+# unlike DELIVERIES (one per effect claimed), a delivery asking for three effects counts once here,
+# and 404 unknown_source and 413 payload_too_large are counted too.
+WEBHOOK_REQUESTS = _Capped(
+    Counter(
+        "effectgate_webhook_requests",
+        "HTTP requests answered on the delivery plane, by source and HTTP status.",
+        ("source", "status"),
+        registry=REGISTRY,
+    ),
+    2,
+)
+WEBHOOK_REQUEST_TIME = _Capped(
+    Histogram(
+        "effectgate_webhook_request_seconds",
+        "Time from a delivery request's routing to its answer, by source and status class (2xx, 4xx, 5xx).",
+        ("source", "status_class"),
+        buckets=LATENCY_BUCKETS,
+        registry=REGISTRY,
+    ),
+    2,
+)
+DOWNSTREAM_CALL_TIME = _Capped(
+    Histogram(
+        "effectgate_downstream_call_seconds",
+        "Time of one call to a downstream API, by service and outcome (2xx, 4xx, 5xx, or error), in seconds.",
+        ("service", "outcome"),
+        buckets=LATENCY_BUCKETS,
+        registry=REGISTRY,
+    ),
+    2,
+)
 # "max" across processes, the dead included: the latest pass any of them finished. A process that
 # died keeps its last tick, which is older than any live process's, so it never hides a stall.
 RECONCILER_LAST_TICK = Gauge(
@@ -179,6 +216,24 @@ RECONCILER_LAST_TICK = Gauge(
     multiprocess_mode="max",
     registry=REGISTRY,
 )
+
+
+#: The ``source`` label of a request to a source name that is not configured: one series for all of them
+#: (source names are letters, digits, '-' and '_', so it cannot be a real one), so a scan of random
+#: URLs cannot push the configured sources into ``other``.
+UNKNOWN_SOURCE = "(unknown)"
+_STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+def status_class(status: int) -> str:
+    """``2xx`` for 204, and so on; ``other`` for a number outside 100-599."""
+    return _STATUS_CLASSES[status // 100 - 1] if 100 <= status < 600 else OTHER
+
+
+def webhook_request(source: str, status: int, seconds: float) -> None:
+    """Count one answered request of the delivery plane and how long it took."""
+    WEBHOOK_REQUESTS.labels(source, str(status)).inc()
+    WEBHOOK_REQUEST_TIME.labels(source, status_class(status)).observe(seconds)
 
 
 def delivery(source: str, outcome: str) -> None:
@@ -237,9 +292,11 @@ def job_reclaim(kind: str) -> None:
     JOB_RECLAIMS.labels(kind).inc()
 
 
-def downstream_call(service: str, status: int | str) -> None:
-    """Count one downstream call with its HTTP status (or an error name)."""
+def downstream_call(service: str, status: int | str, seconds: float) -> None:
+    """Count one downstream call with its HTTP status (or an error name), and how long it took."""
     DOWNSTREAM_CALLS.labels(service, str(status)).inc()
+    outcome = status_class(status) if isinstance(status, int) else "error"
+    DOWNSTREAM_CALL_TIME.labels(service, outcome).observe(seconds)
 
 
 def reconciler_ticked() -> None:
@@ -253,15 +310,28 @@ WORKER_OBSERVER = WorkerObserver(
 )
 
 
+def _build_info() -> str:
+    try:
+        version = importlib.metadata.version("effectgate")
+    except importlib.metadata.PackageNotFoundError:
+        version = "0+unknown"
+    python = platform.python_version()
+    return (
+        "# HELP effectgate_build_info Always 1; the labels say which effectgate and Python this process runs.\n"
+        "# TYPE effectgate_build_info gauge\n"
+        f"effectgate_build_info{_labels(('version', 'python'), (version, python))} 1\n"
+    )
+
+
 def render() -> str:
     """The counted metrics in the text format: this process's, or, with several processes sharing a
-    ``PROMETHEUS_MULTIPROC_DIR``, the sum over all of them."""
+    ``PROMETHEUS_MULTIPROC_DIR``, the sum over all of them; then ``effectgate_build_info``."""
     directory = multiprocess_dir()
     if directory is None:
-        return generate_latest(REGISTRY).decode("utf-8")
+        return generate_latest(REGISTRY).decode("utf-8") + BUILD_INFO
     merged = CollectorRegistry()
     multiprocess.MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]
-    return generate_latest(merged).decode("utf-8")
+    return generate_latest(merged).decode("utf-8") + BUILD_INFO
 
 
 def _escape(value: str) -> str:
@@ -270,6 +340,11 @@ def _escape(value: str) -> str:
 
 def _labels(names: Sequence[str], values: Sequence[str]) -> str:
     return "{" + ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+
+
+# Rendered as text, not a Gauge: in multiprocess mode a gauge is one series per process (or an
+# aggregate of them), while this is a constant of the installed package, the same in every process.
+BUILD_INFO = _build_info()
 
 
 def render_job_gauges(gauges: reports.JobGauges | None) -> str:
@@ -331,8 +406,116 @@ def bearer_ok(request: Request, token_sha256: bytes | None) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(digest, token_sha256)
 
 
+#: How long the ledger's part of a ``/metrics`` page is served from memory before it is read again.
+#: Shorter than any scrape interval worth having, so each scrape still sees a recent value, yet every
+#: scrape within it (two Prometheus replicas, a dashboard, the N processes of ``serve --workers N``)
+#: shares one read.
+LEDGER_GAUGES_TTL = 10.0
+# The file through which the processes of one `serve --workers N` tree share the ledger's text. Not
+# `*.db`: prometheus_client's multiprocess collector reads only those.
+_SHARED_FILE = "ledger-gauges.prom"
+
+
+async def read_ledger_gauges(pool: db.Pool, *, now: float | None = None) -> str:
+    """The ledger's part of a ``/metrics`` page, read from the database now: job gauges, retention
+    counters, paused kinds, and when they were read; ``effectgate_ledger_up 0`` alone when it could not."""
+    try:
+        async with db.connection(pool) as conn:
+            gauges = await reports.job_gauges(conn)
+            purged = await retention.purge_totals(conn)
+            paused = [row["kind"] for row in await bulk.paused(conn)]
+    except Exception as exc:
+        # A scrape must answer even when the database does not: ledger_up 0 is the signal.
+        log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})
+        return render_job_gauges(None)
+    read_at = time.time() if now is None else now
+    return (
+        render_job_gauges(gauges)
+        + render_retention(purged)
+        + render_paused(paused)
+        + "# HELP effectgate_ledger_read_timestamp_seconds Unix time at which the ledger gauges were read.\n"
+        + "# TYPE effectgate_ledger_read_timestamp_seconds gauge\n"
+        + f"effectgate_ledger_read_timestamp_seconds {read_at!r}\n"
+    )
+
+
+class LedgerGauges:
+    """The ledger's part of ``/metrics``, read from the database at most once per ``ttl`` seconds.
+
+    What the ledger knows is the same for every process, so reading it per scrape multiplies the same
+    queries by scrapers and processes. One instance serves an app (one per process): scrapes within
+    ``ttl`` of a read get its text, concurrent scrapes past it wait for one read rather than each
+    starting their own. With ``directory`` (the ``PROMETHEUS_MULTIPROC_DIR`` of ``serve --workers N``)
+    the text is shared through a file there too, so the processes of one tree read the ledger about
+    once per ``ttl`` between them (two that find it stale at the same moment may both read: harmless).
+    A failed read (``effectgate_ledger_up 0``) is kept for ``ttl`` as well: a database that is down is
+    not asked again by every scrape.
+    """
+
+    def __init__(
+        self,
+        ttl: float = LEDGER_GAUGES_TTL,
+        *,
+        directory: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if ttl < 0:
+            raise ValueError(f"ttl must be >= 0 seconds, got {ttl!r}")
+        self.ttl = ttl
+        self.reads = 0
+        self._clock = clock
+        self._shared = os.path.join(directory, _SHARED_FILE) if directory else None
+        self._text = ""
+        self._read_at = -math.inf
+        self._lock = asyncio.Lock()
+
+    async def text(self, pool: db.Pool) -> str:
+        """The text last read, or a new read when it is older than ``ttl``."""
+        if self._fresh(self._clock()):
+            return self._text
+        async with self._lock:
+            now = self._clock()
+            if self._fresh(now) or self._take_shared(now):
+                return self._text
+            self._text = await read_ledger_gauges(pool, now=now)
+            self._read_at = now
+            self.reads += 1
+            self._give_shared()
+            return self._text
+
+    def _fresh(self, now: float) -> bool:
+        return now - self._read_at < self.ttl
+
+    def _take_shared(self, now: float) -> bool:
+        if self._shared is None:
+            return False
+        try:
+            with open(self._shared, encoding="utf-8") as f:
+                stamp, _, text = f.read().partition("\n")
+            read_at = float(stamp)
+        except (OSError, ValueError):
+            return False
+        if not now - self.ttl < read_at <= now:
+            return False
+        self._text, self._read_at = text, read_at
+        return True
+
+    def _give_shared(self) -> None:
+        if self._shared is None:
+            return
+        # Written aside and renamed: a sibling reads the old text or the new one, never half of one.
+        partial = f"{self._shared}.{os.getpid()}"
+        try:
+            with open(partial, "w", encoding="utf-8") as f:
+                f.write(f"{self._read_at!r}\n{self._text}")
+            os.replace(partial, self._shared)
+        except OSError as exc:
+            log.warning("metrics.ledger_gauges_not_shared", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+
 async def endpoint(request: Request) -> Response:
-    """``GET /metrics``: the counted metrics, the ledger's job gauges, retention counters and paused kinds."""
+    """``GET /metrics``: the counted metrics, then the ledger's job gauges, retention counters and paused kinds
+    as ``LedgerGauges`` last read them."""
     if not bearer_ok(request, getattr(request.app.state, "metrics_token_sha256", None)):
         # A wrong token (not a missing one) is a guess, counted per client like the operator tokens'; the
         # right one is checked first and never refused (gateway.operator.throttle).
@@ -352,28 +535,33 @@ async def endpoint(request: Request) -> Response:
             media_type="application/json",
             headers={"WWW-Authenticate": 'Bearer realm="effectgate-metrics"', "Cache-Control": "no-store"},
         )
-    gauges: reports.JobGauges | None
-    purged: dict[str, int] | None
-    paused: list[str] | None
-    try:
-        async with db.connection(request.app.state.pool) as conn:
-            gauges = await reports.job_gauges(conn)
-            purged = await retention.purge_totals(conn)
-            paused = [row["kind"] for row in await bulk.paused(conn)]
-    except Exception as exc:
-        # A scrape must answer even when the database does not: ledger_up 0 is the signal.
-        log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})
-        gauges, purged, paused = None, None, None
-    body = render() + render_job_gauges(gauges) + render_retention(purged) + render_paused(paused)
+    ledger: LedgerGauges = request.app.state.ledger_gauges
+    body = render() + await ledger.text(request.app.state.pool)
     return Response(body, media_type=CONTENT_TYPE)
 
 
-def app(pool: db.Pool, *, token_sha256: bytes | None = None) -> Starlette:
+def app(
+    pool: db.Pool,
+    *,
+    token_sha256: bytes | None = None,
+    health: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
+) -> Starlette:
     """``GET /metrics`` alone, for a process that serves nothing else (``effectgate worker --metrics-port``);
     the job gauges are read through ``pool``, which the caller owns; ``token_sha256``, when given, is the
-    hash of the bearer token a scrape must present."""
-    metrics_app = Starlette(routes=[Route("/metrics", endpoint, methods=["GET"])])
+    hash of the bearer token a scrape must present. ``health``, when given, answers ``GET /healthz``
+    (200 or 503 with its JSON; no token: it reads process state only, never the database)."""
+    routes = [Route("/metrics", endpoint, methods=["GET"])]
+    if health is not None:
+        check = health
+
+        async def healthz(request: Request) -> Response:
+            alive, state = check()
+            return JSONResponse(state, status_code=200 if alive else 503)
+
+        routes.append(Route("/healthz", healthz, methods=["GET"]))
+    metrics_app = Starlette(routes=routes)
     metrics_app.state.pool = pool
     metrics_app.state.metrics_token_sha256 = token_sha256
     metrics_app.state.auth_throttle = FailureThrottle()
+    metrics_app.state.ledger_gauges = LedgerGauges(directory=multiprocess_dir())
     return metrics_app

@@ -15,9 +15,9 @@ WITH input AS (
                          %(source)b::text[], %(handler)b::text[], %(event_id)b::text[], %(event_type)b::text[],
                          %(fingerprint)b::text[], %(payload_ix)b::int[], %(max_attempts)b::int[],
                          %(orphan_policy)b::text[], %(lock_key)b::text[], %(secret_index)b::int[],
-                         %(version)b::int8[])
+                         %(version)b::int8[], %(trace_parent)b::text[])
         AS i(ord, request_id, tenant, effect_key, source, handler, event_id, event_type, fingerprint,
-             payload_ix, max_attempts, orphan_policy, lock_key, secret_index, version)
+             payload_ix, max_attempts, orphan_policy, lock_key, secret_index, version, trace_parent)
 ),
 payloads AS (
     SELECT p.ix::int AS ix, p.body::jsonb AS body FROM unnest(%(payloads)b::text[]) WITH ORDINALITY AS p(body, ix)
@@ -85,9 +85,9 @@ unmatched AS (
 ),
 job AS (
     INSERT INTO jobs (effect_id, tenant, kind, max_attempts, orphan_policy, lock_key, version, run_at,
-                      created_at, updated_at)
+                      created_at, updated_at, trace_parent)
     SELECT effect_id, tenant, handler, max_attempts, orphan_policy, lock_key, version,
-           coalesce(%(now)s, now()), coalesce(%(now)s, now()), coalesce(%(now)s, now())
+           coalesce(%(now)s, now()), coalesce(%(now)s, now()), coalesce(%(now)s, now()), trace_parent
     FROM outcome WHERE outcome = 'accepted'
     RETURNING id, effect_id, kind
 ),

@@ -88,7 +88,7 @@ leased AS (
     FROM due
     WHERE j.id = due.id AND NOT due.superseded
     RETURNING j.id, j.effect_id, j.kind, j.tenant, j.attempt, j.max_attempts, j.lease_token, j.checkpoint,
-              j.cancel_requested, j.lock_key
+              j.cancel_requested, j.lock_key, j.trace_parent
 ),
 attempt AS (
     INSERT INTO job_attempts (job_id, attempt, lease_token, worker, started_at)

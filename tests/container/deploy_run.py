@@ -9,7 +9,7 @@
    cleanly within their grace periods.
 2. **compose**: deploy/compose.yaml under podman-compose, in the order its ``depends_on`` promises;
    a delivery runs once, a second is a duplicate; ``down`` leaves nothing running and keeps the volume.
-3. **kubernetes**: each container of deploy/kubernetes/*.yaml started with the manifest's args, env
+3. **kubernetes**: each container of the rendered CI overlay (kustomize; deploy/kubernetes) started with the manifest's args, env
    names, user and read-only root; its probes' paths requested on the ports they name, its preStop
    command run, and SIGTERM within terminationGracePeriodSeconds.
 
@@ -38,10 +38,12 @@ from typing import Any
 
 import yaml
 
+from tests.container import kustomize
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 WORK = ROOT / "build" / "deploy-run"
-IMAGE = "localhost/effectgate:0.1.0"
+IMAGE = "localhost/effectgate:0.2.0"
 DERIVED = "localhost/effectgate-ci-derived:0.1.0"
 PYTHON_BASE = "localhost/python:3.11-slim-bookworm"
 POSTGRES_BASE = "localhost/postgres:15-bookworm"
@@ -348,7 +350,7 @@ def run_image() -> None:
     if status != 200 or "duplicate" not in answer:
         raise Miss(f"the same delivery again: {answer}")
     rows = stack.effect_rows()
-    if rows != "2 succeeded 1 2":
+    if rows != "2 succeeded 1 1":
         raise Miss(f"after the duplicate the ledger says {rows!r}, not one effect run once seen twice")
     record(
         f"the same delivery again: {status} duplicate; ledger: 1 effect, 1 attempt, 1 step (ship), seen 2 times"
@@ -364,23 +366,28 @@ def run_image() -> None:
 
 
 def manifest_containers() -> list[dict[str, Any]]:
-    """Each container of deploy/kubernetes/*.yaml with what starting it needs: its pod spec and the
-    ConfigMap's effectgate.toml."""
+    """Each container of the rendered CI overlay (deploy/kubernetes/overlays/ci through kustomize: the
+    base with the locally built image) with what starting it needs: its pod spec and its image."""
     found = []
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if not document or document["kind"] not in {"Deployment", "Job"}:
-                continue
-            pod = document["spec"]["template"]["spec"]
-            for container in pod["containers"]:
-                found.append(
-                    {"file": path.name, "kind": document["kind"], "pod": pod, "container": container}
-                )
+    for document in kustomize.render(kustomize.CI_OVERLAY):
+        if document["kind"] not in {"Deployment", "Job"}:
+            continue
+        pod = document["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            found.append(
+                {
+                    "file": f"{document['kind']}/{document['metadata']['name']}",
+                    "kind": document["kind"],
+                    "pod": pod,
+                    "container": container,
+                }
+            )
     return found
 
 
 def configmap_toml() -> str:
-    document = yaml.safe_load((DEPLOY / "kubernetes" / "configmap.yaml").read_text())
+    """effectgate.toml of the rendered ConfigMap (configMapGenerator, named by its content hash)."""
+    (document,) = [d for d in kustomize.render(kustomize.CI_OVERLAY) if d["kind"] == "ConfigMap"]
     text: str = document["data"]["effectgate.toml"]
     return text
 
@@ -415,6 +422,10 @@ def run_kubernetes() -> None:
         args = container.get("args", [])
         entry = ["--entrypoint", command[0]] if command else []
         cid = f"{stack.name}-{name}"
+        if container["image"] != IMAGE:
+            raise Miss(
+                f"{item['file']}: the rendered image is {container['image']}, deploy-run built {IMAGE}"
+            )
         podman(
             "run", "--detach", "--name", cid, "--network", stack.network, *flags, *publish, *entry,
             "-v", f"{stack.config}:/etc/effectgate/effectgate.toml:ro", "-e", f"DATABASE_URL={stack.database_url}",
@@ -619,7 +630,7 @@ def run_compose() -> None:
         raise Miss(f"compose: first delivery: {answer}")
     wait_for("compose: a worker runs the effect", lambda: stack.effect_rows() == "1 succeeded 1 1", 90)
     second, answer = stack.send(port, event)
-    if second != 200 or "duplicate" not in answer or stack.effect_rows() != "2 succeeded 1 2":
+    if second != 200 or "duplicate" not in answer or stack.effect_rows() != "2 succeeded 1 1":
         raise Miss(f"compose: the same delivery again: {answer}; ledger {stack.effect_rows()!r}")
     record(f"compose delivery via 127.0.0.1:{port}: {first}, run once by a worker; again: {second} duplicate")
     # Down, each container given its stop_grace_period (podman-compose 1.0.3's down uses one -t for

@@ -40,7 +40,7 @@ def build_registry(progress: Path, *, crash: bool) -> Registry:
             await ctx.save_checkpoint({"done": item + 1})
             if crash and item + 1 == CRASH_AFTER:
                 await asyncio.to_thread((progress.parent / MARKER).write_text, str(os.getpid()))
-                await asyncio.sleep(3600)  # the SIGKILL lands here, mid-slice, lease held
+                await asyncio.Event().wait()  # the SIGKILL lands here, mid-slice, lease held
 
     registry = Registry()
     registry.register(

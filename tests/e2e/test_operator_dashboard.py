@@ -36,6 +36,15 @@ pytestmark = pytest.mark.anyio
 VIEW_TOKEN = "e2e-view-token-0123456789"
 OPERATE_TOKEN = "e2e-operate-token-0123456789"
 INSTALL_SECONDS = 600
+# Deadlines, not waits: on a loaded machine a page or the browser only takes longer to come.
+BROWSER_START_SECONDS = 120
+SETTLE_SECONDS = 60
+# What DevTools answers to a script sent while the page it was meant for is being replaced.
+NAVIGATING = (
+    "Execution context was destroyed",
+    "Cannot find context with specified id",
+    "Inspected target navigated",
+)
 
 
 @dataclass
@@ -164,7 +173,7 @@ def devtools_page(chromium_path: str, tmp_path: Path) -> Iterator[str]:
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + BROWSER_START_SECONDS
         while True:
             try:
                 targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=1).json()
@@ -200,13 +209,14 @@ class Page:
         self.next_id += 1
         my_id = self.next_id
         await self.ws.send(json.dumps({"id": my_id, "method": method, "params": params}))
-        while True:
-            message = json.loads(await self.ws.recv())
-            if message.get("id") == my_id:
-                if "error" in message:
-                    raise AssertionError(f"{method}: {message['error']}")
-                result: dict[str, Any] = message["result"]
-                return result
+        with anyio.fail_after(SETTLE_SECONDS):
+            while True:
+                message = json.loads(await self.ws.recv())
+                if message.get("id") == my_id:
+                    if "error" in message:
+                        raise AssertionError(f"{method}: {message['error']}")
+                    result: dict[str, Any] = message["result"]
+                    return result
 
     async def eval(self, expression: str) -> Any:
         result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
@@ -218,9 +228,17 @@ class Page:
         """Run ``action`` (script that navigates) and wait until the next document has loaded."""
         await self.eval("window.__old_document = true")
         await self.eval(action)
-        with anyio.fail_after(15):
+        with anyio.fail_after(SETTLE_SECONDS):
             while True:
-                if await self.eval("!window.__old_document && document.readyState === 'complete'"):
+                # Asked mid-navigation, the old document's script context may be gone before the new
+                # one exists: that answer is "not yet", not a failure.
+                try:
+                    loaded = await self.eval("!window.__old_document && document.readyState === 'complete'")
+                except AssertionError as exc:
+                    if not any(gone in str(exc) for gone in NAVIGATING):
+                        raise
+                    loaded = False
+                if loaded:
                     return str(await self.eval("location.pathname + location.search"))
                 await anyio.sleep(0.05)
 

@@ -131,7 +131,7 @@ service_name = "effectgate-e2e"
         by_name.setdefault(span.name, []).append((resource["effectgate.role"], span))
     roles = {name: {role for role, _ in found} for name, found in by_name.items()}
     assert roles == {
-        "effectgate.delivery": {"gateway"},
+        "POST /webhooks/{source}": {"gateway"},
         "effectgate.verify": {"gateway"},
         "effectgate.claim": {"gateway"},
         "effectgate.job": {"worker"},
@@ -141,6 +141,13 @@ service_name = "effectgate-e2e"
         next(a.value.string_value for a in span.attributes if a.key == "effectgate.step"): span
         for _, span in by_name["effectgate.step"]
     }
+    # The job ran in another process, in a trace of its own, linked to the delivery span that claimed it.
+    [(_, delivery_span)] = by_name["POST /webhooks/{source}"]
+    [(_, job_span)] = by_name["effectgate.job"]
+    assert job_span.trace_id != delivery_span.trace_id
+    assert [(link.trace_id, link.span_id) for link in job_span.links] == [
+        (delivery_span.trace_id, delivery_span.span_id)
+    ]
     posts = {r["path"]: r["headers"]["traceparent"] for r in recorded if r["method"] == "POST"}
     assert posts["/v1/payment_intents/pi_77/capture"].split("-")[1:3] == [
         steps["capture"].trace_id.hex(),

@@ -98,7 +98,8 @@ async def test_unmatched_delivery_is_recorded(conn: db.Conn) -> None:
 
 async def _race(db_url: str, payloads: list[Any]) -> list[Any]:
     conns = [await db.connect(db_url) for _ in payloads]
-    start = asyncio.Event()
+    # Every claimant and this task meet at the start line; the claims all leave it together.
+    start = asyncio.Barrier(len(payloads) + 1)
 
     async def one(c: db.Conn, payload: Any, i: int) -> Any:
         await start.wait()
@@ -106,9 +107,8 @@ async def _race(db_url: str, payloads: list[Any]) -> list[Any]:
         return outcome
 
     tasks = [asyncio.create_task(one(c, p, i)) for i, (c, p) in enumerate(zip(conns, payloads, strict=True))]
-    await asyncio.sleep(0.05)
-    start.set()
     try:
+        await asyncio.wait_for(start.wait(), 60)
         return await asyncio.gather(*tasks)
     finally:
         for c in conns:

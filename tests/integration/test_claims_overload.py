@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -73,13 +74,13 @@ async def make_batcher(
 
 
 async def until(check: Callable[[], Awaitable[bool]]) -> None:
-    """Wait for a condition Postgres will reach (it is Postgres's state, so polled); the bound of about a minute
+    """Wait for a condition Postgres will reach (it is Postgres's state, so polled); the deadline of a minute
     guards against a hang, it is not a timing."""
-    for _ in range(6000):
-        if await check():
-            return
+    deadline = time.monotonic() + 60
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("the condition was never reached")
         await asyncio.sleep(0.01)
-    raise AssertionError("the condition was never reached")
 
 
 async def waiting_on_a_lock(admin: db.Conn) -> int:

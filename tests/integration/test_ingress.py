@@ -304,6 +304,23 @@ async def test_readiness_without_a_database_is_503_and_names_no_host() -> None:
     assert "secretuser" not in r.text and "127.0.0.1" not in r.text
 
 
+async def test_readiness_answers_while_every_claim_and_operator_connection_is_taken(db_url: str) -> None:
+    app = create_app(parse(CONFIG, env=ENV), make_registry(), db_url, pool_timeout=1.0)
+    async with app.router.lifespan_context(app):
+        held = []
+        try:
+            # A burst holds every connection of both request pools; readiness asks on its own.
+            for pool in (app.state.pool, app.state.claim_pool):
+                held += [(pool, await pool.getconn()) for _ in range(pool.max_size)]
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+                r = await c.get("/readyz")
+        finally:
+            for pool, conn in held:
+                await pool.putconn(conn)
+    assert (r.status_code, r.json()) == (200, {"status": "ready"})
+
+
 def connect_event(account: object, event_id: str = "evt_c1", order_id: str = "1234") -> bytes:
     event: dict[str, Any] = {
         "id": event_id,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import pathlib
+
 import httpx
 import pytest
 
@@ -141,3 +144,63 @@ async def test_wrong_metrics_tokens_are_throttled_and_the_right_one_never(db_url
             missing = await client.get("/metrics")
     assert statuses == [401] * limit + [429] * 3
     assert right.status_code == 200 and missing.status_code == 401
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1.8e9
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_ledger_gauges_are_read_once_per_ttl_and_shared_by_concurrent_scrapes(
+    db_url: str, conn: db.Conn, tmp_path: pathlib.Path
+) -> None:
+    ids = await seed(conn)
+    clock = FakeClock()
+    gauges = metrics.LedgerGauges(ttl=10.0, directory=str(tmp_path), clock=clock)
+    pool = db.make_pool(db_url)
+    await pool.open()
+    try:
+        texts = await asyncio.gather(*(gauges.text(pool) for _ in range(20)))
+        assert gauges.reads == 1
+        assert len(set(texts)) == 1
+        assert 'effectgate_jobs{state="failed",kind="fulfil_order"} 1' in texts[0].splitlines()
+        assert value(texts[0], "effectgate_ledger_read_timestamp_seconds") == clock.now
+        await resolutions.resolve(conn, ids["order-paid:1"], by="op", reason="refunded by hand")
+        clock.now += 9.9
+        # Within the TTL: what was read, the resolution not yet seen.
+        assert await gauges.text(pool) == texts[0]
+        # A sibling process of the same `serve` tree takes the text from the shared file, not the ledger.
+        sibling = metrics.LedgerGauges(ttl=10.0, directory=str(tmp_path), clock=clock)
+        assert await sibling.text(pool) == texts[0]
+        assert sibling.reads == 0
+        clock.now += 0.1
+        fresh = await gauges.text(pool)
+        assert gauges.reads == 2
+        assert not any(line.startswith('effectgate_jobs{state="failed"') for line in fresh.splitlines())
+        assert await sibling.text(pool) == fresh
+        assert sibling.reads == 0
+    finally:
+        await pool.close()
+
+
+async def test_an_unreadable_ledger_is_cached_too_and_says_so(db_url: str) -> None:
+    clock = FakeClock()
+    gauges = metrics.LedgerGauges(ttl=5.0, clock=clock)
+    pool = db.make_pool(db_url, timeout=0.5)  # never opened: every connection attempt fails
+    for _ in range(3):
+        assert "effectgate_ledger_up 0" in (await gauges.text(pool)).splitlines()
+    assert gauges.reads == 1
+    with pytest.raises(ValueError, match="ttl"):
+        metrics.LedgerGauges(ttl=-1)
+
+
+async def test_scrapes_of_one_app_share_one_ledger_read(db_url: str) -> None:
+    app = create_app(parse(CONFIG, env={"STRIPE_SECRET": "whsec_test"}), Registry(), db_url)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        async with app.router.lifespan_context(app):
+            pages = [(await client.get("/metrics")).text for _ in range(3)]
+    assert all("effectgate_ledger_up 1" in page.splitlines() for page in pages)
+    assert app.state.ledger_gauges.reads == 1

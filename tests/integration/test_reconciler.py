@@ -30,6 +30,7 @@ from tests.integration.jobs_fixtures import (
     module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
     rolled_back_conn,  # noqa: F401   on one database per module)
     scalar,
+    wait_for,
 )
 
 pytestmark = pytest.mark.anyio
@@ -156,9 +157,10 @@ from datetime import datetime
 from effectgate.ledger import db
 from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig
 
-async def main(url, now, go):
+async def main(url, now, go, ready):
     conn = await db.connect(url)
     async with conn:
+        open(ready, "w").close()
         while not os.path.exists(go):
             await asyncio.sleep(0.002)
         reconciler = Reconciler(ReconcilerConfig(batch=4))
@@ -180,6 +182,7 @@ async def test_reconcilers_in_two_processes_at_once_repair_each_job_once(db_url:
         ids = [await claim(conn, now=at(0)) for _ in range(40)]
         await jobs.fetch_and_lease(conn, owner="gone", kinds={"k": 10}, limit=40, now=at(0))
         go = tmp_path / "go"
+        ready = [tmp_path / f"ready-{i}" for i in range(2)]
         procs = [
             await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -188,13 +191,18 @@ async def test_reconcilers_in_two_processes_at_once_repair_each_job_once(db_url:
                 db_url,
                 at(60).isoformat(),
                 str(go),
+                str(flag),
                 cwd=ROOT,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
-            for _ in range(2)
+            for flag in ready
         ]
-        await asyncio.sleep(0.8)  # both processes connected and waiting at the start line
+
+        async def both_at_the_start_line() -> bool:
+            return all(flag.exists() for flag in ready) or any(p.returncode is not None for p in procs)
+
+        await wait_for(both_at_the_start_line, 60, "both processes to connect")
         go.touch()
         outputs = [await asyncio.wait_for(p.communicate(), 60) for p in procs]
         for p, (_, err) in zip(procs, outputs, strict=True):

@@ -5,6 +5,7 @@ read from the fake provider's recorded requests."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -15,10 +16,11 @@ import stripe
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
+from effectgate.gateway.logs import JsonFormatter
 from effectgate.gateway.testing.fake_providers import create_app as create_fake
 from effectgate.handlers import EffectContext, Event, tracing
 from effectgate.handlers.context import Services
@@ -143,8 +145,20 @@ async def test_a_delivery_and_its_job_are_traced_and_the_provider_receives_trace
     assert answer.status_code == 202, answer.text
     finished = list(spans.get_finished_spans())
 
-    delivery_span = one(finished, "effectgate.delivery")
-    assert delivery_span.attributes == {"effectgate.source": "stripe", "http.response.status_code": 202}
+    delivery_span = one(finished, "POST /webhooks/{source}")
+    assert delivery_span.kind is SpanKind.SERVER
+    assert dict(delivery_span.attributes or {}) == {
+        "http.request.method": "POST",
+        "http.route": "/webhooks/{source}",
+        "url.path": "/webhooks/stripe",
+        "url.scheme": "http",
+        "network.protocol.version": "1.1",
+        "client.address": "127.0.0.1",
+        "user_agent.original": f"python-httpx/{httpx.__version__}",
+        "effectgate.source": "stripe",
+        "http.response.status_code": 202,
+    }
+    assert delivery_span.status.status_code is StatusCode.UNSET
     verify = one(finished, "effectgate.verify")
     claim = one(finished, "effectgate.claim")
     assert parent_of(verify) == parent_of(claim) == delivery_span.context.span_id
@@ -155,6 +169,11 @@ async def test_a_delivery_and_its_job_are_traced_and_the_provider_receives_trace
 
     job = one(finished, "effectgate.job")
     assert job.attributes is not None
+    # The job's trace is its own, linked to the delivery span that claimed it (stored on the job at claim).
+    assert job.context.trace_id != delivery_span.context.trace_id
+    assert [(link.context.trace_id, link.context.span_id) for link in job.links] == [
+        (delivery_span.context.trace_id, delivery_span.context.span_id)
+    ]
     assert {
         k: job.attributes[k] for k in ("effectgate.effect_key", "effectgate.kind", "effectgate.attempt")
     } == {
@@ -197,10 +216,11 @@ async def test_a_failed_signature_is_recorded_on_the_verify_span(
     verify = one(finished, "effectgate.verify")
     assert verify.status.status_code is StatusCode.ERROR
     assert [e.name for e in verify.events] == ["exception"]
-    assert one(finished, "effectgate.delivery").attributes == {
-        "effectgate.source": "stripe",
-        "http.response.status_code": 401,
-    }
+    delivery_span = one(finished, "POST /webhooks/{source}")
+    assert delivery_span.attributes is not None
+    assert delivery_span.attributes["http.response.status_code"] == 401
+    # A 4xx is the sender's error, not the server's: the SERVER span's status stays unset.
+    assert delivery_span.status.status_code is StatusCode.UNSET
     assert not [s for s in finished if s.name == "effectgate.claim"]
 
 
@@ -220,3 +240,45 @@ async def test_with_tracing_off_no_span_is_recorded_and_no_traceparent_is_sent(
     assert all(r["headers"]["idempotency-key"] for r in posts)
     assert exporter.get_finished_spans() == ()
     provider.shutdown()
+
+
+async def test_log_lines_written_inside_a_span_carry_its_trace_and_span_ids(
+    spans: InMemorySpanExporter,
+) -> None:
+    formatter = JsonFormatter()
+
+    def line(event: str) -> dict[str, Any]:
+        record = logging.LogRecord("effectgate.test", logging.INFO, __file__, 1, event, None, None)
+        entry: dict[str, Any] = json.loads(formatter.format(record))
+        return entry
+
+    assert "trace_id" not in line("outside")
+    with tracing.span("effectgate.test"):
+        inside = line("inside")
+    [finished] = spans.get_finished_spans()
+    assert inside["trace_id"] == f"{finished.context.trace_id:032x}"
+    assert inside["span_id"] == f"{finished.context.span_id:016x}"
+
+
+def test_with_tracing_off_log_lines_carry_no_trace_ids() -> None:
+    record = logging.LogRecord("effectgate.test", logging.INFO, __file__, 1, "off", None, None)
+    assert "trace_id" not in json.loads(JsonFormatter().format(record))
+
+
+async def test_a_5xx_answer_marks_the_server_span_failed(spans: InMemorySpanExporter) -> None:
+    # A ledger nothing listens on: the claim cannot get a connection, the answer is 503 ledger_unavailable.
+    unreachable = "postgresql://postgres@127.0.0.1:1/nothing"
+    app = create_app(
+        parse(CONFIG, env={"TRACING_STRIPE_SECRET": SECRET}), registry(), unreachable, pool_timeout=0.5
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as gateway,
+    ):
+        body, headers = delivery("9")
+        answer = await gateway.post("/webhooks/stripe", content=body, headers=headers)
+    assert answer.status_code == 503, answer.text
+    delivery_span = one(list(spans.get_finished_spans()), "POST /webhooks/{source}")
+    assert delivery_span.status.status_code is StatusCode.ERROR
+    assert delivery_span.attributes is not None
+    assert delivery_span.attributes["http.response.status_code"] == 503

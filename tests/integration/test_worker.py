@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -252,19 +253,29 @@ async def test_a_failing_transition_hook_never_leaves_the_job_running(
 
 async def test_heartbeats_keep_a_slice_longer_than_the_ttl_alive(pool: db.Pool, conn: db.Conn) -> None:
     rescued: list[int] = []
+    passes: list[int] = []
 
     async def handler(ctx: EffectContext, ev: Event) -> None:
-        for _ in range(6):
-            await asyncio.sleep(0.1)
-            # A reconciler pass on the real clock, mid-slice, finds the lease alive.
-            async with db.connection(pool) as c:
+        async with db.connection(pool) as c:
+            first = await jf.scalar(c, "SELECT lease_expires_at FROM jobs WHERE id = %s", ctx.job_id)
+            deadline = time.monotonic() + 120
+            # The slice runs until the database's own clock is a second past its first lease's expiry: only
+            # the heartbeats can have kept it. A reconciler pass on the real clock at every look finds the
+            # lease alive. The TTL leaves two heartbeats' slack for a starved event loop.
+            while not await jf.scalar(c, "SELECT clock_timestamp() > %s + interval '1 second'", first):
+                if time.monotonic() > deadline:
+                    raise AssertionError("the database clock never passed the first lease's expiry")
                 rescued.extend((await Reconciler().run_once(c)).redriven)
+                passes.append(1)
+                await asyncio.sleep(0.05)
+            rescued.extend((await Reconciler().run_once(c)).redriven)
         await ctx.save_checkpoint("done")
 
     job_id = await claim(conn)
-    await make_worker(pool, registry(kind(handler, lease_ttl=0.3))).run_until_idle()
+    await make_worker(pool, registry(kind(handler, lease_ttl=3))).run_until_idle()
     assert (await job(conn, job_id))["state"] == "succeeded"
     assert rescued == []
+    assert passes
 
 
 async def test_a_cancel_during_a_running_step_ends_cancelled_even_if_the_step_then_returns(
@@ -323,22 +334,26 @@ async def test_a_slice_whose_lease_was_taken_is_stopped_and_its_writes_refused(
         contexts.append(ctx)
         entered.set()
         try:
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # runs until the lost lease stops it
         except asyncio.CancelledError:
             outcome.append("stopped")
             raise
 
     job_id = await claim(conn)
-    worker = make_worker(pool, registry(kind(handler, lease_ttl=0.3)))
+    # Heartbeats come every second (a third of the TTL); nothing here waits for the lease to run out on the
+    # real clock, so a starved event loop only makes the test slower, never wrong.
+    worker = make_worker(pool, registry(kind(handler, lease_ttl=3)))
     with caplog.at_level(logging.WARNING, logger="effectgate.worker"):
         running = asyncio.create_task(worker.run_until_idle())
-        await asyncio.wait_for(entered.wait(), 5)
+        await asyncio.wait_for(entered.wait(), 60)
         # A partition: the reconciler thinks the lease expired and another worker takes the job.
-        # The lease rescuer alone (not a whole reconciler pass, which may also make history partitions): the
-        # thief must fetch before this worker's own loop notices the lost lease and fetches the job back.
-        assert (await LeaseRescuer().run_once(conn, now=later(60))).redriven == [job_id]
-        [thief] = await jobs.fetch_and_lease(conn, owner="thief", kinds={"k": 60}, limit=1)
-        await asyncio.wait_for(running, 5)
+        # The lease rescuer alone (not a whole reconciler pass, which may also make history partitions), told
+        # it is a minute later. Rescue and theft commit together, so this worker's own loop never sees the job
+        # pending and cannot fetch it back; its heartbeat meanwhile skips the locked row and asks again.
+        async with conn.transaction():
+            assert (await LeaseRescuer().run_once(conn, now=later(60))).redriven == [job_id]
+            [thief] = await jobs.fetch_and_lease(conn, owner="thief", kinds={"k": 60}, limit=1)
+        await asyncio.wait_for(running, 60)
     assert outcome == ["stopped"]
     [ctx] = contexts
     with pytest.raises(LeaseLost):
@@ -372,8 +387,8 @@ async def test_register_sweep_and_kind_settings_reach_the_workers_reconciler(
     reg = registry(kind(handler, orphan_policy="park", on_transition=hook))
     reg.register_sweep("count", sweep)
     job_id = await claim(conn, orphan_policy="park")
-    await jobs.fetch_and_lease(conn, owner="gone", kinds={"k": 0.01}, limit=1)
-    await asyncio.sleep(0.05)
-    result = await make_worker(pool, reg).reconcile_once()
+    await jobs.fetch_and_lease(conn, owner="gone", kinds={"k": 30}, limit=1)
+    # The pass is told it is a minute later: the 30 s lease has expired without anyone sleeping.
+    result = await make_worker(pool, reg).reconcile_once(now=later(60))
     assert (result.parked, result.sweep_acted, swept) == ([job_id], {"count": 1}, [1])
     assert [(t.job_id, t.state) for t in parked] == [(job_id, "parked")]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import threading
 from typing import Any
 
 import pytest
 
 from effectgate.handlers import HAND_BACK, EffectContext, Event, HandBack, TerminalError, TransientError
-from effectgate.handlers.worker import LISTEN_APPLICATION_NAME
+from effectgate.handlers.worker import LISTEN_APPLICATION_NAME, Worker
 from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.reconciler import Reconciler
@@ -44,6 +44,49 @@ async def stubborn_wait(done: asyncio.Future[None]) -> None:
             continue
 
 
+class Listening(asyncio.Event):
+    """The worker's ``listening`` event, counting each time a LISTEN connection is (re-)established."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times = 0
+
+    def set(self) -> None:
+        self.times += 1
+        super().set()
+
+
+class FetchWatch:
+    """Tells when a worker's loop has fetched since its LISTEN was last established and now waits.
+
+    Establishing LISTEN sets the wake-up, and the loop clears it just before a fetch starts: so once a fetch
+    that started after the latest LISTEN has finished and none is running, the loop is parked on the
+    wake-up, and a job claimed now can only be started by a NOTIFY (or the poll).
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self.listening = worker.listening = Listening()
+        self.fetched_after = 0  # the LISTEN (by its count) that the last finished fetch started after
+        self.in_flight = 0
+        fetch = worker.fetch_and_start
+
+        async def watched(limit: int) -> int:
+            after = self.listening.times if self.listening.is_set() else 0
+            self.in_flight += 1
+            try:
+                return await fetch(limit)
+            finally:
+                self.in_flight -= 1
+                self.fetched_after = after
+
+        worker.fetch_and_start = watched  # type: ignore[method-assign]
+
+    async def waiting_on_the_wake_up(self) -> bool:
+        return (
+            self.listening.is_set() and self.fetched_after == self.listening.times > 0 and self.in_flight == 0
+        )
+
+
 def messages(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage() == name]
 
@@ -53,10 +96,13 @@ async def test_a_step_that_never_returns_is_abandoned_and_its_later_writes_refus
     pool: db.Pool, conn: db.Conn, caplog: pytest.LogCaptureFixture, policy: str, state: str
 ) -> None:
     after: list[str] = []
+    # The step returns only when the test lets it: the slot must be free while it still blocks.
+    release = threading.Event()
 
     async def handler(ctx: EffectContext, ev: Event) -> None:
         # A blocking call in a thread that cancellation cannot interrupt, awaited so it cannot be cancelled.
-        await stubborn_wait(asyncio.ensure_future(asyncio.to_thread(time.sleep, 1.0)))
+        # Its own bound only keeps a failed test from hanging the thread pool.
+        await stubborn_wait(asyncio.ensure_future(asyncio.to_thread(release.wait, 120)))
         try:
             await ctx.save_checkpoint("written after the deadline")
         except LeaseLost:
@@ -65,18 +111,21 @@ async def test_a_step_that_never_returns_is_abandoned_and_its_later_writes_refus
 
     job_id = await claim(conn, orphan_policy=policy)
     worker = make_worker(pool, registry(kind(handler, orphan_policy=policy, **DEADLINES)))
-    with caplog.at_level(logging.WARNING, logger="effectgate.worker"):
-        started = time.monotonic()
-        await worker.run_until_idle()
-        # The slot is free at max_slice + grace (0.2 + 0.3 s), long before the step settles.
-        assert time.monotonic() - started < 0.95
-        assert worker._running == {}
-        assert messages(caplog, "worker.slice_overran") and messages(caplog, "worker.slice_abandoned")
+    try:
+        with caplog.at_level(logging.WARNING, logger="effectgate.worker"):
+            await worker.run_until_idle()
+            # The slot is free at max_slice + grace (0.2 + 0.3 s) while the step is still stuck.
+            assert worker._running == {}
+            assert messages(caplog, "worker.slice_overran") and messages(caplog, "worker.slice_abandoned")
+            assert not messages(caplog, "worker.abandoned_step_settled")
+            release.set()
 
-        async def settled() -> bool:
-            return bool(messages(caplog, "worker.abandoned_step_settled"))
+            async def settled() -> bool:
+                return bool(messages(caplog, "worker.abandoned_step_settled"))
 
-        await wait_for(settled, 5, "the abandoned step to settle")
+            await wait_for(settled, 60, "the abandoned step to settle")
+    finally:
+        release.set()
     [record] = messages(caplog, "worker.abandoned_step_settled")
     outcome, error = record.outcome, record.error  # type: ignore[attr-defined]
     assert (outcome, error.startswith("LeaseLost")) == ("error", True)
@@ -95,7 +144,7 @@ async def test_a_step_that_honours_cancellation_at_the_deadline_is_retried(
 ) -> None:
     async def handler(ctx: EffectContext, ev: Event) -> None:
         if ctx.attempt == 1:
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # never returns: only the deadline's cancellation ends it
 
     job_id = await claim(conn, max_attempts=2)
     with caplog.at_level(logging.WARNING, logger="effectgate.worker"):
@@ -203,15 +252,15 @@ async def test_a_claim_wakes_a_waiting_worker_through_notify_and_after_a_lost_li
     async def handler(ctx: EffectContext, ev: Event) -> None:
         return None
 
-    # Polling every 30 s: only a NOTIFY can start these jobs within the few seconds allowed.
-    worker = make_worker(pool, registry(kind(handler)), url=db_url, poll_interval=30.0)
+    # Polling once an hour: only a NOTIFY can start these jobs within the minute allowed.
+    worker = make_worker(pool, registry(kind(handler)), url=db_url, poll_interval=3600.0)
+    fetches = FetchWatch(worker)
     running = asyncio.create_task(worker.run())
     try:
-        await asyncio.wait_for(worker.listening.wait(), 5)
-        await asyncio.sleep(0.1)  # the first fetch is done; the loop now waits on the wake-up
-        started = time.monotonic()
-        await wait_state(conn, await claim(conn), "succeeded", within=3)
-        assert time.monotonic() - started < 3
+        await asyncio.wait_for(worker.listening.wait(), 60)
+        # Claimed before that fetch, the job would be found without any NOTIFY.
+        await wait_for(fetches.waiting_on_the_wake_up, 60, "the worker to wait on its wake-up")
+        await wait_state(conn, await claim(conn), "succeeded", within=60)
 
         async def listen_pids() -> list[int]:
             rows = await (
@@ -231,13 +280,13 @@ async def test_a_claim_wakes_a_waiting_worker_through_notify_and_after_a_lost_li
                 pids = await listen_pids()
                 return worker.listening.is_set() and bool(pids) and old not in pids
 
-            await wait_for(relistening, 5, "the LISTEN connection to be re-established")
+            await wait_for(relistening, 60, "the LISTEN connection to be re-established")
         assert "worker.listen_lost" in caplog.messages
-        await asyncio.sleep(0.1)
-        await wait_state(conn, await claim(conn), "succeeded", within=3)
+        await wait_for(fetches.waiting_on_the_wake_up, 60, "the worker to wait on its wake-up again")
+        await wait_state(conn, await claim(conn), "succeeded", within=60)
     finally:
         worker.stop()
-        await asyncio.wait_for(running, 5)
+        await asyncio.wait_for(running, 60)
 
 
 async def test_retry_failure_and_park_lines_name_the_error_the_step_and_the_attempt(

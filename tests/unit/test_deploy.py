@@ -9,6 +9,7 @@ worker is given longer to stop than it takes to drain.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import tomllib
@@ -24,6 +25,7 @@ from effectgate.gateway.cli import build_parser
 from effectgate.gateway.config import Config, parse
 from effectgate.gateway.secret_sources import ROLE_SECRETS, Role
 from effectgate.handlers.worker import DEFAULT_DRAIN_TIMEOUT
+from tests.container import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -315,13 +317,15 @@ def test_compose_gives_each_process_exactly_its_roles_secrets() -> None:
 # -- Kubernetes -----------------------------------------------------------------------------------
 
 
+@functools.cache
+def rendered() -> list[dict[str, Any]]:
+    """The CI overlay as kustomize renders it (what deploy-run starts; the base plus the local image)."""
+    return kustomize.render(kustomize.CI_OVERLAY)
+
+
 def manifests() -> dict[tuple[str, str], dict[str, Any]]:
-    found = {}
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
-                found[(doc["kind"], doc["metadata"]["name"])] = doc
-    return found
+    """Rendered objects by kind and name, the name without the ConfigMap hash or the release suffix."""
+    return kustomize.by_name(rendered())
 
 
 def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -346,6 +350,9 @@ def test_the_manifests_are_the_expected_set() -> None:
         ("Service", "effectgate-operator"),
         ("PodDisruptionBudget", "effectgate-gateway"),
         ("Deployment", "effectgate-worker"),
+        ("NetworkPolicy", "effectgate-gateway"),
+        ("NetworkPolicy", "effectgate-worker"),
+        ("NetworkPolicy", "effectgate-migrate"),
     }
 
 
@@ -441,7 +448,8 @@ def test_secrets_come_from_the_secret_and_the_config_from_the_configmap(name: st
         assert entry["valueFrom"]["secretKeyRef"]["name"] == "effectgate"
     assert {"name": "config", "mountPath": "/etc/effectgate", "readOnly": True} in c["volumeMounts"]
     spec = manifests()[("Deployment", name)]["spec"]["template"]["spec"]
-    assert {"name": "config", "configMap": {"name": "effectgate-config"}} in spec["volumes"]
+    configmap = manifests()[("ConfigMap", "effectgate-config")]["metadata"]["name"]
+    assert {"name": "config", "configMap": {"name": configmap}} in spec["volumes"]
 
 
 def test_the_migrate_job_needs_only_the_database() -> None:
@@ -471,7 +479,12 @@ def unit(name: str) -> dict[str, dict[str, list[str]]]:
     return sections
 
 
-UNITS = ["effectgate-migrate.service", "effectgate-gateway.service", "effectgate-worker.service"]
+UNITS = [
+    "effectgate-migrate.service",
+    "effectgate-gateway.service",
+    "effectgate-worker.service",
+    "effectgate-worker@.service",
+]
 SANDBOX = {
     "ProtectSystem": "strict",
     "ProtectHome": "yes",
@@ -510,10 +523,12 @@ def test_every_unit_is_sandboxed_and_runs_as_the_effectgate_user(name: str) -> N
         ("effectgate-migrate.service", "migrate"),
         ("effectgate-gateway.service", "serve"),
         ("effectgate-worker.service", "worker"),
+        ("effectgate-worker@.service", "worker"),
     ],
 )
 def test_every_unit_runs_its_command_without_migrating_at_start(name: str, command: str) -> None:
     (exec_start,) = unit(name)["Service"]["ExecStart"]
+    exec_start = exec_start.replace("%i", "9101")  # the template's instance is its metrics port
     executable, *argv = shlex.split(exec_start)
     assert executable == "/opt/effectgate/bin/effectgate"
     assert_production_command(argv, command)
@@ -521,7 +536,7 @@ def test_every_unit_runs_its_command_without_migrating_at_start(name: str, comma
 
 def test_the_migrate_oneshot_runs_before_gateway_and_worker() -> None:
     assert unit("effectgate-migrate.service")["Service"]["Type"] == ["oneshot"]
-    for name in ("effectgate-gateway.service", "effectgate-worker.service"):
+    for name in ("effectgate-gateway.service", "effectgate-worker.service", "effectgate-worker@.service"):
         sections = unit(name)
         assert "effectgate-migrate.service" in " ".join(sections["Unit"]["After"]).split()
         assert "effectgate-migrate.service" in " ".join(sections["Unit"]["Wants"]).split()
@@ -533,6 +548,7 @@ def test_the_migrate_oneshot_runs_before_gateway_and_worker() -> None:
     [
         ("effectgate-gateway.service", "gateway"),
         ("effectgate-worker.service", "worker"),
+        ("effectgate-worker@.service", "worker"),
         ("effectgate-migrate.service", None),
     ],
 )
@@ -558,11 +574,30 @@ def test_the_gateway_unit_listens_on_loopback_and_trusts_only_the_local_proxy() 
     assert args.operator_port is None and args.operator_host is None
 
 
-def test_the_worker_unit_waits_longer_than_the_drain() -> None:
-    service = unit("effectgate-worker.service")["Service"]
+@pytest.mark.parametrize("name", ["effectgate-worker.service", "effectgate-worker@.service"])
+def test_the_worker_unit_waits_longer_than_the_drain(name: str) -> None:
+    service = unit(name)["Service"]
     assert service["KillSignal"] == ["SIGTERM"]
     (timeout,) = service["TimeoutStopSec"]
     assert int(timeout) >= max(drain_timeout(), DEFAULT_DRAIN_TIMEOUT) + STOP_MARGIN_SECONDS
+
+
+def test_the_worker_template_is_the_worker_unit_with_the_instance_as_its_metrics_port() -> None:
+    single, template = unit("effectgate-worker.service"), unit("effectgate-worker@.service")
+    (exec_start,) = template["Service"]["ExecStart"]
+    assert command_args(shlex.split(exec_start.replace("%i", "9101"))[1:]).metrics_port == 9101
+    for section in single:
+        differs = {"Unit": {"Description"}, "Service": {"ExecStart"}}.get(section, set())
+        assert {k: v for k, v in single[section].items() if k not in differs} == {
+            k: v for k, v in template[section].items() if k not in differs
+        }, section
+
+
+@pytest.mark.parametrize("name", [u for u in UNITS if u != "effectgate-migrate.service"])
+def test_a_configuration_mistake_exit_2_is_not_restarted(name: str) -> None:
+    service = unit(name)["Service"]
+    assert service["Restart"] == ["on-failure"]
+    assert service["RestartPreventExitStatus"] == ["2"]
 
 
 def alert_commands() -> list[tuple[str, str]]:

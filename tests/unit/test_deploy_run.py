@@ -63,9 +63,10 @@ def test_every_manifest_container_is_started_with_its_args() -> None:
         (i["file"], i["container"]["name"]): i["container"]["args"] for i in deploy_run.manifest_containers()
     }
     assert set(found) == {
-        ("gateway.yaml", "gateway"),
-        ("worker.yaml", "worker"),
-        ("migrate-job.yaml", "migrate"),
+        ("Deployment/effectgate-gateway", "gateway"),
+        ("Deployment/effectgate-worker", "worker"),
+        ("Job/effectgate-migrate-v0-2-0", "migrate"),
     }
-    assert found[("migrate-job.yaml", "migrate")] == ["migrate"]
-    assert "--no-migrate" in found[("gateway.yaml", "gateway")]
+    assert found[("Job/effectgate-migrate-v0-2-0", "migrate")] == ["migrate"]
+    assert "--no-migrate" in found[("Deployment/effectgate-gateway", "gateway")]
+    assert {i["container"]["image"] for i in deploy_run.manifest_containers()} == {deploy_run.IMAGE}

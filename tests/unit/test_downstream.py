@@ -253,7 +253,8 @@ async def test_every_call_sent_is_reported_with_its_status_or_transport_error(
 ) -> None:
     seen: list[tuple[str, int | str]] = []
 
-    def on_call(service: str, status: int | str) -> None:
+    def on_call(service: str, status: int | str, seconds: float) -> None:
+        assert seconds >= 0
         seen.append((service, status))
 
     with respx.mock(base_url=BASE) as router:
@@ -289,7 +290,15 @@ async def test_the_clients_count_their_calls_into_the_process_metrics(
         ("shipping", "503"),
         ("shipping", "ReadTimeout"),
     ]
+
+    def timed(service: str, outcome: str) -> float:
+        return value(
+            metrics.render(), "effectgate_downstream_call_seconds_count", service=service, outcome=outcome
+        )
+
+    timings = [("payments", "2xx"), ("payments", "error"), ("shipping", "5xx"), ("shipping", "error")]
     before = {key: calls(*key) for key in keys}
+    timed_before = {key: timed(*key) for key in timings}
     payments = PaymentsClient(http, config, on_call=metrics.downstream_call)
     shipping = ShippingClient(http, config, on_call=metrics.downstream_call)
     with respx.mock(base_url=BASE) as router:
@@ -306,3 +315,5 @@ async def test_the_clients_count_their_calls_into_the_process_metrics(
                     order_id="o1", address={}, items=[{"sku": "x"}], idempotency_key="k-ship"
                 )
     assert {key: calls(*key) - before[key] for key in keys} == dict.fromkeys(keys, 1.0)
+    # Each call's wall time, by service and status class (a transport error is "error").
+    assert {key: timed(*key) - timed_before[key] for key in timings} == dict.fromkeys(timings, 1.0)

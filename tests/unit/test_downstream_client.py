@@ -115,7 +115,10 @@ async def test_answers_are_classified_as_the_built_in_clients_classify_them(
 ) -> None:
     calls: list[tuple[str, int | str]] = []
     client = DownstreamClient(
-        "carrier", http, DownstreamConfig(BASE, "ck_secret"), on_call=lambda s, st: calls.append((s, st))
+        "carrier",
+        http,
+        DownstreamConfig(BASE, "ck_secret"),
+        on_call=lambda s, st, _seconds: calls.append((s, st)),
     )
     with respx.mock() as router:
         router.post(f"{BASE}/v1/labels").mock(side_effect=[answer])

@@ -31,7 +31,9 @@ def test_the_module_functions_count_into_the_process_metrics() -> None:
     metrics.job_run("unit-kind", "succeeded", 1.5)
     metrics.job_retry("unit-kind")
     metrics.job_reclaim("unit-kind")
-    metrics.downstream_call("payments", 201)
+    metrics.downstream_call("payments", 201, 0.2)
+    metrics.downstream_call("payments", "ReadTimeout", 30.0)
+    metrics.webhook_request("unit-test", 413, 0.0001)
     metrics.reconciler_ticked()
     text = metrics.render()
     assert_valid_exposition(text)
@@ -52,6 +54,15 @@ def test_the_module_functions_count_into_the_process_metrics() -> None:
     assert grew("effectgate_job_retries_total", kind="unit-kind") == 1
     assert grew("effectgate_job_reclaims_total", kind="unit-kind") == 1
     assert grew("effectgate_downstream_calls_total", service="payments", status="201") == 1
+    assert (
+        grew("effectgate_downstream_call_seconds_bucket", service="payments", outcome="2xx", le="0.25") == 1
+    )
+    assert (
+        grew("effectgate_downstream_call_seconds_bucket", service="payments", outcome="error", le="5.0") == 0
+    )
+    assert grew("effectgate_downstream_call_seconds_count", service="payments", outcome="error") == 1
+    assert grew("effectgate_webhook_requests_total", source="unit-test", status="413") == 1
+    assert grew("effectgate_webhook_request_seconds_count", source="unit-test", status_class="4xx") == 1
     assert value(text, "effectgate_reconciler_last_tick_timestamp_seconds") > 1.7e9
     # No `_created` twin of every counter.
     assert "_created" not in text

@@ -293,7 +293,7 @@ def test_a_failed_fetch_is_reported_remembered_briefly_then_retried(caplog: pyte
 
 def test_a_slow_fetch_times_out() -> None:
     async def slow(url: str) -> bytes:
-        await asyncio.sleep(5)
+        await asyncio.Event().wait()  # never answers: only the fetch timeout ends it
         return PAYPAL_PKI.chain_pem
 
     scheme = build_scheme(

@@ -1,0 +1,60 @@
+"""``config show``'s effective configuration: defaults filled in, secrets masked, TOML that reads back."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+from effectgate.gateway import config, settings_show
+from effectgate.gateway.settings_env import override
+
+from .test_settings import ENV, FULL, LEGACY
+
+
+def test_defaults_are_filled_in_and_the_file_wins_over_them() -> None:
+    shown = settings_show.build(
+        tomllib.loads('[gateway]\nport = 9000\n[sources.s]\nscheme = "stripe"\nsecrets = ["S"]\n')
+    )
+    assert shown["gateway"]["port"] == 9000
+    assert shown["gateway"]["pool_max"] == 10
+    assert shown["gateway"]["penalty_box"]["cooling"] == 60.0
+    assert shown["sources"]["s"] == {"scheme": "stripe", "secrets": ["S"], "tenant": "default"}
+    assert "tracing" not in shown and "reconciler" not in shown and "operators" not in shown
+    assert shown["maintenance"]["lease_rescuer"]["batch"] == 1000
+
+
+def test_an_environment_override_is_shown() -> None:
+    data, problems = override(tomllib.loads(FULL), {"EFFECTGATE_GATEWAY__CLAIM_DEADLINE": "3"})
+    assert problems == []
+    assert settings_show.build(data)["gateway"]["claim_deadline"] == 3
+
+
+def test_the_toml_reads_back_to_the_same_values_and_loads_as_the_same_configuration() -> None:
+    for text in (FULL, LEGACY):
+        shown = settings_show.build(tomllib.loads(text))
+        assert tomllib.loads(settings_show.as_toml(shown)) == shown
+        assert json.loads(settings_show.as_json(shown)) == shown
+        original, again = config.parse(text, env=ENV), config.parse(settings_show.as_toml(shown), env=ENV)
+        assert (again.gateway, again.worker, again.database, again.operator) == (
+            original.gateway,
+            original.worker,
+            original.database,
+            original.operator,
+        )
+        assert again.sources.keys() == original.sources.keys()
+        assert again.downstreams == original.downstreams
+
+
+def test_secrets_are_masked() -> None:
+    data = tomllib.loads(
+        '[tracing]\nendpoint = "https://user:hunter2@otel.example:4318/v1/traces"\n'
+        '[sources.p]\nscheme = "paypal"\nsecrets = ["S"]\n'
+        '[sources.p.options]\nwebhook_id = "W"\nclient_id_env = "PAYPAL_ID"\nclient_secret = "in-clear"\n'
+        '[downstream.d]\nbase_url = "https://u:pw@api.example"\n'
+    )
+    text = settings_show.as_toml(settings_show.build(data))
+    assert "hunter2" not in text and "in-clear" not in text and ":pw@" not in text
+    assert "https://user:***@otel.example:4318/v1/traces" in text
+    assert (
+        'client_id_env = "PAYPAL_ID"' in text and 'secrets = ["S"]' in text
+    )  # names of secrets, not secrets
