@@ -62,6 +62,7 @@ def _effect(
         reader.problem("events", "must be a non-empty list of event types (patterns with '*' allowed)")
     key = _template(reader, "key", required=True)
     lock_key = _template(reader, "lock_key", required=False)
+    version = reader.get("version", str)
     fingerprint = reader.get("fingerprint", list)
     key_space = reader.get("key_space", str)
     if key_space is not None and key_space not in ("source", "shared"):
@@ -87,6 +88,7 @@ def _effect(
             forward=forward,
             fingerprint=None if fingerprint is None else tuple(fingerprint),
             lock_key=lock_key,
+            version=version,
             key_space=key_space,
             max_attempts=max_attempts,
             orphan_policy=orphan_policy,

@@ -393,6 +393,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("effects.*.lock_key", "string", None, "a template naming the object runs of it serialise on"),
     Setting(
+        "effects.*.version",
+        "string",
+        None,
+        "with lock_key: a JSON pointer to a field of the signed payload that grows per object; older "
+        "deliveries are superseded, never run (docs/ordering.md)",
+    ),
+    Setting(
         "effects.*.fingerprint", "strings", None, "JSON pointers whose values tell a retry from a conflict"
     ),
     Setting(

@@ -219,6 +219,8 @@ class DeclaredEffect:
     forward: ForwardTarget
     fingerprint: tuple[str, ...] | None = None
     lock_key: KeyTemplate | None = None
+    # Latest wins per object (docs/ordering.md): a JSON Pointer to a monotonic field of the signed payload.
+    version: str | None = None
     key_space: KeySpace | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     orphan_policy: OrphanPolicy = DEFAULT_ORPHAN_POLICY
@@ -234,6 +236,7 @@ class DeclaredEffect:
             # The templates read the payload only: signed material, whatever the provider leaves unsigned.
             key=_template_fn(self.key),
             lock_key=None if self.lock_key is None else _template_fn(self.lock_key),
+            version=self.version,
             fingerprint=None if self.fingerprint is None else tuple(map(JsonPointer.parse, self.fingerprint)),
             key_space=self.key_space,
             max_attempts=self.max_attempts,

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from effectgate.gateway.config import ConfigError, parse
 from effectgate.handlers.event import Event
+from effectgate.handlers.forward import register_declared
 from effectgate.handlers.plan import PlanFailed, check_identity, plan_event
 from effectgate.handlers.registry import EffectKind, InvalidEffect, Registry
 
@@ -121,3 +123,40 @@ def test_a_version_function_cannot_read_unsigned_fields() -> None:
     ]
     with pytest.raises(PlanFailed, match="UnsignedField"):
         plan_event(reg, Event("shop", "e", "orders/updated", {"order": {"id": 1}}, "default", "99"))
+
+
+DECLARED = """
+[sources.shop]
+scheme = "standard-webhooks"
+secrets = ["S1"]
+
+[effects.sync-order]
+source = "shop"
+events = ["order.updated"]
+key = "order-sync:{/data/event_id}"
+lock_key = "order:{/data/order_id}"
+version = "/data/updated_at"
+
+[effects.sync-order.forward]
+url = "http://127.0.0.1:9/hooks/sync-order"
+secret_env = "ORDERS_SECRET"
+"""
+DECLARED_ENV = {"S1": "whsec_one", "ORDERS_SECRET": "whsec_" + "a2" * 16}
+
+
+def test_a_declared_effect_takes_a_version_from_the_configuration() -> None:
+    config = parse(DECLARED, path="eg.toml", env=DECLARED_ENV, role="gateway")
+    registry = Registry()
+    register_declared(registry, config.effects[0])
+    payload = {"data": {"event_id": "e1", "order_id": "o_1", "updated_at": "2031-03-04T12:00:00Z"}}
+    [request] = plan_event(registry, Event("shop", "evt_1", "order.updated", payload)).effects
+    assert (request.lock_key, request.version) == (
+        "order:o_1",
+        int(datetime(2031, 3, 4, 12, tzinfo=UTC).timestamp()) * 1_000_000,
+    )
+    # The registry's own rules, at start-up, named by file and key: a version needs the object.
+    unlocked = DECLARED.replace('lock_key = "order:{/data/order_id}"\n', "")
+    with pytest.raises(ConfigError, match=r"eg.toml: effects.sync-order: .*version needs a lock_key"):
+        parse(unlocked, path="eg.toml", env=DECLARED_ENV, role="gateway")
+    with pytest.raises(ConfigError, match=r"effects.sync-order: .*version: "):
+        parse(DECLARED.replace('"/data/updated_at"', '"data/updated_at"'), path="eg.toml", env=DECLARED_ENV)
