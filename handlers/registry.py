@@ -175,7 +175,8 @@ class EffectKind:
     require_fn: RequireFn | None = None
     trust_unsigned: bool = False
     key_space: KeySpace | None = None
-    version: JsonPointer | VersionFn | None = None
+    # Given as a string (a JSON Pointer), parsed here: afterwards a JsonPointer or a function.
+    version: str | JsonPointer | VersionFn | None = None
     # ``path:line`` of the ``@effect(...)`` that declared it (None: built directly), for start-up checks.
     defined_at: str | None = field(default=None, compare=False)
 
@@ -334,15 +335,18 @@ class EffectKind:
         """The version of ``event`` as a bigint (``None``: the effect declares none), computed at claim time.
         A missing field, or one that is neither an integer nor an ISO 8601 time with an offset, raises
         ``ValueError``: ordering by a guess would let an old event win."""
-        if self.version is None:
+        version = self.version
+        if version is None:
             return None
-        if isinstance(self.version, JsonPointer):
+        if isinstance(version, JsonPointer):
             try:
-                found = self.version.resolve(event.payload)
+                found = version.resolve(event.payload)
             except PointerMissing:
-                raise ValueError(f"effect {self.name!r}: no version at {self.version.text!r}") from None
-        else:
-            found = self.version(event)
+                raise ValueError(f"effect {self.name!r}: no version at {version.text!r}") from None
+        elif callable(version):
+            found = version(event)
+        else:  # a string is parsed at construction
+            raise TypeError(f"effect {self.name!r}: version {version!r} was not parsed")
         return _version_number(self.name, found)
 
 
