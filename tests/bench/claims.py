@@ -69,6 +69,8 @@ def pgbench_script() -> str:
         "lock_key": "ARRAY[NULL]",
         "request_id": "ARRAY['r:' || :key]",
         "secret_index": "ARRAY[0]",
+        "trace_parent": "ARRAY[NULL]",
+        "version": "ARRAY[NULL]",
     }
     sql = re.sub(r"%\((\w+)\)[sb]", lambda m: values[m.group(1)], Q["effect_claim_batch"])
     sql = " ".join(line.split("--")[0].strip() for line in sql.splitlines())
