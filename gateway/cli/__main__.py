@@ -4,4 +4,6 @@ import sys
 
 from . import main
 
-sys.exit(main())
+# Guarded, so a tool that imports every module (the wheel test walks the package) does not run the command.
+if __name__ == "__main__":
+    sys.exit(main())
