@@ -6,7 +6,7 @@ The ingress and the worker count what happens in their process through the modul
 the ledger knows for every process at once — jobs not yet done by state and kind, and the wait of the
 oldest due job — read from the database through ``LedgerGauges`` (at most once per ``LEDGER_GAUGES_TTL``
 per process or ``serve`` tree), so those are single-valued however many processes answer. Workers count through ``WORKER_OBSERVER`` and the downstream clients' ``on_call``,
-both handed in by ``gateway.cli`` (``handlers`` cannot import this module), and serve the same page from
+both handed in by ``gateway.cli.worker`` (``handlers`` cannot import this module), and serve the same page from
 ``app`` when run with ``--metrics-port``.
 
 Counting is ``prometheus_client``'s. ``serve --workers N`` runs N processes behind one port and a scrape

@@ -1,7 +1,7 @@
 """What every face does with a ``ReportSpec``: the parameters it takes, reading them from text into the
 ledger's typed ``ReportQuery``, running it, and the JSON document of a page.
 
-The API (``api.py``), the CLI (``operator_cli.py``), the OpenAPI document (``openapi.py``) and the
+The API (``api.py``), the CLI (``cli/``), the OpenAPI document (``openapi.py``) and the
 dashboard (``dashboard.py``) each render any spec with one generic function over these; none of them
 names a report's filters, sorts or columns.
 """

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from effectgate.gateway import cli, operator_cli
+from effectgate.gateway import cli
+from effectgate.gateway.operator import cli as operator_cli
 from effectgate.handlers import bulk as bulk_actions
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import bulk, db, jobs

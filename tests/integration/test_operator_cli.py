@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from effectgate.gateway import cli, operator_cli
+from effectgate.gateway import cli
+from effectgate.gateway.operator import cli as operator_cli
 from effectgate.gateway.operator import documents
+from effectgate.gateway.operator.cli import command
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger.claims import claim_delivery
 
@@ -234,7 +236,7 @@ def test_resolve_by_hand_with_who_why_and_exit_codes_for_refusals(
     code, _, err = run(capsys, "jobs", "resolve", str(failed), "--reason", "  ")
     assert code == operator_cli.EXIT_USAGE and "invalid_reason" in err
 
-    monkeypatch.setattr(operator_cli.getpass, "getuser", lambda: "alice")
+    monkeypatch.setattr(command.getpass, "getuser", lambda: "alice")
     code, out, _ = run(capsys, "jobs", "resolve", str(failed), "--reason", "refunded in Stripe")
     assert code == 0
     assert out.startswith(f"job {failed}: resolved by hand (was failed) by cli:alice at ")

@@ -259,8 +259,8 @@ def test_every_folder_is_read() -> None:
     graph = import_graph(modules)
     # Spot checks that imports of every form are seen: relative, absolute, inside a function, by name.
     assert "effectgate.ledger.db" in graph["effectgate.ledger.claims"]
-    assert "effectgate.gateway.testing.fake_providers" in graph["effectgate.gateway.cli"]  # in a function
-    assert "effectgate.gateway.app" in graph["effectgate.gateway.cli"]  # in a function
+    assert "effectgate.gateway.testing.fake_providers" in graph["effectgate.gateway.cli.up"]  # in a function
+    assert "effectgate.gateway.app" in graph["effectgate.gateway.cli.serve"]  # in a function
     assert "effectgate.handlers" in graph["effectgate"]  # importlib.import_module("effectgate.handlers")
     assert "effectgate.handlers.context" in graph["effectgate.handlers.registry"]  # under TYPE_CHECKING
 
@@ -289,7 +289,7 @@ def test_asyncio_run_only_in_the_composition_root() -> None:
     calls = asyncio_run_calls(project_modules())
     # The pytest plugin is a composition root of its own (a test session's): it migrates the template
     # ledger from a plain fixture, so it serves tests of any async runner.
-    roots = ("effectgate.gateway.cli:", "effectgate.testing.pytest_plugin:")
+    roots = ("effectgate.gateway.cli:", "effectgate.gateway.cli.", "effectgate.testing.pytest_plugin:")
     assert calls and all(c.startswith(roots) for c in calls), calls
 
 

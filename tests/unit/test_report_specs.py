@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from effectgate.gateway import operator_cli
+from effectgate.gateway.operator import cli as operator_cli
 from effectgate.gateway.operator import dashboard, params, reporting
 from effectgate.gateway.operator.openapi import DOCUMENT
 from effectgate.ledger.queries import Q

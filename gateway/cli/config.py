@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from . import settings_doc, settings_schema, settings_show
-from .config import DEFAULT_CONFIG_FILE, ConfigError, import_handlers, load
-from .secret_sources import Role
-from .settings_env import override
+from .. import settings_doc, settings_schema, settings_show
+from ..config import DEFAULT_CONFIG_FILE, ConfigError, import_handlers, load
+from ..secret_sources import Role
+from ..settings_env import override
 
 ROLES = ("all", "gateway", "worker")
 

@@ -16,9 +16,11 @@ to start when the wait is over rather than answer every delivery with an error.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from typing import TextIO
@@ -26,6 +28,10 @@ from typing import TextIO
 from effectgate.ledger import db
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import MigrationState, migrate, script, status
+
+from ..config import Config
+from . import database, flags
+from .common import UsageError
 
 log = logging.getLogger("effectgate.cli")
 
@@ -171,3 +177,76 @@ async def wait_for_schema(url: str, startup_wait: float, migration_wait: float) 
                 )
                 next_log = now + SCHEMA_LOG_INTERVAL
             await asyncio.sleep(min(SCHEMA_POLL_INTERVAL, remaining))
+
+
+async def apply(url: str, startup_wait: float = 0.0) -> list[str]:
+    """Apply every pending migration to ``url``'s ledger (``up``, and ``serve``/``worker`` without
+    ``--no-migrate``); the names applied."""
+    await db.wait_until_reachable(url, startup_wait)
+    conn = await db.connect(url)
+    async with conn:
+        return await migrate(conn)
+
+
+def migration_wait(args: argparse.Namespace, config: Config) -> float:
+    """Seconds a ``--no-migrate`` process waits for its schema: --migration-wait, then
+    EFFECTGATE_MIGRATION_WAIT, then [database] migration_wait."""
+    if args.migration_wait is not None:
+        return float(args.migration_wait)
+    text = os.environ.get("EFFECTGATE_MIGRATION_WAIT")
+    if text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value >= 0:
+            raise UsageError(f"EFFECTGATE_MIGRATION_WAIT: expected a number of seconds >= 0, got {text!r}")
+        return value
+    return config.database.migration_wait
+
+
+def prepare_schema(args: argparse.Namespace, config: Config, url: str, startup_wait: float) -> None:
+    """Apply pending migrations, or under ``--no-migrate`` wait (bounded) for someone else to."""
+    if not args.no_migrate:
+        asyncio.run(apply(url, startup_wait))
+        return
+    try:
+        asyncio.run(wait_for_schema(url, startup_wait, migration_wait(args, config)))
+    except SchemaBehind as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    wait = database.startup_wait(args)
+    action = (
+        "status" if args.status else "check" if args.check else "print-sql" if args.print_sql else "apply"
+    )
+    if args.format != "table" and action != "status":
+        raise UsageError("--format: only with --status")
+    with database.ledger_url(args) as url:
+        return asyncio.run(run(url, wait, action, args.format))
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``migrate`` to the command line."""
+    mig = flags.with_database(
+        flags.with_startup_wait(
+            sub.add_parser(
+                "migrate",
+                help="apply pending migrations, or show, check or print them",
+                description="Apply pending migrations (under an advisory lock), or, without changing "
+                "anything: list them (--status), exit 5 while any is pending (--check), or print them as "
+                "one SQL script that records itself, for your own migration tool (--print-sql).",
+            )
+        )
+    )
+    what = mig.add_mutually_exclusive_group()
+    what.add_argument("--status", action="store_true", help="list applied and pending migrations")
+    what.add_argument(
+        "--check", action="store_true", help=f"exit {EXIT_PENDING} while any is pending, else 0"
+    )
+    what.add_argument(
+        "--print-sql", action="store_true", help="write the pending migrations to stdout as one SQL script"
+    )
+    mig.add_argument("--format", choices=["table", "json"], default="table", help="with --status")
+    mig.set_defaults(func=cmd_migrate)

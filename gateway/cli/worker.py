@@ -1,0 +1,159 @@
+"""``effectgate worker``: a worker alone, with ``GET /metrics`` and ``GET /healthz`` on ``--metrics-port``.
+
+SIGTERM (and SIGINT, unless ``up`` supervises the process) makes the worker drain: it stops leasing, lets
+its running jobs finish for ``[worker] drain_timeout`` and hands the rest back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import httpx
+
+from effectgate.handlers import tracing
+from effectgate.handlers.context import Services
+from effectgate.handlers.downstream import clients as downstream_clients
+from effectgate.handlers.payments import PaymentsClient
+from effectgate.handlers.registry import REGISTRY
+from effectgate.handlers.shipping import ShippingClient
+from effectgate.handlers.worker import Worker, worker_pool_max
+from effectgate.ledger import db
+
+from .. import guard
+from ..config import Config, ConfigError
+from ..operator import metrics
+from . import database, flags, migrate
+from .common import EXIT_OK, SUPERVISED_ENV, StartFailure
+
+
+def _listen_metrics(host: str, port: int) -> socket.socket:
+    # Bound before the database is touched, so a port taken is a message and exit 1 (as for the gateway's
+    # port: the machine's state, not a mistake in the command), not a worker that starts, leases jobs and
+    # then dies.
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as exc:
+        # create_server rewrites strerror to name the address again; the plain reason reads better here.
+        what = os.strerror(exc.errno) if exc.errno else str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            what += " (another process listens there: stop it, or choose another port)"
+        raise StartFailure(f"--metrics-port: cannot listen on {host}:{port}: {what}") from exc
+
+
+@contextlib.asynccontextmanager
+async def _serving_metrics(
+    pool: db.Pool,
+    sock: socket.socket | None,
+    token_sha256: bytes | None = None,
+    limits: guard.Limits | None = None,
+    health: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
+) -> AsyncIterator[None]:
+    """``GET /metrics`` (and ``GET /healthz`` from ``health``: the worker loop's state, no database) on
+    ``sock`` in this event loop while the block runs; nothing when ``sock`` is None.
+
+    The listener has the gateway's connection guard (``[gateway]`` header and body timeouts, head size):
+    it shares the worker's event loop, so a client dripping a header into it would otherwise hold a
+    parser and its buffer for ever and slow every job the worker runs.
+    """
+    if sock is None:
+        yield
+        return
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        # Signals belong to the worker, which drains on SIGTERM; this server stops after it has.
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server = Server(
+        uvicorn.Config(
+            metrics.app(pool, token_sha256=token_sha256, health=health),
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            http=guard.configure(limits if limits is not None else guard.Limits()),
+        )
+    )
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def _run_worker(
+    config: Config, url: str, concurrency: int | None, metrics_socket: socket.socket | None = None
+) -> None:
+    worker_config = config.worker
+    if concurrency is not None:
+        worker_config = replace(worker_config, concurrency=concurrency)
+    tracing.configure(config.tracing, role="worker")
+    pool = db.make_pool(url, max_size=worker_pool_max(worker_config.concurrency), name="effectgate-worker")
+    await pool.open(wait=False)
+    counted = metrics.downstream_call
+    async with httpx.AsyncClient() as http:
+        services = Services(
+            http=http,
+            payments=PaymentsClient(http, config.payments, on_call=counted) if config.payments else None,
+            shipping=ShippingClient(http, config.shipping, on_call=counted) if config.shipping else None,
+            downstreams=downstream_clients(http, config.downstreams.items(), on_call=counted),
+        )
+        worker = Worker(
+            pool, REGISTRY, url=url, config=worker_config, services=services, observer=metrics.WORKER_OBSERVER
+        )
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, worker.stop)
+        if os.environ.get(SUPERVISED_ENV):
+            # Under `effectgate up` a terminal's Ctrl-C reaches the whole process group, and the supervisor
+            # passes each one on as SIGTERM: heeding both would make the first Ctrl-C a second stop.
+            loop.add_signal_handler(signal.SIGINT, lambda: None)
+        else:
+            loop.add_signal_handler(signal.SIGINT, worker.stop)
+        try:
+            async with _serving_metrics(
+                pool, metrics_socket, config.metrics_token_sha256, config.gateway.limits, worker.health
+            ):
+                await worker.run()
+        finally:
+            await pool.close()
+            if tracing.enabled():
+                await asyncio.to_thread(tracing.flush)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    config = database.load_config(args, database=True, role="worker")
+    if not REGISTRY.kinds():
+        raise ConfigError(f"{config.path}: handlers.modules: no effect handlers registered; nothing to run")
+    wait = database.startup_wait(args, config)
+    sock = None if args.metrics_port is None else _listen_metrics(args.metrics_host, args.metrics_port)
+    with database.ledger_url(args) as url:
+        migrate.prepare_schema(args, config, url, wait)
+        asyncio.run(_run_worker(config, url, args.concurrency, sock))
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``worker`` to the command line."""
+    worker = flags.with_migration_wait(
+        flags.with_database(
+            flags.with_startup_wait(flags.with_config(sub.add_parser("worker", help="run a worker")))
+        )
+    )
+    worker.add_argument("--concurrency", type=flags.positive_int)
+    worker.add_argument("--no-migrate", action="store_true", help="do not apply pending migrations first")
+    worker.add_argument(
+        "--metrics-port", type=flags.port, help="serve GET /metrics on this port (default: none)"
+    )
+    worker.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+    worker.set_defaults(func=cmd_worker)
