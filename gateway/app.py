@@ -24,10 +24,11 @@ from effectgate.ledger.migrate import unapplied
 from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
 from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
 
+from . import metrics
 from .bodies import BodyTooLarge
 from .config import Config, ConfigError, identity_problems
 from .ingress import error, receive
-from .operator import metrics
+from .operator import metrics as metrics_endpoint
 from .operator.api import ApiHeaders
 from .operator.dashboard import form_too_large
 from .operator.routes import operator_routes
@@ -206,7 +207,7 @@ def create_app(
     app.state.config = config
     app.state.registry = registry
     app.state.metrics_token_sha256 = config.metrics_token_sha256
-    app.state.ledger_gauges = metrics.LedgerGauges(directory=metrics.multiprocess_dir())
+    app.state.ledger_gauges = metrics_endpoint.LedgerGauges(directory=metrics.multiprocess_dir())
     secret = config.dashboard.session_secret
     # The key is derived, so the configured secret itself signs nothing and is never compared.
     app.state.session_key = (

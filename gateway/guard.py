@@ -48,7 +48,7 @@ from urllib.parse import unquote
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .operator import metrics
+from . import metrics
 from .penalty_box import PenaltyBox
 
 log = logging.getLogger("effectgate.gateway")

@@ -38,9 +38,9 @@ from effectgate.ledger.fingerprints import canonical_json
 from effectgate.ledger.migrate import unapplied
 from effectgate.ledger.storable import jsonb_problem
 
+from . import metrics
 from .bodies import BodyTooLarge, read_body
 from .config import Config, Source
-from .operator import metrics
 from .penalty_box import PenaltyBox
 from .replay_memory import LedgerReplayMemory
 from .signature_failures import SignatureFailures

@@ -5,7 +5,7 @@ are done here:
 
 - **Metrics across processes.** The supervisor makes a private directory and names it in
   ``PROMETHEUS_MULTIPROC_DIR`` before any child starts, so every child counts into files there and any
-  child's ``/metrics`` sums them all (``gateway.operator.metrics``). A child that exits is marked dead
+  child's ``/metrics`` sums them all (``gateway.metrics``). A child that exits is marked dead
   (its live gauges dropped; its counts stay, so counters never go backwards) and the directory is
   removed when the supervisor exits. A supervisor killed with SIGKILL cannot remove it: it is left under
   the temporary directory as ``effectgate-metrics-*``, and nothing else reads it.
@@ -33,7 +33,7 @@ from prometheus_client import multiprocess
 from uvicorn import Config
 from uvicorn.supervisors.multiprocess import Multiprocess
 
-from .operator.metrics import MULTIPROC_ENV
+from .metrics import MULTIPROC_ENV
 
 log = logging.getLogger("effectgate.gateway")
 

@@ -1,7 +1,7 @@
 """Seams through which the worker and the downstream clients report what happened, for metrics.
 
 ``handlers`` must not import ``gateway``, so nothing here counts: the composition root hands in
-callables (``gateway.cli.worker`` passes the ``gateway.operator.metrics`` functions). Without them the worker
+callables (``gateway.cli.worker`` passes the ``gateway.metrics`` functions). Without them the worker
 and the clients pay one ``None`` check per event. An observer that raises is logged and ignored:
 counting must never change the outcome of a job or of a downstream call.
 """

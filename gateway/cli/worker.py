@@ -28,9 +28,9 @@ from effectgate.handlers.shipping import ShippingClient
 from effectgate.handlers.worker import Worker, worker_pool_max
 from effectgate.ledger import db
 
-from .. import guard
+from .. import guard, metrics
 from ..config import Config, ConfigError
-from ..operator import metrics
+from ..operator import metrics as metrics_endpoint
 from . import database, flags, migrate
 from .common import EXIT_OK, SUPERVISED_ENV, StartFailure
 
@@ -77,7 +77,7 @@ async def _serving_metrics(
 
     server = Server(
         uvicorn.Config(
-            metrics.app(pool, token_sha256=token_sha256, health=health),
+            metrics_endpoint.app(pool, token_sha256=token_sha256, health=health),
             lifespan="off",
             log_config=None,
             access_log=False,

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from effectgate.gateway.operator.metrics import CONTENT_TYPE
+from effectgate.gateway.metrics import CONTENT_TYPE
 from tests.prometheus import value
 
 from .conftest import Stack, event

@@ -256,7 +256,7 @@ async def test_an_unreachable_ledger_is_503_and_nothing_is_acknowledged() -> Non
 
 
 async def test_deliveries_and_failures_are_counted_in_the_metrics(client: httpx.AsyncClient) -> None:
-    from effectgate.gateway.operator import metrics
+    from effectgate.gateway import metrics
     from tests.prometheus import value
 
     before = metrics.render()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from effectgate.gateway import metrics
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
-from effectgate.gateway.operator import metrics
 from tests.prometheus import value
 
 from .test_ingress import CONFIG, ENV, make_registry, stripe_event, stripe_headers

@@ -8,6 +8,7 @@ import pathlib
 import httpx
 import pytest
 
+from effectgate.gateway import metrics as counting
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
 from effectgate.gateway.operator import metrics
@@ -41,10 +42,10 @@ async def scrape(url: str, *, open_pool: bool = True) -> httpx.Response:
 
 async def test_metrics_carry_process_counters_and_job_gauges(db_url: str, conn: db.Conn) -> None:
     await seed(conn)
-    metrics.delivery("stripe", "duplicate")
+    counting.delivery("stripe", "duplicate")
     response = await scrape(db_url)
     assert response.status_code == 200
-    assert response.headers["content-type"] == metrics.CONTENT_TYPE
+    assert response.headers["content-type"] == counting.CONTENT_TYPE
     lines = response.text.splitlines()
     assert "effectgate_ledger_up 1" in lines
     # The seed leaves one failed job and two pending ones; succeeded jobs are history, not a gauge.

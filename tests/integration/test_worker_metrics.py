@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from effectgate.gateway.operator import metrics
+from effectgate.gateway import metrics
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
 from effectgate.handlers.observe import WorkerObserver
 from effectgate.handlers.worker import reconcile_forever

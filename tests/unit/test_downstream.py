@@ -11,7 +11,7 @@ import httpx
 import pytest
 import respx
 
-from effectgate.gateway.operator import metrics
+from effectgate.gateway import metrics
 from effectgate.handlers.downstream import DownstreamConfig, classify_response, send_idempotent
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
 from effectgate.handlers.payments import PaymentsClient

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from effectgate.gateway.operator import metrics
+from effectgate.gateway import metrics
+from effectgate.gateway.operator import metrics as metrics_endpoint
 from effectgate.ledger.reports import JobGauges
 from tests.prometheus import samples, value
 
@@ -83,7 +84,7 @@ def test_a_wrong_number_of_labels_is_refused() -> None:
 
 
 def test_job_gauges_render_and_say_when_the_ledger_is_unreadable() -> None:
-    text = metrics.render_job_gauges(
+    text = metrics_endpoint.render_job_gauges(
         JobGauges(
             [{"state": "parked", "kind": "fulfil", "n": 2}, {"state": "failed", "kind": 'a"b', "n": 1}],
             oldest_due_seconds=12.5,
@@ -94,4 +95,4 @@ def test_job_gauges_render_and_say_when_the_ledger_is_unreadable() -> None:
     assert value(text, "effectgate_jobs", state="parked", kind="fulfil") == 2
     assert value(text, "effectgate_jobs", state="failed", kind='a"b') == 1
     assert value(text, "effectgate_oldest_due_job_seconds") == 12.5
-    assert metrics.render_job_gauges(None).splitlines()[-1] == "effectgate_ledger_up 0"
+    assert metrics_endpoint.render_job_gauges(None).splitlines()[-1] == "effectgate_ledger_up 0"
