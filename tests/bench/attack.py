@@ -276,6 +276,12 @@ def main() -> None:
         default=None,
         help="the gateway's [gateway.penalty_box] replays (default: its default; 0: replays never box)",
     )
+    parser.add_argument(
+        "--hold",
+        type=int,
+        default=None,
+        help="the gateway's [gateway.penalty_box] hold (default: its default)",
+    )
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -325,6 +331,8 @@ def main() -> None:
         box = [] if args.penalty_box == "on" else ["enabled = false"]
         if args.replays is not None:
             box.append(f"replays = {args.replays}")
+        if args.hold is not None:
+            box.append(f"hold = {args.hold}")
         if box:
             config.write_text(config.read_text() + "[gateway.penalty_box]\n" + "".join(f"{k}\n" for k in box))
         shim = bind_shim(tmp) if args.attacker_address != "127.0.0.1" else None
@@ -339,6 +347,7 @@ def main() -> None:
             )
             + f"; penalty box {args.penalty_box}"
             + ("" if args.replays is None else f", replays = {args.replays}")
+            + ("" if args.hold is None else f", hold = {args.hold}")
             + f"; {os.cpu_count()} cores, shared with the load generators",
             flush=True,
         )
