@@ -299,3 +299,29 @@ def test_a_sender_redelivering_many_different_events_is_never_boxed(gateway: Gat
             assert statuses == {200}
     assert gateway.metric("effectgate_penalty_box_entries_total", source="stripe", reason="replays") == 0
     assert [gateway.effects(event_id) for event_id in event_ids] == [1] * len(event_ids)
+
+
+def test_behind_a_trusted_proxy_a_replaying_client_is_answered_429(gateway: Gateway) -> None:
+    captured = f"evt_{uuid.uuid4().hex}"
+    body, headers = genuine(captured)
+    replayer = {**headers, "X-Forwarded-For": "203.0.113.9"}
+    with gateway.client() as proxy:
+        statuses = [
+            proxy.post("/webhooks/stripe", content=body, headers=replayer).status_code
+            for _ in range(REPLAYS + 2)
+        ]
+        # The first is the delivery itself, the next REPLAYS - 1 duplicates; past REPLAYS, 429 before a claim.
+        assert statuses == [202] + [200] * (REPLAYS - 1) + [429, 429]
+        # Another client the proxy forwards for, and the proxy itself, keep their service.
+        for forwarded in ({"X-Forwarded-For": "198.51.100.7"}, {}):
+            event_id = f"evt_{uuid.uuid4().hex}"
+            fresh, signed = genuine(event_id)
+            assert (
+                proxy.post("/webhooks/stripe", content=fresh, headers={**signed, **forwarded}).status_code
+                == 202
+            )
+            assert gateway.effects(event_id) == 1
+    assert gateway.effects(captured) == 1
+    assert gateway.delivery_count(captured) == REPLAYS
+    assert gateway.metric("effectgate_penalty_box_entries_total", source="stripe", reason="replays") == 1
+    assert gateway.metric("effectgate_penalty_box_refusals_total", source="stripe", how="answered") == 2
