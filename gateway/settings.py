@@ -224,7 +224,7 @@ SETTINGS: tuple[Setting, ...] = (
         "gateway.penalty_box.window",
         "number",
         10.0,
-        "seconds failures are counted over",
+        "seconds failures (and repeats of one delivery) are counted over",
         minimum=0.001,
         roles=_G,
     ),
