@@ -445,6 +445,7 @@ def _penalty_settings(box: TableReader) -> PenaltySettings:
         cooling=box.number("cooling", penalty_box.DEFAULT_COOLING, minimum=0.001),
         hold=box.number("hold", penalty_box.DEFAULT_HOLD, minimum=0, integer=True),
         max_clients=box.number("max_clients", penalty_box.DEFAULT_MAX_CLIENTS, minimum=1, integer=True),
+        replays=box.number("replays", penalty_box.DEFAULT_REPLAYS, minimum=0, integer=True),
     )
     box.no_unknown_keys()
     return settings

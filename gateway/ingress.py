@@ -148,7 +148,7 @@ async def _receive(request: Request) -> Response:
         left = box.refuses(client.host, client.port, name)
         if left > 0:
             metrics.penalty_box_refusal(name, "answered")
-            return _penalised(left)
+            return _penalised(left, _FAILED)
     try:
         body = await read_body(request, config.gateway.max_body_bytes)
     except BodyTooLarge:
@@ -176,10 +176,15 @@ async def _receive(request: Request) -> Response:
             "delivery.unauthenticated", extra={"source": name, "reason": exc.code, "request_id": request_id}
         )
         if client is not None and box.failed(client.host, client.port, name):
-            metrics.penalty_box_entered(name)
+            metrics.penalty_box_entered(name, "failures")
             log.warning(
                 "penalty_box.entered",
-                extra={"source": name, "client": client.host, "seconds": box.settings.cooling},
+                extra={
+                    "source": name,
+                    "client": client.host,
+                    "seconds": box.settings.cooling,
+                    "reason": "failures",
+                },
             )
         return error(401, exc.code, exc.detail)
     except PayloadError as exc:
@@ -191,6 +196,22 @@ async def _receive(request: Request) -> Response:
         return error(503, exc.code, exc.detail)
 
     if client is not None:
+        # Counted before the claim: a replay flood is refused without a database round trip each.
+        replay = box.replayed(client.host, client.port, name, body)
+        if replay != "served":
+            metrics.penalty_box_refusal(name, "answered")
+            if replay == "boxed":
+                metrics.penalty_box_entered(name, "replays")
+                log.warning(
+                    "penalty_box.entered",
+                    extra={
+                        "source": name,
+                        "client": client.host,
+                        "seconds": box.settings.cooling,
+                        "reason": "replays",
+                    },
+                )
+            return _penalised(box.left(client.host, name), _REPLAYED)
         box.authenticated(client.host, client.port)
     if verified.challenge is not None:
         return JSONResponse(verified.challenge)
@@ -378,12 +399,12 @@ def _plan(
 RETRY_AFTER = "1"
 
 
-def _penalised(seconds_left: float) -> JSONResponse:
-    response = error(
-        429,
-        "client_penalised",
-        "too many failed authentications from this client for this source; try again later",
-    )
+_FAILED = "too many failed authentications from this client for this source; try again later"
+_REPLAYED = "one delivery repeated too often by this client for this source; try again later"
+
+
+def _penalised(seconds_left: float, detail: str) -> JSONResponse:
+    response = error(429, "client_penalised", detail)
     response.headers["Retry-After"] = str(max(1, round(seconds_left)))
     # Its next request would be refused too: it reconnects rather than keeps a connection to send it on.
     response.headers["Connection"] = "close"

@@ -101,11 +101,12 @@ VERIFICATION_FAILURES = _Capped(
 PENALTY_BOX_ENTRIES = _Capped(
     Counter(
         "effectgate_penalty_box_entries",
-        "Clients put in the penalty box for a source after repeated failed authentications.",
-        ("source",),
+        "Clients put in the penalty box for a source, by reason: failures (repeated failed "
+        "authentications) or replays (one delivery repeated too often).",
+        ("source", "reason"),
         registry=REGISTRY,
     ),
-    1,
+    2,
 )
 PENALTY_BOX_REFUSALS = _Capped(
     Counter(
@@ -243,9 +244,9 @@ def verification_failure(source: str, reason: str) -> None:
     VERIFICATION_FAILURES.labels(source, reason).inc()
 
 
-def penalty_box_entered(source: str) -> None:
-    """Count one client put in the penalty box for ``source``."""
-    PENALTY_BOX_ENTRIES.labels(source).inc()
+def penalty_box_entered(source: str, reason: str) -> None:
+    """Count one client put in the penalty box for ``source`` (reason ``failures`` or ``replays``)."""
+    PENALTY_BOX_ENTRIES.labels(source, reason).inc()
 
 
 def penalty_box_refusal(source: str, how: str) -> None:

@@ -24,21 +24,34 @@ sender sharing an address with the attacker keeps its kept-alive connections), u
 connection itself. A sender that shares the attacker's address and opens new connections is held off
 with it: the box cannot tell them apart (``docs/security.md`` says so).
 
-State is per process, in memory, bounded by ``max_clients`` pairs (the oldest dropped first).
+**Replays** box a client too. A captured delivery replayed is correctly signed, so it never fails
+authentication; each one costs a claim round trip, and a flood of one delivery shrinks every claim batch
+to one request (a batch takes one request per key), so unrelated deliveries queue behind it. A provider
+retries one delivery a handful of times over hours, never tens of times in seconds: so each
+authenticated delivery is also counted per **client, source and body digest**, in memory, before it is
+claimed. Sent more than ``replays`` times within ``window`` seconds, it is refused (``429
+client_penalised``, ``Connection: close``, nothing claimed) and (client, source) goes in the box as
+after ``failures`` failures. The first ``replays`` go through the claim path and are answered honestly
+(200, duplicate), so the ledger's counts say what was answered. A provider redelivering many *different*
+events (after an outage, each a duplicate) is never boxed: each body is counted on its own.
+
+State is per process, in memory, bounded by ``max_clients`` entries per table (the oldest dropped first).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 DEFAULT_FAILURES = 50
 DEFAULT_WINDOW = 10.0
 DEFAULT_COOLING = 60.0
 DEFAULT_HOLD = 256
 DEFAULT_MAX_CLIENTS = 10_000
+DEFAULT_REPLAYS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +64,8 @@ class PenaltySettings:
     cooling: float = DEFAULT_COOLING
     hold: int = DEFAULT_HOLD
     max_clients: int = DEFAULT_MAX_CLIENTS
+    # Repeats of one delivery (same client, source and body) within ``window`` that box a client; 0: never.
+    replays: int = DEFAULT_REPLAYS
 
     def __post_init__(self) -> None:
         if (
@@ -59,13 +74,22 @@ class PenaltySettings:
             or self.cooling <= 0
             or self.hold < 0
             or self.max_clients < 1
+            or self.replays < 0
         ):
-            raise ValueError("failures and max_clients must be >= 1, window and cooling > 0, hold >= 0")
+            raise ValueError(
+                "failures and max_clients must be >= 1, window and cooling > 0, hold and replays >= 0"
+            )
 
 
 Key = tuple[str, str]
+# (client, source, body digest)
+ReplayKey = tuple[str, str, bytes]
 Connection = tuple[str, int]
+_K = TypeVar("_K")
 _V = TypeVar("_V")
+
+#: What ``PenaltyBox.replayed`` says of a delivery: served, or refused (and whether this one boxed its client).
+Replay = Literal["served", "boxed", "refused"]
 
 
 class PenaltyBox:
@@ -80,6 +104,8 @@ class PenaltyBox:
         self._failures: dict[Key, tuple[float, int]] = {}
         # (client, source) -> until when it is boxed
         self._boxed: dict[Key, float] = {}
+        # (client, source, body digest) -> (start of its window, times seen in it)
+        self._replays: dict[ReplayKey, tuple[float, int]] = {}
         # Open connections on which a delivery authenticated since their last failure.
         self._proven: set[Connection] = set()
         #: Connections of boxed clients held unread right now (the guard keeps it).
@@ -108,6 +134,32 @@ class PenaltyBox:
         self._remember(self._boxed, key, now + self.settings.cooling)
         return True
 
+    def replayed(self, client: str, port: int, source: str, body: bytes) -> Replay:
+        """Count one authenticated delivery of ``body``; sent more than ``replays`` times within ``window``
+        it is refused, and the refusal that finds (``client``, ``source``) out of the box (``"boxed"``) puts
+        it in.
+
+        Called before the claim, so a refused replay costs a digest and a dict lookup, no database call.
+        """
+        settings = self.settings
+        if not settings.enabled or settings.replays == 0:
+            return "served"
+        now = self._clock()
+        key = (client, source, hashlib.sha256(body).digest())
+        start, count = self._replays.get(key, (now, 0))
+        if now - start >= settings.window:
+            start, count = now, 0
+        count += 1
+        self._remember(self._replays, key, (start, count))
+        if count <= settings.replays:
+            return "served"
+        # Refused, and this connection no longer keeps its service (it authenticated only by replaying).
+        self._proven.discard((client, port))
+        if self._boxed.get((client, source), now) > now:
+            return "refused"
+        self._remember(self._boxed, (client, source), now + settings.cooling)
+        return "boxed"
+
     def authenticated(self, client: str, port: int) -> None:
         """A delivery on this connection authenticated: it keeps its service while its client is boxed."""
         if len(self._proven) < self.settings.max_clients:
@@ -127,11 +179,15 @@ class PenaltyBox:
             return 0.0
         return left
 
+    def left(self, client: str, source: str) -> float:
+        """Seconds left in the box for (``client``, ``source``), whatever the connection; 0.0 when out of it."""
+        return max(0.0, self._boxed.get((client, source), 0.0) - self._clock()) if self._boxed else 0.0
+
     def forget(self, client: str, port: int) -> None:
         """The connection closed."""
         self._proven.discard((client, port))
 
-    def _remember(self, table: dict[Key, _V], key: Key, value: _V) -> None:
+    def _remember(self, table: dict[_K, _V], key: _K, value: _V) -> None:
         if key not in table and len(table) >= self.settings.max_clients:
             # Bounded: the oldest entry goes first (dicts keep insertion order).
             del table[next(iter(table))]

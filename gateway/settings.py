@@ -89,7 +89,7 @@ class Setting:
 # Tables, in the order the reference lists them, with what each is for.
 TABLES: dict[str, str] = {
     "gateway": "The HTTP face: where it listens, how much it reads, the claim path's bounds.",
-    "gateway.penalty_box": "A client that keeps failing authentication for a source is held off it.",
+    "gateway.penalty_box": "A client that keeps failing authentication, or replays one delivery, is held off a source.",
     "database": "How a process meets its database at start (the URL itself is `EFFECTGATE_DATABASE_URL` "
     "or `DATABASE_URL`).",
     "worker": "How a worker takes and runs jobs.",
@@ -224,7 +224,7 @@ SETTINGS: tuple[Setting, ...] = (
         "gateway.penalty_box.window",
         "number",
         10.0,
-        "seconds failures are counted over",
+        "seconds failures (and repeats of one delivery) are counted over",
         minimum=0.001,
         roles=_G,
     ),
@@ -250,6 +250,14 @@ SETTINGS: tuple[Setting, ...] = (
         10_000,
         "(client, source) pairs remembered per process",
         minimum=1,
+        roles=_G,
+    ),
+    Setting(
+        "gateway.penalty_box.replays",
+        "integer",
+        20,
+        "times one delivery may be sent by a client within `window` before it is boxed (0: never)",
+        minimum=0,
         roles=_G,
     ),
     # [database]

@@ -24,7 +24,8 @@ against an attacker that shares nothing with the provider. ``--attacker-address
 127.0.0.1`` is the worst case: the attacker shares the genuine sender's address. Without ``cc`` the
 floods share 127.0.0.1 and the run says so. ``--penalty-box off`` runs the gateway with the box
 disabled (the per-rejection cost of JSON and random floods is only measurable then: with it on, both
-are held after their first failures).
+are held after their first failures); ``--replays 0`` runs it with replays never boxing (the replay flood
+then reaches the claim path every time, as before the box counted replays).
 
 The gateway's resident memory (all its processes) is printed before and after each scenario, and the
 CPU the gateway and the flood client used during it: the flood client runs on the same cores.
@@ -269,6 +270,18 @@ def main() -> None:
     parser.add_argument(
         "--penalty-box", choices=["on", "off"], default="on", help="the gateway's [gateway.penalty_box]"
     )
+    parser.add_argument(
+        "--replays",
+        type=int,
+        default=None,
+        help="the gateway's [gateway.penalty_box] replays (default: its default; 0: replays never box)",
+    )
+    parser.add_argument(
+        "--hold",
+        type=int,
+        default=None,
+        help="the gateway's [gateway.penalty_box] hold (default: its default)",
+    )
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -315,8 +328,13 @@ def main() -> None:
         port = ingress.free_port()
         base = f"http://127.0.0.1:{port}"
         config = ingress.write_config(tmp)
-        if args.penalty_box == "off":
-            config.write_text(config.read_text() + "[gateway.penalty_box]\nenabled = false\n")
+        box = [] if args.penalty_box == "on" else ["enabled = false"]
+        if args.replays is not None:
+            box.append(f"replays = {args.replays}")
+        if args.hold is not None:
+            box.append(f"hold = {args.hold}")
+        if box:
+            config.write_text(config.read_text() + "[gateway.penalty_box]\n" + "".join(f"{k}\n" for k in box))
         shim = bind_shim(tmp) if args.attacker_address != "127.0.0.1" else None
         attacker = args.attacker_address if shim is not None else "127.0.0.1"
         print(
@@ -327,7 +345,10 @@ def main() -> None:
                 if shim is not None or args.attacker_address == "127.0.0.1"
                 else " (no cc: no shim, shared)"
             )
-            + f"; penalty box {args.penalty_box}; {os.cpu_count()} cores, shared with the load generators",
+            + f"; penalty box {args.penalty_box}"
+            + ("" if args.replays is None else f", replays = {args.replays}")
+            + ("" if args.hold is None else f", hold = {args.hold}")
+            + f"; {os.cpu_count()} cores, shared with the load generators",
             flush=True,
         )
         gateway = subprocess.Popen(ingress.effectgate_command(config, port, 2), cwd=ROOT, env=env(db_url))

@@ -73,8 +73,77 @@ def test_bounded_by_max_clients_oldest_first() -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    [{"failures": 0}, {"window": 0}, {"cooling": -1}, {"hold": -1}, {"max_clients": 0}],
+    [{"failures": 0}, {"window": 0}, {"cooling": -1}, {"hold": -1}, {"max_clients": 0}, {"replays": -1}],
 )
 def test_settings_refused(settings: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="failures and max_clients"):
         PenaltySettings(**settings)  # type: ignore[arg-type]
+
+
+def test_one_delivery_sent_more_than_replays_times_in_the_window_boxes_its_client() -> None:
+    pb, clock = box(replays=3, window=10, cooling=60)
+    body = b'{"id": "evt_1"}'
+    assert [pb.replayed("10.0.0.9", 1, "stripe", body) for _ in range(5)] == [
+        "served",
+        "served",
+        "served",
+        "boxed",
+        "refused",
+    ]
+    assert pb.refuses("10.0.0.9", 2, "stripe") == 60
+    assert pb.left("10.0.0.9", "stripe") == 60
+    # Another client sending the same body, and the same client on another source, are served.
+    assert pb.replayed("10.0.0.8", 1, "stripe", body) == "served"
+    assert pb.replayed("10.0.0.9", 1, "github", body) == "served"
+    assert pb.refuses("10.0.0.9", 2, "github") == 0
+    clock.now += 60
+    assert pb.refuses("10.0.0.9", 2, "stripe") == 0
+
+
+def test_many_different_deliveries_from_one_client_never_box_it() -> None:
+    # A provider redelivering its backlog after an outage: every body once (or a few times), each a duplicate.
+    pb, _ = box(replays=3, window=10)
+    for attempt in range(3):
+        for n in range(1000):
+            assert pb.replayed("10.0.0.9", 1, "stripe", b'{"id": "evt_%d"}' % n) == "served", (attempt, n)
+    assert not pb.active
+
+
+def test_repeats_spread_wider_than_the_window_never_box() -> None:
+    pb, clock = box(replays=2, window=10)
+    for _ in range(10):
+        assert pb.replayed("10.0.0.9", 1, "stripe", b"{}") == "served"
+        assert pb.replayed("10.0.0.9", 1, "stripe", b"{}") == "served"
+        clock.now += 10
+    assert not pb.active
+
+
+def test_a_replaying_connection_loses_its_proof() -> None:
+    pb, _ = box(replays=1)
+    pb.authenticated("10.0.0.9", 7)
+    assert pb.replayed("10.0.0.9", 7, "stripe", b"{}") == "served"
+    assert pb.replayed("10.0.0.9", 7, "stripe", b"{}") == "boxed"
+    assert pb.refuses("10.0.0.9", 7, "stripe") > 0
+
+
+def test_a_client_already_boxed_for_failures_is_refused_not_boxed_again() -> None:
+    pb, _ = box(replays=1, failures=1)
+    assert pb.failed("10.0.0.9", 1, "stripe")
+    assert pb.replayed("10.0.0.9", 2, "stripe", b"{}") == "served"
+    assert pb.replayed("10.0.0.9", 2, "stripe", b"{}") == "refused"
+
+
+@pytest.mark.parametrize("settings", [{"replays": 0}, {"enabled": False, "replays": 1}])
+def test_replays_zero_or_disabled_never_box(settings: dict[str, int | bool]) -> None:
+    pb, _ = box(**settings)
+    assert {pb.replayed("10.0.0.9", 1, "stripe", b"{}") for _ in range(100)} == {"served"}
+    assert not pb.active
+
+
+def test_the_replay_memory_is_bounded_by_max_clients() -> None:
+    pb, _ = box(replays=1, max_clients=3)
+    for n in range(5):
+        pb.replayed("10.0.0.9", 1, "stripe", b"%d" % n)
+    # The two oldest were forgotten: each is a first sight again; the newest is a repeat.
+    assert pb.replayed("10.0.0.9", 1, "stripe", b"0") == "served"
+    assert pb.replayed("10.0.0.9", 1, "stripe", b"4") == "boxed"
