@@ -109,7 +109,8 @@ def _load_config(args: argparse.Namespace, *, database: bool = False, role: Role
     if problems or config is None:
         raise ConfigError(*problems)
     import_handlers(config)
-    return config
+    # EFFECTGATE_SCHEMA wins over [database] schema, here once, so every pool the config reaches agrees.
+    return replace(config, database=replace(config.database, schema=_schema(config)))
 
 
 # Where the ledger's URL comes from, first match wins: a variable of effectgate's own beats the generic one,
@@ -220,11 +221,24 @@ def _terminate(signum: int, _frame: Any) -> None:
 _command_line = argparse.Namespace(command="ledger", database_url=None, embedded=False)
 
 
+def _schema(config: Config | None = None) -> str:
+    """effectgate's Postgres schema: ``EFFECTGATE_SCHEMA``, then ``[database] schema``, then the default.
+    Commands that read no configuration file (``migrate``, ``ledger``, ``jobs``) see only the variable."""
+    text = os.environ.get("EFFECTGATE_SCHEMA")
+    if text:
+        try:
+            return db.check_schema_name(text)
+        except ValueError as exc:
+            raise UsageError(f"EFFECTGATE_SCHEMA: {exc}") from None
+    return config.database.schema if config is not None else db.DEFAULT_SCHEMA
+
+
 def run_on_ledger(command: Callable[[db.Conn], Awaitable[None]]) -> None:
     """Run ``command`` with one connection to the ledger (``_database``) in a new event loop."""
+    schema = _schema()
 
     async def main(url: str) -> None:
-        conn = await db.connect(url)
+        conn = await db.connect(url, schema=schema)
         async with conn:
             await command(conn)
 
@@ -232,11 +246,11 @@ def run_on_ledger(command: Callable[[db.Conn], Awaitable[None]]) -> None:
         asyncio.run(main(url))
 
 
-async def _migrate(url: str, startup_wait: float = 0.0) -> list[str]:
+async def _migrate(url: str, startup_wait: float = 0.0, schema: str = db.DEFAULT_SCHEMA) -> list[str]:
     await db.wait_until_reachable(url, startup_wait)
-    conn = await db.connect(url)
+    conn = await db.connect(url, schema=schema)
     async with conn:
-        return await migrate(conn)
+        return await migrate(conn, schema=schema)
 
 
 def _migration_wait(args: argparse.Namespace, config: Config) -> float:
@@ -259,10 +273,12 @@ def _migration_wait(args: argparse.Namespace, config: Config) -> float:
 def _prepare_schema(args: argparse.Namespace, config: Config, url: str, startup_wait: float) -> None:
     """Apply pending migrations, or under ``--no-migrate`` wait (bounded) for someone else to."""
     if not args.no_migrate:
-        asyncio.run(_migrate(url, startup_wait))
+        asyncio.run(_migrate(url, startup_wait, _schema(config)))
         return
     try:
-        asyncio.run(migrate_cli.wait_for_schema(url, startup_wait, _migration_wait(args, config)))
+        asyncio.run(
+            migrate_cli.wait_for_schema(url, startup_wait, _migration_wait(args, config), _schema(config))
+        )
     except migrate_cli.SchemaBehind as exc:
         raise UsageError(str(exc)) from exc
 
@@ -527,7 +543,12 @@ async def _run_worker(
     if concurrency is not None:
         worker_config = replace(worker_config, concurrency=concurrency)
     tracing.configure(config.tracing, role="worker")
-    pool = db.make_pool(url, max_size=worker_pool_max(worker_config.concurrency), name="effectgate-worker")
+    pool = db.make_pool(
+        url,
+        max_size=worker_pool_max(worker_config.concurrency),
+        name="effectgate-worker",
+        schema=_schema(config),
+    )
     await pool.open(wait=False)
     counted = metrics.downstream_call
     async with httpx.AsyncClient() as http:
@@ -582,7 +603,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.format != "table" and action != "status":
         raise UsageError("--format: only with --status")
     with _database(args) as url:
-        return asyncio.run(migrate_cli.run(url, wait, action, args.format))
+        return asyncio.run(migrate_cli.run(url, wait, action, args.format, _schema()))
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -591,7 +612,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
     async def once(url: str) -> Any:
         await db.wait_until_reachable(url, wait)
-        conn = await db.connect(url)
+        conn = await db.connect(url, schema=_schema(config))
         async with conn:
             async with db.translate_errors():
                 pending = await unapplied(conn)

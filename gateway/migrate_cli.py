@@ -85,18 +85,20 @@ def _version() -> str:
         return "(uninstalled)"
 
 
-async def run(url: str, startup_wait: float, action: str, fmt: str = "table") -> int:
+async def run(
+    url: str, startup_wait: float, action: str, fmt: str = "table", schema: str = db.DEFAULT_SCHEMA
+) -> int:
     """One ``migrate`` invocation against ``url``: ``apply``, ``status``, ``check`` or ``print-sql``."""
     await db.wait_until_reachable(url, startup_wait)
-    conn = await db.connect(url)
+    conn = await db.connect(url, schema=schema)
     async with conn:
         async with db.translate_errors():
             if action == "apply":
-                applied = await migrate(conn)
+                applied = await migrate(conn, schema=schema)
                 print("applied: " + ", ".join(applied) if applied else "up to date")
                 return 0
             if action == "print-sql":
-                names, text = await script(conn)
+                names, text = await script(conn, schema=schema)
                 if not names:
                     print("effectgate: no migration is pending; nothing to print", file=sys.stderr)
                     return 0
@@ -127,7 +129,9 @@ async def run(url: str, startup_wait: float, action: str, fmt: str = "table") ->
     return 0
 
 
-async def wait_for_schema(url: str, startup_wait: float, migration_wait: float) -> None:
+async def wait_for_schema(
+    url: str, startup_wait: float, migration_wait: float, schema: str = db.DEFAULT_SCHEMA
+) -> None:
     """Return once every migration this version ships is applied to ``url``'s ledger, looking again every
     second for up to ``migration_wait`` seconds and logging what is still pending every few seconds.
 
@@ -138,7 +142,7 @@ async def wait_for_schema(url: str, startup_wait: float, migration_wait: float) 
     await db.wait_until_reachable(url, startup_wait)
     deadline = time.monotonic() + migration_wait
     next_log = 0.0
-    conn = await db.connect(url)
+    conn = await db.connect(url, schema=schema)
     async with conn:
         while True:
             async with db.translate_errors():
