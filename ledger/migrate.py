@@ -87,7 +87,10 @@ async def pending(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[M
     if await _legacy(conn):
         rows = await (await conn.execute(Q["migrations_applied_legacy"])).fetchall()
     else:
-        await conn.execute(Q["migrations_table_ensure"])
+        present = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
+        if present is None or not present["present"]:
+            # Asked first: CREATE TABLE IF NOT EXISTS needs the CREATE right even when the table exists.
+            await conn.execute(Q["migrations_table_ensure"])
         rows = await (await conn.execute(Q["migrations_applied"])).fetchall()
     applied = {row["name"]: row["checksum"] for row in rows}
     todo = []
@@ -142,10 +145,12 @@ async def migrate(
     search_path); returns the names applied (empty when up to date)."""
     await conn.execute(Q["migrations_lock"], {"lock_id": MIGRATION_LOCK_ID})
     try:
-        try:
-            await conn.execute(sql.SQL(Q["schema_ensure"]).format(schema=sql.Identifier(schema)))
-        except psycopg.Error as exc:
-            raise MigrationError(f"cannot create schema {schema!r}: {exc}") from exc
+        row = await (await conn.execute(Q["schema_present"], {"schema": schema})).fetchone()
+        if row is None or not row["present"]:
+            try:
+                await conn.execute(sql.SQL(Q["schema_ensure"]).format(schema=sql.Identifier(schema)))
+            except psycopg.Error as exc:
+                raise MigrationError(f"cannot create schema {schema!r}: {exc}") from exc
         await use_schema(conn, schema)
         legacy = await _legacy(conn)
         applied: list[str] = []

@@ -58,3 +58,65 @@ BEGIN
     EXECUTE format('ALTER TABLE public.schema_migrations SET SCHEMA %I', target);
 END
 $move$;
+
+-- The partition keeper runs in every worker and in `effectgate reconcile`, and its two verbs are DDL (CREATE TABLE
+-- ... PARTITION OF, DROP TABLE), which only the tables' owner may run. Their _v2 run as the owner (SECURITY DEFINER),
+-- so a runtime role with DML rights and EXECUTE on them keeps history partitioned. The bodies are 0017's, with one
+-- more guard on the drop now that it runs as the owner: the name must be a partition of a history table, not merely
+-- a row of history_partitions, which the runtime role may write. Their search_path is pinned to this schema with
+-- pg_temp last (FROM CURRENT, set just below for this transaction), so no temporary object stands in for one of
+-- ours, and PUBLIC may not call them: only roles granted EXECUTE.
+SELECT set_config('search_path', quote_ident(current_schema()) || ', pg_temp', true);
+
+CREATE FUNCTION history_partition_create_v2(parent text, range_from timestamptz, range_to timestamptz)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    name text := parent || '_p' || to_char(range_from AT TIME ZONE 'UTC', 'YYYYMMDD"_"HH24MISS');
+    col text := CASE parent WHEN 'signature_failures' THEN 'minute' ELSE 'received_at' END;
+    stray boolean;
+BEGIN
+    IF parent NOT IN ('deliveries', 'effect_rejects', 'signature_failures') THEN
+        RAISE EXCEPTION 'history_partition_create: % is not a partitioned history table', parent;
+    END IF;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE %I >= %L AND %I < %L)',
+                   parent || '_default', col, range_from, col, range_to) INTO stray;
+    IF stray THEN
+        EXECUTE format('CREATE TEMP TABLE history_partition_moving ON COMMIT DROP AS '
+                       'WITH moved AS (DELETE FROM %I WHERE %I >= %L AND %I < %L RETURNING *) SELECT * FROM moved',
+                       parent || '_default', col, range_from, col, range_to);
+    END IF;
+    EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)',
+                   name, parent, range_from, range_to);
+    IF stray THEN
+        EXECUTE format('INSERT INTO %I OVERRIDING SYSTEM VALUE SELECT * FROM history_partition_moving', parent);
+        DROP TABLE history_partition_moving;
+    END IF;
+    INSERT INTO history_partitions (name, parent, range_from, range_to)
+    VALUES (name, parent, range_from, range_to);
+    RETURN name;
+END $$;
+
+CREATE FUNCTION history_partition_drop_v2(partition text)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM history_partitions WHERE name = partition) THEN
+        RAISE EXCEPTION 'history_partition_drop: % is not a registered history partition', partition;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_inherits i
+                   WHERE i.inhrelid = to_regclass(quote_ident(partition))
+                     AND i.inhparent IN (to_regclass('deliveries'), to_regclass('effect_rejects'),
+                                         to_regclass('signature_failures'))) THEN
+        RAISE EXCEPTION 'history_partition_drop: % is not a partition of a history table', partition;
+    END IF;
+    EXECUTE format('SELECT count(*) FROM %I', partition) INTO n;
+    EXECUTE format('DROP TABLE %I', partition);
+    DELETE FROM history_partitions WHERE name = partition;
+    RETURN n;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION history_partition_create_v2(text, timestamptz, timestamptz) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION history_partition_drop_v2(text) FROM PUBLIC;

@@ -44,6 +44,11 @@ SELECT set_config('search_path',
                    FROM unnest(%(schemas)s::text[]) WITH ORDINALITY AS t(s, n)),
                   true);
 
+-- name: schema_present
+-- Whether effectgate's schema exists (CREATE SCHEMA IF NOT EXISTS checks the CREATE right before existence, so
+-- the runner asks first: a role without it can still find an up-to-date ledger up to date).
+SELECT to_regnamespace(quote_ident(%(schema)s)) IS NOT NULL AS present;
+
 -- name: schema_ensure
 -- Creates effectgate's schema when missing ({schema} is an identifier composed by the runner, never input text).
 CREATE SCHEMA IF NOT EXISTS {schema};
