@@ -251,3 +251,34 @@ async def test_an_applications_own_tables_in_public_are_left_untouched(
     assert after == before
     assert definitions_after == definitions_before
     assert mine is not None and mine[0] >= len(EFFECTGATE_TABLES)
+
+
+async def test_a_public_ledger_two_releases_behind_gets_its_older_files_in_public_before_the_move(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    older = tmp_path / "older"
+    older.mkdir()
+    for m in discover():
+        if m.name < "0017":
+            shutil.copyfile(str(MIGRATIONS_DIR.joinpath(m.name)), older / m.name)
+    old = await db.connect(empty_db_url, schema="public")
+    async with old:
+        await migrate(old, older, schema="public")
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        assert await migrate(conn) == [
+            "0017_versioned_sql_functions.sql",
+            "0018_job_trace_parent.sql",
+            "0019_own_schema.sql",
+        ]
+        where = await (
+            await conn.execute(
+                "SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = 'public'::regnamespace) AS public,"
+                " to_regprocedure('effectgate.job_release_verdict_v1(boolean, boolean, integer, integer, text)')"
+                " IS NOT NULL AS moved,"
+                " (SELECT count(*) FROM pg_attribute WHERE attrelid = 'effectgate.jobs'::regclass"
+                "  AND attname = 'trace_parent') AS column"
+            )
+        ).fetchone()
+    assert where == {"public": 0, "moved": True, "column": 1}
+    await _pipeline(empty_db_url, "two-behind")
