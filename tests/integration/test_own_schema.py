@@ -24,6 +24,8 @@ from tests.integration.test_reports_seed import seed
 
 pytestmark = pytest.mark.anyio
 
+# 0019 and whatever later migrations this version ships: what a ledger of the previous release lacks.
+FROM_0019 = [m.name for m in discover() if m.name >= "0019"]
 EFFECTGATE_TABLES = (
     "effects",
     "jobs",
@@ -105,11 +107,14 @@ def _print(title: str, sums: dict[str, str]) -> None:
 async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_every_row(
     empty_db_url: str, tmp_path: Path, how: str
 ) -> None:
-    previous = tmp_path / "previous"
+    previous, through = tmp_path / "previous", tmp_path / "through"
     previous.mkdir()
+    through.mkdir()
     for m in discover():
         if m.name < "0019":
             shutil.copyfile(str(MIGRATIONS_DIR.joinpath(m.name)), previous / m.name)
+        if m.name < "0020":
+            shutil.copyfile(str(MIGRATIONS_DIR.joinpath(m.name)), through / m.name)
     # The previous release: 0001-0018 applied in public, rows written by the ledger's own code there.
     old = await db.connect(empty_db_url, schema="public")
     async with old:
@@ -129,21 +134,22 @@ async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_ev
     assert all(not text.startswith("rows=0 ") for text in before.values()), before
     assert "deliveries_20310101" in partitions or any("2031" in p for p in partitions), partitions
 
+    # The upgrade itself, 0019 alone (later migrations, which change tables, come after the comparison).
     conn = await db.connect(empty_db_url)
     async with conn:
         states = await status(conn)
-        assert [s.name for s in states if s.pending] == ["0019_own_schema.sql"]
-        names, text = await script(conn)
+        assert [s.name for s in states if s.pending] == FROM_0019
+        names, text = await script(conn, through)
         assert names == ["0019_own_schema.sql"]
         assert text.startswith('CREATE SCHEMA IF NOT EXISTS "effectgate";\nSET search_path TO "effectgate";')
         if how == "migrate":
-            assert await migrate(conn) == ["0019_own_schema.sql"]
+            assert await migrate(conn, through) == ["0019_own_schema.sql"]
         else:
             # Applied as a team's own tool would: one script, by a client that is not effectgate.
             with psycopg.connect(empty_db_url, autocommit=True) as by_hand:
                 by_hand.execute(text)  # type: ignore[arg-type]
-        assert await migrate(conn) == []
-        assert not [s for s in await status(conn) if s.pending]
+        assert await migrate(conn, through) == []
+        assert not [s for s in await status(conn, through) if s.pending]
 
     with psycopg.connect(empty_db_url, autocommit=True) as c:
         after = _checksums(c, "effectgate", EFFECTGATE_TABLES)
@@ -168,6 +174,9 @@ async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_ev
     assert moved == {"effectgate"}
     assert job_state == (True,)
 
+    conn = await db.connect(empty_db_url)
+    async with conn:
+        assert await migrate(conn) == FROM_0019[1:]
     await _pipeline(empty_db_url, "after-upgrade")
     conn = await db.connect(empty_db_url)
     async with conn:
@@ -269,7 +278,7 @@ async def test_a_public_ledger_two_releases_behind_gets_its_older_files_in_publi
         assert await migrate(conn) == [
             "0017_versioned_sql_functions.sql",
             "0018_job_trace_parent.sql",
-            "0019_own_schema.sql",
+            *FROM_0019,
         ]
         where = await (
             await conn.execute(
