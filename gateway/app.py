@@ -113,7 +113,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        pool = db.make_pool(database_url, max_size=config.gateway.pool_max, timeout=pool_timeout)
+        schema = config.database.schema
+        pool = db.make_pool(
+            database_url, max_size=config.gateway.pool_max, timeout=pool_timeout, schema=schema
+        )
         # Open without waiting for a connection: a gateway whose database is down still starts and
         # answers 503, rather than crash-looping behind its load balancer.
         await pool.open(wait=False)
@@ -128,6 +131,7 @@ def create_app(
             timeout=min(pool_timeout, READYZ_TIMEOUT),
             name="effectgate-readyz",
             statement_timeout=READYZ_TIMEOUT,
+            schema=schema,
         )
         await probe_pool.open(wait=False)
         app.state.probe_pool = probe_pool
@@ -143,6 +147,7 @@ def create_app(
             name="effectgate-claims",
             lock_timeout=gw.claim_lock_timeout,
             statement_timeout=gw.claim_statement_timeout,
+            schema=schema,
         )
         await claim_pool.open(wait=False)
         app.state.claim_pool = claim_pool
@@ -155,7 +160,9 @@ def create_app(
         # through the claim pool per request (a flood of 401s would otherwise queue genuine claims).
         failures = SignatureFailures(FailureCounter())
         app.state.signature_failures = failures
-        flusher = FailureFlusher(failures.counter, database_url, interval=failure_flush_interval)
+        flusher = FailureFlusher(
+            failures.counter, database_url, interval=failure_flush_interval, schema=schema
+        )
         app.state.signature_failure_flusher = flusher
         stopping_flusher = asyncio.Event()
         flushing = asyncio.create_task(flusher.run(stopping_flusher))

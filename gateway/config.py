@@ -31,6 +31,7 @@ from effectgate.handlers.worker import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVA
 from effectgate.ledger import claim_batcher
 from effectgate.ledger import rescuer as rescuer_defaults
 from effectgate.ledger import waker as waker_defaults
+from effectgate.ledger.db import DEFAULT_SCHEMA, check_schema_name
 from effectgate.ledger.partitions import DEFAULT_INTERVAL as DEFAULT_PARTITION_INTERVAL
 from effectgate.ledger.partitions import DEFAULT_PREMAKE, PartitionConfig
 from effectgate.ledger.pointers import JsonPointer
@@ -221,6 +222,15 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, port
 
 
+def _schema_name(dbt: TableReader) -> str:
+    name = dbt.get("schema", str, DEFAULT_SCHEMA)
+    try:
+        return check_schema_name(name)
+    except ValueError as exc:
+        dbt.problem("schema", str(exc))
+        return DEFAULT_SCHEMA
+
+
 @dataclass(frozen=True, slots=True)
 class DatabaseConfig:
     """How a process meets its database at start ([database]; the URL itself is ``DATABASE_URL``)."""
@@ -230,6 +240,8 @@ class DatabaseConfig:
     # Seconds `serve`/`worker --no-migrate` wait for another process (a migrate job, a deploy pipeline) to
     # apply the migrations this version ships, before refusing to start (0: check once).
     migration_wait: float = DEFAULT_MIGRATION_WAIT
+    # The Postgres schema every effectgate object lives in (EFFECTGATE_SCHEMA wins; docs/adr/0019-own-schema.md).
+    schema: str = DEFAULT_SCHEMA
 
 
 @dataclass(frozen=True, slots=True)
@@ -775,6 +787,7 @@ def parse(
     database = DatabaseConfig(
         startup_wait=dbt.number("startup_wait", DEFAULT_STARTUP_WAIT, minimum=0),
         migration_wait=dbt.number("migration_wait", DEFAULT_MIGRATION_WAIT, minimum=0),
+        schema=_schema_name(dbt),
     )
     dbt.no_unknown_keys()
 

@@ -275,6 +275,12 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds `serve`/`worker --no-migrate` wait for the expected schema (0: check once)",
         minimum=0,
     ),
+    Setting(
+        "database.schema",
+        "string",
+        "effectgate",
+        "the Postgres schema every effectgate table, type and function lives in (`EFFECTGATE_SCHEMA` wins)",
+    ),
     # [worker]
     Setting("worker.concurrency", "integer", 16, "jobs a worker runs at once", minimum=1, roles=_W),
     Setting(

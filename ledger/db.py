@@ -24,6 +24,9 @@ Pool: TypeAlias = psycopg_pool.AsyncConnectionPool[Conn]
 DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 10
 DEFAULT_POOL_TIMEOUT = 5.0
+# The Postgres schema every effectgate object lives in, so a ledger can share a database with an
+# application's own `jobs` or `schema_migrations` (docs/adr/0019-own-schema.md).
+DEFAULT_SCHEMA = "effectgate"
 # Waits between start-up connection attempts: quick at first (a container still starting), then
 # capped, so a database that comes back is found within a few seconds.
 STARTUP_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
@@ -42,10 +45,33 @@ _TRANSIENT_REFUSALS = (
 log = logging.getLogger("effectgate.ledger")
 
 
-async def _configure(conn: Conn, *, lock_timeout: float | None, statement_timeout: float | None) -> None:
+def check_schema_name(name: str) -> str:
+    """``name`` if Postgres can use it as effectgate's schema, else ``ValueError`` saying why."""
+    if not name or name != name.strip():
+        raise ValueError(f"expected a schema name without surrounding spaces, got {name!r}")
+    if len(name.encode("utf-8")) > 63:
+        raise ValueError(f"a Postgres name has at most 63 bytes, got {name!r}")
+    if name.lower().startswith("pg_") or "\0" in name:
+        raise ValueError(f"names starting with pg_ are reserved by Postgres, got {name!r}")
+    return name
+
+
+async def use_schema(conn: Conn, schema: str) -> None:
+    """Point ``conn``'s ``search_path`` at ``schema`` alone, for the life of the session: every
+    effectgate statement is written unqualified and finds its tables, types and functions there, and no
+    application table in ``public`` is ever in reach. ``pg_catalog`` is searched first regardless."""
+    await conn.execute(Q["session_schema_set"], {"schema": schema})
+
+
+async def _configure(
+    conn: Conn, *, schema: str, lock_timeout: float | None, statement_timeout: float | None
+) -> None:
     # Every statement is its own transaction unless a caller opens one: no idle-in-transaction sessions
     # left behind by a forgotten commit.
     await conn.set_autocommit(True)
+    # Once per new connection with SET (session mode keeps it; the libpq "options" parameter is refused
+    # by PgBouncer at connect), not per checkout.
+    await use_schema(conn, schema)
     if lock_timeout is not None or statement_timeout is not None:
         # Once per connection (not SET LOCAL per transaction: a round trip per batch), and with SET rather
         # than the libpq "options" parameter, which PgBouncer refuses at connect.
@@ -69,18 +95,22 @@ def make_pool(
     name: str = "effectgate",
     lock_timeout: float | None = None,
     statement_timeout: float | None = None,
+    schema: str = DEFAULT_SCHEMA,
 ) -> Pool:
     """A connection pool (not yet opened) whose connections return rows as dicts, in autocommit.
 
     ``lock_timeout`` and ``statement_timeout`` (seconds; None: the server's own) are set on every
     connection of the pool: give them to a pool of its own, such as the gateway's claim pool, not to one
-    whose reports or maintenance may rightly run longer.
+    whose reports or maintenance may rightly run longer. Every connection's ``search_path`` is
+    ``schema`` (``use_schema``).
     """
     return psycopg_pool.AsyncConnectionPool(
         url,
         connection_class=psycopg.AsyncConnection[DictRow],
         kwargs={"row_factory": dict_row},
-        configure=partial(_configure, lock_timeout=lock_timeout, statement_timeout=statement_timeout),
+        configure=partial(
+            _configure, schema=schema, lock_timeout=lock_timeout, statement_timeout=statement_timeout
+        ),
         min_size=min_size,
         max_size=max_size,
         timeout=timeout,
@@ -200,20 +230,28 @@ def _may_come_up(exc: psycopg.Error) -> bool:
     return any(refusal in text for refusal in _TRANSIENT_REFUSALS)
 
 
-async def connect(url: str, **kwargs: Any) -> Conn:
-    """A single connection outside any pool (CLI commands, LISTEN), in autocommit, rows as dicts.
+async def connect(url: str, *, schema: str = DEFAULT_SCHEMA, **kwargs: Any) -> Conn:
+    """A single connection outside any pool (CLI commands, LISTEN), in autocommit, rows as dicts, its
+    ``search_path`` set to ``schema`` (``use_schema``).
 
     A failure to connect is ``LedgerUnavailable`` whose message names host, port, database, user and
     the reason, never the password (it is for operators: the HTTP face never shows it).
     """
     try:
-        return await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row, **kwargs)
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row, **kwargs)
     except psycopg.Error as exc:
         try:
             where = describe(url)
         except ValueError as bad:
             raise LedgerError(f"DATABASE_URL: {bad}") from exc
         raise LedgerUnavailable(f"cannot connect to Postgres at {where}: {_reason(exc, url)}") from exc
+    try:
+        async with translate_errors():
+            await use_schema(conn, schema)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
 
 
 async def wait_until_reachable(url: str, wait: float) -> None:

@@ -7,6 +7,11 @@ a file that changed after it was applied is refused, since the database no longe
 For a team whose own migration tool owns the schema: ``status`` says what is applied and what is
 pending (read-only), and ``script`` prints the pending files as one SQL script that records itself the
 way ``migrate`` does, so applying it by hand leaves the database exactly as ``migrate`` would.
+
+Everything lives in one schema (``schema``, default ``effectgate``; docs/adr/0019-own-schema.md): the
+runner creates it and puts it alone on the search_path, so the files stay unqualified. A ledger of a
+release before 0019 lives in ``public``: the runner reads its record there, applies any older file it
+lacks in ``public``, and 0019 moves everything into the schema.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from importlib.resources.abc import Traversable
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import DictRow
 
-from .db import Conn
+from .db import DEFAULT_SCHEMA, Conn, use_schema
 from .errors import MigrationError
 from .queries import Q
 
@@ -30,6 +36,8 @@ MIGRATIONS_DIR: Traversable = files("effectgate.migrations")
 _FILE_NAME = re.compile(r"^\d{4}_[a-z0-9_]+\.sql$")
 # Fixed, arbitrary: the same number in every process of every version.
 MIGRATION_LOCK_ID = 0x6566_6765_6D69_6772  # "efgemigr"
+# The migration that moves a pre-0019 ledger out of `public`; files before it belong beside the old tables.
+OWN_SCHEMA_MIGRATION = "0019_own_schema.sql"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +67,32 @@ def discover(directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
     return migrations
 
 
+async def _legacy(conn: Conn) -> bool:
+    # A ledger of a release before 0019: its record is in `public`, none in the schema on the search_path.
+    row = await (await conn.execute(Q["migrations_legacy_in_public"])).fetchone()
+    return row is not None and bool(row["legacy"])
+
+
+def _search_path_for(migration: Migration, schema: str, legacy: bool) -> list[str] | None:
+    # None: the session's own (the schema alone).
+    if not legacy or migration.name > OWN_SCHEMA_MIGRATION:
+        return None
+    if migration.name < OWN_SCHEMA_MIGRATION:
+        return ["public"]
+    return [schema, "public"]
+
+
 async def pending(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
     """Migrations not yet applied to this database (raises if an applied one changed)."""
-    await conn.execute(Q["migrations_table_ensure"])
-    applied = {
-        row["name"]: row["checksum"] for row in await (await conn.execute(Q["migrations_applied"])).fetchall()
-    }
+    if await _legacy(conn):
+        rows = await (await conn.execute(Q["migrations_applied_legacy"])).fetchall()
+    else:
+        present = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
+        if present is None or not present["present"]:
+            # Asked first: CREATE TABLE IF NOT EXISTS needs the CREATE right even when the table exists.
+            await conn.execute(Q["migrations_table_ensure"])
+        rows = await (await conn.execute(Q["migrations_applied"])).fetchall()
+    applied = {row["name"]: row["checksum"] for row in rows}
     todo = []
     last_applied = max(applied, default="")
     for migration in discover(directory):
@@ -87,14 +115,20 @@ async def pending(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[M
     return todo
 
 
-async def unapplied(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[str]:
-    """Migrations this database lacks, or whose applied checksum differs, read-only (readiness checks)."""
+async def _applied_read_only(conn: Conn) -> dict[str, DictRow]:
+    # The record where it is (the schema, or `public` before 0019), without creating it.
+    if await _legacy(conn):
+        rows = await (await conn.execute(Q["migrations_applied_legacy"])).fetchall()
+        return {r["name"]: r for r in rows}
     row = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
     if row is None or not row["present"]:
-        return [m.name for m in discover(directory)]
-    applied = {
-        r["name"]: r["checksum"] for r in await (await conn.execute(Q["migrations_applied"])).fetchall()
-    }
+        return {}
+    return {r["name"]: r for r in await (await conn.execute(Q["migrations_applied_at"])).fetchall()}
+
+
+async def unapplied(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[str]:
+    """Migrations this database lacks, or whose applied checksum differs, read-only (readiness checks)."""
+    applied = {name: r["checksum"] for name, r in (await _applied_read_only(conn)).items()}
     problems = []
     for m in discover(directory):
         if m.name not in applied:
@@ -104,14 +138,28 @@ async def unapplied(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list
     return problems
 
 
-async def migrate(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[str]:
-    """Apply every pending migration; returns the names applied (empty when up to date)."""
+async def migrate(
+    conn: Conn, directory: Traversable = MIGRATIONS_DIR, *, schema: str = DEFAULT_SCHEMA
+) -> list[str]:
+    """Apply every pending migration in ``schema`` (created when missing, and left as ``conn``'s
+    search_path); returns the names applied (empty when up to date)."""
     await conn.execute(Q["migrations_lock"], {"lock_id": MIGRATION_LOCK_ID})
     try:
+        row = await (await conn.execute(Q["schema_present"], {"schema": schema})).fetchone()
+        if row is None or not row["present"]:
+            try:
+                await conn.execute(sql.SQL(Q["schema_ensure"]).format(schema=sql.Identifier(schema)))
+            except psycopg.Error as exc:
+                raise MigrationError(f"cannot create schema {schema!r}: {exc}") from exc
+        await use_schema(conn, schema)
+        legacy = await _legacy(conn)
         applied: list[str] = []
         for migration in await pending(conn, directory):
+            path = _search_path_for(migration, schema, legacy)
             try:
                 async with conn.transaction():
+                    if path is not None:
+                        await conn.execute(Q["migration_search_path_set_local"], {"schemas": path})
                     # The file is trusted project source, run as a script of several statements.
                     await conn.execute(sql.SQL(migration.sql))
                     await conn.execute(
@@ -145,10 +193,7 @@ class MigrationState:
 async def status(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[MigrationState]:
     """Every migration this version ships and every one the database applied, in name order; read-only
     (it creates no migration table), so a runtime role without DDL rights can ask."""
-    row = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
-    applied = {}
-    if row is not None and row["present"]:
-        applied = {r["name"]: r for r in await (await conn.execute(Q["migrations_applied_at"])).fetchall()}
+    applied = await _applied_read_only(conn)
     states = []
     shipped = discover(directory)
     for m in shipped:
@@ -168,7 +213,9 @@ async def status(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[Mi
     return sorted(states, key=lambda s: s.name)
 
 
-async def script(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> tuple[list[str], str]:
+async def script(
+    conn: Conn, directory: Traversable = MIGRATIONS_DIR, *, schema: str = DEFAULT_SCHEMA
+) -> tuple[list[str], str]:
     """The names of the migrations this database lacks, and them as one SQL script; ([], "") when up to
     date.
 
@@ -176,19 +223,26 @@ async def script(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> tuple[l
     ``migrate`` takes, exactly as ``migrate`` applies it, so ``migrate --check`` finds the database up to
     date after the script ran. A guard before each file refuses it if it is applied already or if the
     file before it is not (a failed transaction in a client that runs on after errors).
+    The script opens by creating ``schema`` and setting the session's search_path to it, as ``migrate``
+    does; for a pre-0019 ledger in ``public`` it runs the older files there, as ``migrate`` would.
     Raises ``MigrationError`` as ``pending`` does (an applied file changed, or a file numbered too low).
     """
     todo = await _pending_read_only(conn, directory)
     if not todo:
         return [], ""
+    legacy = await _legacy(conn)
     applied = [s.name for s in await status(conn, directory) if not s.pending]
     previous: str | None = max(applied, default=None)
     cursor = psycopg.AsyncClientCursor(conn)
-    parts = []
+    head = sql.SQL(Q["migration_script_schema"]).format(schema=sql.Identifier(schema)).as_string(conn)
+    parts = [head.rstrip().rstrip(";") + ";\n"]
     for index, migration in enumerate(todo):
         parts.append(f"-- {migration.name} (sha256 {migration.checksum})")
         parts.append(cursor.mogrify(Q["migration_script_begin"], {"lock_id": MIGRATION_LOCK_ID}) + ";")
-        if index == 0:
+        path = _search_path_for(migration, schema, legacy)
+        if path is not None:
+            parts.append(cursor.mogrify(Q["migration_search_path_set_local"], {"schemas": path}) + ";")
+        if index == 0 and not legacy:
             parts.append(Q["migrations_table_ensure"] + ";")
         guard = {"name": migration.name, "previous": previous}
         parts.append(cursor.mogrify(Q["migration_script_guard"], guard) + ";")

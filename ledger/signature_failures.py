@@ -175,6 +175,7 @@ class FailureFlusher:
         *,
         interval: float = DEFAULT_INTERVAL,
         connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+        schema: str = db.DEFAULT_SCHEMA,
     ) -> None:
         if not interval > 0:
             raise ValueError("interval must be > 0 seconds")
@@ -182,6 +183,7 @@ class FailureFlusher:
         self.interval = interval
         self._url = database_url
         self._connect_timeout = connect_timeout
+        self._schema = schema
         self._conn: Conn | None = None
         # One pass at a time: the loop's and an explicit flush() must not take the same rows twice.
         self._lock = asyncio.Lock()
@@ -207,7 +209,9 @@ class FailureFlusher:
                 return 0
             try:
                 if self._conn is None or self._conn.closed:
-                    self._conn = await db.connect(self._url, connect_timeout=self._connect_timeout)
+                    self._conn = await db.connect(
+                        self._url, schema=self._schema, connect_timeout=self._connect_timeout
+                    )
                 async with db.translate_errors():
                     await write(self._conn, taken)
             except Exception as exc:

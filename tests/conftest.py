@@ -77,11 +77,13 @@ def template_db(pg_server_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database of this test's own."""
+    """A fresh, migrated database of this test's own. Its URL puts effectgate's schema on the search_path
+    of a test's own plain psycopg connections too (effectgate's connections set it themselves; the tests of
+    that, tests/integration/test_own_schema.py, use ``empty_db_url``, which has no such option)."""
     name = f"effectgate_t_{uuid.uuid4().hex[:12]}"
     with _admin(pg_server_url) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield database_url(pg_server_url, name)
+    yield make_conninfo(database_url(pg_server_url, name), options=f"-c search_path={db.DEFAULT_SCHEMA}")
     with _admin(pg_server_url) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 
 from effectgate.ledger import db
 
@@ -36,7 +37,20 @@ def load_config(args: argparse.Namespace, *, database: bool = False, role: Role 
     if problems or config is None:
         raise ConfigError(*problems)
     import_handlers(config)
-    return config
+    # EFFECTGATE_SCHEMA wins over [database] schema, here once, so every pool the config reaches agrees.
+    return replace(config, database=replace(config.database, schema=schema(config)))
+
+
+def schema(config: Config | None = None) -> str:
+    """effectgate's Postgres schema: ``EFFECTGATE_SCHEMA``, then ``[database] schema``, then the default.
+    Commands that read no configuration file (``migrate``, ``ledger``, ``jobs``) see only the variable."""
+    text = os.environ.get("EFFECTGATE_SCHEMA")
+    if text:
+        try:
+            return db.check_schema_name(text)
+        except ValueError as exc:
+            raise UsageError(f"EFFECTGATE_SCHEMA: {exc}") from None
+    return config.database.schema if config is not None else db.DEFAULT_SCHEMA
 
 
 # Where the ledger's URL comes from, first match wins: a variable of effectgate's own beats the generic one,
@@ -132,9 +146,10 @@ _command_line = argparse.Namespace(command="ledger", database_url=None, embedded
 
 def run_on_ledger(command: Callable[[db.Conn], Awaitable[None]]) -> None:
     """Run ``command`` with one connection to the ledger (``ledger_url``) in a new event loop."""
+    in_schema = schema()
 
     async def main(url: str) -> None:
-        conn = await db.connect(url)
+        conn = await db.connect(url, schema=in_schema)
         async with conn:
             await command(conn)
 

@@ -91,18 +91,20 @@ def _version() -> str:
         return "(uninstalled)"
 
 
-async def run(url: str, startup_wait: float, action: str, fmt: str = "table") -> int:
+async def run(
+    url: str, startup_wait: float, action: str, fmt: str = "table", schema: str = db.DEFAULT_SCHEMA
+) -> int:
     """One ``migrate`` invocation against ``url``: ``apply``, ``status``, ``check`` or ``print-sql``."""
     await db.wait_until_reachable(url, startup_wait)
-    conn = await db.connect(url)
+    conn = await db.connect(url, schema=schema)
     async with conn:
         async with db.translate_errors():
             if action == "apply":
-                applied = await migrate(conn)
+                applied = await migrate(conn, schema=schema)
                 print("applied: " + ", ".join(applied) if applied else "up to date")
                 return 0
             if action == "print-sql":
-                names, text = await script(conn)
+                names, text = await script(conn, schema=schema)
                 if not names:
                     print("effectgate: no migration is pending; nothing to print", file=sys.stderr)
                     return 0
@@ -133,7 +135,9 @@ async def run(url: str, startup_wait: float, action: str, fmt: str = "table") ->
     return 0
 
 
-async def wait_for_schema(url: str, startup_wait: float, migration_wait: float) -> None:
+async def wait_for_schema(
+    url: str, startup_wait: float, migration_wait: float, schema: str = db.DEFAULT_SCHEMA
+) -> None:
     """Return once every migration this version ships is applied to ``url``'s ledger, looking again every
     second for up to ``migration_wait`` seconds and logging what is still pending every few seconds.
 
@@ -144,7 +148,7 @@ async def wait_for_schema(url: str, startup_wait: float, migration_wait: float) 
     await db.wait_until_reachable(url, startup_wait)
     deadline = time.monotonic() + migration_wait
     next_log = 0.0
-    conn = await db.connect(url)
+    conn = await db.connect(url, schema=schema)
     async with conn:
         while True:
             async with db.translate_errors():
@@ -179,13 +183,13 @@ async def wait_for_schema(url: str, startup_wait: float, migration_wait: float) 
             await asyncio.sleep(min(SCHEMA_POLL_INTERVAL, remaining))
 
 
-async def apply(url: str, startup_wait: float = 0.0) -> list[str]:
+async def apply(url: str, startup_wait: float = 0.0, schema: str = db.DEFAULT_SCHEMA) -> list[str]:
     """Apply every pending migration to ``url``'s ledger (``up``, and ``serve``/``worker`` without
     ``--no-migrate``); the names applied."""
     await db.wait_until_reachable(url, startup_wait)
-    conn = await db.connect(url)
+    conn = await db.connect(url, schema=schema)
     async with conn:
-        return await migrate(conn)
+        return await migrate(conn, schema=schema)
 
 
 def migration_wait(args: argparse.Namespace, config: Config) -> float:
@@ -208,10 +212,10 @@ def migration_wait(args: argparse.Namespace, config: Config) -> float:
 def prepare_schema(args: argparse.Namespace, config: Config, url: str, startup_wait: float) -> None:
     """Apply pending migrations, or under ``--no-migrate`` wait (bounded) for someone else to."""
     if not args.no_migrate:
-        asyncio.run(apply(url, startup_wait))
+        asyncio.run(apply(url, startup_wait, database.schema(config)))
         return
     try:
-        asyncio.run(wait_for_schema(url, startup_wait, migration_wait(args, config)))
+        asyncio.run(wait_for_schema(url, startup_wait, migration_wait(args, config), database.schema(config)))
     except SchemaBehind as exc:
         raise UsageError(str(exc)) from exc
 
@@ -224,7 +228,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.format != "table" and action != "status":
         raise UsageError("--format: only with --status")
     with database.ledger_url(args) as url:
-        return asyncio.run(run(url, wait, action, args.format))
+        return asyncio.run(run(url, wait, action, args.format, database.schema()))
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

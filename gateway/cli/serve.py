@@ -40,6 +40,8 @@ def serve_app() -> Any:
     serving.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
     config = load(os.environ["EFFECTGATE_CONFIG"], role="gateway")
+    # The supervisor checked EFFECTGATE_SCHEMA; each child reads it the same way.
+    config = replace(config, database=replace(config.database, schema=database.schema(config)))
     # The supervisor already warned about the handlers once; N children need not repeat it.
     import_handlers(config, warn=False)
     tracing.configure(config.tracing, role="gateway")

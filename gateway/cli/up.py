@@ -68,7 +68,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     with database.ledger_url(args, embedded_by_default=True) as url:
         # Both names: a child must not prefer an EFFECTGATE_DATABASE_URL of the environment to this choice.
         env["DATABASE_URL"] = env["EFFECTGATE_DATABASE_URL"] = url
-        applied = asyncio.run(migrate.apply(url, wait))
+        applied = asyncio.run(migrate.apply(url, wait, database.schema(config)))
         if applied:
             print(f"effectgate: applied migrations {', '.join(applied)}", flush=True)
         return _run_up(env, config, config_path, use_demo, host, port, fake_port, home)

@@ -99,7 +99,12 @@ async def _run_worker(
     if concurrency is not None:
         worker_config = replace(worker_config, concurrency=concurrency)
     tracing.configure(config.tracing, role="worker")
-    pool = db.make_pool(url, max_size=worker_pool_max(worker_config.concurrency), name="effectgate-worker")
+    pool = db.make_pool(
+        url,
+        max_size=worker_pool_max(worker_config.concurrency),
+        name="effectgate-worker",
+        schema=database.schema(config),
+    )
     await pool.open(wait=False)
     counted = metrics.downstream_call
     async with httpx.AsyncClient() as http:

@@ -137,6 +137,10 @@ ON CONFLICT (source, reason, minute) DO UPDATE SET
     last_detail = EXCLUDED.last_detail,
     last_seen_at = EXCLUDED.last_seen_at;
 
+-- name: session_schema_set
+-- Points this session's search_path at effectgate's schema alone (quoted, so any name is taken literally).
+SELECT set_config('search_path', quote_ident(%(schema)s), false);
+
 -- name: session_timeouts_set
 -- Sets this session's lock_timeout and statement_timeout (milliseconds as text; '0' is no limit).
 SELECT set_config('lock_timeout', %(lock_timeout)s, false), set_config('statement_timeout', %(statement_timeout)s, false);

@@ -22,6 +22,43 @@ SELECT name, checksum FROM schema_migrations ORDER BY name;
 -- Records one applied migration, in the transaction that applied it.
 INSERT INTO schema_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);
 
+-- name: migrations_legacy_in_public
+-- Whether this is a ledger of a release before 0019, all in `public`: no migration record in effectgate's schema
+-- (the search_path), and public.schema_migrations is effectgate's own (Rails's and golang-migrate's have no
+-- `checksum`). Read-only.
+SELECT to_regclass('schema_migrations') IS NULL
+       AND current_schema() IS DISTINCT FROM 'public'
+       AND EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = to_regclass('public.schema_migrations') AND attname = 'checksum'
+                     AND NOT attisdropped) AS legacy;
+
+-- name: migrations_applied_legacy
+-- What a ledger of a release before 0019 has applied, and when, read where those releases kept it.
+SELECT name, checksum, applied_at FROM public.schema_migrations ORDER BY name;
+
+-- name: migration_search_path_set_local
+-- The search_path for one migration's transaction only (reverts at COMMIT): a pre-0019 ledger's missing older
+-- files run in `public` beside their tables, and 0019 sees effectgate's schema first and the old record behind it.
+SELECT set_config('search_path',
+                  (SELECT string_agg(quote_ident(s), ', ' ORDER BY n)
+                   FROM unnest(%(schemas)s::text[]) WITH ORDINALITY AS t(s, n)),
+                  true);
+
+-- name: schema_present
+-- Whether effectgate's schema exists (CREATE SCHEMA IF NOT EXISTS checks the CREATE right before existence, so
+-- the runner asks first: a role without it can still find an up-to-date ledger up to date).
+SELECT to_regnamespace(quote_ident(%(schema)s)) IS NOT NULL AS present;
+
+-- name: schema_ensure
+-- Creates effectgate's schema when missing ({schema} is an identifier composed by the runner, never input text).
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- name: migration_script_schema
+-- Heads a printed script (migrate --print-sql): the schema, and the session's search_path on it alone, as the
+-- runner has them.
+CREATE SCHEMA IF NOT EXISTS {schema};
+SET search_path TO {schema};
+
 -- name: migrations_table_exists
 -- Whether the migration record exists, without creating it (readiness checks must not write).
 SELECT to_regclass('schema_migrations') IS NOT NULL AS present;

@@ -52,7 +52,7 @@ def _serve(tmp_path: Path, db_url: str, config: Path, name: str, *args: str) -> 
 
 def _has_migrations_table(db_url: str) -> bool:
     with psycopg.connect(db_url) as conn:
-        row = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+        row = conn.execute("SELECT to_regclass('effectgate.schema_migrations') IS NOT NULL").fetchone()
     assert row is not None
     return bool(row[0])
 

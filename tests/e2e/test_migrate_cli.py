@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from effectgate.ledger.migrate import discover
 
@@ -67,7 +68,7 @@ def test_status_and_check_on_an_empty_then_a_migrated_ledger(empty_db_url: str) 
     assert lines[-1] == f"0 applied, {len(EVERY_MIGRATION)} pending"
     # Read-only: neither created the migration table.
     with psycopg.connect(empty_db_url) as conn:
-        assert conn.execute("SELECT to_regclass('schema_migrations')").fetchone() == (None,)
+        assert conn.execute("SELECT to_regclass('effectgate.schema_migrations')").fetchone() == (None,)
 
     assert run("migrate", DATABASE_URL=empty_db_url).returncode == 0
     check = run("migrate", "--check", DATABASE_URL=empty_db_url)
@@ -110,7 +111,8 @@ def db_url(pg_server_url: str) -> Iterator[str]:
     # Applied the way a team's own tool would: as one script, by a client that is not effectgate.
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(script)  # type: ignore[arg-type]
-    yield url
+    # As the suite's db_url: the test's own plain connections find effectgate's schema.
+    yield make_conninfo(url, options="-c search_path=effectgate")
     with _admin(pg_server_url) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -139,11 +141,15 @@ def test_the_printed_sql_records_what_migrate_records_and_refuses_to_run_twice(
     assert script.count("BEGIN;") == len(EVERY_MIGRATION) == script.count("COMMIT;")
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute(script)  # type: ignore[arg-type]
-        by_hand = conn.execute("SELECT name, checksum FROM schema_migrations ORDER BY name").fetchall()
+        by_hand = conn.execute(
+            "SELECT name, checksum FROM effectgate.schema_migrations ORDER BY name"
+        ).fetchall()
         with pytest.raises(psycopg.errors.RaiseException, match="is applied already"):
             conn.execute(script)  # type: ignore[arg-type]
     with psycopg.connect(empty_db_url) as conn:
-        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (len(EVERY_MIGRATION),)
+        assert conn.execute("SELECT count(*) FROM effectgate.schema_migrations").fetchone() == (
+            len(EVERY_MIGRATION),
+        )
 
     # The same records `effectgate migrate` writes, checksums included.
     other = f"effectgate_p_{uuid.uuid4().hex[:12]}"
@@ -153,7 +159,9 @@ def test_the_printed_sql_records_what_migrate_records_and_refuses_to_run_twice(
         other_url = database_url(pg_server_url, other)
         assert run("migrate", DATABASE_URL=other_url).returncode == 0
         with psycopg.connect(other_url) as conn:
-            by_migrate = conn.execute("SELECT name, checksum FROM schema_migrations ORDER BY name").fetchall()
+            by_migrate = conn.execute(
+                "SELECT name, checksum FROM effectgate.schema_migrations ORDER BY name"
+            ).fetchall()
     finally:
         with _admin(pg_server_url) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')
@@ -166,7 +174,7 @@ def test_a_printed_script_for_a_database_one_release_behind_holds_only_the_missi
     assert run("migrate", DATABASE_URL=empty_db_url).returncode == 0
     newest = discover()[-1]
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
-        conn.execute("DELETE FROM schema_migrations WHERE name = %s", (newest.name,))
+        conn.execute("DELETE FROM effectgate.schema_migrations WHERE name = %s", (newest.name,))
     script = printed_sql(empty_db_url)
     assert script.count("BEGIN;") == 1 and f"-- {newest.name} " in script
     # The file before it is applied: the guard lets it through.
@@ -209,7 +217,7 @@ def test_no_migrate_on_a_ledger_that_stays_behind_refuses_with_exit_2(
     assert "--migration-wait, EFFECTGATE_MIGRATION_WAIT or [database] migration_wait" in result.stderr
     # It waited without writing: not even the migration table.
     with psycopg.connect(empty_db_url) as conn:
-        assert conn.execute("SELECT to_regclass('schema_migrations')").fetchone() == (None,)
+        assert conn.execute("SELECT to_regclass('effectgate.schema_migrations')").fetchone() == (None,)
 
 
 def test_the_migration_wait_comes_from_the_environment_and_the_file(
@@ -328,3 +336,21 @@ def test_migrate_embedded_migrates_the_embedded_ledger_of_up_and_stops_it(tmp_pa
     assert (check.returncode, check.stdout.strip()) == (0, f"up to date ({len(EVERY_MIGRATION)} applied)")
     # The last process to leave stopped the server it started.
     assert not (home / "pgdata" / "postmaster.pid").exists()
+
+
+def test_effectgate_schema_names_the_schema_and_a_bad_name_is_refused(empty_db_url: str) -> None:
+    assert run("migrate", DATABASE_URL=empty_db_url, EFFECTGATE_SCHEMA="ledger_x").returncode == 0
+    check = run("migrate", "--check", DATABASE_URL=empty_db_url, EFFECTGATE_SCHEMA="ledger_x")
+    assert (check.returncode, check.stdout.strip()) == (0, f"up to date ({len(EVERY_MIGRATION)} applied)")
+    # The default schema was never made: everything is in ledger_x.
+    other = run("migrate", "--check", DATABASE_URL=empty_db_url)
+    assert other.returncode == 5
+    with psycopg.connect(empty_db_url) as conn:
+        row = conn.execute(
+            "SELECT to_regclass('ledger_x.jobs') IS NOT NULL, to_regnamespace('effectgate') IS NULL"
+        ).fetchone()
+    assert row == (True, True)
+
+    bad = run("migrate", "--check", DATABASE_URL=empty_db_url, EFFECTGATE_SCHEMA="pg_mine")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "EFFECTGATE_SCHEMA: names starting with pg_ are reserved by Postgres" in bad.stderr

@@ -101,7 +101,7 @@ def ledger_url(pg_server_url: str, template_db: str) -> Iterator[str]:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
     url = database_url(pg_server_url, name)
     fill = dict(FILL)
-    with psycopg.connect(url, autocommit=True) as c:
+    with psycopg.connect(url, autocommit=True, options=f"-c search_path={db.DEFAULT_SCHEMA}") as c:
         for table in ("effects", "jobs", "job_attempts", "deliveries", "effect_rejects", "steps"):
             text = JOBS if table == "jobs" else fill[table].replace("%(n)s", str(EFFECTS))
             c.execute(text)  # type: ignore[call-overload]

@@ -64,7 +64,7 @@ FROM pg_constraint c
 JOIN pg_class r ON r.oid = c.conrelid
 JOIN pg_namespace n ON n.oid = r.relnamespace
 LEFT JOIN pg_class f ON f.oid = c.confrelid
-WHERE n.nspname = 'public' AND c.contype IN ('p', 'u', 'f') AND NOT r.relispartition
+WHERE n.nspname = current_schema() AND c.contype IN ('p', 'u', 'f') AND NOT r.relispartition
 """
 
 UNIQUE_INDEXES = """
@@ -75,13 +75,13 @@ FROM pg_index x
 JOIN pg_class i ON i.oid = x.indexrelid
 JOIN pg_class r ON r.oid = x.indrelid
 JOIN pg_namespace n ON n.oid = r.relnamespace
-WHERE n.nspname = 'public' AND x.indisunique AND NOT r.relispartition
+WHERE n.nspname = current_schema() AND x.indisunique AND NOT r.relispartition
   AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid)
 """
 
 TABLES = """
 SELECT c.relname AS tbl FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND NOT c.relispartition
 """
 
 

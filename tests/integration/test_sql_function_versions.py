@@ -34,8 +34,8 @@ async def test_every_non_builtin_function_ledger_sql_calls_is_a_versioned_projec
     assert ours == {
         "job_release_verdict_v1",
         "job_release_count_v1",
-        "history_partition_create_v1",
-        "history_partition_drop_v1",
+        "history_partition_create_v2",
+        "history_partition_drop_v2",
     }
     assert {
         name: sorted(called[name]) for name in ours if not VERSIONED.search(name) or name not in live

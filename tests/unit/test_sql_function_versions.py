@@ -72,8 +72,8 @@ def test_the_parser_sees_what_the_migrations_define_and_what_ledger_sql_calls() 
     assert set(project_calls()) == {
         "job_release_verdict_v1",
         "job_release_count_v1",
-        "history_partition_create_v1",
-        "history_partition_drop_v1",
+        "history_partition_create_v2",
+        "history_partition_drop_v2",
     }
     assert called_names("SELECT f_v1(x), 'g(' FROM t") == {"f_v1"}
 
