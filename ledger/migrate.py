@@ -10,8 +10,8 @@ way ``migrate`` does, so applying it by hand leaves the database exactly as ``mi
 
 Everything lives in one schema (``schema``, default ``effectgate``; docs/adr/0019-own-schema.md): the
 runner creates it and puts it alone on the search_path, so the files stay unqualified. A ledger of a
-release before 0019 lives in ``public``: the runner reads its record there, applies any older file it
-lacks in ``public``, and 0019 moves everything into the schema.
+release before 0021 lives in ``public``: the runner reads its record there, applies any older file it
+lacks in ``public``, and 0021 moves everything into the schema.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ MIGRATIONS_DIR: Traversable = files("effectgate.migrations")
 _FILE_NAME = re.compile(r"^\d{4}_[a-z0-9_]+\.sql$")
 # Fixed, arbitrary: the same number in every process of every version.
 MIGRATION_LOCK_ID = 0x6566_6765_6D69_6772  # "efgemigr"
-# The migration that moves a pre-0019 ledger out of `public`; files before it belong beside the old tables.
-OWN_SCHEMA_MIGRATION = "0019_own_schema.sql"
+# The migration that moves a pre-0021 ledger out of `public`; files before it belong beside the old tables.
+OWN_SCHEMA_MIGRATION = "0021_own_schema.sql"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ def discover(directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
 
 
 async def _legacy(conn: Conn) -> bool:
-    # A ledger of a release before 0019: its record is in `public`, none in the schema on the search_path.
+    # A ledger of a release before 0021: its record is in `public`, none in the schema on the search_path.
     row = await (await conn.execute(Q["migrations_legacy_in_public"])).fetchone()
     return row is not None and bool(row["legacy"])
 
@@ -116,7 +116,7 @@ async def pending(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[M
 
 
 async def _applied_read_only(conn: Conn) -> dict[str, DictRow]:
-    # The record where it is (the schema, or `public` before 0019), without creating it.
+    # The record where it is (the schema, or `public` before 0021), without creating it.
     if await _legacy(conn):
         rows = await (await conn.execute(Q["migrations_applied_legacy"])).fetchall()
         return {r["name"]: r for r in rows}
@@ -224,7 +224,7 @@ async def script(
     date after the script ran. A guard before each file refuses it if it is applied already or if the
     file before it is not (a failed transaction in a client that runs on after errors).
     The script opens by creating ``schema`` and setting the session's search_path to it, as ``migrate``
-    does; for a pre-0019 ledger in ``public`` it runs the older files there, as ``migrate`` would.
+    does; for a pre-0021 ledger in ``public`` it runs the older files there, as ``migrate`` would.
     Raises ``MigrationError`` as ``pending`` does (an applied file changed, or a file numbered too low).
     """
     todo = await _pending_read_only(conn, directory)

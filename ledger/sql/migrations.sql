@@ -23,7 +23,7 @@ SELECT name, checksum FROM schema_migrations ORDER BY name;
 INSERT INTO schema_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);
 
 -- name: migrations_legacy_in_public
--- Whether this is a ledger of a release before 0019, all in `public`: no migration record in effectgate's schema
+-- Whether this is a ledger of a release before 0021, all in `public`: no migration record in effectgate's schema
 -- (the search_path), and public.schema_migrations is effectgate's own (Rails's and golang-migrate's have no
 -- `checksum`). Read-only.
 SELECT to_regclass('schema_migrations') IS NULL
@@ -33,12 +33,12 @@ SELECT to_regclass('schema_migrations') IS NULL
                      AND NOT attisdropped) AS legacy;
 
 -- name: migrations_applied_legacy
--- What a ledger of a release before 0019 has applied, and when, read where those releases kept it.
+-- What a ledger of a release before 0021 has applied, and when, read where those releases kept it.
 SELECT name, checksum, applied_at FROM public.schema_migrations ORDER BY name;
 
 -- name: migration_search_path_set_local
--- The search_path for one migration's transaction only (reverts at COMMIT): a pre-0019 ledger's missing older
--- files run in `public` beside their tables, and 0019 sees effectgate's schema first and the old record behind it.
+-- The search_path for one migration's transaction only (reverts at COMMIT): a pre-0021 ledger's missing older
+-- files run in `public` beside their tables, and 0021 sees effectgate's schema first and the old record behind it.
 SELECT set_config('search_path',
                   (SELECT string_agg(quote_ident(s), ', ' ORDER BY n)
                    FROM unnest(%(schemas)s::text[]) WITH ORDINALITY AS t(s, n)),

@@ -250,12 +250,12 @@ SELECT name, parent, range_from, range_to FROM history_partitions ORDER BY paren
 
 -- name: history_partition_create_for_range
 -- Creates the partition of %(parent)s covering [%(range_from)s, %(range_to)s), moving in any rows DEFAULT holds
--- for that range; returns its name. Runs as the schema's owner (migration 0019).
+-- for that range; returns its name. Runs as the schema's owner (migration 0021).
 SELECT history_partition_create_v2(%(parent)s, %(range_from)s, %(range_to)s) AS name;
 
 -- name: history_partition_drop_registered
 -- Drops one registered history partition (DROP TABLE, no DELETE); returns how many rows went with it. Runs as the
--- schema's owner (migration 0019), so a runtime role without DDL rights can call it.
+-- schema's owner (migration 0021), so a runtime role without DDL rights can call it.
 SELECT history_partition_drop_v2(%(name)s) AS rows;
 
 -- name: maintenance_lock_timeout_set

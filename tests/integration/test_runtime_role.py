@@ -14,7 +14,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from effectgate.gateway import cli, migrate_cli
+from effectgate.gateway import cli
+from effectgate.gateway.cli import migrate as migrate_cli
 from effectgate.ledger import db
 from effectgate.ledger.partitions import PartitionKeeper
 from effectgate.ledger.reconciler import Reconciler

@@ -15,7 +15,8 @@ DECLARE
     target text := current_schema();
     tables text[] := ARRAY[
         'effects', 'jobs', 'job_attempts', 'steps', 'deliveries', 'effect_rejects', 'signature_failures',
-        'paused_kinds', 'retention_purges', 'history_partitions', 'unmatched_deliveries', 'transmissions'];
+        'paused_kinds', 'retention_purges', 'history_partitions', 'unmatched_deliveries', 'transmissions',
+        'effect_versions'];
     functions text[] := ARRAY[
         'job_release_count', 'job_release_verdict', 'history_partition_create', 'history_partition_drop',
         'job_release_count_v1', 'job_release_verdict_v1', 'history_partition_create_v1', 'history_partition_drop_v1'];
