@@ -30,7 +30,8 @@ def fresh_database(server: str) -> str:
     name = f"effectgate_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
-    url = make_conninfo(server, dbname=name)
+    # effectgate's own connections set its schema; the benchmarks' plain ones (pgbench, counts) get it here.
+    url = make_conninfo(server, dbname=name, options=f"-c search_path={db.DEFAULT_SCHEMA}")
 
     async def apply() -> None:
         conn = await db.connect(url)

@@ -119,6 +119,11 @@ secrets = ["E2E_STRIPE_SECRET"]
 tenant_from = "/account"
 tenant_pattern = "acct_[a-z0-9]+"
 
+# These tests race hundreds of identical deliveries from one address to test the ledger's duplicates; the
+# penalty box would (rightly) box such a client, and tests/e2e/test_penalty_box.py attacks the box itself.
+[gateway.penalty_box]
+replays = 0
+
 [worker]
 concurrency = 4
 poll_interval = 0.5

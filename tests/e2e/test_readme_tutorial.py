@@ -100,6 +100,13 @@ def test_the_tutorial_runs_as_the_readme_says(db_url: str, tmp_path: Path) -> No
 
         duplicates = _cli("ledger", "duplicates", "--since", "1h", cwd=project, env=env)
         assert "receipt:1001" in duplicates.stdout and duplicates.returncode == 0
+
+        # Failed signature checks are counted in memory and written every 2 s: wait for the write, not a time.
+        def rejects_shown() -> bool:
+            text = _cli("ledger", "rejects", "--since", "1h", cwd=project, env=env).stdout
+            return "signature_invalid  1" in text
+
+        wait_until(rejects_shown, 30, "the failed signature check in the rejects report")
         rejects = _cli("ledger", "rejects", "--since", "1h", cwd=project, env=env)
         assert "/data/object/amount: 4200 → 4300" in rejects.stdout
         assert "signature_invalid  1" in rejects.stdout

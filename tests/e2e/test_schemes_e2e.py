@@ -129,7 +129,7 @@ def module_db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
     name = f"effectgate_schemes_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg_server_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield make_conninfo(pg_server_url, dbname=name)
+    yield make_conninfo(pg_server_url, dbname=name, options="-c search_path=effectgate")
     with psycopg.connect(pg_server_url, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
