@@ -91,8 +91,10 @@ async def waiting_on_a_lock(admin: db.Conn) -> int:
     async def found() -> bool:
         rows = await (
             await admin.execute(
+                # The claim statement's head: pg_stat_activity keeps only its first track_activity_query_size
+                # bytes (1 kB by default), which the claim's INSERT INTO effects now lies beyond.
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                " AND query LIKE '%%INSERT INTO effects%%'"
+                " AND query LIKE 'WITH input AS (%%unnest(%%'"
             )
         ).fetchall()
         pids[:] = [r["pid"] for r in rows]
