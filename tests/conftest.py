@@ -18,6 +18,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from effectgate.gateway import embedded
+from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db
 from effectgate.ledger.migrate import migrate
 
@@ -104,3 +105,17 @@ def empty_db_url(pg_server_url: str) -> Iterator[str]:
     yield database_url(pg_server_url, name)
     with _admin(pg_server_url) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(autouse=True)
+def _registry_keeps_what_it_had() -> Iterator[None]:
+    """A test that clears the process-wide handler registry gives back what it held. Without this, a later
+    test that imports the examples (already imported, so not registered again) found them gone, in
+    whichever order the suite happened to run. What a test registers stays, as it always did: its module
+    stays imported, so a later test could not register it again."""
+    kinds, sweeps = dict(REGISTRY._kinds), dict(REGISTRY._sweeps)
+    yield
+    for name, kind in kinds.items():
+        REGISTRY._kinds.setdefault(name, kind)
+    for name, sweep in sweeps.items():
+        REGISTRY._sweeps.setdefault(name, sweep)
