@@ -138,11 +138,30 @@ async def unapplied(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list
     return problems
 
 
+async def _require_utf8(conn: Conn) -> None:
+    """Refuse a database whose encoding is not UTF8, before anything is written. Payloads, keys and the
+    migrations themselves are Unicode; a SQL_ASCII or LATIN1 database would fail half-way (or store
+    bytes no report can read back), so this says which database and how to make a right one."""
+    row = await (await conn.execute(Q["database_encoding"])).fetchone()
+    if row is None:
+        return
+    # A SQL_ASCII database answers text as bytes (psycopg cannot know their encoding).
+    name, encoding = (
+        v.decode("ascii", "replace") if isinstance(v, bytes) else str(v) for v in (row["db"], row["enc"])
+    )
+    if encoding != "UTF8":
+        raise MigrationError(
+            f"database {name!r} has encoding {encoding}; effectgate needs UTF8 "
+            "(CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0, or initdb -E UTF8); nothing was changed"
+        )
+
+
 async def migrate(
     conn: Conn, directory: Traversable = MIGRATIONS_DIR, *, schema: str = DEFAULT_SCHEMA
 ) -> list[str]:
     """Apply every pending migration in ``schema`` (created when missing, and left as ``conn``'s
     search_path); returns the names applied (empty when up to date)."""
+    await _require_utf8(conn)
     await conn.execute(Q["migrations_lock"], {"lock_id": MIGRATION_LOCK_ID})
     try:
         row = await (await conn.execute(Q["schema_present"], {"schema": schema})).fetchone()

@@ -92,3 +92,7 @@ $guard$;
 -- name: migration_script_commit
 -- Closes one migration's transaction in a printed script.
 COMMIT;
+
+-- name: database_encoding
+-- The database's name and encoding: migrate refuses anything but UTF8 before it writes.
+SELECT current_database() AS db, current_setting('server_encoding') AS enc;

@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from effectgate.ledger import db
 from effectgate.ledger.errors import MigrationError
@@ -132,3 +139,44 @@ async def test_a_printed_script_applied_by_hand_equals_migrate(empty_db_url: str
             await conn.execute("SELECT count(*) AS n FROM pg_tables WHERE tablename IN ('a', 'b')")
         ).fetchone()
         assert tables == {"n": 2}
+
+
+@pytest.fixture
+def sql_ascii_db_url(pg_server_url: str) -> Iterator[str]:
+    """A database created with the SQL_ASCII encoding (what `initdb` gives under a C locale by default)."""
+    name = f"effectgate_a_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(
+            f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
+        )
+    yield make_conninfo(pg_server_url, dbname=name)
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def test_a_database_that_is_not_utf8_is_refused_before_anything_is_written(
+    sql_ascii_db_url: str,
+) -> None:
+    conn = await db.connect(sql_ascii_db_url)
+    async with conn:
+        with pytest.raises(MigrationError, match=r"has encoding SQL_ASCII; effectgate needs UTF8"):
+            await migrate(conn)
+        row = await (
+            await conn.execute(
+                "SELECT count(*) AS n FROM pg_namespace WHERE nspname = %s", (db.DEFAULT_SCHEMA,)
+            )
+        ).fetchone()
+        assert row is not None and row["n"] == 0
+
+
+def test_the_cli_names_the_database_and_its_encoding(sql_ascii_db_url: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "effectgate.gateway.cli", "migrate"],
+        env={**os.environ, "EFFECTGATE_DATABASE_URL": sql_ascii_db_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "encoding SQL_ASCII; effectgate needs UTF8" in done.stderr
+    assert "Traceback" not in done.stderr
