@@ -27,6 +27,7 @@ class Forwarder:
         self.port: int = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = []
         self.lock = threading.Lock()
+        self.cut_off = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -47,6 +48,12 @@ class Forwarder:
                 continue
             upstream.settimeout(None)
             with self.lock:
+                if self.cut_off:
+                    # Accepted just before the cut and connected just after it: without this check the pair
+                    # outlived the outage, and the worker's pool kept one working connection through it.
+                    client.close()
+                    upstream.close()
+                    return
                 self.sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
@@ -67,6 +74,7 @@ class Forwarder:
     def cut(self) -> None:
         self.listener.close()
         with self.lock:
+            self.cut_off = True
             for s in self.sockets:
                 try:
                     s.shutdown(socket.SHUT_RDWR)
