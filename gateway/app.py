@@ -30,7 +30,7 @@ from .config import Config, ConfigError, identity_problems
 from .ingress import error, receive
 from .operator import metrics as metrics_endpoint
 from .operator.api import ApiHeaders
-from .operator.dashboard import form_too_large
+from .operator.dashboard.signin import form_too_large
 from .operator.routes import operator_routes
 from .operator.throttle import FailureThrottle
 from .penalty_box import PenaltyBox
