@@ -6,10 +6,10 @@ processes read it, and what it means. From it come the generated reference in ``
 config show`` and the ``EFFECTGATE_<SECTION>__<KEY>`` environment overrides (``gateway.settings_env``).
 
 The parser (``gateway.config`` and its ``config_*`` sections) still reads each table itself, with the
-cross-key rules a table of types cannot say. ``tests/unit/test_settings.py`` holds the two together: it watches every key the
-parser asks for (``toml_reader.reads``) and fails on one that is not declared here, on one declared
-here that the parser never reads, and on a type, default or minimum that differs. A branch that adds a
-key to the parser therefore adds it here too, or its tests fail.
+cross-key rules a table of types cannot say. ``tests/unit/test_settings.py`` holds the two together: it
+watches every key the parser asks for (``toml_reader.reads``) and fails on one that is not declared
+here, on one declared here that the parser never reads, and on a type, default or minimum that
+differs. A branch that adds a key to the parser therefore adds it here too, or its tests fail.
 
 Paths: ``gateway.penalty_box.cooling`` is a key of a fixed table; ``sources.*.scheme`` a key of every
 ``[sources.NAME]``; ``operators[].name`` a key of every ``[[operators]]`` entry.
