@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from effectgate.handlers.effect_kind import DEFAULT_LEASE_TTL, DEFAULT_MAX_ATTEMPTS, DEFAULT_ORPHAN_POLICY
 from effectgate.handlers.forward import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT
-from effectgate.handlers.registry import DEFAULT_LEASE_TTL, DEFAULT_MAX_ATTEMPTS, DEFAULT_ORPHAN_POLICY
 
 # How a value is written in TOML:
 #   string, integer, number (integer or float), boolean, strings (a list of strings), table (free keys),
