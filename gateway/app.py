@@ -26,11 +26,12 @@ from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
 
 from . import metrics
 from .bodies import BodyTooLarge
-from .config import Config, ConfigError, identity_problems
+from .config import Config, ConfigError
+from .handler_imports import identity_problems
 from .ingress import error, receive
 from .operator import metrics as metrics_endpoint
 from .operator.api import ApiHeaders
-from .operator.dashboard import form_too_large
+from .operator.dashboard.signin import form_too_large
 from .operator.routes import operator_routes
 from .operator.throttle import FailureThrottle
 from .penalty_box import PenaltyBox
@@ -105,7 +106,7 @@ def create_app(
     ``failure_flush_interval`` is how often the failed-verification counts are written to the ledger
     (and once more at shutdown).
     Raises ``ConfigError`` when an effect's key, lock-key or require function reads a field its
-    source does not sign (``config.identity_problems``).
+    source does not sign (``handler_imports.identity_problems``).
     """
     problems = identity_problems(config, registry)
     if problems:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from effectgate.handlers.effect_kind import DEFAULT_LEASE_TTL, DEFAULT_MAX_ATTEMPTS, DEFAULT_ORPHAN_POLICY
 from effectgate.handlers.forward import (
     DEFAULT_MAX_ANSWER_BYTES,
     DEFAULT_RETRY_STATUSES,
@@ -20,7 +21,6 @@ from effectgate.handlers.forward import (
     ForwardTarget,
     KeyTemplate,
 )
-from effectgate.handlers.registry import DEFAULT_LEASE_TTL, DEFAULT_MAX_ATTEMPTS, DEFAULT_ORPHAN_POLICY
 
 from .secret_sources import missing
 from .secret_sources import read_file as read_secret_file

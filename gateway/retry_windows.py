@@ -1,7 +1,7 @@
 """How long each provider keeps retrying a delivery it could not hand over: the floor of the dedupe window.
 
 A tombstone must outlive every automatic retry of its delivery, or a late retry would be claimed again as a
-new effect. ``gateway.config`` refuses a dedupe window (``[retention] tombstones_days``) shorter than the
+new effect. ``gateway.config_maintenance`` refuses a dedupe window (``[retention] tombstones_days``) shorter than the
 window of any configured source's scheme. Sources and the dates they were read are in docs/providers.md;
 where a provider's figure is unknown, ``UNKNOWN`` (the longest known window, Adyen's 30 days) applies, and an
 operator who knows better states it per source (``[retention.sources.NAME] provider_retry_hours``).

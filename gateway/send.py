@@ -16,7 +16,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .config import Config, GatewayConfig, Source
+from .config import Config
+from .config_gateway import GatewayConfig
+from .config_sources import Source
 from .examples import example
 from .signatures import Signer, SigningError, body_event_id
 from .signatures.base import FORM_CONTENT_TYPE, JSON_CONTENT_TYPE

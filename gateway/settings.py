@@ -5,14 +5,19 @@ processes read it, and what it means. From it come the generated reference in ``
 (``gateway.settings_doc``), the JSON Schema for editors (``gateway.settings_schema``), ``effectgate
 config show`` and the ``EFFECTGATE_<SECTION>__<KEY>`` environment overrides (``gateway.settings_env``).
 
-The parser (``gateway.config``) still reads each table itself, with the cross-key rules a table of
-types cannot say. ``tests/unit/test_settings.py`` holds the two together: it watches every key the
-parser asks for (``toml_reader.reads``) and fails on one that is not declared here, on one declared
-here that the parser never reads, and on a type, default or minimum that differs. A branch that adds a
-key to the parser therefore adds it here too, or its tests fail.
+The parser (``gateway.config`` and its ``config_*`` sections) still reads each table itself, with the
+cross-key rules a table of types cannot say. ``tests/unit/test_settings.py`` holds the two together: it
+watches every key the parser asks for (``toml_reader.reads``) and fails on one that is not declared
+here, on one declared here that the parser never reads, and on a type, default or minimum that
+differs. A branch that adds a key to the parser therefore adds it here too, or its tests fail.
 
 Paths: ``gateway.penalty_box.cooling`` is a key of a fixed table; ``sources.*.scheme`` a key of every
 ``[sources.NAME]``; ``operators[].name`` a key of every ``[[operators]]`` entry.
+
+Why one module over 400 lines: it is one table, a line or a few per key, read top to bottom in the
+order of the generated reference. Split per section, the order of the reference and the one place a
+path is declared would be spread over files that must be kept in step by hand; the code around the
+table (``Setting``, ``TABLES``, ``tables``) is under a hundred lines.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from effectgate.handlers.effect_kind import DEFAULT_LEASE_TTL, DEFAULT_MAX_ATTEMPTS, DEFAULT_ORPHAN_POLICY
 from effectgate.handlers.forward import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT
-from effectgate.handlers.registry import DEFAULT_LEASE_TTL, DEFAULT_MAX_ATTEMPTS, DEFAULT_ORPHAN_POLICY
 
 # How a value is written in TOML:
 #   string, integer, number (integer or float), boolean, strings (a list of strings), table (free keys),

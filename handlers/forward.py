@@ -44,17 +44,17 @@ import httpx
 from effectgate.ledger.pointers import JsonPointer, PointerMissing
 
 from .downstream import retry_after_seconds
-from .errors import TerminalError, TransientError
-from .event import Event
-from .registry import (
+from .effect_kind import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_ORPHAN_POLICY,
     EffectKind,
     KeySpace,
     OrphanPolicy,
-    Registry,
 )
+from .errors import TerminalError, TransientError
+from .event import Event
+from .registry import Registry
 
 if TYPE_CHECKING:
     from .context import EffectContext

@@ -43,7 +43,7 @@ class ColumnType(StrEnum):
     BOOLEAN = "boolean"
     JSON = "json"
     STATE = "state"  # a job state
-    DIFF = "diff"  # a list of payload differences (see reports.payload_diff)
+    DIFF = "diff"  # a list of payload differences (see payload_diffs.payload_diff)
 
 
 @dataclass(frozen=True, slots=True)

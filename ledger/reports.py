@@ -2,9 +2,10 @@
 
 The listing reports are declared once each, as a ``ReportSpec`` (``report_spec.py``) over one SQL block:
 ``DUPLICATES``, ``KEY_CONFLICTS`` (with a field-level diff of the held and rejected payloads),
-``AUTH_FAILURES`` and ``JOBS``; ``REPORTS`` lists them, and ``run`` runs any of them. Next to them:
-``effect_view`` (an effect's lineage from delivery to outcome), ``job_view``, ``activity`` (the
-dashboard's series over time) and ``job_gauges`` (what ``/metrics`` reads).
+``AUTH_FAILURES`` and ``JOBS``; ``REPORTS`` lists them, and ``run`` runs any of them. Next to them,
+declared in ``views.py`` and re-exported here so every reader has one module to ask: ``effect_view`` (an
+effect's lineage from delivery to outcome), ``job_view``, ``activity`` (the dashboard's series over time)
+and ``job_gauges`` (what ``/metrics`` reads). The payload diff is ``payload_diffs.py``.
 
 Everything here takes typed values (datetimes, ints, tuples of states); reading text (``24h``, a
 cursor) is the gateway's business. Pages are keyset-paginated on (sort columns, id), so a page costs the
@@ -13,14 +14,11 @@ same at any depth and rows inserted meanwhile neither repeat nor vanish.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, LiteralString
+from datetime import timedelta
+from typing import LiteralString
 
-from . import jobs as ledger_jobs
-from .db import Conn
 from .errors import InvalidParameter
-from .queries import Q
+from .payload_diffs import payload_diff
 from .report_spec import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -36,9 +34,9 @@ from .report_spec import (
     Sort,
     Summary,
     by_name,
-    fetch,
     run,
 )
+from .views import Activity, EffectView, JobGauges, JobView, activity, effect_view, job_gauges, job_view
 from .vocabulary import JobState
 
 __all__ = [
@@ -69,8 +67,6 @@ __all__ = [
 
 DEFAULT_WINDOW = timedelta(hours=24)
 MAX_KEY_LENGTH = 1000
-# A diff of two large payloads is cut here: the first differences say what went wrong, the hundredth does not.
-MAX_DIFF_ENTRIES = 100
 JOB_STATES = tuple(JobState)
 
 T = ColumnType
@@ -83,8 +79,6 @@ def _sorts(*named: tuple[str, tuple[LiteralString, ...], str]) -> tuple[Sort, ..
     # (name, keyset columns, help); a name starting with "-" is descending.
     return tuple(Sort(name, columns, name.startswith("-"), help) for name, columns, help in named)
 
-
-# -- the vocabulary: every column any report shows, declared once ---------------------------------
 
 FIELDS: dict[str, Column] = {
     c.name: c
@@ -152,8 +146,6 @@ def _names(names: str) -> tuple[str, ...]:
 def _columns(names: str) -> tuple[Column, ...]:
     return tuple(FIELDS[name] for name in names.split())
 
-
-# -- the reports -----------------------------------------------------------------------------------
 
 DUPLICATES = ReportSpec(
     name="duplicates",
@@ -282,207 +274,3 @@ DELIVERY_OUTCOMES = ReportSpec(
 
 REPORTS: tuple[ReportSpec, ...] = (DUPLICATES, KEY_CONFLICTS, AUTH_FAILURES, JOBS, DELIVERY_OUTCOMES)
 BY_NAME = by_name(REPORTS)
-
-
-# -- payload diffs ---------------------------------------------------------------------------------
-
-
-def payload_diff(held: Any, rejected: Any) -> tuple[list[dict[str, Any]], bool]:
-    """The field-level differences between two JSON values, and whether the list was cut short.
-
-    Each entry has a JSON Pointer ``path`` (RFC 6901), a ``change`` of ``changed``, ``added`` (only in the
-    rejected payload) or ``removed`` (only in the held one), and the ``held`` and/or ``rejected`` value.
-    Values of different JSON types differ even where Python would call them equal (``1`` and ``true``).
-    """
-    entries: list[dict[str, Any]] = []
-    truncated = _diff(held, rejected, "", entries)
-    return entries, truncated
-
-
-_MISSING: Any = object()
-
-
-def _children(held: Any, rejected: Any) -> list[tuple[str, Any, Any]] | None:
-    # (JSON Pointer token, held child, rejected child) of two objects or two arrays; None for anything else.
-    if isinstance(held, dict) and isinstance(rejected, dict):
-        return [
-            (str(k).replace("~", "~0").replace("/", "~1"), held.get(k, _MISSING), rejected.get(k, _MISSING))
-            for k in sorted(held.keys() | rejected.keys())
-        ]
-    if isinstance(held, list) and isinstance(rejected, list):
-        return [
-            (str(i), held[i] if i < len(held) else _MISSING, rejected[i] if i < len(rejected) else _MISSING)
-            for i in range(max(len(held), len(rejected)))
-        ]
-    return None
-
-
-def _add(out: list[dict[str, Any]], entry: dict[str, Any]) -> bool:
-    if len(out) >= MAX_DIFF_ENTRIES:
-        return True
-    out.append(entry)
-    return False
-
-
-def _diff(held: Any, rejected: Any, path: str, out: list[dict[str, Any]]) -> bool:
-    children = _children(held, rejected)
-    if children is None:
-        if type(held) is type(rejected) and held == rejected:
-            return False
-        return _add(out, {"path": path, "change": "changed", "held": held, "rejected": rejected})
-    for token, held_child, rejected_child in children:
-        child = f"{path}/{token}"
-        if rejected_child is _MISSING:
-            entry = {"path": child, "change": "removed", "held": held_child}
-        elif held_child is _MISSING:
-            entry = {"path": child, "change": "added", "rejected": rejected_child}
-        elif _diff(held_child, rejected_child, child, out):
-            return True
-        else:
-            continue
-        if _add(out, entry):
-            return True
-    return False
-
-
-# -- effect lineage --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class EffectView:
-    """One effect from delivery to outcome: the claim, every delivery that asked for it (accepted or
-    duplicate), every reject of its key (with a diff against the held payload), its job with each attempt
-    (worker, lease token, start, end, error), and each recorded step with the idempotency key sent
-    downstream and the answer that came back. ``job`` is ``None`` only if no job was ever created."""
-
-    effect: dict[str, Any]
-    job: ledger_jobs.JobRow | None
-    deliveries: list[dict[str, Any]]
-    rejects: list[dict[str, Any]]
-    attempts: list[ledger_jobs.AttemptRow]
-    steps: list[dict[str, Any]]
-
-
-async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None) -> EffectView | None:
-    """The lineage of one effect, or ``None`` when no such effect was ever claimed.
-
-    Without a tenant, the key is looked up in every tenant; a key held by several raises
-    ``InvalidParameter`` with code ``tenant_required``.
-    """
-    key = effect_key
-    if not key:
-        raise InvalidParameter("key", "an effect key is required")
-    holder = tenant
-    if holder is None:
-        tenants = [r["tenant"] for r in await _fetch(conn, "effect_tenants_holding_key", {"effect_key": key})]
-        if not tenants:
-            return None
-        if len(tenants) > 1:
-            raise InvalidParameter(
-                "tenant",
-                f"effect key {key!r} is held by several tenants ({', '.join(tenants)}); name one",
-                code="tenant_required",
-            )
-        holder = tenants[0]
-    rows = await _fetch(conn, "effect_by_key", {"tenant": holder, "effect_key": key})
-    if not rows:
-        return None
-    effect = rows[0]
-    job_id = effect.pop("job_id")
-    job = await ledger_jobs.get(conn, job_id) if job_id is not None else None
-    params = {"effect_id": effect["id"]}
-    deliveries = await _fetch(conn, "effect_deliveries", params)
-    rejects = await _fetch(conn, "effect_rejects_for_effect", params)
-    for reject in rejects:
-        reject["diff"], reject["diff_truncated"] = payload_diff(
-            effect["payload"], reject.pop("rejected_payload")
-        )
-    attempts = await ledger_jobs.attempts(conn, job_id) if job_id is not None else []
-    steps = await _fetch(conn, "steps_for_effect", params)
-    return EffectView(effect, job, deliveries, rejects, attempts, steps)
-
-
-@dataclass(frozen=True, slots=True)
-class JobView:
-    """One job with its effect's key, each attempt and each recorded step."""
-
-    job: ledger_jobs.JobRow
-    attempts: list[ledger_jobs.AttemptRow]
-    steps: list[dict[str, Any]]
-
-
-async def job_view(conn: Conn, job_id: int) -> JobView | None:
-    """One job, or ``None`` when there is no such job."""
-    job = await ledger_jobs.get(conn, job_id)
-    if job is None:
-        return None
-    attempts = await ledger_jobs.attempts(conn, job["id"])
-    steps = await _fetch(conn, "steps_for_effect", {"effect_id": job["effect_id"]})
-    return JobView(job, attempts, steps)
-
-
-async def _fetch(conn: Conn, name: LiteralString, params: dict[str, Any]) -> list[Row]:
-    return await fetch(conn, Q[name], params)
-
-
-# -- gauges for /metrics ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class JobGauges:
-    """What a metrics scrape reads from the ledger: counts of jobs not done by (state, kind), and how long
-    the longest-waiting due job has waited (0 when none waits)."""
-
-    by_state_kind: list[dict[str, Any]]
-    oldest_due_seconds: float
-
-
-async def job_gauges(conn: Conn, *, now: datetime | None = None) -> JobGauges:
-    """Pending, running, failed and parked jobs by kind, and the age of the oldest due pending job."""
-    rows = await _fetch(conn, "metrics_jobs_not_done_by_state_kind", {})
-    [oldest] = await _fetch(conn, "metrics_oldest_due_job", {"now": now})
-    waited = (oldest["now"] - oldest["run_at"]).total_seconds() if oldest["run_at"] is not None else 0.0
-    return JobGauges(rows, max(waited, 0.0))
-
-
-# -- activity over time ----------------------------------------------------------------------------
-
-MAX_BUCKETS = 400
-
-
-@dataclass(frozen=True, slots=True)
-class Activity:
-    """Duplicate deliveries, key conflicts and authentication failures per bucket (an hour for windows of
-    up to three days, else a day) of the window, oldest first, every bucket present."""
-
-    since: datetime
-    until: datetime
-    bucket: timedelta
-    rows: list[dict[str, Any]]
-
-
-async def activity(
-    conn: Conn,
-    *,
-    since: datetime,
-    until: datetime,
-    source: str | None = None,
-) -> Activity:
-    """What arrived twice or was turned away in [since, until), hourly up to three days, else daily."""
-    if since >= until:
-        raise InvalidParameter("until", f"must be after since ({since.isoformat()}), got {until.isoformat()}")
-    span = until - since
-    bucket = timedelta(hours=1) if span <= timedelta(days=3) else timedelta(days=1)
-    if span / bucket > MAX_BUCKETS:
-        raise InvalidParameter("since", f"the window is too long for a chart: at most {MAX_BUCKETS} days")
-    rows = await _fetch(
-        conn,
-        "report_activity",
-        {
-            "bucket": bucket,
-            "since": since,
-            "until": until,
-            "source": source,
-        },
-    )
-    return Activity(since, until, bucket, rows)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import cast
 
 from .. import settings_doc, settings_schema, settings_show
-from ..config import DEFAULT_CONFIG_FILE, ConfigError, import_handlers, load
+from ..config import DEFAULT_CONFIG_FILE, ConfigError, load
+from ..handler_imports import import_handlers
 from ..secret_sources import Role
 from ..settings_env import override
 

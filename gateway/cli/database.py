@@ -15,7 +15,8 @@ from dataclasses import replace
 from effectgate.ledger import db
 
 from .. import embedded
-from ..config import DEFAULT_STARTUP_WAIT, Config, ConfigError, import_handlers, load
+from ..config import DEFAULT_STARTUP_WAIT, Config, ConfigError, load
+from ..handler_imports import import_handlers
 from ..secret_sources import Role
 from .common import UsageError, config_path, log, signals_ignored
 

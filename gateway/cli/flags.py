@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import (
-    DEFAULT_CONFIG_FILE,
-    DEFAULT_MIGRATION_WAIT,
-    DEFAULT_STARTUP_WAIT,
-    parse_forwarded_allow_ips,
-)
+from ..config import DEFAULT_CONFIG_FILE, DEFAULT_MIGRATION_WAIT, DEFAULT_STARTUP_WAIT
+from ..config_gateway import parse_forwarded_allow_ips
 
 
 def positive_int(text: str) -> int:

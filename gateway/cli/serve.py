@@ -19,7 +19,9 @@ from effectgate.handlers import tracing
 from effectgate.handlers.registry import REGISTRY
 
 from .. import guard, logs
-from ..config import DEFAULT_OPERATOR_HOST, Config, import_handlers, load
+from ..config import Config, load
+from ..config_operator import DEFAULT_OPERATOR_HOST
+from ..handler_imports import import_handlers
 from . import database, flags, migrate
 from .common import EXIT_FAILURE, EXIT_OK, UsageError, check_port_free, log
 

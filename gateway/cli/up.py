@@ -23,7 +23,9 @@ from typing import Any
 import httpx
 
 from .. import demo, embedded
-from ..config import DEFAULT_CONFIG_FILE, DEFAULT_OPERATOR_HOST, Config, import_handlers, load
+from ..config import DEFAULT_CONFIG_FILE, Config, load
+from ..config_operator import DEFAULT_OPERATOR_HOST
+from ..handler_imports import import_handlers
 from . import database, flags, migrate
 from .common import EXIT_FAILURE, EXIT_OK, SUPERVISED_ENV, check_port_free
 

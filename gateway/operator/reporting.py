@@ -2,7 +2,7 @@
 ledger's typed ``ReportQuery``, running it, and the JSON document of a page.
 
 The API (``api.py``), the CLI (``cli/``), the OpenAPI document (``openapi.py``) and the
-dashboard (``dashboard.py``) each render any spec with one generic function over these; none of them
+dashboard (``dashboard/``) each render any spec with one generic function over these; none of them
 names a report's filters, sorts or columns.
 """
 

@@ -22,22 +22,25 @@ Control endpoints: `POST /_fake/payment_intents` (an intent in a given status), 
 `POST /_fake/reset`, `GET|POST /_fake/faults`, and `GET /_fake/requests`:
 the latest provider requests (method, path and the headers a test asserts on: `Idempotency-Key`,
 `traceparent`, `tracestate`), oldest first, at most `_RECORDED_REQUESTS` of them.
+
+The faults are `fake_faults.py`, the answers' shapes `fake_answers.py`. Why the rest stays one module over
+400 lines: `_FakeProviders` is one state behind one lock. The idempotency layer's claim (look up, then
+insert) and each endpoint's effect (check state, then change it) run under that lock on the same keys,
+intents and counters, and `/_fake/reset` clears them all at once; split by endpoint, that invariant
+would be spread over classes that must still share every field.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import math
 import random
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, cast, get_args
-from urllib.parse import parse_qsl
+from typing import Any, cast
 
 import anyio
 from starlette.applications import Starlette
@@ -45,11 +48,23 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+
+from .fake_answers import (
+    Answer,
+    Invalid,
+    amount_param,
+    deliver,
+    error_body,
+    form_params,
+    json_answer,
+    metadata_of,
+    new_intent,
+    reply,
+    request_fingerprint,
+)
+from .fake_faults import FaultConfig, FaultMode, sleep_unless_gone
 
 __all__ = ["FaultConfig", "FaultMode", "create_app", "serve"]
-
-FaultMode = Literal["none", "error_500", "rate_limit", "hang", "hang_after_effect", "drop_after_effect"]
 
 # Stripe refuses longer keys; the fake does too, so a client that sends one fails here and not in production.
 _MAX_KEY_LENGTH = 255
@@ -59,74 +74,10 @@ _RECORDED_HEADERS = ("idempotency-key", "traceparent", "tracestate")
 _RATE_LIMIT_RETRY_AFTER = 7
 
 
-@dataclass(frozen=True, slots=True)
-class FaultConfig:
-    """Which failure to inject, how often, and where, validated at construction.
-
-    `mode` is `none`, `error_500` (answer 500 before the effect, nothing stored), `rate_limit` (answer 429
-    with `Retry-After: 7` before the effect, as Stripe's rate limiter does), `hang` (wait
-    `hang_seconds` before the effect, given up when the client disconnects), `hang_after_effect` (perform and
-    store the effect, then hold the answer the same way: the window a crash test kills a worker in) or
-    `drop_after_effect` (perform
-    and store the effect, then cut the connection mid-response). Each provider request is hit with
-    probability `rate`, drawn from a generator seeded with `seed`; `paths`, when non-empty, limits faults to
-    requests whose path starts with one of the prefixes. The `/_fake/` endpoints are never faulted.
-    """
-
-    mode: FaultMode = "none"
-    rate: float = 1.0
-    paths: tuple[str, ...] = ()
-    seed: int | None = None
-    hang_seconds: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if self.mode not in get_args(FaultMode):
-            raise ValueError(f"mode must be one of {get_args(FaultMode)}, got {self.mode!r}")
-        if isinstance(self.rate, bool) or not isinstance(self.rate, int | float) or not 0 <= self.rate <= 1:
-            raise ValueError(f"rate must be a number in [0, 1], got {self.rate!r}")
-        if isinstance(self.paths, str) or not all(isinstance(p, str) and p for p in self.paths):
-            raise ValueError("paths must be a list of non-empty path prefixes")
-        object.__setattr__(self, "paths", tuple(self.paths))
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        hang = self.hang_seconds
-        if (
-            isinstance(hang, bool)
-            or not isinstance(hang, int | float)
-            or not (math.isfinite(hang) and hang >= 0)
-        ):
-            raise ValueError(f"hang_seconds must be a finite number >= 0, got {hang!r}")
-
-    @classmethod
-    def from_json(cls, data: object) -> FaultConfig:
-        """Build a config from the JSON body of `POST /_fake/faults`; unknown fields raise `ValueError`."""
-        if not isinstance(data, dict):
-            raise ValueError("the fault config must be a JSON object")
-        unknown = set(data) - {"mode", "rate", "paths", "seed", "hang_seconds"}
-        if unknown:
-            raise ValueError(f"unknown fault fields: {sorted(unknown)}")
-        paths = data.get("paths") or ()
-        if not isinstance(paths, list | tuple):
-            raise ValueError("paths must be a list of path prefixes")
-        return cls(
-            mode=data.get("mode", "none"),
-            rate=data.get("rate", 1.0),
-            paths=tuple(paths),
-            seed=data.get("seed"),
-            hang_seconds=data.get("hang_seconds", 3600.0),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    status: int
-    body: bytes
-
-
 @dataclass(slots=True)
 class _KeyRecord:
     fingerprint: str
-    answer: _Answer | None = None  # None while the first request with the key is still running
+    answer: Answer | None = None  # None while the first request with the key is still running
 
 
 @dataclass(slots=True)
@@ -143,34 +94,7 @@ class _Counters:
     shipments_by_order: dict[str, int] = field(default_factory=dict)
 
 
-class _Invalid(Exception):
-    """The request failed validation: answer it, but store nothing under its key (as Stripe does)."""
-
-    def __init__(self, answer: _Answer) -> None:
-        super().__init__(answer.status)
-        self.answer = answer
-
-
-_Action = Callable[[Request, bytes], _Answer]
-
-
-class _DroppedResponse(Response):
-    """Announce the whole body, send half of it, and return without finishing the response.
-
-    Under uvicorn an ASGI app that returns mid-response gets its connection closed, so the client sees a
-    truncated message: httpx raises `RemoteProtocolError`, a `TransportError`, exactly as when a real
-    provider or a proxy dies after the effect. (In-process, `httpx.ASGITransport` asserts instead: this
-    fault needs a real server.)
-    """
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        declared = str(len(self.body) * 2 + 64).encode()
-        headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
-        headers.append((b"content-length", declared))
-        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
-        await send(
-            {"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True}
-        )
+_Action = Callable[[Request, bytes], Answer]
 
 
 class _FakeProviders:
@@ -233,17 +157,19 @@ class _FakeProviders:
         if fault == "error_500":
             # Injected in front of the idempotency layer, like a failing load balancer: nothing is stored,
             # so a retry with the same key runs the endpoint for real.
-            return _reply(500, _error("api_error", "fake_fault", "Injected error_500 fault."))
+            return reply(500, error_body("api_error", "fake_fault", "Injected error_500 fault."))
         if fault == "rate_limit":
-            response = _reply(429, _error("invalid_request_error", "rate_limit", "Too many requests."))
+            response = reply(429, error_body("invalid_request_error", "rate_limit", "Too many requests."))
             response.headers["Retry-After"] = str(_RATE_LIMIT_RETRY_AFTER)
             return response
         if key is not None and len(key) > _MAX_KEY_LENGTH:
-            return _reply(400, _error("invalid_request_error", "idempotency_key_too_long", "Key too long."))
+            return reply(
+                400, error_body("invalid_request_error", "idempotency_key_too_long", "Key too long.")
+            )
 
         record: _KeyRecord | None = None
         if key is not None:
-            fingerprint = _fingerprint(request, body)
+            fingerprint = request_fingerprint(request, body)
             async with self._lock:
                 existing = self._keys.get(key)
                 if existing is None:
@@ -253,19 +179,19 @@ class _FakeProviders:
 
         done = False
         try:
-            if fault == "hang" and await _hang(request, self._faults.hang_seconds):
-                return _reply(503, _error("api_error", "client_disconnected", "The client went away."))
+            if fault == "hang" and await sleep_unless_gone(request, self._faults.hang_seconds):
+                return reply(503, error_body("api_error", "client_disconnected", "The client went away."))
             async with self._lock:
                 try:
                     answer = action(request, body)
-                except _Invalid as invalid:
+                except Invalid as invalid:
                     answer = invalid.answer
                 else:
                     if record is not None:
                         record.answer = answer
                         done = True
             if fault == "hang_after_effect":
-                await _hang(request, self._faults.hang_seconds)
+                await sleep_unless_gone(request, self._faults.hang_seconds)
         finally:
             # Abandoned (cancelled, disconnected, invalid, crashed): free the key so a retry can run, as
             # Stripe does for requests whose endpoint never completed.
@@ -274,7 +200,7 @@ class _FakeProviders:
                     async with self._lock:
                         if self._keys.get(key) is record:
                             del self._keys[key]
-        return _deliver(answer, key, fault, replayed=False)
+        return deliver(answer, key, fault, replayed=False)
 
     async def _answer_again(
         self, request: Request, existing: _KeyRecord, fingerprint: str, key: str, fault: FaultMode
@@ -284,23 +210,25 @@ class _FakeProviders:
                 "Keys for idempotent requests can only be used with the same parameters "
                 "they were first used with."
             )
-            return _reply(400, _error("idempotency_error", None, message))
+            return reply(400, error_body("idempotency_error", None, message))
         if existing.answer is None:
             message = "There is currently another in-progress request using this Idempotent Key."
-            return _reply(409, _error("idempotency_error", "idempotency_key_in_use", message))
-        if fault == "hang" and await _hang(request, self._faults.hang_seconds):
-            return _reply(503, _error("api_error", "client_disconnected", "The client went away."))
+            return reply(409, error_body("idempotency_error", "idempotency_key_in_use", message))
+        if fault == "hang" and await sleep_unless_gone(request, self._faults.hang_seconds):
+            return reply(503, error_body("api_error", "client_disconnected", "The client went away."))
         async with self._lock:
             self._counters.replays += 1
-        return _deliver(existing.answer, key, fault, replayed=True)
+        return deliver(existing.answer, key, fault, replayed=True)
 
-    def capture(self, request: Request, body: bytes) -> _Answer:
+    def capture(self, request: Request, body: bytes) -> Answer:
         intent_id = request.path_params["id"]
-        params = _form(body)
+        params = form_params(body)
         intent = self._intents.get(intent_id)
         if intent is None:
             # Auto-created so demos and tests need no setup call.
-            intent = self._intents[intent_id] = _intent(intent_id, _INTENT_AMOUNT, "usd", "requires_capture")
+            intent = self._intents[intent_id] = new_intent(
+                intent_id, _INTENT_AMOUNT, "usd", "requires_capture"
+            )
         if intent["status"] != "requires_capture":
             # A capture of an already captured intent under a new key is the double effect the ledger
             # exists to prevent; the count is what tests assert stays zero.
@@ -309,11 +237,13 @@ class _FakeProviders:
                 f"This PaymentIntent's status is {intent['status']}, "
                 "but it must be requires_capture to be captured."
             )
-            return _json(400, _error("invalid_request_error", "payment_intent_unexpected_state", message))
-        amount = _amount(params, "amount_to_capture", default=intent["amount_capturable"])
+            return json_answer(
+                400, error_body("invalid_request_error", "payment_intent_unexpected_state", message)
+            )
+        amount = amount_param(params, "amount_to_capture", default=intent["amount_capturable"])
         if amount > intent["amount_capturable"]:
             message = "The amount to capture is greater than the amount capturable."
-            return _json(400, _error("invalid_request_error", "amount_too_large", message))
+            return json_answer(400, error_body("invalid_request_error", "amount_too_large", message))
         intent.update(
             amount_capturable=0,
             amount_received=amount,
@@ -323,29 +253,31 @@ class _FakeProviders:
         self._counters.captures += 1
         by_intent = self._counters.captures_by_intent
         by_intent[intent_id] = by_intent.get(intent_id, 0) + 1
-        return _json(200, intent)
+        return json_answer(200, intent)
 
-    def refund(self, request: Request, body: bytes) -> _Answer:
-        params = _form(body)
+    def refund(self, request: Request, body: bytes) -> Answer:
+        params = form_params(body)
         intent_id = params.get("payment_intent")
         if not intent_id:
             message = "Missing required param: payment_intent."
-            raise _Invalid(_json(400, _error("invalid_request_error", "parameter_missing", message)))
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "parameter_missing", message)))
         intent = self._intents.get(intent_id)
         if intent is None:
             message = f"No such payment_intent: '{intent_id}'"
-            raise _Invalid(_json(400, _error("invalid_request_error", "resource_missing", message)))
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "resource_missing", message)))
         if intent["status"] != "succeeded":
             message = "This PaymentIntent has not been captured, so there is nothing to refund."
-            return _json(400, _error("invalid_request_error", "payment_intent_unexpected_state", message))
+            return json_answer(
+                400, error_body("invalid_request_error", "payment_intent_unexpected_state", message)
+            )
         remaining = intent["amount_received"] - self._refunded.get(intent_id, 0)
         if remaining <= 0:
             message = f"Charge for PaymentIntent {intent_id} has already been refunded."
-            return _json(400, _error("invalid_request_error", "charge_already_refunded", message))
-        amount = _amount(params, "amount", default=remaining)
+            return json_answer(400, error_body("invalid_request_error", "charge_already_refunded", message))
+        amount = amount_param(params, "amount", default=remaining)
         if amount > remaining:
             message = f"Refund amount ({amount}) is greater than unrefunded amount on charge ({remaining})."
-            return _json(400, _error("invalid_request_error", "amount_too_large", message))
+            return json_answer(400, error_body("invalid_request_error", "amount_too_large", message))
         self._refunded[intent_id] = self._refunded.get(intent_id, 0) + amount
         self._counters.refunds += 1
         refund = {
@@ -357,19 +289,21 @@ class _FakeProviders:
             "reason": params.get("reason"),
             "status": "succeeded",
         }
-        return _json(200, refund)
+        return json_answer(200, refund)
 
-    def transfer(self, request: Request, body: bytes) -> _Answer:
-        params = _form(body)
-        amount = _amount(params, "amount", default=0)
+    def transfer(self, request: Request, body: bytes) -> Answer:
+        params = form_params(body)
+        amount = amount_param(params, "amount", default=0)
         for name in ("amount", "currency", "destination"):
             if not params.get(name):
                 message = f"Missing required param: {name}."
-                raise _Invalid(_json(400, _error("invalid_request_error", "parameter_missing", message)))
+                raise Invalid(
+                    json_answer(400, error_body("invalid_request_error", "parameter_missing", message))
+                )
         destination = params["destination"]
         if not destination.startswith("acct_"):
             message = f"No such destination: '{destination}'"
-            raise _Invalid(_json(400, _error("invalid_request_error", "resource_missing", message)))
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "resource_missing", message)))
         transfer_id = f"tr_{secrets.token_hex(12)}"
         transfer = {
             "id": transfer_id,
@@ -380,29 +314,29 @@ class _FakeProviders:
             "currency": params["currency"].lower(),
             "destination": destination,
             "livemode": False,
-            "metadata": _metadata(params),
+            "metadata": metadata_of(params),
             "reversed": False,
             "transfer_group": params.get("transfer_group"),
         }
         self._transfers[transfer_id] = transfer
         self._counters.transfers += 1
-        return _json(200, transfer)
+        return json_answer(200, transfer)
 
-    def get_intent(self, request: Request, body: bytes) -> _Answer:
+    def get_intent(self, request: Request, body: bytes) -> Answer:
         intent = self._intents.get(request.path_params["id"])
         if intent is None:
             message = f"No such payment_intent: '{request.path_params['id']}'"
-            return _json(404, _error("invalid_request_error", "resource_missing", message))
-        return _json(200, intent)
+            return json_answer(404, error_body("invalid_request_error", "resource_missing", message))
+        return json_answer(200, intent)
 
-    def create_shipment(self, request: Request, body: bytes) -> _Answer:
+    def create_shipment(self, request: Request, body: bytes) -> Answer:
         try:
             params = json.loads(body)
         except ValueError:
             params = None
         if not isinstance(params, dict):
             message = "The request body must be a JSON object."
-            raise _Invalid(_json(400, _error("invalid_request_error", "invalid_json", message)))
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "invalid_json", message)))
         order_id = params.get("order_id")
         address = params.get("address")
         items = params.get("items")
@@ -417,7 +351,7 @@ class _FakeProviders:
         elif not isinstance(service, str) or not service:
             problem = "service must be a non-empty string"
         if problem is not None or not isinstance(order_id, str):
-            raise _Invalid(_json(400, _error("invalid_request_error", "parameter_invalid", problem)))
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "parameter_invalid", problem)))
         shipment_id = f"shp_{secrets.token_hex(12)}"
         shipment = {
             "id": shipment_id,
@@ -434,14 +368,14 @@ class _FakeProviders:
         self._counters.shipments += 1
         by_order = self._counters.shipments_by_order
         by_order[order_id] = by_order.get(order_id, 0) + 1
-        return _json(201, shipment)
+        return json_answer(201, shipment)
 
-    def get_shipment(self, request: Request, body: bytes) -> _Answer:
+    def get_shipment(self, request: Request, body: bytes) -> Answer:
         shipment = self._shipments.get(request.path_params["id"])
         if shipment is None:
             message = f"No such shipment: '{request.path_params['id']}'"
-            return _json(404, _error("invalid_request_error", "resource_missing", message))
-        return _json(200, shipment)
+            return json_answer(404, error_body("invalid_request_error", "resource_missing", message))
+        return json_answer(200, shipment)
 
     async def shipment_label(self, request: Request) -> Response:
         if request.path_params["id"] not in self._shipments:
@@ -455,9 +389,11 @@ class _FakeProviders:
         data = json.loads(await request.body() or b"{}")
         status = data.get("status", "requires_capture")
         if status not in ("requires_capture", "succeeded", "canceled", "requires_payment_method"):
-            return JSONResponse(_error("invalid_request_error", "invalid_status", status), status_code=400)
+            return JSONResponse(
+                error_body("invalid_request_error", "invalid_status", status), status_code=400
+            )
         amount = int(data.get("amount", _INTENT_AMOUNT))
-        intent = _intent(str(data["id"]), amount, str(data.get("currency", "usd")), status)
+        intent = new_intent(str(data["id"]), amount, str(data.get("currency", "usd")), status)
         async with self._lock:
             self._intents[intent["id"]] = intent
         return JSONResponse(intent)
@@ -482,7 +418,7 @@ class _FakeProviders:
                 faults = FaultConfig.from_json(json.loads(await request.body()))
             except (ValueError, TypeError) as exc:
                 return JSONResponse(
-                    _error("invalid_request_error", "invalid_faults", str(exc)), status_code=400
+                    error_body("invalid_request_error", "invalid_faults", str(exc)), status_code=400
                 )
             async with self._lock:
                 self._set_faults(faults)
@@ -528,127 +464,9 @@ def serve(host: str, port: int) -> None:
     uvicorn.run(create_app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=1)
 
 
-async def _hang(request: Request, seconds: float) -> bool:
-    """Sleep `seconds`, or until the client disconnects; True if it did."""
-    gone = False
-    async with anyio.create_task_group() as tasks:
-
-        async def watch() -> None:
-            nonlocal gone
-            # The body is read already, so the next message the server has for us is the disconnect.
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            gone = True
-            tasks.cancel_scope.cancel()
-
-        tasks.start_soon(watch)
-        await anyio.sleep(seconds)
-        tasks.cancel_scope.cancel()
-    return gone
-
-
 async def _http_exception(request: Request, exc: Exception) -> Response:
     status = cast(HTTPException, exc).status_code
     return JSONResponse(
-        _error("invalid_request_error", "resource_missing" if status == 404 else f"http_{status}", None),
+        error_body("invalid_request_error", "resource_missing" if status == 404 else f"http_{status}", None),
         status_code=status,
     )
-
-
-def _deliver(answer: _Answer, key: str | None, fault: FaultMode, *, replayed: bool) -> Response:
-    headers = {}
-    if key is not None:
-        headers["Idempotency-Key"] = key
-    if replayed:
-        headers["Idempotent-Replayed"] = "true"
-    response_class = _DroppedResponse if fault == "drop_after_effect" else Response
-    return response_class(
-        answer.body, status_code=answer.status, headers=headers, media_type="application/json"
-    )
-
-
-def _reply(status: int, payload: Mapping[str, Any]) -> Response:
-    return Response(_json(status, payload).body, status_code=status, media_type="application/json")
-
-
-def _json(status: int, payload: Mapping[str, Any]) -> _Answer:
-    return _Answer(status, json.dumps(payload, separators=(",", ":")).encode())
-
-
-def _error(type_: str, code: str | None, message: str | None) -> dict[str, Any]:
-    error: dict[str, Any] = {"type": type_}
-    if code is not None:
-        error["code"] = code
-    if message is not None:
-        error["message"] = message
-    return {"error": error}
-
-
-def _form(body: bytes) -> dict[str, str]:
-    try:
-        return dict(parse_qsl(body.decode("ascii"), keep_blank_values=True, errors="strict"))
-    except ValueError as exc:  # UnicodeDecodeError is a ValueError
-        message = f"The request body is not valid form encoding: {exc}"
-        raise _Invalid(_json(400, _error("invalid_request_error", "parameter_invalid", message))) from exc
-
-
-def _intent(intent_id: str, amount: int, currency: str, status: str) -> dict[str, Any]:
-    """A payment intent in Stripe's shape (the fields a capture reads and changes)."""
-    captured = status == "succeeded"
-    return {
-        "id": intent_id,
-        "object": "payment_intent",
-        "amount": amount,
-        "amount_capturable": amount if status == "requires_capture" else 0,
-        "amount_received": amount if captured else 0,
-        "capture_method": "manual" if status == "requires_capture" else "automatic",
-        "created": int(time.time()),
-        "currency": currency,
-        "latest_charge": f"ch_{secrets.token_hex(12)}" if captured else None,
-        "livemode": False,
-        "metadata": {},
-        "status": status,
-    }
-
-
-def _metadata(params: Mapping[str, str]) -> dict[str, str]:
-    """Stripe's form encoding of a hash: `metadata[order]=42`."""
-    return {
-        k[len("metadata[") : -1]: v
-        for k, v in params.items()
-        if k.startswith("metadata[") and k.endswith("]")
-    }
-
-
-def _amount(params: Mapping[str, str], name: str, *, default: int) -> int:
-    raw = params.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or int(raw) <= 0:
-        message = f"Invalid positive integer: {name}={raw!r}"
-        raise _Invalid(_json(400, _error("invalid_request_error", "parameter_invalid_integer", message)))
-    return int(raw)
-
-
-def _fingerprint(request: Request, body: bytes) -> str:
-    """Hash of method, path, query and the body in canonical form, so equal parameters compare equal."""
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    canonical = body
-    if media_type == "application/x-www-form-urlencoded":
-        try:
-            pairs = parse_qsl(body.decode("ascii"), keep_blank_values=True, errors="strict")
-        except ValueError:
-            pass
-        else:
-            # Sorted by name only: a stable sort keeps repeated names (Stripe's list params) in order.
-            canonical = json.dumps(sorted(pairs, key=lambda pair: pair[0])).encode()
-    elif media_type == "application/json" or media_type.endswith("+json"):
-        try:
-            canonical = json.dumps(json.loads(body), sort_keys=True, separators=(",", ":")).encode()
-        except ValueError:
-            pass
-    digest = hashlib.sha256()
-    for part in (request.method.encode(), request.url.path.encode(), request.url.query.encode(), canonical):
-        digest.update(len(part).to_bytes(8, "big"))
-        digest.update(part)
-    return digest.hexdigest()

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from effectgate.handlers.registry import Event, Registry
+from effectgate.handlers.event import Event
+from effectgate.handlers.registry import Registry
 from effectgate.handlers.replay import replay_unmatched
 from effectgate.ledger import db
 from effectgate.ledger.claims import claim_delivery

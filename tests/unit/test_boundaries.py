@@ -262,7 +262,7 @@ def test_every_folder_is_read() -> None:
     assert "effectgate.gateway.testing.fake_providers" in graph["effectgate.gateway.cli.up"]  # in a function
     assert "effectgate.gateway.app" in graph["effectgate.gateway.cli.serve"]  # in a function
     assert "effectgate.handlers" in graph["effectgate"]  # importlib.import_module("effectgate.handlers")
-    assert "effectgate.handlers.context" in graph["effectgate.handlers.registry"]  # under TYPE_CHECKING
+    assert "effectgate.handlers.context" in graph["effectgate.handlers.effect_kind"]  # under TYPE_CHECKING
 
 
 def test_dependencies_point_one_way() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from effectgate.gateway.config import ConfigError, parse, parse_listen
+from effectgate.gateway.config import ConfigError, parse
+from effectgate.gateway.config_operator import parse_listen
 
 ENV = {"S1": "whsec_one"}
 MINIMAL = """

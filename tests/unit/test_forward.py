@@ -15,7 +15,8 @@ import pytest
 import respx
 import standardwebhooks
 
-from effectgate.gateway.config import ConfigError, import_handlers, load, parse
+from effectgate.gateway.config import ConfigError, load, parse
+from effectgate.gateway.handler_imports import import_handlers
 from effectgate.handlers.errors import TerminalError, TransientError
 from effectgate.handlers.event import Event
 from effectgate.handlers.forward import ForwardTarget, KeyTemplate, post_signed, register_declared

@@ -12,9 +12,9 @@ import pytest
 from effectgate.gateway.operator import params
 from effectgate.gateway.operator.params import BadParameter
 from effectgate.ledger import bulk as ledger_bulk
-from effectgate.ledger import reports
+from effectgate.ledger import reports, views
+from effectgate.ledger.payload_diffs import MAX_DIFF_ENTRIES, payload_diff
 from effectgate.ledger.queries import SQL_DIR, parse
-from effectgate.ledger.reports import payload_diff
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 
@@ -99,16 +99,16 @@ def test_a_long_diff_is_cut_and_says_so() -> None:
     rejected = {f"k{i:04}": -i - 1 for i in range(500)}
     entries, truncated = payload_diff(held, rejected)
     assert truncated is True
-    assert len(entries) == reports.MAX_DIFF_ENTRIES
+    assert len(entries) == MAX_DIFF_ENTRIES
     entries, truncated = payload_diff(list(range(300)), [])
-    assert truncated is True and len(entries) == reports.MAX_DIFF_ENTRIES
+    assert truncated is True and len(entries) == MAX_DIFF_ENTRIES
 
 
 def test_every_report_query_is_used_by_the_reports() -> None:
     names = parse((SQL_DIR / "reports.sql").read_text(encoding="utf-8"))
-    source = Path(reports.__file__).read_text(encoding="utf-8")
+    source = "".join(Path(m.__file__).read_text(encoding="utf-8") for m in (reports, views))
     used = set(re.findall(r'"((?:report|effect|metrics)_[a-z0-9_]+)"', source))
-    assert set(names) - used == set(), "queries in reports.sql that no report runs"
+    assert set(names) - used == set(), "queries in reports.sql that no report or view runs"
 
 
 # --- the bulk job filter: one parser for the API's query, the dashboard's form and the CLI's flags ---

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from effectgate.handlers import registry as reg_module
+from effectgate.handlers import effect_kind
+from effectgate.handlers.effect_kind import EffectKind, InvalidEffect
 from effectgate.handlers.event import Event
-from effectgate.handlers.registry import EffectKind, InvalidEffect, Registry
+from effectgate.handlers.registry import Registry
 
 
 async def handler(ctx: Any, ev: Event) -> None:
@@ -41,7 +42,7 @@ def test_every_setting_has_its_documented_default() -> None:
         None,
         None,
     )
-    assert reg_module.DEFAULT_SLICE_FACTOR * reg_module.DEFAULT_SLICE_BUDGET == kind.max_slice
+    assert effect_kind.DEFAULT_SLICE_FACTOR * effect_kind.DEFAULT_SLICE_BUDGET == kind.max_slice
 
 
 def test_every_setting_is_settable_per_kind_through_the_decorator() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from effectgate.gateway.operator import cli as operator_cli
 from effectgate.gateway.operator import dashboard, params, reporting
+from effectgate.gateway.operator.dashboard import rendering
 from effectgate.gateway.operator.openapi import DOCUMENT
 from effectgate.ledger.queries import Q
 from effectgate.ledger.report_spec import ReportSpec, Sort, compose
@@ -89,7 +90,7 @@ def test_the_cli_has_a_command_with_a_flag_for_every_parameter(spec: ReportSpec)
 
 @SPECS
 def test_the_dashboard_has_a_page_and_a_filter_form_for_the_spec(spec: ReportSpec) -> None:
-    fields = dashboard.form_fields(spec)
+    fields = rendering.form_fields(spec)
     assert [f.name for f in fields] == [n for n in reporting.parameters(spec) if n not in ("limit", "cursor")]
     assert all(f.help == reporting.describe(spec, f.name) for f in fields)
     assert "/" + reporting.slug(spec) in {getattr(r, "path", "") for r in dashboard.routes()}

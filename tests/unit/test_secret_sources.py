@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from effectgate.gateway.config import ConfigError, SecretsNotLoaded, parse
+from effectgate.gateway.config import ConfigError, parse
+from effectgate.gateway.config_sources import SecretsNotLoaded
 from effectgate.gateway.secret_sources import MAX_SECRET_BYTES, SecretEnv
 
 CONFIG = """

@@ -151,7 +151,8 @@ def run_replay(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
     """``effectgate ledger replay --unmatched``: the handlers come from the configuration, read first."""
     import os
 
-    from ...config import DEFAULT_CONFIG_FILE, ConfigError, import_handlers, load, unsigned_fields
+    from ...config import DEFAULT_CONFIG_FILE, ConfigError, load
+    from ...handler_imports import import_handlers, unsigned_fields
 
     try:
         config = load(args.config or os.environ.get("EFFECTGATE_CONFIG") or DEFAULT_CONFIG_FILE)
