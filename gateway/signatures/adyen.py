@@ -24,10 +24,10 @@ from ._common import (
     SigningRequest,
     b64_hmac,
     decode_digest,
-    hmac_index,
     require_text,
     secret_strings,
 )
+from ._matching import hmac_index
 from .base import (
     Covers,
     Event,

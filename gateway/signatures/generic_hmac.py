@@ -19,18 +19,17 @@ from ._common import (
     decode_digests,
     first_header,
     hex_hmac,
-    hmac_matcher,
     json_field,
     option_choice,
     option_str,
     parse_json,
     parse_timestamp,
     require_header,
-    require_match,
     require_text,
     resolve_tolerance,
     utf8_keys,
 )
+from ._matching import hmac_matcher, require_match
 from .base import Covers, Event, PayloadError, SchemeConfigError, SignatureMalformed, Verified, body_event_id
 
 _DIGEST_SIZES = {"sha1": 20, "sha256": 32, "sha512": 64}

@@ -18,12 +18,11 @@ from ._common import (
     describe_labels,
     first_header,
     hex_hmac,
-    hmac_matcher,
     option_bool,
     parse_json,
-    require_match,
     utf8_keys,
 )
+from ._matching import hmac_matcher, require_match
 from .base import (
     Covers,
     Event,

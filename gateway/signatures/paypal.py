@@ -54,10 +54,10 @@ from ._common import (
     lower_headers,
     option_str,
     require_header,
-    require_match,
     resolve_tolerance,
     secret_strings,
 )
+from ._matching import require_match
 from .base import (
     CertificateUntrusted,
     Covers,

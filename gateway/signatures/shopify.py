@@ -16,12 +16,11 @@ from ._common import (
     b64_hmac,
     decode_digests,
     first_header,
-    hmac_matcher,
     parse_json,
     require_header,
-    require_match,
     utf8_keys,
 )
+from ._matching import hmac_matcher, require_match
 from .base import Covers, Event, PayloadError, Verified, body_event_id
 
 _HEADER = "X-Shopify-Hmac-Sha256"

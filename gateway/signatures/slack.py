@@ -18,16 +18,15 @@ from ._common import (
     decode_digests,
     describe_labels,
     hex_hmac,
-    hmac_matcher,
     json_field,
     parse_json,
     parse_timestamp,
     require_header,
-    require_match,
     require_text,
     resolve_tolerance,
     utf8_keys,
 )
+from ._matching import hmac_matcher, require_match
 from .base import Covers, Event, SignatureMalformed, UnsupportedSignatureVersion, Verified
 
 _SIGNATURE = "X-Slack-Signature"

@@ -24,16 +24,15 @@ from ._common import (
     check_timestamp,
     decode_digest,
     describe_labels,
-    hmac_matcher,
     json_field,
     parse_json,
     parse_timestamp,
     require_header,
-    require_match,
     require_text,
     resolve_tolerance,
     secret_strings,
 )
+from ._matching import hmac_matcher, require_match
 from .base import (
     Covers,
     Event,

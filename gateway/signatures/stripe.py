@@ -19,13 +19,12 @@ from ._common import (
     describe_labels,
     event_from_json,
     hex_hmac,
-    hmac_matcher,
     parse_timestamp,
     require_header,
-    require_match,
     resolve_tolerance,
     utf8_keys,
 )
+from ._matching import hmac_matcher, require_match
 from .base import Covers, SignatureMalformed, UnsupportedSignatureVersion, Verified
 
 _HEADER = "Stripe-Signature"

@@ -30,14 +30,13 @@ from ._common import (
     decode_digests,
     describe_labels,
     first_header,
-    hmac_index,
     option_str,
     parse_json,
     require_header,
-    require_match,
     require_text,
     utf8_keys,
 )
+from ._matching import hmac_index, require_match
 from .base import (
     JSON_CONTENT_TYPE,
     Covers,

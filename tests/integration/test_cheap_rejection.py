@@ -20,7 +20,7 @@ from effectgate.gateway.config import parse
 from effectgate.gateway.operator import reporting
 from effectgate.gateway.penalty_box import PenaltyBox, PenaltySettings
 from effectgate.gateway.signature_failures import SignatureFailures
-from effectgate.gateway.signatures._common import DIAGNOSE_MAX_BYTES, REENCODED_HINT
+from effectgate.gateway.signatures._matching import DIAGNOSE_MAX_BYTES, REENCODED_HINT
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, reports

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from effectgate.gateway.signatures import SignatureInvalid, _common
+from effectgate.gateway.signatures import SignatureInvalid, _common, _matching
 
 from .signing import CASE_IDS, CASES, Case
 
@@ -57,13 +57,14 @@ class Work:
 def work(monkeypatch: pytest.MonkeyPatch) -> Work:
     counted = Work()
     monkeypatch.setattr(_common, "hmac", counted)
-    original = _common.reencodings
+    monkeypatch.setattr(_matching, "hmac", counted)
+    original = _matching.reencodings
 
     def reencodings(body: bytes) -> Any:
         counted.reencodings += 1
         return original(body)
 
-    monkeypatch.setattr(_common, "reencodings", reencodings)
+    monkeypatch.setattr(_matching, "reencodings", reencodings)
     return counted
 
 
@@ -95,7 +96,7 @@ def test_a_failed_256_kib_json_body_costs_one_matching_pass_like_random_bytes(ca
 
 def test_the_deferred_diagnosis_is_bounded_in_variants_and_body_size(work: Work) -> None:
     case = CASES[0]
-    body = big_json(_common.DIAGNOSE_MAX_BYTES)
+    body = big_json(_matching.DIAGNOSE_MAX_BYTES)
     with pytest.raises(SignatureInvalid) as caught:
         case.build("whsec_a", "whsec_b").verify(body, case.sign(b"{}"), now=NOW)
     assert caught.value.diagnose is not None
@@ -104,7 +105,7 @@ def test_the_deferred_diagnosis_is_bounded_in_variants_and_body_size(work: Work)
     # At most ten re-serialised forms, each against each of the two secrets.
     assert work.hmacs <= 10 * 2
 
-    oversized = body + b" " * (_common.DIAGNOSE_MAX_BYTES - len(body) + 1)
+    oversized = body + b" " * (_matching.DIAGNOSE_MAX_BYTES - len(body) + 1)
     with pytest.raises(SignatureInvalid) as caught:
         case.build().verify(oversized, case.sign(b"{}"), now=NOW)
     assert caught.value.diagnose is None

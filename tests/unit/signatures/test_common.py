@@ -12,15 +12,14 @@ from effectgate.gateway.signatures import (
     TimestampOutOfTolerance,
 )
 from effectgate.gateway.signatures._common import (
-    DIAGNOSE_MAX_BYTES,
     check_timestamp,
     decode_digest,
     event_from_json,
     lower_headers,
     parse_timestamp,
-    reencodings,
     require_header,
 )
+from effectgate.gateway.signatures._matching import DIAGNOSE_MAX_BYTES, reencodings
 
 
 def test_lower_headers_keeps_the_first_value_and_skips_non_strings() -> None:

@@ -10,7 +10,7 @@ from effectgate.gateway.signatures import (
     UnsupportedSignatureVersion,
     VerificationError,
 )
-from effectgate.gateway.signatures._common import REENCODED_HINT
+from effectgate.gateway.signatures._matching import REENCODED_HINT
 
 from .signing import CASE_IDS, CASES, EVENT_BODY, NOW, Case
 

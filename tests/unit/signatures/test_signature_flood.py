@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from effectgate.gateway.signatures import SignatureMalformed, build_scheme
-from effectgate.gateway.signatures._common import MAX_PRESENTED_SIGNATURES
+from effectgate.gateway.signatures._matching import MAX_PRESENTED_SIGNATURES
 
 BODY = b'{"type": "invoice.paid", "pad": "' + b"x" * 200_000 + b'"}'
 
