@@ -196,7 +196,7 @@ done AS (
         updated_at = coalesce(%(now)s, now())
     FROM held
     WHERE j.id = held.job_id
-    RETURNING j.id, j.state, j.terminal_reason, j.lease_token, held.error::jsonb AS error
+    RETURNING j.id, j.tenant, j.state, j.terminal_reason, j.lease_token, held.error::jsonb AS error
 ),
 closed AS (
     UPDATE job_attempts a SET
@@ -206,7 +206,7 @@ closed AS (
         error_message = done.error ->> 'message',
         traceback = done.error ->> 'traceback'
     FROM done
-    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+    WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
 )
 SELECT id AS job_id, state::text AS state, terminal_reason FROM done;
 
@@ -225,7 +225,7 @@ WITH done AS (
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s, now())
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-    RETURNING id, kind, state, terminal_reason, lease_token
+    RETURNING id, tenant, kind, state, terminal_reason, lease_token
 ),
 closed AS (
     UPDATE job_attempts a SET
@@ -235,7 +235,7 @@ closed AS (
         error_message = %(error)s::jsonb ->> 'message',
         traceback = %(error)s::jsonb ->> 'traceback'
     FROM done
-    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+    WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
 ),
 woken AS (
     -- A retry due at once (no backoff) must not wait for the next poll.
@@ -279,14 +279,14 @@ done AS (
         updated_at = coalesce(%(now)s, now())
     FROM held
     WHERE j.id = held.id
-    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token
+    RETURNING j.id, j.tenant, j.kind, j.state, j.terminal_reason, j.lease_token
 ),
 closed AS (
     UPDATE job_attempts a SET
         finished_at = coalesce(%(now)s, now()),
         outcome = CASE WHEN done.state = 'pending' THEN 'handed_back' ELSE done.state::text END
     FROM done
-    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+    WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
 ),
 woken AS (
     SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending'
