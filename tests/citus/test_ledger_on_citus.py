@@ -85,7 +85,8 @@ async def test_the_ledger_is_distributed_by_tenant_and_colocated(conn: db.Conn, 
         f'"{citus_schema}".effects',
     )
     print("effects shards per worker node:", {r["nodeport"]: r["shards"] for r in placement})
-    assert len(placement) == 2
+    workers = await rows(conn, "SELECT * FROM citus_get_active_worker_nodes()")
+    assert len(placement) == len(workers) >= 2
 
 
 async def test_fifty_concurrent_claims_of_one_key_make_exactly_one_effect(
@@ -144,7 +145,7 @@ async def test_duplicates_and_rejects_are_answered_as_on_one_node(conn: db.Conn)
     }
 
 
-async def test_tenants_spread_over_both_worker_nodes(conn: db.Conn, citus_schema: str) -> None:
+async def test_tenants_spread_over_the_worker_nodes(conn: db.Conn, citus_schema: str) -> None:
     for n in range(40):
         [outcome] = await claim_delivery(conn, delivery(f"tenant-{n}", "spread"), [effect("spread")])
         assert isinstance(outcome, Accepted)
@@ -156,7 +157,8 @@ async def test_tenants_spread_over_both_worker_nodes(conn: db.Conn, citus_schema
         f'"{citus_schema}".effects',
     )
     print("tenants of key 'spread' per worker node:", {r["nodeport"]: r["tenants"] for r in placed})
-    assert len(placed) == 2 and sum(r["tenants"] for r in placed) == 40
+    # Two or more nodes (cluster.sh starts two workers; rebalance_run.py may have added more).
+    assert len(placed) >= 2 and sum(r["tenants"] for r in placed) == 40
 
 
 def claim_params(tenant: str, key: str) -> dict[str, Any]:
