@@ -16,8 +16,8 @@
 --
 -- Cost on an existing ledger: the new columns are filled by one UPDATE each (a rewrite of job_attempts and
 -- steps), and every key is rebuilt and every foreign key re-checked, under ACCESS EXCLUSIVE locks, in this one
--- transaction. Stop the processes first (0021 already requires it), and expect about the time of a CREATE INDEX
--- per key on the largest table (deploy/README.md, "Past one Postgres").
+-- transaction. Stop the processes first (0021 already requires it); docs/migrations.md gives a measured time
+-- (python -m tests.bench.keys_with_tenant).
 
 ALTER TABLE job_attempts ADD COLUMN tenant text;
 UPDATE job_attempts a SET tenant = j.tenant FROM jobs j WHERE j.id = a.job_id;
