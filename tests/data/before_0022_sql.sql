@@ -1,5 +1,6 @@
 -- The worker's statements that write job_attempts and steps as this release wrote them before migration 0022
 -- (main at d1396ec, verbatim): they name no tenant, which a ledger before 0022 does not have on those tables.
+-- The fetch, the finish, retry and hand-back (which close the attempt) and the step statements.
 -- Tests that populate such a ledger through the real code paths swap them in (tests/integration/before_0022.py).
 -- Never edit them.
 
@@ -108,6 +109,135 @@ FROM (SELECT (SELECT count(*) FROM superseded) AS superseded,
               WHERE superseded AND kind = ANY(%(hooked)s::text[])) AS to_supersede) n
      LEFT JOIN (leased l JOIN effects e ON e.id = l.effect_id) ON true
 ORDER BY l.id;
+
+-- name: job_finish_if_leased
+-- The one terminal transition a worker makes (succeeded, failed or parked), for many jobs at once, each row
+-- fenced by its own token: a stale row changes nothing and is missing from the answer, the others go through.
+-- A cancel requested while a job ran wins in this same statement, so a cancelled job is never reported
+-- succeeded. Rows are locked in id order, so two batches sharing jobs cannot deadlock (a heartbeat skips a
+-- locked row rather than wait for it). The caller makes every value storable first; a batch Postgres still
+-- refuses for one row's data is split by ``jobs.finish_many`` until that row stands alone.
+WITH input AS (
+    SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(states)b::text[], %(bys)b::text[],
+                         %(reasons)b::text[], %(errors)b::text[], %(unrecoverables)b::bool[])
+        AS i(job_id, lease_token, state, by, reason, error, unrecoverable)
+),
+held AS (
+    SELECT i.*
+    FROM jobs j JOIN input i ON j.id = i.job_id AND j.lease_token = i.lease_token
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+done AS (
+    UPDATE jobs j SET
+        state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE held.state::job_state END,
+        terminal_reason = CASE WHEN j.cancel_requested THEN 'cancelled while running' ELSE held.reason END,
+        terminal_by = CASE WHEN j.cancel_requested THEN coalesce(j.terminal_by, 'operator') ELSE held.by END,
+        last_error = coalesce(held.error::jsonb, j.last_error),
+        unrecoverable = held.unrecoverable AND NOT j.cancel_requested,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        finished_at = coalesce(%(now)s, now()),
+        updated_at = coalesce(%(now)s, now())
+    FROM held
+    WHERE j.id = held.job_id
+    RETURNING j.id, j.state, j.terminal_reason, j.lease_token, held.error::jsonb AS error
+),
+closed AS (
+    UPDATE job_attempts a SET
+        finished_at = coalesce(%(now)s, now()),
+        outcome = done.state::text,
+        error_type = done.error ->> 'type',
+        error_message = done.error ->> 'message',
+        traceback = done.error ->> 'traceback'
+    FROM done
+    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+)
+SELECT id AS job_id, state::text AS state, terminal_reason FROM done;
+
+-- name: job_retry_if_leased
+-- Gives the job back for another attempt at run_at = now + delay, fenced by the token; a pending cancel
+-- ends it cancelled instead.
+WITH done AS (
+    UPDATE jobs SET
+        state = CASE WHEN cancel_requested THEN 'cancelled'::job_state ELSE 'pending'::job_state END,
+        terminal_reason = CASE WHEN cancel_requested THEN 'cancelled while running' END,
+        terminal_by = CASE WHEN cancel_requested THEN coalesce(terminal_by, 'operator') END,
+        finished_at = CASE WHEN cancel_requested THEN coalesce(%(now)s, now()) END,
+        run_at = coalesce(%(now)s, now()) + make_interval(secs => %(delay)s),
+        last_error = %(error)s::jsonb,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s, now())
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    RETURNING id, kind, state, terminal_reason, lease_token
+),
+closed AS (
+    UPDATE job_attempts a SET
+        finished_at = coalesce(%(now)s, now()),
+        outcome = CASE WHEN done.state = 'pending' THEN 'retry' ELSE done.state::text END,
+        error_type = %(error)s::jsonb ->> 'type',
+        error_message = %(error)s::jsonb ->> 'message',
+        traceback = %(error)s::jsonb ->> 'traceback'
+    FROM done
+    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+),
+woken AS (
+    -- A retry due at once (no backoff) must not wait for the next poll.
+    SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending' AND %(delay)s <= 0
+)
+SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FROM done;
+
+-- name: job_hand_back_if_leased
+-- A slice spent its budget and hands the rest back: re-queued at once, lease released, fenced by the token.
+-- A hand-back is progress only if something was committed since the last release; after
+-- %(poison_threshold)s releases in a row without one, the job is parked as poison.
+WITH held AS (
+    -- The release rule (migration 0006, _v1 since 0017) is shared with the lease rescuer; a hand-back's "orphan policy"
+    -- is always to re-queue.
+    SELECT id,
+           job_release_verdict_v1(cancel_requested, committed_since_release, releases_without_commit,
+                                  %(poison_threshold)s, 'redrive') AS verdict,
+           job_release_count_v1(committed_since_release, releases_without_commit) AS releases
+    FROM jobs
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    FOR UPDATE
+),
+done AS (
+    UPDATE jobs j SET
+        releases_without_commit = held.releases,
+        committed_since_release = false,
+        state = CASE held.verdict WHEN 'cancelled' THEN 'cancelled' WHEN 'poison' THEN 'parked'
+                                  ELSE 'pending' END::job_state,
+        terminal_reason = CASE held.verdict
+            WHEN 'cancelled' THEN 'cancelled while running'
+            WHEN 'poison' THEN 'poison: handed back ' || held.releases || ' times without committing'
+            END,
+        terminal_by = CASE held.verdict WHEN 'cancelled' THEN coalesce(j.terminal_by, 'operator')
+                                        WHEN 'poison' THEN %(by)s END,
+        finished_at = CASE WHEN held.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
+        -- A hand-back is not a failed attempt: it does not use up max_attempts.
+        attempt = j.attempt - 1,
+        run_at = coalesce(%(now)s, now()),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s, now())
+    FROM held
+    WHERE j.id = held.id
+    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token
+),
+closed AS (
+    UPDATE job_attempts a SET
+        finished_at = coalesce(%(now)s, now()),
+        outcome = CASE WHEN done.state = 'pending' THEN 'handed_back' ELSE done.state::text END
+    FROM done
+    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+),
+woken AS (
+    SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending'
+)
+SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FROM done;
 
 -- name: steps_for_effect
 -- Every recorded step of an effect: what a later attempt returns instead of calling again.

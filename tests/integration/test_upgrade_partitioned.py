@@ -112,7 +112,7 @@ async def populate_work(conn: db.Conn, now: datetime) -> None:
     """Leases, steps and outcomes, written by the worker's code (its fetch reads paused_kinds, from 0006)."""
     params = {"owner": "w", "kinds": ["k"], "ttls": [30.0], "limit": 10, "scan_limit": 1000, "now": now}
     for lease in await (await conn.execute(OLD_FETCH, params)).fetchall():
-        with statements_before_0022():  # steps without tenant, as before 0022
+        with statements_before_0022():  # steps and attempts without tenant, as before 0022
             await steps.record(
                 conn,
                 job_id=lease["id"],
@@ -123,7 +123,7 @@ async def populate_work(conn: db.Conn, now: datetime) -> None:
                 result={"ok": True},
                 now=now,
             )
-        await jobs.finish(conn, lease["id"], lease["lease_token"], state="succeeded", by="w", now=now)
+            await jobs.finish(conn, lease["id"], lease["lease_token"], state="succeeded", by="w", now=now)
 
 
 async def test_the_upgrade_keeps_every_row_and_the_ledger_works_after_it(
