@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short soak soak-short up metrics-check deploy-check deploy-run
+.PHONY: citus-check install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short soak soak-short up metrics-check deploy-check deploy-run
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -39,6 +39,13 @@ test-lowest:
 # The long chaos run (the suite runs a short one): CHAOS_ORDERS, CHAOS_KILLS, CHAOS_SEED to vary it.
 chaos:
 	CHAOS_ORDERS=$${CHAOS_ORDERS:-200} CHAOS_KILLS=$${CHAOS_KILLS:-10} $(PYTHON) -m pytest -q -s -m chaos tests/e2e/test_chaos.py
+
+# The ledger on a running Citus cluster (tests/citus/): a fresh schema migrated on the coordinator, distributed by
+# tenant with deploy/citus/distribute.sql, then the claim's guarantees there. Needs CITUS_URL (the coordinator's
+# URL, as `cluster.sh start` prints it); not part of `check`: CI has no cluster. deploy/README.md, "Past one Postgres".
+citus-check:
+	@test -n "$$CITUS_URL" || { echo "citus-check: set CITUS_URL to a Citus coordinator (deploy/README.md, Past one Postgres)" >&2; exit 2; }
+	$(PYTHON) -m pytest -q -rxX -s tests/citus
 
 # Benchmarks print figures and assert nothing. `bench-short` is the version CI runs to keep them working.
 # `bench` measures every performance target side by side in one run (tests/bench/compare.py) and prints the

@@ -1,7 +1,7 @@
 -- name: jobs_match_filter
 -- Bulk recovery: the ids of up to %(limit)s jobs matching a filter (states, kind, source, finished — or, not
 -- finished, created — since), oldest first; every filter is optional.
-SELECT j.id FROM jobs j JOIN effects e ON e.id = j.effect_id
+SELECT j.id FROM jobs j JOIN effects e ON e.id = j.effect_id AND e.tenant = j.tenant
 -- The states as job_state[], so the planner reads them as a constant: a text cast of the column hid every
 -- state index (a Seq Scan of jobs under a backlog), and a cast of text[] to the enum its estimate.
 WHERE (%(states)s::job_state[] IS NULL OR j.state = ANY(%(states)s::job_state[]))

@@ -91,17 +91,18 @@ leased AS (
               j.cancel_requested, j.lock_key, j.trace_parent
 ),
 attempt AS (
-    INSERT INTO job_attempts (job_id, attempt, lease_token, worker, started_at)
-    SELECT id, attempt, lease_token, %(owner)s, coalesce(%(now)s, now()) FROM leased
+    INSERT INTO job_attempts (job_id, tenant, attempt, lease_token, worker, started_at)
+    SELECT id, tenant, attempt, lease_token, %(owner)s, coalesce(%(now)s, now()) FROM leased
 )
 -- At least one row: with nothing leased, one row of NULLs still says how many were superseded (the caller then
 -- fetches again rather than wait for a wake-up that the superseded jobs' claims already spent).
 SELECT l.*, e.effect_key, e.source, e.event_id, e.event_type, e.payload,
-       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id) AS has_steps, n.superseded, n.to_supersede
+       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id AND s.tenant = l.tenant) AS has_steps,
+       n.superseded, n.to_supersede
 FROM (SELECT (SELECT count(*) FROM superseded) AS superseded,
              (SELECT array_agg(id ORDER BY id) FROM due
               WHERE superseded AND kind = ANY(%(hooked)s::text[])) AS to_supersede) n
-     LEFT JOIN (leased l JOIN effects e ON e.id = l.effect_id) ON true
+     LEFT JOIN (leased l JOIN effects e ON e.id = l.effect_id AND e.tenant = l.tenant) ON true
 ORDER BY l.id;
 
 -- name: lease_extend_if_held
@@ -195,7 +196,7 @@ done AS (
         updated_at = coalesce(%(now)s, now())
     FROM held
     WHERE j.id = held.job_id
-    RETURNING j.id, j.state, j.terminal_reason, j.lease_token, held.error::jsonb AS error
+    RETURNING j.id, j.tenant, j.state, j.terminal_reason, j.lease_token, held.error::jsonb AS error
 ),
 closed AS (
     UPDATE job_attempts a SET
@@ -205,7 +206,7 @@ closed AS (
         error_message = done.error ->> 'message',
         traceback = done.error ->> 'traceback'
     FROM done
-    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+    WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
 )
 SELECT id AS job_id, state::text AS state, terminal_reason FROM done;
 
@@ -224,7 +225,7 @@ WITH done AS (
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s, now())
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-    RETURNING id, kind, state, terminal_reason, lease_token
+    RETURNING id, tenant, kind, state, terminal_reason, lease_token
 ),
 closed AS (
     UPDATE job_attempts a SET
@@ -234,7 +235,7 @@ closed AS (
         error_message = %(error)s::jsonb ->> 'message',
         traceback = %(error)s::jsonb ->> 'traceback'
     FROM done
-    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+    WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
 ),
 woken AS (
     -- A retry due at once (no backoff) must not wait for the next poll.
@@ -278,14 +279,14 @@ done AS (
         updated_at = coalesce(%(now)s, now())
     FROM held
     WHERE j.id = held.id
-    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token
+    RETURNING j.id, j.tenant, j.kind, j.state, j.terminal_reason, j.lease_token
 ),
 closed AS (
     UPDATE job_attempts a SET
         finished_at = coalesce(%(now)s, now()),
         outcome = CASE WHEN done.state = 'pending' THEN 'handed_back' ELSE done.state::text END
     FROM done
-    WHERE a.job_id = done.id AND a.lease_token = done.lease_token
+    WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
 ),
 woken AS (
     SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending'
@@ -349,7 +350,7 @@ SELECT j.id, j.effect_id, j.tenant, j.kind, j.state::text AS state, j.attempt, j
         ORDER BY holder.state = 'running' DESC, holder.id
         LIMIT 1) AS lock_key_held_by,
        e.effect_key, e.source, e.event_type
-FROM jobs j JOIN effects e ON e.id = j.effect_id
+FROM jobs j JOIN effects e ON e.id = j.effect_id AND e.tenant = j.tenant
 WHERE j.id = %(job_id)s;
 
 -- name: job_attempts_for_job

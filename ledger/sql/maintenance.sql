@@ -41,19 +41,19 @@ rescued AS (
         updated_at = coalesce(%(now)s, now())
     FROM expired
     WHERE j.id = expired.id AND j.state = 'running'
-    RETURNING j.id, j.kind, j.state, j.terminal_reason, j.lease_token, j.effect_id
+    RETURNING j.id, j.tenant, j.kind, j.state, j.terminal_reason, j.lease_token, j.effect_id
 ),
 closed AS (
     UPDATE job_attempts a SET finished_at = coalesce(%(now)s, now()), outcome = 'lease_expired'
     FROM rescued
-    WHERE a.job_id = rescued.id AND a.lease_token = rescued.lease_token
+    WHERE a.job_id = rescued.id AND a.tenant = rescued.tenant AND a.lease_token = rescued.lease_token
 ),
 woken AS (
     SELECT count(pg_notify('effectgate_jobs', k.kind)) AS n
     FROM (SELECT DISTINCT kind FROM rescued WHERE state = 'pending') k
 )
 SELECT r.id, r.kind, r.state::text AS state, r.terminal_reason, e.effect_key, (SELECT n FROM woken) AS woken
-FROM rescued r JOIN effects e ON e.id = r.effect_id
+FROM rescued r JOIN effects e ON e.id = r.effect_id AND e.tenant = r.tenant
 ORDER BY r.id;
 
 -- name: maintenance_lock_try

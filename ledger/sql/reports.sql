@@ -8,7 +8,7 @@
 -- One effect by (tenant, key): the claim, and the id of the job it created.
 SELECT e.id, e.tenant, e.effect_key, e.source, e.handler, e.event_id, e.event_type, e.fingerprint, e.payload,
        e.delivery_count, e.reject_count, e.first_seen_at, e.last_seen_at, j.id AS job_id
-FROM effects e LEFT JOIN jobs j ON j.effect_id = e.id
+FROM effects e LEFT JOIN jobs j ON j.effect_id = e.id AND j.tenant = e.tenant
 WHERE e.tenant = %(tenant)s AND e.effect_key = %(effect_key)s;
 
 -- name: effect_tenants_holding_key
@@ -64,7 +64,7 @@ ORDER BY source, event_type;
 SELECT r.id, r.tenant, r.effect_key, r.source, r.event_id, r.event_type, r.held_fingerprint,
        r.rejected_fingerprint, r.received_at, r.rejected_payload, e.event_id AS held_event_id,
        e.event_type AS held_event_type, e.payload AS held_payload
-FROM effect_rejects r JOIN effects e ON e.id = r.effect_id
+FROM effect_rejects r JOIN effects e ON e.id = r.effect_id AND e.tenant = r.tenant
 WHERE r.received_at >= %(since)s AND r.received_at < %(until)s
   AND (%(source)s::text IS NULL OR r.source = %(source)s)
   AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
@@ -110,7 +110,7 @@ SELECT j.id, j.tenant, j.kind, j.state::text AS state, j.attempt, j.max_attempts
        j.lease_owner, j.lease_expires_at, j.cancel_requested, j.unrecoverable, j.terminal_reason,
        j.terminal_by, j.created_at, j.updated_at, j.finished_at, j.resolved_at, j.resolved_by, j.resolved_reason,
        e.effect_key, e.source, e.event_type
-FROM jobs j JOIN effects e ON e.id = j.effect_id
+FROM jobs j JOIN effects e ON e.id = j.effect_id AND e.tenant = j.tenant
 WHERE j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND j.created_at < coalesce(%(until)s::timestamptz, 'infinity')
   AND (%(state)s::job_state[] IS NULL OR j.state = ANY(%(state)s::job_state[]))

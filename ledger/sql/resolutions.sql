@@ -13,12 +13,12 @@ WITH resolved AS (
         resolved_reason = %(reason)s,
         updated_at = coalesce(%(now)s, now())
     WHERE id = %(job_id)s AND state IN ('failed', 'parked')
-    RETURNING id, effect_id, payload_purged, resolved_from, resolved_at, resolved_by, resolved_reason
+    RETURNING id, effect_id, tenant, payload_purged, resolved_from, resolved_at, resolved_by, resolved_reason
 ),
 tombstone AS (
     UPDATE effects e SET outcome = 'resolved'
     FROM resolved r
-    WHERE e.id = r.effect_id AND r.payload_purged AND e.purged_at IS NOT NULL
+    WHERE e.id = r.effect_id AND e.tenant = r.tenant AND r.payload_purged AND e.purged_at IS NOT NULL
     RETURNING e.id
 )
 SELECT r.id, r.resolved_from::text AS resolved_from, r.resolved_at, r.resolved_by, r.resolved_reason,

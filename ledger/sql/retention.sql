@@ -30,7 +30,7 @@ WITH policy AS (
 ),
 due AS (
     SELECT j.id AS job_id, j.effect_id, j.state
-    FROM jobs j JOIN effects e ON e.id = j.effect_id LEFT JOIN policy p ON p.source = e.source
+    FROM jobs j JOIN effects e ON e.id = j.effect_id AND e.tenant = j.tenant LEFT JOIN policy p ON p.source = e.source
     WHERE j.finished_at IS NOT NULL AND NOT j.payload_purged
       AND j.finished_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
     ORDER BY j.finished_at, j.id
@@ -159,22 +159,22 @@ DELETE FROM effect_rejects_default r USING due WHERE r.id = due.id AND r.receive
 -- Retention: deletes up to %(limit)s finished jobs whose payload is purged and that finished longer ago than
 -- the history window, with their attempts and steps; the effect's tombstone keeps the outcome.
 WITH due AS (
-    SELECT id, effect_id FROM jobs
+    SELECT id, effect_id, tenant FROM jobs
     WHERE payload_purged AND finished_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
     ORDER BY finished_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
 gone_steps AS (
-    DELETE FROM steps s USING due WHERE s.effect_id = due.effect_id RETURNING 1
+    DELETE FROM steps s USING due WHERE s.effect_id = due.effect_id AND s.tenant = due.tenant RETURNING 1
 ),
 gone_attempts AS (
-    DELETE FROM job_attempts a USING due WHERE a.job_id = due.id RETURNING 1
+    DELETE FROM job_attempts a USING due WHERE a.job_id = due.id AND a.tenant = due.tenant RETURNING 1
 ),
 gone_jobs AS (
     -- Steps and attempts reference the job; deleted by this same statement, the foreign keys (checked at its
     -- end) hold.
-    DELETE FROM jobs j USING due WHERE j.id = due.id RETURNING 1
+    DELETE FROM jobs j USING due WHERE j.id = due.id AND j.tenant = due.tenant RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone_jobs) AS jobs, (SELECT count(*) FROM gone_attempts) AS attempts,
        (SELECT count(*) FROM gone_steps) AS steps;
@@ -187,7 +187,7 @@ WITH policy AS (
     SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
 ),
 due AS (
-    SELECT e.id FROM effects e LEFT JOIN policy p ON p.source = e.source
+    SELECT e.id, e.tenant FROM effects e LEFT JOIN policy p ON p.source = e.source
     CROSS JOIN LATERAL (
         SELECT CASE WHEN p.source IS NULL THEN %(window)s::float8 ELSE p.secs END AS secs
     ) w
@@ -198,22 +198,23 @@ due AS (
     FOR UPDATE OF e SKIP LOCKED
 ),
 gone_steps AS (
-    DELETE FROM steps s USING due WHERE s.effect_id = due.id RETURNING 1
+    DELETE FROM steps s USING due WHERE s.effect_id = due.id AND s.tenant = due.tenant RETURNING 1
 ),
 gone_attempts AS (
-    DELETE FROM job_attempts a USING jobs j, due WHERE j.effect_id = due.id AND a.job_id = j.id RETURNING 1
+    DELETE FROM job_attempts a USING jobs j, due
+    WHERE j.effect_id = due.id AND j.tenant = due.tenant AND a.job_id = j.id AND a.tenant = j.tenant RETURNING 1
 ),
 gone_jobs AS (
-    DELETE FROM jobs j USING due WHERE j.effect_id = due.id RETURNING 1
+    DELETE FROM jobs j USING due WHERE j.effect_id = due.id AND j.tenant = due.tenant RETURNING 1
 ),
 gone_deliveries AS (
-    DELETE FROM deliveries d USING due WHERE d.effect_id = due.id RETURNING 1
+    DELETE FROM deliveries d USING due WHERE d.effect_id = due.id AND d.tenant = due.tenant RETURNING 1
 ),
 gone_rejects AS (
-    DELETE FROM effect_rejects r USING due WHERE r.effect_id = due.id RETURNING 1
+    DELETE FROM effect_rejects r USING due WHERE r.effect_id = due.id AND r.tenant = due.tenant RETURNING 1
 ),
 gone AS (
-    DELETE FROM effects e USING due WHERE e.id = due.id RETURNING 1
+    DELETE FROM effects e USING due WHERE e.id = due.id AND e.tenant = due.tenant RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS tombstones, (SELECT count(*) FROM gone_deliveries) AS deliveries,
        (SELECT count(*) FROM gone_rejects) AS rejects, (SELECT count(*) FROM gone_jobs) AS jobs,

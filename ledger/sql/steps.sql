@@ -10,14 +10,15 @@ ORDER BY recorded_at, name;
 WITH lease AS (
     UPDATE jobs SET committed_since_release = true, updated_at = coalesce(%(now)s, now())
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-    RETURNING id, effect_id
+    RETURNING id, effect_id, tenant
 ),
 recorded AS (
-    INSERT INTO steps (effect_id, name, idempotency_key, status, result, error, job_id, lease_token, recorded_at)
-    SELECT effect_id, %(name)s, %(idempotency_key)s, %(status)s, %(result)s, %(error)s, id, %(lease_token)s,
+    INSERT INTO steps (effect_id, tenant, name, idempotency_key, status, result, error, job_id, lease_token,
+                       recorded_at)
+    SELECT effect_id, tenant, %(name)s, %(idempotency_key)s, %(status)s, %(result)s, %(error)s, id, %(lease_token)s,
            coalesce(%(now)s, now())
     FROM lease
-    ON CONFLICT (effect_id, name) DO UPDATE SET
+    ON CONFLICT (effect_id, name, tenant) DO UPDATE SET
         idempotency_key = EXCLUDED.idempotency_key, status = EXCLUDED.status, result = EXCLUDED.result,
         error = EXCLUDED.error, job_id = EXCLUDED.job_id, lease_token = EXCLUDED.lease_token,
         recorded_at = EXCLUDED.recorded_at
@@ -33,15 +34,15 @@ SELECT (SELECT count(*) FROM lease) AS leased, (SELECT count(*) FROM recorded) A
 -- still count towards poison. Re-marking by a later attempt moves the marker to that attempt; an outcome
 -- already recorded is left alone and reported.
 WITH lease AS (
-    SELECT id, effect_id FROM jobs
+    SELECT id, effect_id, tenant FROM jobs
     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
     FOR NO KEY UPDATE
 ),
 marked AS (
-    INSERT INTO steps (effect_id, name, idempotency_key, status, job_id, lease_token, recorded_at)
-    SELECT effect_id, %(name)s, %(idempotency_key)s, 'started', id, %(lease_token)s, coalesce(%(now)s, now())
+    INSERT INTO steps (effect_id, tenant, name, idempotency_key, status, job_id, lease_token, recorded_at)
+    SELECT effect_id, tenant, %(name)s, %(idempotency_key)s, 'started', id, %(lease_token)s, coalesce(%(now)s, now())
     FROM lease
-    ON CONFLICT (effect_id, name) DO UPDATE SET
+    ON CONFLICT (effect_id, name, tenant) DO UPDATE SET
         job_id = EXCLUDED.job_id, lease_token = EXCLUDED.lease_token, recorded_at = EXCLUDED.recorded_at
     WHERE steps.status = 'started'
     RETURNING name

@@ -97,8 +97,8 @@ FILL = [
     (
         "job_attempts",
         """
-        INSERT INTO job_attempts (job_id, attempt, lease_token, worker, started_at, finished_at, outcome)
-        SELECT id, 1, 1, 'bench-worker', created_at, finished_at, CASE WHEN finished_at IS NOT NULL THEN state::text END
+        INSERT INTO job_attempts (job_id, tenant, attempt, lease_token, worker, started_at, finished_at, outcome)
+        SELECT id, tenant, 1, 1, 'bench-worker', created_at, finished_at, CASE WHEN finished_at IS NOT NULL THEN state::text END
         FROM jobs WHERE attempt > 0
         """,
     ),
@@ -126,8 +126,8 @@ FILL = [
     (
         "steps",
         """
-        INSERT INTO steps (effect_id, name, idempotency_key, status, result, job_id, lease_token, recorded_at)
-        SELECT effect_id, 'capture', 'eg_' || md5(effect_id::text), 'succeeded',
+        INSERT INTO steps (effect_id, tenant, name, idempotency_key, status, result, job_id, lease_token, recorded_at)
+        SELECT effect_id, tenant, 'capture', 'eg_' || md5(effect_id::text), 'succeeded',
                jsonb_build_object('id', 'pi_' || effect_id, 'status', 'succeeded'), id, 1, finished_at
         FROM jobs WHERE state = 'succeeded'
         """,

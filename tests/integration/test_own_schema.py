@@ -20,6 +20,7 @@ from effectgate.ledger.claims import Accepted
 from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate, script, status
 from effectgate.ledger.reconciler import Reconciler
 from effectgate.testing import TestLedger
+from tests.integration.before_0022 import statements_before_0022
 from tests.integration.test_reports_seed import seed
 
 pytestmark = pytest.mark.anyio
@@ -119,7 +120,8 @@ async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_ev
     old = await db.connect(empty_db_url, schema="public")
     async with old:
         assert len(await migrate(old, previous, schema="public")) == len(list(previous.iterdir()))
-        await seed(old)
+        with statements_before_0022():
+            await seed(old)
         await old.execute(
             "INSERT INTO paused_kinds VALUES ('fulfil-later', now(), 'ops', 'test');"
             "INSERT INTO retention_purges VALUES ('payloads', 3, now(), now());"
@@ -177,6 +179,19 @@ async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_ev
     conn = await db.connect(empty_db_url)
     async with conn:
         assert await migrate(conn) == FROM_0021[1:]
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        keyed = _checksums(c, "effectgate", EFFECTGATE_TABLES)
+        # 0022 (keys with tenant): every row stays; job_attempts and steps gain their job's tenant.
+        tenants = c.execute(
+            "SELECT (SELECT count(*) FROM job_attempts a JOIN jobs j ON j.id = a.job_id AND j.tenant = a.tenant),"
+            " (SELECT count(*) FROM steps s JOIN jobs j ON j.id = s.job_id AND j.tenant = s.tenant"
+            "   JOIN effects e ON e.id = s.effect_id AND e.tenant = s.tenant),"
+            " (SELECT count(DISTINCT tenant) FROM job_attempts)"
+        ).fetchone()
+    for table in EFFECTGATE_TABLES:
+        assert keyed[table].split()[0] == after[table].split()[0] or table == "schema_migrations", table
+    rows = {t: int(after[t].split()[0].removeprefix("rows=")) for t in ("job_attempts", "steps")}
+    assert tenants is not None and tenants[:2] == (rows["job_attempts"], rows["steps"]) and tenants[2] >= 1
     await _pipeline(empty_db_url, "after-upgrade")
     conn = await db.connect(empty_db_url)
     async with conn:

@@ -10,10 +10,12 @@ as an old gateway and a new one do during the roll.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from effectgate.ledger import db, jobs
@@ -21,6 +23,7 @@ from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectReques
 from effectgate.ledger.fingerprints import canonical_json, fingerprint
 from effectgate.ledger.queries import Q, parse
 from effectgate.ledger.rescuer import LeaseRescuer, RescuerConfig
+from tests.integration.before_0022 import BEFORE_0022
 
 pytestmark = pytest.mark.anyio
 
@@ -245,3 +248,41 @@ async def test_the_previous_partition_statements_work_beside_the_new_keeper(conn
         await conn.execute("SELECT name FROM history_partitions WHERE range_from >= %s", (day,))
     ).fetchall()
     assert left == []
+
+
+async def test_the_previous_fetch_opens_attempts_that_carry_the_jobs_tenant(conn: db.Conn) -> None:
+    # The previous release's fetch names no tenant for job_attempts (migration 0022 added the column): 0022's
+    # trigger fills it from the job, so a draining worker of that release can still lease.
+    arrived = dataclasses.replace(delivery("drain"), tenant="acme")
+    [claimed] = await claim_delivery(conn, arrived, [effect("drain", kind="drain")], now=at(0))
+    assert isinstance(claimed, Accepted)
+    params = {"owner": "old", "kinds": ["drain"], "ttls": [30.0], "limit": 5, "scan_limit": 100, "now": at(1)}
+    [leased] = await (await conn.execute(PREVIOUS["job_fetch_and_lease"], params)).fetchall()
+    assert leased["id"] == claimed.job_id
+    attempts = await (
+        await conn.execute("SELECT tenant, worker FROM job_attempts WHERE job_id = %s", (claimed.job_id,))
+    ).fetchall()
+    assert attempts == [{"tenant": "acme", "worker": "old"}]
+
+
+async def test_the_previous_step_statement_no_longer_finds_its_key(conn: db.Conn) -> None:
+    # What 0022 does not keep: the previous release's step statements conflict on (effect_id, name), a key that
+    # is now (effect_id, name, tenant). Recorded here so the upgrade note (docs/migrations.md: stop the
+    # previous workers first) stays true.
+    [claimed] = await claim_delivery(conn, delivery("step"), [effect("step", kind="step")], now=at(0))
+    assert isinstance(claimed, Accepted)
+    leased = await lease(conn, "step", at(1))
+    with pytest.raises(psycopg.errors.InvalidColumnReference):
+        await conn.execute(
+            BEFORE_0022["step_record_if_leased"],
+            {
+                "job_id": claimed.job_id,
+                "lease_token": leased.lease_token,
+                "name": "capture",
+                "idempotency_key": "k",
+                "status": "succeeded",
+                "result": None,
+                "error": None,
+                "now": at(2),
+            },
+        )

@@ -32,6 +32,7 @@ from effectgate.ledger.partitions import PartitionKeeper
 from effectgate.ledger.queries import parse
 from effectgate.ledger.reconciler import Reconciler
 from effectgate.ledger.reports import DUPLICATES, KEY_CONFLICTS
+from tests.integration.before_0022 import statements_before_0022
 from tests.integration.test_retention import delivery
 
 pytestmark = pytest.mark.anyio
@@ -111,17 +112,18 @@ async def populate_work(conn: db.Conn, now: datetime) -> None:
     """Leases, steps and outcomes, written by the worker's code (its fetch reads paused_kinds, from 0006)."""
     params = {"owner": "w", "kinds": ["k"], "ttls": [30.0], "limit": 10, "scan_limit": 1000, "now": now}
     for lease in await (await conn.execute(OLD_FETCH, params)).fetchall():
-        await steps.record(
-            conn,
-            job_id=lease["id"],
-            lease_token=lease["lease_token"],
-            name="capture",
-            idempotency_key=f"idem-{lease['id']}",
-            status="succeeded",
-            result={"ok": True},
-            now=now,
-        )
-        await jobs.finish(conn, lease["id"], lease["lease_token"], state="succeeded", by="w", now=now)
+        with statements_before_0022():  # steps and attempts without tenant, as before 0022
+            await steps.record(
+                conn,
+                job_id=lease["id"],
+                lease_token=lease["lease_token"],
+                name="capture",
+                idempotency_key=f"idem-{lease['id']}",
+                status="succeeded",
+                result={"ok": True},
+                now=now,
+            )
+            await jobs.finish(conn, lease["id"], lease["lease_token"], state="succeeded", by="w", now=now)
 
 
 async def test_the_upgrade_keeps_every_row_and_the_ledger_works_after_it(

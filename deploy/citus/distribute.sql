@@ -1,0 +1,32 @@
+-- Distributes a freshly migrated ledger by tenant on Citus (12.1, PostgreSQL 15): run once on the coordinator,
+-- after `effectgate migrate`, with the search_path on effectgate's schema:
+--     psql "$CITUS_URL" -v ON_ERROR_STOP=1 -c 'SET search_path TO effectgate' -f deploy/citus/distribute.sql
+-- (`make citus-check` runs it). deploy/README.md, "Past one Postgres", says what holds and what does not yet.
+--
+-- The tables that grow with traffic are hash-distributed on `tenant` and colocated with effects, so every key
+-- and every join on (id, tenant) stays within one shard group. The small global tables are reference tables
+-- (a copy on every node) or stay on the coordinator.
+
+-- 0022's fill triggers serve a previous release's inserts while it drains on one node; a cluster is set up
+-- fresh by this release, and Citus refuses to distribute a table with triggers.
+DROP TRIGGER IF EXISTS job_attempts_tenant_fill ON job_attempts;
+DROP TRIGGER IF EXISTS steps_tenant_fill ON steps;
+
+-- Referenced by the distributed tables' statements (the fetch reads paused_kinds): copies on every node.
+SELECT create_reference_table('paused_kinds');
+SELECT create_reference_table('retention_purges');
+
+SELECT create_distributed_table('effects', 'tenant');
+SELECT create_distributed_table('jobs', 'tenant', colocate_with => 'effects');
+SELECT create_distributed_table('job_attempts', 'tenant', colocate_with => 'effects');
+SELECT create_distributed_table('steps', 'tenant', colocate_with => 'effects');
+SELECT create_distributed_table('effect_versions', 'tenant', colocate_with => 'effects');
+SELECT create_distributed_table('unmatched_deliveries', 'tenant', colocate_with => 'effects');
+-- Partitioned by time: Citus distributes each partition with its parent, and the partition keeper's
+-- CREATE TABLE ... PARTITION OF on the coordinator makes the new partition's shards.
+SELECT create_distributed_table('deliveries', 'tenant', colocate_with => 'effects');
+SELECT create_distributed_table('effect_rejects', 'tenant', colocate_with => 'effects');
+
+-- Left on the coordinator, on purpose: schema_migrations (the runner's own), history_partitions (the keeper's
+-- registry, beside the DDL it records), signature_failures and transmissions (written before any tenant is
+-- known, keyed by source).

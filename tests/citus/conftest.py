@@ -1,0 +1,66 @@
+"""A ledger on a running Citus cluster, for `make citus-check` (deploy/README.md, "Past one Postgres").
+
+``CITUS_URL`` names the coordinator (`../shared/citus/cluster.sh start` prints it). tests/conftest.py collects
+this folder only when it is set: CI has no cluster (Citus is built from source), so these tests are a command
+of their own, like the chaos run, never part of `make check`.
+
+The session migrates a fresh schema on the coordinator with the migration runner and distributes it with
+deploy/citus/distribute.sql, the script the guide tells operators to run; the schema is dropped at the end.
+(A schema, not a database: Citus 12.1 does not propagate CREATE DATABASE to the workers by default.)
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from effectgate.ledger import db
+from effectgate.ledger.migrate import migrate
+
+DISTRIBUTE = Path(__file__).parents[2] / "deploy" / "citus" / "distribute.sql"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def citus_url() -> str:
+    url = os.environ.get("CITUS_URL")
+    if not url:
+        pytest.fail("CITUS_URL names no Citus coordinator: start one (deploy/README.md, Past one Postgres)")
+    return url
+
+
+@pytest.fixture(scope="session")
+def citus_schema(citus_url: str) -> Iterator[str]:
+    """A freshly migrated and distributed ledger schema on the cluster."""
+    import asyncio
+
+    schema = f"effectgate_citus_{uuid.uuid4().hex[:8]}"
+
+    async def setup() -> None:
+        conn = await db.connect(citus_url, schema=schema)
+        async with conn:
+            await migrate(conn, schema=schema)
+
+    asyncio.run(setup())
+    with psycopg.connect(citus_url, autocommit=True) as c:
+        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
+        c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+    yield schema
+    with psycopg.connect(citus_url, autocommit=True) as c:
+        c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def conn(citus_url: str, citus_schema: str) -> AsyncIterator[db.Conn]:
+    c = await db.connect(citus_url, schema=citus_schema)
+    async with c:
+        yield c

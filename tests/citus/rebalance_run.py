@@ -1,0 +1,144 @@
+"""A third worker node joins a running cluster and the shards are rebalanced onto it while deliveries flow.
+
+    CITUS_URL=... python -m tests.citus.rebalance_run --add-node 127.0.0.1:9703 [--seconds 20]
+
+The new node must be running with Citus loaded (`cluster.sh` does it for three; deploy/README.md, "Past one
+Postgres", shows the commands for a fourth) and not yet in the cluster. A fresh schema is migrated and
+distributed; claimers send deliveries over 40 tenants (every key twice, so half the answers are duplicates)
+through ``ledger.claims`` before, during and after ``citus_rebalance_start``; then the ledger is compared with
+what the claimers were answered. Prints a summary and exits 1 on any loss, double or unexpected answer. Not a
+test of the default run: it changes the cluster (the node stays added).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+
+from effectgate.ledger import db
+from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, claim_delivery
+from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.migrate import migrate
+
+DISTRIBUTE = Path(__file__).parents[2] / "deploy" / "citus" / "distribute.sql"
+TENANTS = 40
+
+
+async def claimer(
+    url: str,
+    schema: str,
+    n: int,
+    stop: asyncio.Event,
+    answers: Counter[str],
+    accepted: set[tuple[str, str]],
+    errors: list[str],
+) -> None:
+    conn = await db.connect(url, schema=schema)
+    async with conn:
+        i = 0
+        while not stop.is_set():
+            tenant, key = f"tenant-{(n * 7 + i // 2) % TENANTS}", f"c{n}-k{i // 2}"
+            payload = {"key": key, "n": n}
+            d = Delivery(
+                f"r{n}-{i}",
+                tenant,
+                "stripe",
+                f"evt-{key}",
+                "charge.succeeded",
+                payload,
+                fingerprint(payload),
+                0,
+            )
+            try:
+                [out] = await claim_delivery(conn, d, [EffectRequest(key, "charge", 5, "redrive")])
+            except Exception as exc:  # an answer the gateway would turn into a 503: counted, the key retried
+                errors.append(f"{type(exc).__name__}: {exc}"[:160])
+                await asyncio.sleep(0.05)
+                continue
+            answers[type(out).__name__] += 1
+            if isinstance(out, Accepted):
+                accepted.add((tenant, key))
+            elif not isinstance(out, Duplicate):
+                errors.append(f"unexpected answer {out}")
+            i += 1
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--add-node", required=True, help="host:port of a running Citus node to add")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--claimers", type=int, default=8)
+    args = parser.parse_args()
+    url = os.environ["CITUS_URL"]
+    host, port = args.add_node.rsplit(":", 1)
+    schema = f"effectgate_rebalance_{uuid.uuid4().hex[:8]}"
+    conn = await db.connect(url, schema=schema)
+    async with conn:
+        await migrate(conn, schema=schema)
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
+        c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+    placement_sql = (
+        "SELECT nodeport, count(*) FROM citus_shards WHERE table_name = %s::regclass GROUP BY 1 ORDER BY 1"
+    )
+    table = f'"{schema}".effects'
+    with psycopg.connect(url, autocommit=True) as c:
+        before = dict(c.execute(placement_sql, (table,)).fetchall())  # type: ignore[arg-type]
+
+    stop, answers, accepted, errors = asyncio.Event(), Counter[str](), set[tuple[str, str]](), list[str]()
+    tasks = [
+        asyncio.create_task(claimer(url, schema, n, stop, answers, accepted, errors))
+        for n in range(args.claimers)
+    ]
+    await asyncio.sleep(args.seconds / 4)
+    started = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT citus_add_node(%s, %s)", (host, int(port)))
+        c.execute("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
+        c.execute("SELECT citus_rebalance_wait()")
+    took = time.monotonic() - started
+    await asyncio.sleep(args.seconds / 4)
+    stop.set()
+    await asyncio.gather(*tasks)
+
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
+        after = dict(c.execute(placement_sql, (table,)).fetchall())  # type: ignore[arg-type]
+        effects = {(r[0], r[1]) for r in c.execute("SELECT tenant, effect_key FROM effects").fetchall()}
+        [(jobs_n, jobs_distinct)] = c.execute(
+            "SELECT count(*), count(DISTINCT (tenant, effect_id)) FROM jobs"
+        )
+        [(deliveries,)] = c.execute("SELECT count(*) FROM deliveries").fetchall()
+    lost = accepted - effects
+    extra = effects - accepted
+    print(f"schema {schema}; {args.claimers} claimers, {args.seconds:.0f} s; rebalance took {took:.1f} s")
+    print(f"effects shards per node before: {before}")
+    print(f"effects shards per node after:  {after}")
+    print(f"answers: {dict(answers)}; errors: {len(errors)}")
+    for e in sorted(set(errors))[:5]:
+        print(f"  {e}")
+    print(
+        f"accepted {len(accepted)}, effects {len(effects)}, jobs {jobs_n} ({jobs_distinct} distinct), "
+        f"deliveries {deliveries} (answers {sum(answers.values())})"
+    )
+    print(f"lost {len(lost)}, unanswered effects {len(extra)}, double jobs {jobs_n - jobs_distinct}")
+    ok = (
+        not lost
+        and jobs_n == len(effects) == jobs_distinct
+        and len(after) > len(before)
+        and not [e for e in errors if e.startswith("unexpected")]
+    )
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,254 @@
+"""The claim's guarantees on a three-node Citus cluster (coordinator + 2 workers), the ledger distributed by tenant.
+
+Run by `make citus-check` against ``CITUS_URL``; what ran and what does not hold yet is in deploy/README.md,
+"Past one Postgres". The claim statement is today's production one (``effect_claim_batch``), sent through
+``ledger.claims`` as the ingress sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from effectgate.ledger import db, jobs
+from effectgate.ledger.claims import (
+    Accepted,
+    Delivery,
+    Duplicate,
+    EffectRequest,
+    Rejected,
+    claim_delivery,
+)
+from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.queries import Q
+
+pytestmark = pytest.mark.anyio
+
+DISTRIBUTED = {
+    "effects",
+    "jobs",
+    "job_attempts",
+    "steps",
+    "effect_versions",
+    "unmatched_deliveries",
+    "deliveries",
+    "effect_rejects",
+}
+REFERENCE = {"paused_kinds", "retention_purges"}
+
+
+def delivery(tenant: str, key: str, amount: int = 100, request: str = "r") -> Delivery:
+    payload = {"type": "charge.succeeded", "key": key, "amount": amount}
+    return Delivery(
+        f"{request}-{key}",
+        tenant,
+        "stripe",
+        f"evt-{key}",
+        "charge.succeeded",
+        payload,
+        fingerprint(payload),
+        0,
+    )
+
+
+def effect(key: str) -> EffectRequest:
+    return EffectRequest(key, "charge", 5, "redrive")
+
+
+async def rows(conn: db.Conn, query: str, *params: Any) -> list[dict[str, Any]]:
+    return await (await conn.execute(query, params or None)).fetchall()  # type: ignore[arg-type]
+
+
+async def test_the_ledger_is_distributed_by_tenant_and_colocated(conn: db.Conn, citus_schema: str) -> None:
+    tables = await rows(
+        conn,
+        "SELECT table_name::text AS name, citus_table_type AS type, distribution_column AS col, colocation_id"
+        " FROM public.citus_tables WHERE table_name::text NOT LIKE '%%\\_p2%%'"
+        " AND (table_name::regclass)::oid IN (SELECT oid FROM pg_class WHERE relnamespace = %s::regnamespace)",
+        citus_schema,
+    )
+    by_name = {r["name"].split(".")[-1]: r for r in tables}
+    distributed = {n for n, r in by_name.items() if r["type"] == "distributed" and not n.endswith("_default")}
+    distributed = {n for n in distributed if not n.endswith("_legacy")}
+    assert distributed == DISTRIBUTED
+    assert {r["col"] for n, r in by_name.items() if n in DISTRIBUTED} == {"tenant"}
+    assert len({r["colocation_id"] for n, r in by_name.items() if n in DISTRIBUTED}) == 1
+    assert {n for n, r in by_name.items() if r["type"] == "reference"} == REFERENCE
+    placement = await rows(
+        conn,
+        "SELECT nodeport, count(*) AS shards FROM citus_shards WHERE table_name = %s::regclass"
+        " GROUP BY nodeport ORDER BY nodeport",
+        f'"{citus_schema}".effects',
+    )
+    print("effects shards per worker node:", {r["nodeport"]: r["shards"] for r in placement})
+    workers = await rows(conn, "SELECT * FROM citus_get_active_worker_nodes()")
+    assert len(placement) == len(workers) >= 2
+
+
+async def test_fifty_concurrent_claims_of_one_key_make_exactly_one_effect(
+    citus_url: str, citus_schema: str
+) -> None:
+    """The claim race: 50 connections claim one (tenant, key) at once; the unique key on the shard decides."""
+    arrived = delivery("race-tenant", "race-key")
+    start = asyncio.Event()
+
+    async def one(n: int) -> Any:
+        c = await db.connect(citus_url, schema=citus_schema)
+        async with c:
+            await start.wait()
+            [outcome] = await claim_delivery(c, arrived, [effect("race-key")])
+            return outcome
+
+    tasks = [asyncio.create_task(one(n)) for n in range(50)]
+    await asyncio.sleep(0.5)
+    start.set()
+    outcomes = await asyncio.gather(*tasks)
+    accepted = [o for o in outcomes if isinstance(o, Accepted)]
+    duplicates = [o for o in outcomes if isinstance(o, Duplicate)]
+    assert (len(accepted), len(duplicates)) == (1, 49)
+    assert sorted(o.delivery_count for o in duplicates) == list(range(2, 51))
+    conn = await db.connect(citus_url, schema=citus_schema)
+    async with conn:
+        [counts] = await rows(
+            conn,
+            "SELECT (SELECT count(*) FROM effects WHERE tenant = 'race-tenant') AS effects,"
+            " (SELECT count(*) FROM jobs WHERE tenant = 'race-tenant') AS jobs,"
+            " (SELECT count(*) FROM deliveries WHERE tenant = 'race-tenant') AS deliveries,"
+            " (SELECT delivery_count FROM effects WHERE tenant = 'race-tenant') AS delivery_count",
+        )
+    assert counts == {"effects": 1, "jobs": 1, "deliveries": 50, "delivery_count": 50}
+
+
+async def test_duplicates_and_rejects_are_answered_as_on_one_node(conn: db.Conn) -> None:
+    [first] = await claim_delivery(conn, delivery("acme", "order-1"), [effect("order-1")])
+    [again] = await claim_delivery(conn, delivery("acme", "order-1"), [effect("order-1")])
+    [other] = await claim_delivery(conn, delivery("acme", "order-1", amount=7), [effect("order-1")])
+    # The same key in another tenant is another effect (another shard, most likely).
+    [elsewhere] = await claim_delivery(conn, delivery("globex", "order-1"), [effect("order-1")])
+    assert isinstance(first, Accepted) and isinstance(elsewhere, Accepted)
+    assert isinstance(again, Duplicate) and again.delivery_count == 2
+    assert isinstance(other, Rejected) and other.held_fingerprint == delivery("acme", "order-1").fingerprint
+    [row] = await rows(
+        conn,
+        "SELECT e.delivery_count, e.reject_count, r.rejected_fingerprint FROM effects e"
+        " JOIN effect_rejects r ON r.effect_id = e.id AND r.tenant = e.tenant"
+        " WHERE e.tenant = 'acme' AND e.effect_key = 'order-1'",
+    )
+    assert row == {
+        "delivery_count": 2,
+        "reject_count": 1,
+        "rejected_fingerprint": delivery("acme", "order-1", amount=7).fingerprint,
+    }
+
+
+async def test_tenants_spread_over_the_worker_nodes(conn: db.Conn, citus_schema: str) -> None:
+    for n in range(40):
+        [outcome] = await claim_delivery(conn, delivery(f"tenant-{n}", "spread"), [effect("spread")])
+        assert isinstance(outcome, Accepted)
+    placed = await rows(
+        conn,
+        "SELECT s.nodeport, count(DISTINCT e.tenant) AS tenants FROM effects e"
+        " JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column(%s::regclass, e.tenant)"
+        " WHERE e.effect_key = 'spread' GROUP BY s.nodeport ORDER BY s.nodeport",
+        f'"{citus_schema}".effects',
+    )
+    print("tenants of key 'spread' per worker node:", {r["nodeport"]: r["tenants"] for r in placed})
+    # Two or more nodes (cluster.sh starts two workers; rebalance_run.py may have added more).
+    assert len(placed) >= 2 and sum(r["tenants"] for r in placed) == 40
+
+
+def claim_params(tenant: str, key: str) -> dict[str, Any]:
+    """``effect_claim_batch``'s parameters for one new key, as ledger/claims.py sends them."""
+    return {
+        "ord": [0],
+        "request_id": ["r"],
+        "tenant": [tenant],
+        "effect_key": [key],
+        "source": ["stripe"],
+        "handler": ["charge"],
+        "event_id": ["e"],
+        "event_type": ["charge.succeeded"],
+        "fingerprint": ["f"],
+        "payload_ix": [1],
+        "max_attempts": [5],
+        "orphan_policy": ["redrive"],
+        "lock_key": [None],
+        "secret_index": [0],
+        "version": [None],
+        "trace_parent": [None],
+        "payloads": ['{"a": 1}'],
+        "now": None,
+    }
+
+
+async def explain(conn: db.Conn, name: str, params: dict[str, Any]) -> str:
+    async with conn.transaction(force_rollback=True):
+        cur = await conn.execute("EXPLAIN " + Q[name], params)  # type: ignore[operator]
+        plan = await cur.fetchall()
+    return "\n".join(next(iter(r.values())) for r in plan)
+
+
+async def test_a_lookup_by_tenant_and_key_is_a_router_plan(conn: db.Conn) -> None:
+    text = await explain(conn, "effect_by_key", {"tenant": "acme", "effect_key": "order-1"})
+    assert "Task Count: 1" in text and "Distributed Subplan" not in text, text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="not built: the batch claim statement reads its rows from unnest() and Citus plans its INSERT ... "
+    "SELECTs by pulling to the coordinator (one distributed subplan per CTE), even for one tenant. A per-tenant "
+    "(or per-shard-group) claim statement is issue 23's next step (deploy/README.md, 'Past one Postgres').",
+)
+async def test_the_claim_statement_for_one_tenant_is_a_router_plan(conn: db.Conn) -> None:
+    text = await explain(conn, "effect_claim_batch", claim_params("acme", "plan-key"))
+    print(text)
+    assert "Distributed Subplan" not in text and "pull to coordinator" not in text, text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=psycopg.errors.FeatureNotSupported,
+    reason="not built: the worker's fetch is one statement over every tenant (a multi-shard FOR UPDATE, which "
+    "Citus refuses); leasing per tenant or shard group is designed, not built (deploy/README.md).",
+)
+async def test_the_workers_fetch_runs_on_the_cluster(conn: db.Conn) -> None:
+    await jobs.fetch_and_lease(conn, owner="w", kinds={"charge": 30.0}, limit=5)
+
+
+async def test_a_claim_wakes_the_workers_listening_on_the_coordinator(citus_url: str, conn: db.Conn) -> None:
+    """The claim's pg_notify runs in the coordinator's transaction, so a worker's LISTEN there hears it."""
+    listener = await db.connect(citus_url)
+    async with listener:
+        await listener.execute("LISTEN effectgate_jobs")
+        [outcome] = await claim_delivery(conn, delivery("acme", "wake-1"), [effect("wake-1")])
+        assert isinstance(outcome, Accepted)
+        heard = []
+        async with asyncio.timeout(10):
+            async for note in listener.notifies():
+                heard.append(note.payload)
+                break
+    assert heard == ["charge"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=psycopg.errors.FeatureNotSupported,
+    reason="not built: the worker's writes stamp coalesce(%(now)s, now()), and Citus refuses a non-IMMUTABLE "
+    "function inside COALESCE or CASE in a modification of a distributed table, even routed to one shard, even "
+    "with the clock passed in (deploy/README.md, 'Past one Postgres').",
+)
+async def test_a_fenced_write_runs_on_the_cluster(conn: db.Conn) -> None:
+    [claimed] = await claim_delivery(conn, delivery("acme", "fenced-1"), [effect("fenced-1")])
+    assert isinstance(claimed, Accepted)
+    # Leased by hand, routed by tenant (the fetch cannot run here, above).
+    await conn.execute(
+        "UPDATE jobs SET state = 'running', attempt = 1, lease_token = 1, lease_owner = 'w',"
+        " lease_expires_at = now() + interval '1 minute' WHERE tenant = 'acme' AND id = %s",
+        (claimed.job_id,),
+    )
+    await jobs.save_checkpoint(conn, claimed.job_id, 1, {"at": 1}, now=datetime.now(UTC))
