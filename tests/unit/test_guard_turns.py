@@ -64,3 +64,30 @@ def test_a_waiter_whose_connection_was_lost_is_skipped(loop: asyncio.AbstractEve
     requests[1]._turn_waiter.set_result(False)
     turns.release("a")
     assert served(requests) == [0]
+
+
+def test_a_request_that_became_ready_during_the_turn_waits_for_one_that_was_waiting_before(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # The flood's answered connection is back during every turn: newest at every hand-off, it would
+    # starve a genuine delivery that arrived a moment before it.
+    now = [0.0]
+    turns = Turns(clock=lambda: now[0])
+    assert turns.take("a")  # a flood request's turn, from 0.0
+    requests = old_flood, genuine, back, back_again = waiting(loop, 4)
+    for at, request in ((0.2, old_flood), (0.5, genuine), (0.7, back)):
+        now[0] = at
+        turns.wait("a", cast(GuardedHttpToolsProtocol, request))
+    now[0] = 1.0
+    turns.release("a")  # all three came during the turn: the newest
+    assert served(requests) == [2]
+    now[0] = 1.5
+    turns.wait("a", cast(GuardedHttpToolsProtocol, back_again))
+    now[0] = 2.0
+    turns.release("a")  # the one back during this turn is passed over for the genuine one, older
+    assert served(requests) == [1, 2]
+    now[0] = 3.0
+    turns.release("a")
+    assert served(requests) == [1, 2, 3]
+    turns.release("a")
+    assert served(requests) == [0, 1, 2, 3]
