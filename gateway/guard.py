@@ -344,17 +344,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle = getattr(receive, "__self__", None)
             if not await self._wait_for_turn(cycle, box, turns, source):
                 return
-            box.turn(client, port, taken=True)
             taken = self.loop.time()
+            given_back = False
+
+            def give_back() -> None:
+                # Never passed on at once: a 401 runs start to end without yielding, so every request
+                # of the client made ready in this pass of the loop would find the turn free.
+                nonlocal given_back
+                if not given_back:
+                    given_back = True
+                    delay = max(0.0, taken + TURN_INTERVAL - self.loop.time())
+                    self.loop.call_later(delay, turns.release, client)
+
+            # Given back when the request authenticates (PenaltyBox.authenticated), else when answered.
+            box.turn(client, port, give_back)
             try:
                 await app(scope, receive, send)
             finally:
-                box.turn(client, port, taken=False)
-                # Never passed on at once: a 401 runs start to end without yielding, so every request
-                # of the client made ready in this pass of the loop would find the turn free.
-                self.loop.call_later(
-                    max(0.0, taken + TURN_INTERVAL - self.loop.time()), turns.release, client
-                )
+                box.turn(client, port, None)
+                give_back()
 
         return in_turn
 

@@ -164,8 +164,9 @@ class PenaltyBox:
         self._replays: dict[ReplayKey, tuple[float, int]] = {}
         # Open connections on which a delivery authenticated since their last failure.
         self._proven: set[Connection] = set()
-        # Connections of boxed clients whose request is being served in their turn (the guard keeps it).
-        self._turns: set[Connection] = set()
+        # Connections of boxed clients whose request is being served in their turn, each with what gives
+        # the turn back (the guard keeps it).
+        self._turns: dict[Connection, Callable[[], None]] = {}
         #: Connections of boxed clients held or waiting for their turn, unread, right now (the guard keeps it).
         self.held = 0
         #: How many may be (``settings.hold``, else derived from the file limit: ``use_file_limit``).
@@ -225,15 +226,20 @@ class PenaltyBox:
         self._remember(self._boxed, (client, source), now + settings.cooling)
         return "boxed"
 
-    def turn(self, client: str, port: int, taken: bool) -> None:
-        """The guard gave this connection its client's turn (``taken``), or took it back."""
-        if taken:
-            self._turns.add((client, port))
+    def turn(self, client: str, port: int, give_back: Callable[[], None] | None) -> None:
+        """The guard gave this connection its client's turn, with what gives it back (None: took it back)."""
+        if give_back is not None:
+            self._turns[(client, port)] = give_back
         else:
-            self._turns.discard((client, port))
+            self._turns.pop((client, port), None)
 
     def authenticated(self, client: str, port: int) -> None:
-        """A delivery on this connection authenticated: it keeps its service while its client is boxed."""
+        """A delivery on this connection authenticated: it keeps its service while its client is boxed,
+        and gives back its turn at once: its claim (a database round trip) is no flood's work, and
+        the next request of its address need not wait for it."""
+        give_back = self._turns.pop((client, port), None)
+        if give_back is not None:
+            give_back()
         if len(self._proven) < self.settings.max_clients:
             self._proven.add((client, port))
 

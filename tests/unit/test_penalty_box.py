@@ -199,7 +199,22 @@ def test_a_connection_served_in_its_turn_is_not_refused_by_the_route() -> None:
     boxed, _ = box(failures=1)
     assert boxed.failed("10.0.0.1", 5, "stripe")
     assert boxed.refuses("10.0.0.1", 6, "stripe") > 0
-    boxed.turn("10.0.0.1", 6, taken=True)
+    given_back: list[int] = []
+    boxed.turn("10.0.0.1", 6, lambda: given_back.append(6))
     assert boxed.refuses("10.0.0.1", 6, "stripe") == 0.0
-    boxed.turn("10.0.0.1", 6, taken=False)
+    boxed.turn("10.0.0.1", 6, None)
     assert boxed.refuses("10.0.0.1", 6, "stripe") > 0
+    assert given_back == []
+
+
+def test_a_request_that_authenticates_in_its_turn_gives_the_turn_back_at_once() -> None:
+    # Its claim (a database round trip) runs outside the turn; the connection is proven from then on.
+    boxed, _ = box(failures=1)
+    boxed.failed("10.0.0.1", 5, "stripe")
+    given_back: list[int] = []
+    boxed.turn("10.0.0.1", 6, lambda: given_back.append(6))
+    boxed.authenticated("10.0.0.1", 6)
+    assert given_back == [6]
+    assert boxed.refuses("10.0.0.1", 6, "stripe") == 0.0
+    boxed.authenticated("10.0.0.1", 6)
+    assert given_back == [6]
