@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from effectgate.ledger import claim_batcher
 
@@ -98,12 +98,30 @@ def _penalty_settings(box: TableReader) -> PenaltySettings:
         failures=box.number("failures", penalty_box.DEFAULT_FAILURES, minimum=1, integer=True),
         window=box.number("window", penalty_box.DEFAULT_WINDOW, minimum=0.001),
         cooling=box.number("cooling", penalty_box.DEFAULT_COOLING, minimum=0.001),
-        hold=box.number("hold", penalty_box.DEFAULT_HOLD, minimum=0, integer=True),
+        hold=_optional_hold(box),
         max_clients=box.number("max_clients", penalty_box.DEFAULT_MAX_CLIENTS, minimum=1, integer=True),
         replays=box.number("replays", penalty_box.DEFAULT_REPLAYS, minimum=0, integer=True),
+        mode=_mode(box),
     )
     box.no_unknown_keys()
     return settings
+
+
+def _mode(box: TableReader) -> penalty_box.Mode:
+    mode = box.get("mode", str, "one_at_a_time")
+    if mode not in penalty_box.MODES:
+        box.problem("mode", f"must be one of {', '.join(penalty_box.MODES)}, got {mode!r}")
+        return "one_at_a_time"
+    return cast(penalty_box.Mode, mode)
+
+
+def _optional_hold(box: TableReader) -> int | None:
+    # Unset: derived from each process's file limit (penalty_box.derived_hold).
+    hold: int | None = box.get("hold", int, None)
+    if hold is not None and hold < 0:
+        box.problem("hold", f"must be >= 0, got {hold!r}")
+        return None
+    return hold
 
 
 def _forwarded_allow_ips(gw: TableReader) -> tuple[str, ...]:

@@ -16,11 +16,15 @@ uvicorn's, with three limits added per connection:
   parser buffers a trailer line whole before it reports it, so a trailer that drips for ever would
   otherwise grow the process until the body timeout.
 
-It also enforces the penalty box (``gateway.penalty_box``): a request from a peer boxed for the source
-its path names is refused once its head is parsed, before its body is read or the app hears of it. The
-connection is held, reading paused, until the header timeout closes it without an answer (so a flood
-client waits rather than sends), at most ``PenaltySettings.hold`` at once per process; past that it is
-closed at once. Either costs the gateway one parsed request head.
+It also enforces the penalty box (``gateway.penalty_box``). In its ``one_at_a_time`` mode (the default) a
+boxed peer's new requests take turns (``Turns``): one in flight per process, the others waiting unread
+before a byte of them is parsed, each then read and answered as usual, so a genuine delivery from a
+boxed address still gets through while the flood behind it costs one request at a time. In ``held``
+mode a request from a peer boxed for the source its path names is refused once its head is parsed,
+before its body is read or the app hears of it: the connection is held, reading paused, until the
+header timeout closes it without an answer (so a flood client waits rather than sends). Either way at
+most ``PenaltyBox.hold`` connections wait or are held at once per process; past that one is closed at
+once. ``configure`` raises the process's file limit first, and a derived ``hold`` follows it.
 
 And it shares each process's request slots fairly between clients (``ClientSlots``): a peer with
 ``client_concurrency`` requests in flight (head received, answer not yet complete) has its next request
@@ -40,16 +44,18 @@ import http
 import ipaddress
 import json
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 import httptools
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from . import metrics
-from .penalty_box import PenaltyBox
+from .penalty_box import PenaltyBox, raise_file_limit
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -143,6 +149,83 @@ class ClientSlots:
             del self._waiting[client]
 
 
+# A boxed client's turn passes on no sooner than this after it was taken: at most 100 of its requests a
+# second per process reach the app, whatever its connections, while a request that waits newest is served
+# within about two of these.
+TURN_INTERVAL = 0.01
+
+
+class Turns:
+    """Boxed clients served one request at a time in this process: who has the turn, and who waits for it.
+
+    Newest first, among the requests that were already waiting when the current turn began: a flood's
+    connections each send their next request only once answered, so the request that became ready during
+    a turn is, most often, the flood's answered connection back again, and it would be newest at every
+    hand-off. Left for the turn after, it lets a genuine delivery from the boxed address through within a
+    turn or two, however many flood requests wait below it; those wait until the header timeout closes
+    them unanswered, as ``held`` would. With no one older waiting, the newest gets the turn. The turn
+    passes on straight to the waiter (never back through a free turn another request could snatch).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # client -> when its current turn began
+        self._serving: dict[str, float] = {}
+        # client -> (when it began waiting, the waiting connection), oldest first
+        self._waiting: dict[str, collections.deque[tuple[float, GuardedHttpToolsProtocol]]] = {}
+
+    def take(self, client: str) -> bool:
+        """Whether ``client``'s turn was free (it is now taken)."""
+        if client in self._serving:
+            return False
+        self._serving[client] = self._clock()
+        return True
+
+    def wait(self, client: str, protocol: GuardedHttpToolsProtocol) -> None:
+        """``protocol``'s turn waiter is resolved True when the turn passes to it."""
+        self._waiting.setdefault(client, collections.deque()).append((self._clock(), protocol))
+
+    def forget(self, client: str, protocol: GuardedHttpToolsProtocol) -> None:
+        waiting = self._waiting.get(client)
+        if waiting is None:
+            return
+        for entry in waiting:
+            if entry[1] is protocol:
+                waiting.remove(entry)
+                break
+        if not waiting:
+            del self._waiting[client]
+
+    def oldest(self, client: str) -> GuardedHttpToolsProtocol | None:
+        """The request of ``client``'s that has waited longest (the first to give up its place), if any."""
+        waiting = self._waiting.get(client)
+        return waiting[0][1] if waiting else None
+
+    def release(self, client: str) -> None:
+        """The request with ``client``'s turn is answered: the turn passes on (see the class), if anyone waits."""
+        waiting = self._waiting.get(client)
+        began = self._serving.get(client, 0.0)
+        while waiting:
+            # The newest that waited before this turn began; else the newest. Only the few that became
+            # ready during this turn are passed over.
+            chosen = len(waiting) - 1
+            while chosen > 0 and waiting[chosen][0] >= began:
+                chosen -= 1
+            if waiting[chosen][0] >= began:
+                chosen = len(waiting) - 1
+            protocol = waiting[chosen][1]
+            del waiting[chosen]
+            waiter = protocol._turn_waiter
+            if waiter is not None and not waiter.done():
+                if not waiting:
+                    del self._waiting[client]
+                self._serving[client] = self._clock()
+                waiter.set_result(True)
+                return
+        self._waiting.pop(client, None)
+        self._serving.pop(client, None)
+
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request that is refused."""
 
@@ -153,6 +236,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits = Limits()
     box: PenaltyBox | None = None
     slots: ClientSlots | None = None
+    turns: Turns | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -165,6 +249,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # received while waiting for one (None: not waiting).
         self._slot = False
         self._queued: list[bytes] | None = None
+        # Boxed clients (one_at_a_time): what this connection's request waits on for its client's turn.
+        self._turn_waiter: asyncio.Future[bool] | None = None
         self._reading_head = True
         self._head_bytes = 0
         self._head_size = 0
@@ -191,8 +277,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        if self._holding:
-            # A boxed client's held connection: closed without an answer, as it was held without one.
+        if self._holding or what == "turn":
+            # A boxed client's held connection, or its request that waited for a turn in vain: closed
+            # without an answer, as it was held without one.
             self.transport.close()
             return
         log.info("connection.timed_out", extra={"reading": what, "client": _address(self.client)})
@@ -233,10 +320,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._release_slot()
+        waiter = self._turn_waiter
+        if waiter is not None and not waiter.done() and self.turns is not None and self.client is not None:
+            self.turns.forget(self.client[0], self)
+            waiter.set_result(False)
+        box = self.box
         if self._queued is not None and self.slots is not None and self.client is not None:
             self._queued = None
             self.slots.forget(self.client[0], self)
-        box = self.box
         if box is not None and self.client is not None:
             box.forget(*self.client)
             if self._holding:
@@ -244,9 +335,89 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 box.held -= 1
         super().connection_lost(exc)
 
+    def _in_turn(self, app: Any, box: PenaltyBox, turns: Turns, source: str) -> Any:
+        """``app`` for one request of a boxed client: run in the client's turn, once its body is in."""
+        assert self.client is not None
+        client, port = self.client
+
+        async def in_turn(scope: Any, receive: Any, send: Any) -> None:
+            cycle = getattr(receive, "__self__", None)
+            if not await self._wait_for_turn(cycle, box, turns, source):
+                return
+            taken = self.loop.time()
+            given_back = False
+
+            def give_back() -> None:
+                # Never passed on at once: a 401 runs start to end without yielding, so every request
+                # of the client made ready in this pass of the loop would find the turn free.
+                nonlocal given_back
+                if not given_back:
+                    given_back = True
+                    delay = max(0.0, taken + TURN_INTERVAL - self.loop.time())
+                    self.loop.call_later(delay, turns.release, client)
+
+            # Given back when the request authenticates (PenaltyBox.authenticated), else when answered.
+            box.turn(client, port, give_back)
+            try:
+                await app(scope, receive, send)
+            finally:
+                box.turn(client, port, None)
+                give_back()
+
+        return in_turn
+
+    async def _wait_for_turn(self, cycle: Any, box: PenaltyBox, turns: Turns, source: str) -> bool:
+        """Wait until this request's body is in (or fills uvicorn's buffer), then for its client's turn;
+        False when the connection was lost or closed meanwhile (past ``hold`` waiting requests)."""
+        # The body first, outside the turn: a body or trailer that drips holds only its own connection
+        # (until the body timeout), never the turn the client's other requests wait for.
+        while (
+            cycle is not None
+            and not cycle.waiting_for_100_continue
+            and cycle.more_body
+            and len(cycle.body) < HIGH_WATER_LIMIT
+            and not cycle.disconnected
+        ):
+            cycle.message_event.clear()
+            await cycle.message_event.wait()
+        if cycle is not None and cycle.disconnected:
+            return False
+        assert self.client is not None
+        client = self.client[0]
+        if turns.take(client):
+            return True
+        if box.held >= box.hold:
+            # Past the limit the client's longest-waiting request gives up its place (closed unanswered),
+            # else this one: newest first, the newest is the likeliest to be served.
+            metrics.penalty_box_refusal(source, "closed")
+            oldest = turns.oldest(client)
+            (oldest if oldest is not None else self).transport.close()
+            if oldest is None:
+                return False
+        metrics.penalty_box_refusal(source, "waited")
+        # Waiting for the turn is not being in flight: the client's slots (shared with a genuine sender on
+        # its address, whose proven connections skip the turn) stay free for requests that can run.
+        self._release_slot()
+        waiter: asyncio.Future[bool] = self.loop.create_future()
+        self._turn_waiter = waiter
+        turns.wait(client, self)
+        box.held += 1
+        # Waits at most the header timeout, then closed without an answer (``_timed_out``).
+        self._arm(self.limits.header_timeout, "turn")
+        try:
+            got = await waiter
+        finally:
+            box.held -= 1
+            self._turn_waiter = None
+        if got and cycle is not None and cycle.more_body:
+            self._arm(self.limits.body_timeout, "body")
+        elif got:
+            self._disarm()
+        return got
+
     def _hold_boxed(self, box: PenaltyBox, source: str) -> None:
         """Refuse a boxed client's request: hold the connection unread, or close it past the hold limit."""
-        if box.held >= box.settings.hold:
+        if box.held >= box.hold:
             metrics.penalty_box_refusal(source, "closed")
             self._disarm()
             self.transport.close()
@@ -373,13 +544,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         box = self.box
+        turn_for: str | None = None
         # Checked once the head is whole (a request line may arrive in pieces), before any body is read
         # or the app hears of the request.
         if box is not None and box.active and self.client is not None and self.url.startswith(_WEBHOOKS):
             source = unquote(self.url[len(_WEBHOOKS) :].partition(b"?")[0].decode("latin-1"))
             if box.refuses(self.client[0], self.client[1], source) > 0:
-                self._boxed_source = source
-                raise _Refused
+                if box.settings.mode == "held":
+                    self._boxed_source = source
+                    raise _Refused
+                if self.slots is None or self.slots.limits(self.client[0]):
+                    turn_for = source
         self._reading_head = False
         self._head_bytes = 0
         slots = self.slots
@@ -387,7 +562,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._slot = True
             slots.start(self.client[0])
         self._arm(self.limits.body_timeout, "body")
-        super().on_headers_complete()
+        if turn_for is None or box is None or self.turns is None:
+            super().on_headers_complete()
+            return
+        # uvicorn starts (or queues, when pipelined) the app it finds in self.app for this request.
+        app = self.app
+        self.app = self._in_turn(app, box, self.turns, turn_for)
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app
 
     def on_chunk_header(self) -> None:
         self._after_chunk_header = True
@@ -417,10 +601,17 @@ def configure(
     limits: Limits, box: PenaltyBox | None = None, slots: ClientSlots | None = None
 ) -> type[GuardedHttpToolsProtocol]:
     """Set this process's limits, penalty box (the app's, ``app.state.penalty_box``; None: no box) and
-    per-client request slots (None: no limit); returns the protocol class to hand to uvicorn (``http=``)."""
+    per-client request slots (None: no limit); returns the protocol class to hand to uvicorn (``http=``).
+
+    With a box, the process's file limit is raised to its hard limit first (``raise_file_limit``): the box
+    keeps a flood's connections waiting instead of closing them, one descriptor each.
+    """
     GuardedHttpToolsProtocol.limits = limits
     GuardedHttpToolsProtocol.box = box
     GuardedHttpToolsProtocol.slots = slots
+    GuardedHttpToolsProtocol.turns = Turns() if box is not None else None
+    if box is not None:
+        box.use_file_limit(raise_file_limit())
     return GuardedHttpToolsProtocol
 
 

@@ -111,8 +111,8 @@ PENALTY_BOX_ENTRIES = _Capped(
 PENALTY_BOX_REFUSALS = _Capped(
     Counter(
         "effectgate_penalty_box_refusals",
-        "Requests of boxed clients refused, by source and how: held (connection paused until the header "
-        "timeout), closed (past the hold limit), answered (429, behind a trusted proxy).",
+        "Requests of boxed clients refused or delayed, by source and how: waited (for the client's turn), "
+        "held (connection paused until the header timeout), closed (past the hold limit), answered (429).",
         ("source", "how"),
         registry=REGISTRY,
     ),
@@ -250,7 +250,7 @@ def penalty_box_entered(source: str, reason: str) -> None:
 
 
 def penalty_box_refusal(source: str, how: str) -> None:
-    """Count one request of a boxed client refused (``held``, ``closed`` or ``answered``)."""
+    """Count one request of a boxed client refused or delayed (``waited``, ``held``, ``closed`` or ``answered``)."""
     PENALTY_BOX_REFUSALS.labels(source, how).inc()
 
 

@@ -244,9 +244,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "gateway.penalty_box.hold",
         "integer",
-        256,
-        "boxed connections held unread at once per process",
+        None,
+        "connections of boxed clients waiting (or held) unread at once per process; past it one is closed at once",
         minimum=0,
+        roles=_G,
+        default_text="min(16384, (F - 256) // 2), F the process's file limit once raised to its hard limit",
+    ),
+    Setting(
+        "gateway.penalty_box.mode",
+        "string",
+        "one_at_a_time",
+        "what a boxed client's new connections get: `one_at_a_time` (served in turn, one request in flight "
+        "per process) or `held` (no answer until the header timeout)",
+        choices=("one_at_a_time", "held"),
         roles=_G,
     ),
     Setting(

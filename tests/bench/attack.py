@@ -49,6 +49,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,6 +133,20 @@ def rss_mb(pid: int) -> float:
         match = re.search(r"VmRSS:\s+(\d+) kB", status)
         total += int(match.group(1)) if match else 0
     return total / 1024
+
+
+def box_refusals(base: str) -> dict[str, float]:
+    """The gateway's penalty-box refusals so far, by how (held, closed, answered, …), from ``/metrics``."""
+    try:
+        page = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    except OSError:
+        return {}
+    counts: dict[str, float] = {}
+    for line in page.splitlines():
+        match = re.match(r'effectgate_penalty_box_refusals_total\{.*how="(\w+)".*\} (\S+)$', line)
+        if match:
+            counts[match.group(1)] = counts.get(match.group(1), 0.0) + float(match.group(2))
+    return counts
 
 
 def json_body() -> bytes:
@@ -282,6 +297,12 @@ def main() -> None:
         default=None,
         help="the gateway's [gateway.penalty_box] hold (default: its default)",
     )
+    parser.add_argument(
+        "--mode",
+        choices=["one_at_a_time", "held"],
+        default=None,
+        help="the gateway's [gateway.penalty_box] mode (default: its default)",
+    )
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -323,6 +344,8 @@ def main() -> None:
     results: dict[str, load.WrkResult] = {}
     flood_results: dict[str, str] = {}
     flood_rates: dict[str, float] = {}
+    # Penalty-box refusals during each scenario, by how (closed: a connection closed at once, past hold).
+    refusals: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         port = ingress.free_port()
@@ -333,6 +356,8 @@ def main() -> None:
             box.append(f"replays = {args.replays}")
         if args.hold is not None:
             box.append(f"hold = {args.hold}")
+        if args.mode is not None:
+            box.append(f'mode = "{args.mode}"')
         if box:
             config.write_text(config.read_text() + "[gateway.penalty_box]\n" + "".join(f"{k}\n" for k in box))
         shim = bind_shim(tmp) if args.attacker_address != "127.0.0.1" else None
@@ -348,6 +373,7 @@ def main() -> None:
             + f"; penalty box {args.penalty_box}"
             + ("" if args.replays is None else f", replays = {args.replays}")
             + ("" if args.hold is None else f", hold = {args.hold}")
+            + ("" if args.mode is None else f", mode = {args.mode}")
             + f"; {os.cpu_count()} cores, shared with the load generators",
             flush=True,
         )
@@ -366,6 +392,7 @@ def main() -> None:
                 pool = load.write_pool(tmp / "genuine.tsv", int(2000 * seconds))
                 proc = thread = stats = None
                 rss_before = rss_mb(gateway.pid)
+                refused_before = box_refusals(base)
                 if flood is not None:
                     # The drip can outlast the header and body timeouts (10 s and 30 s by default): then the
                     # genuine load is measured at its end, when the most connections and bytes are held.
@@ -406,6 +433,8 @@ def main() -> None:
                     thread.join()
                     flood_results[name] = stats.line()
                 rss = f"gateway RSS {rss_before:.0f} -> {rss_mb(gateway.pid):.0f} MB"
+                refused = box_refusals(base)
+                refusals[name] = {k: v - refused_before.get(k, 0.0) for k, v in refused.items()}
                 print(f"genuine, {name}: {genuine.line()}; {rss}", flush=True)
                 client = "flood client" if proc is not None else "bench process (drip client)"
                 cpu = f"gateway CPU {cpu_used[0]:.2f} cores"
@@ -430,7 +459,8 @@ def main() -> None:
         got = results[flood.name]
         print(
             f"{flood.name:8} genuine p99 {got.p99_ms:8.1f} ms = {got.p99_ms / quiet.p99_ms:5.2f}x quiet; "
-            f"throughput {got.rate / quiet.rate:4.2f}x quiet; errors {got.errors}"
+            f"throughput {got.rate / quiet.rate:4.2f}x quiet; errors {got.errors}; box refusals "
+            + (", ".join(f"{how} {n:.0f}" for how, n in sorted(refusals[flood.name].items()) if n) or "none")
         )
     if args.penalty_box == "on":
         # Both floods are boxed after their first failures: their answers/s say how fast the box

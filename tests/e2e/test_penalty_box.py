@@ -1,4 +1,4 @@
-"""The penalty box, attacked: a real ``serve`` process, clients on their own loopback addresses.
+"""The penalty box in its ``held`` mode, attacked: a real ``serve`` process, clients on their own loopback addresses.
 
 An attacker at 127.0.0.2 sends bad signatures until it is boxed; then its requests get no answer at all
 (held, then closed by the header timeout; past the hold limit, closed at once), counted in ``/metrics``,
@@ -43,6 +43,8 @@ window = 600
 cooling = 600
 hold = 2
 replays = 5
+# The silent mode; the default (one_at_a_time) is attacked in test_penalty_box_turns.py.
+mode = "held"
 
 [sources.stripe]
 scheme = "stripe"

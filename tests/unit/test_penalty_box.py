@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import resource
+import subprocess
+import sys
+
 import pytest
 
-from effectgate.gateway.penalty_box import PenaltyBox, PenaltySettings
+from effectgate.gateway.penalty_box import PenaltyBox, PenaltySettings, derived_hold
 
 
 class Clock:
@@ -147,3 +151,70 @@ def test_the_replay_memory_is_bounded_by_max_clients() -> None:
     # The two oldest were forgotten: each is a first sight again; the newest is a repeat.
     assert pb.replayed("10.0.0.9", 1, "stripe", b"0") == "served"
     assert pb.replayed("10.0.0.9", 1, "stripe", b"4") == "boxed"
+
+
+def test_the_default_hold_is_half_the_file_limit_left_after_the_reserve_capped() -> None:
+    # min(16384, max(0, (F - 256) // 2)), as docs/configuration.md states it.
+    assert [derived_hold(f) for f in (0, 256, 1024, 20_000, 65_536, 1 << 20)] == [
+        0,
+        0,
+        384,
+        9872,
+        16384,
+        16384,
+    ]
+
+
+def test_an_unset_hold_follows_the_process_file_limit_and_a_set_one_stays() -> None:
+    derived = PenaltyBox(PenaltySettings())
+    assert derived.hold == derived_hold(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    derived.use_file_limit(65_536)
+    assert derived.hold == 16_384
+    fixed = PenaltyBox(PenaltySettings(hold=256))
+    fixed.use_file_limit(65_536)
+    assert fixed.hold == 256
+
+
+def test_the_file_limit_is_raised_to_the_hard_limit() -> None:
+    # In a child: the soft limit lowered first, as a distribution's service manager would leave it.
+    script = (
+        "import resource\n"
+        "from effectgate.gateway.penalty_box import raise_file_limit, MAX_FILE_LIMIT\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "got = raise_file_limit()\n"
+        "ceiling = MAX_FILE_LIMIT if hard == resource.RLIM_INFINITY else min(hard, MAX_FILE_LIMIT)\n"
+        "print(got == ceiling == resource.getrlimit(resource.RLIMIT_NOFILE)[0], got > 256)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "True"]
+
+
+def test_an_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        PenaltySettings(mode="silence")  # type: ignore[arg-type]
+
+
+def test_a_connection_served_in_its_turn_is_not_refused_by_the_route() -> None:
+    boxed, _ = box(failures=1)
+    assert boxed.failed("10.0.0.1", 5, "stripe")
+    assert boxed.refuses("10.0.0.1", 6, "stripe") > 0
+    given_back: list[int] = []
+    boxed.turn("10.0.0.1", 6, lambda: given_back.append(6))
+    assert boxed.refuses("10.0.0.1", 6, "stripe") == 0.0
+    boxed.turn("10.0.0.1", 6, None)
+    assert boxed.refuses("10.0.0.1", 6, "stripe") > 0
+    assert given_back == []
+
+
+def test_a_request_that_authenticates_in_its_turn_gives_the_turn_back_at_once() -> None:
+    # Its claim (a database round trip) runs outside the turn; the connection is proven from then on.
+    boxed, _ = box(failures=1)
+    boxed.failed("10.0.0.1", 5, "stripe")
+    given_back: list[int] = []
+    boxed.turn("10.0.0.1", 6, lambda: given_back.append(6))
+    boxed.authenticated("10.0.0.1", 6)
+    assert given_back == [6]
+    assert boxed.refuses("10.0.0.1", 6, "stripe") == 0.0
+    boxed.authenticated("10.0.0.1", 6)
+    assert given_back == [6]
