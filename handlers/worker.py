@@ -460,7 +460,8 @@ class Worker:
         """The refill's transaction committed: its leases are ours, and the finishing jobs' slots were offered
         to its fetch (anything due then was leased, up to the slots), so their ends need not wake another
         fetch. A job due since comes with its own NOTIFY; one whose retry delay runs out, with the poll."""
-        self._offered.update(finishing)
+        # Only jobs still running: an id left behind would spare a wake-up to the same job's next attempt.
+        self._offered.update(j for j in finishing if j in self._running)
         self._start(leases)
 
     def _start(self, leases: list[jobs.Lease]) -> None:
