@@ -58,7 +58,8 @@ log = logging.getLogger("effectgate.worker")
 # drain rate grows with the slots (measured by tests/bench/worker_sweep.py; docs/performance.md). 16 runs
 # 3.5x the jobs of 4 at a 20-50 ms downstream call and keeps a worker at 21 connections (worker_pool_max).
 DEFAULT_CONCURRENCY = 16
-# A fallback only: LISTEN/NOTIFY wakes the loop for new jobs, and a finished job wakes it for its slot.
+# A fallback only: LISTEN/NOTIFY wakes the loop for new jobs, and a finished job wakes it for its slot (unless
+# its finish batch's refill already offered that slot to a fetch).
 DEFAULT_POLL_INTERVAL = 2.0
 DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_BACKOFF_BASE = 1.0
@@ -192,6 +193,8 @@ class Worker:
         # Held from a fetch's free-slot count until its jobs' tasks are started: the run loop's fetch and a
         # finish batch's refill must not both fill the same free slots.
         self._fetching = asyncio.Lock()
+        # Jobs whose slot a committed refill has already offered to a fetch: their end wakes no other one.
+        self._offered: set[int] = set()
         # time.monotonic() of the run loop's last tick: what /healthz answers from (None: not running yet).
         self.last_tick: float | None = None
 
@@ -252,8 +255,9 @@ class Worker:
                         await self.fetch_and_start(free)
                     except LedgerError as exc:
                         log.warning("worker.fetch_failed", extra={"error": str(exc)})
-                # Either the batch filled the free slots (a finished job wakes us) or nothing more is due
-                # (a NOTIFY wakes us); polling is only the fallback for a lost wake-up.
+                # Either the batch filled the free slots (a finished job wakes us, unless its finish batch's
+                # refill offered its slot) or nothing more is due (a NOTIFY wakes us); polling is only the
+                # fallback for a lost wake-up and for a retry whose delay ran out.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
         finally:
@@ -411,18 +415,20 @@ class Worker:
                 await control.cancel(conn, self.registry, job_id, by="ledger", reason="superseded")
 
     @contextlib.asynccontextmanager
-    async def _refill(self, conn: db.Conn, finishing: int) -> AsyncIterator[Callable[[], None] | None]:
+    async def _refill(self, conn: db.Conn, finishing: list[int]) -> AsyncIterator[Callable[[], None] | None]:
         """Inside a finish batch's transaction: lease jobs for the slots the batch's ``finishing`` jobs give
         back, so that one commit ends a batch and leases the next (a commit waits for the WAL flush, and two of
         them per batch bounded a drain: docs/performance.md). Yields what starts the leased jobs, to be called
         once the transaction has committed, or ``None``. Skipped while the run loop fetches or the worker
         stops; a refill that fails is logged and the batch's finishes commit without it."""
         ttls = self._ttls()
-        free = self.config.concurrency - len(self._running) + finishing
+        free = self.config.concurrency - len(self._running) + len(finishing)
         if self._stopping.is_set() or not ttls or free < 1 or self._fetching.locked():
             yield None
             return
-        async with self._fetching:
+        await self._fetching.acquire()
+        held = True
+        try:
             to_supersede: list[int] = []
             try:
                 leases = await jobs.fetch_and_lease(
@@ -438,8 +444,25 @@ class Worker:
                     self._wake.set()
             except Exception as exc:
                 log.warning("worker.fetch_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-                leases = []
-            yield functools.partial(self._start, leases)
+                yield functools.partial(self._start, [])  # their ends wake the run loop to fetch for them
+                return
+            if not leases:
+                # Nothing leased, no slot to race for: a fetch woken by a NOTIFY meanwhile goes now instead of
+                # waiting for this batch's commit (a WAL flush; it was ~4 ms of the wake-up under load).
+                self._fetching.release()
+                held = False
+            yield functools.partial(self._refilled, finishing, leases)
+        finally:
+            if held:
+                self._fetching.release()
+
+    def _refilled(self, finishing: list[int], leases: list[jobs.Lease]) -> None:
+        """The refill's transaction committed: its leases are ours, and the finishing jobs' slots were offered
+        to its fetch (anything due then was leased, up to the slots), so their ends need not wake another
+        fetch. A job due since comes with its own NOTIFY; one whose retry delay runs out, with the poll."""
+        # Only jobs still running: an id left behind would spare a wake-up to the same job's next attempt.
+        self._offered.update(j for j in finishing if j in self._running)
+        self._start(leases)
 
     def _start(self, leases: list[jobs.Lease]) -> None:
         for lease in leases:
@@ -452,7 +475,10 @@ class Worker:
         self._running.pop(job_id, None)
         self._leases.pop(job_id, None)
         self._contexts.pop(job_id, None)
-        self._wake.set()
+        if job_id in self._offered:
+            self._offered.discard(job_id)
+        else:
+            self._wake.set()
 
     async def run_until_idle(self, *, max_rounds: int = 1000) -> int:
         """Run due jobs until none is left or running (tests, one-shot CLI use); returns jobs run."""
@@ -839,7 +865,8 @@ class _FinishBatcher:
         self.flusher: asyncio.Task[None] | None = None
         # Set by a running worker: leases the next jobs in the batch's own transaction (Worker._refill).
         self.refill: (
-            Callable[[db.Conn, int], contextlib.AbstractAsyncContextManager[Callable[[], None] | None]] | None
+            Callable[[db.Conn, list[int]], contextlib.AbstractAsyncContextManager[Callable[[], None] | None]]
+            | None
         ) = None
 
     async def finish(self, lease: jobs.Lease, kind: EffectKind, finish: jobs.Finish) -> jobs.Reached:
@@ -897,7 +924,9 @@ class _FinishBatcher:
                         )
                 if self.refill is not None:
                     # Last in the transaction, so its row locks are held the shortest time.
-                    start = await refilled.enter_async_context(self.refill(conn, len(batch)))
+                    start = await refilled.enter_async_context(
+                        self.refill(conn, [item.lease.job_id for item in batch])
+                    )
             if start is not None:
                 start()  # committed: the leases are ours
             return answers

@@ -2,11 +2,12 @@
 the measurement behind the worker's defaults (docs/performance.md).
 
     python -m tests.bench.worker_sweep [--backlog 20000] [--concurrency 4,16,32,64] [--delay 0,0.02,0.05]
-                                       [--window 6] [--log-level INFO,WARNING] [--poll-interval 2,0.2]
+                                       [--window 6] [--log-level INFO,per-job] [--poll-interval 2,0.2]
 
 For each combination: the backlog is written straight into the ledger (effects and pending jobs, INSERT …
 SELECT), then one worker process (the production ``Worker.run`` loop, its pool sized as ``effectgate worker``
-sizes it, JSON logs to a file as in production) drains it. The rate is read from the database: jobs
+sizes it, JSON logs to a real file as in production) drains it; ``--log-level per-job`` is INFO plus the
+line per succeeded job (``worker.finished``, DEBUG by default), to price it. The rate is read from the database: jobs
 succeeded during a ``--window``-second window that starts after a one-second warm-up, and the worker
 process's own CPU time per job in that window (from /proc: on a shared machine it varies less than the rate). The handler awaits
 ``asyncio.sleep(delay)``, a stand-in for a payment or shipping API call. Prints one line per combination;
@@ -17,10 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -32,6 +36,8 @@ from effectgate.ledger import db
 from .common import drop_database, fresh_database, server_url
 
 KIND = "bench.sleep"
+# --log-level value: INFO plus the worker's DEBUG line per succeeded job, written to a real file.
+PER_JOB = "per-job"
 
 BACKLOG = """
 WITH e AS (
@@ -52,7 +58,12 @@ def child(url: str, concurrency: int, delay: float, log_level: str, log_path: st
     from effectgate.gateway import logs
 
     sys.stderr = open(log_path, "a", buffering=1)  # the process's stderr for its lifetime
-    logs.configure(log_level)
+    if log_level == PER_JOB:
+        # INFO, and the one line per succeeded job that is DEBUG since it was measured (worker.finished).
+        logs.configure("INFO")
+        logging.getLogger("effectgate.worker").setLevel(logging.DEBUG)
+    else:
+        logs.configure(log_level)
 
     async def handler(ctx: Any, ev: Event) -> None:
         if delay:
@@ -71,6 +82,18 @@ def child(url: str, concurrency: int, delay: float, log_level: str, log_path: st
         await pool.close()
 
     asyncio.run(run())
+
+
+def count_lines(path: str) -> int:
+    """Lines the worker logged (then the file is removed): shows a per-job run logged per job."""
+    try:
+        with open(path, "rb") as logged:
+            return sum(1 for _ in logged)
+    except FileNotFoundError:
+        return 0
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -106,7 +129,7 @@ async def measure(
     log_level: str,
     window: float,
     poll: float,
-) -> tuple[float, float, int, int]:
+) -> tuple[float, float, int, int, int]:
     conn = await db.connect(url)
     async with conn:
         await conn.execute("DELETE FROM job_attempts")
@@ -114,7 +137,8 @@ async def measure(
         await conn.execute("DELETE FROM effects")
         await conn.execute(BACKLOG, {"n": backlog, "kind": KIND, "round": round_})  # type: ignore[arg-type]
         await conn.execute("VACUUM ANALYZE jobs")
-        log_path = os.devnull
+        # A real file, as production's stderr is a real pipe or file: the write is part of a line's cost.
+        log_path = os.path.join(tempfile.gettempdir(), f"worker_sweep_{os.getpid()}.log")
         proc = subprocess.Popen(  # noqa: ASYNC220 - starting it takes no time worth a thread
             [
                 sys.executable,
@@ -140,12 +164,19 @@ async def measure(
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+            lines = count_lines(log_path)
         pending = await (
             await conn.execute("SELECT count(*) AS n FROM jobs WHERE state = 'pending'")
         ).fetchone()
         assert pending is not None
         done = max(after - before, 1)
-        return (after - before) / (ended - started), (cpu_after - cpu_before) / done, peak, int(pending["n"])
+        return (
+            (after - before) / (ended - started),
+            (cpu_after - cpu_before) / done,
+            peak,
+            int(pending["n"]),
+            lines,
+        )
 
 
 def main() -> None:
@@ -157,7 +188,11 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=20_000)
     parser.add_argument("--concurrency", default="4,16,32,64")
     parser.add_argument("--delay", default="0,0.02,0.05")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help=f"levels to run, comma-separated; {PER_JOB}: INFO + a line per job",
+    )
     parser.add_argument("--window", type=float, default=6.0)
     parser.add_argument("--poll-interval", default=str(DEFAULT_POLL_INTERVAL))
     args = parser.parse_args()
@@ -173,12 +208,12 @@ def main() -> None:
                     for c in args.concurrency.split(",")
                 ):
                     round_ += 1
-                    rate, cpu, peak, left = asyncio.run(
+                    rate, cpu, peak, left, lines = asyncio.run(
                         measure(url, round_, args.backlog, concurrency, delay, level, args.window, poll)
                     )
                     print(
                         f"delay {delay * 1000:3.0f} ms  log {level:<7}  poll {poll:4.1f} s  concurrency {concurrency:3d}: "
-                        f"{rate:6.0f} jobs/s, worker CPU {cpu * 1e6:4.0f} µs/job, {peak:3d} connections at most  (backlog {args.backlog:,}, {left:,} still pending)",
+                        f"{rate:6.0f} jobs/s, worker CPU {cpu * 1e6:4.0f} µs/job, {peak:3d} connections at most, {lines:,} log lines  (backlog {args.backlog:,}, {left:,} still pending)",
                         flush=True,
                     )
     finally:

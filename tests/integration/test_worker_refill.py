@@ -103,3 +103,65 @@ async def test_a_refill_whose_fetch_fails_still_commits_the_batchs_finishes(
     worker.stop()
     await task
     assert len(ran) == 20 == len(set(ran))
+
+
+async def test_a_refill_that_leased_nothing_does_not_hold_back_a_woken_fetch(
+    pool: db.Pool, db_url: str
+) -> None:
+    # A finish batch's refill found nothing due; its transaction has yet to commit (a WAL flush: milliseconds,
+    # more on a loaded disk). A job claimed meanwhile wakes the run loop, whose fetch must not wait for that
+    # commit: the refill leased no slot it could race for. (It did wait: measured as ~4 ms of the wake-up.)
+    ran: list[int] = []
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        ran.append(ctx.job_id)
+
+    worker = make_worker(pool, registry(kind(handler)), url=db_url, concurrency=4)
+    async with jf.connected(db_url) as batch, batch.transaction():
+        # Nothing is due yet: the refill leases nothing.
+        async with worker._refill(batch, []) as start:
+            assert start is not None
+            async with jf.connected(db_url) as conn:
+                job_id = await claim(conn)
+            leased = await asyncio.wait_for(worker.fetch_and_start(4), 5)
+            start()
+            assert leased == 1
+            await asyncio.wait_for(asyncio.gather(*worker._running.values()), 5)
+    assert ran == [job_id]
+
+
+async def test_a_finished_job_whose_slot_a_refill_offered_does_not_wake_another_fetch(
+    pool: db.Pool, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One job, then nothing. Its finish batch's refill asked for jobs for its slot and found none; the run
+    # loop's fetch that its end used to wake would ask again, in the same instant, for nothing — a statement
+    # per finish on an idle worker, and a wake-up arriving meanwhile waited for it. A NOTIFY wakes the one
+    # fetch that leases the job; no other run-loop fetch follows (polling is every 30 s here).
+    fetch = jobs.fetch_and_lease
+    loop_fetches = 0
+
+    async def counted(conn: db.Conn, **kw: Any) -> list[jobs.Lease]:
+        nonlocal loop_fetches
+        if not conn.info.transaction_status:  # the run loop's; a refill's runs in its finish batch
+            loop_fetches += 1
+        return await fetch(conn, **kw)
+
+    monkeypatch.setattr(jobs, "fetch_and_lease", counted)
+    ran: list[int] = []
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        ran.append(ctx.job_id)
+
+    worker = make_worker(pool, registry(kind(handler)), url=db_url, concurrency=4, poll_interval=30)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(worker.listening.wait(), 10)
+    await asyncio.sleep(0.3)  # the fetches of the start and of the LISTEN's first wake-up
+    loop_fetches = 0
+    async with jf.connected(db_url) as conn:
+        job_id = await claim(conn)
+        await jf.wait_state(conn, job_id, "succeeded")
+    await asyncio.sleep(0.5)
+    worker.stop()
+    await task
+    assert ran == [job_id]
+    assert loop_fetches == 1
