@@ -1,6 +1,6 @@
 """Benchmark: CPU per delivery — what each gateway costs its own processes and Postgres, per request.
 
-    python -m tests.bench.ingress_cost [--seconds 10] [--connections 64] [--py-spy DIR]
+    python -m tests.bench.ingress_cost [--seconds 10] [--connections 64] [--py-spy DIR] [--only NAME,…]
 
 Runs effectgate ``serve --workers 2``, the lean reference (tests/bench/lean_gateway.py) and the project's
 reference (tests/bench/reference_gateway.py) in turn under the same wrk load (distinct signed deliveries,
@@ -169,6 +169,9 @@ def main() -> None:
     parser.add_argument(
         "--py-spy", type=Path, help="record effectgate's workers with py-spy into this folder"
     )
+    parser.add_argument(
+        "--only", help="comma-separated gateways to run (effectgate, lean, reference); default all three"
+    )
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -189,7 +192,10 @@ def main() -> None:
             "lean": lambda port: ingress.reference_command(port, 2, "tests.bench.lean_gateway:app"),
             "reference": lambda port: ingress.reference_command(port, 2),
         }
+        chosen = args.only.split(",") if args.only else list(runs)
         for name, command in runs.items():
+            if name not in chosen:
+                continue
             db_url = fresh_database(server)
             try:
                 if name == "lean":
