@@ -29,7 +29,8 @@ from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
 from . import metrics
 from .bodies import BodyTooLarge
 from .config import Config, ConfigError, identity_problems
-from .ingress import deliver, error, webhook_source
+from .inbound import webhook_source
+from .ingress import deliver, error
 from .operator import metrics as metrics_endpoint
 from .operator.api import ApiHeaders
 from .operator.dashboard import form_too_large

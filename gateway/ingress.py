@@ -1,5 +1,9 @@
 """``POST /webhooks/{source}``: verify, then claim every effect, then answer — never the other way round.
 
+A raw ASGI route (``deliver``; ``gateway.app.Gateway`` sends deliveries to it past Starlette's stack) and a
+pipeline of five steps (``_receive``): read, verify, plan, claim, answer. The request each step reads is
+``gateway.inbound.Inbound``; a step that ends the request raises ``Refused`` with its answer.
+
 Order of checks: unknown source (404), body size (413, enforced while reading), signature (401),
 payload (400), the tenant when the source takes it from the event (400 ``tenant_missing`` /
 ``tenant_invalid`` / ``tenant_not_allowed``), effect keys (422), then one transaction claiming every effect. The answer is sent
@@ -10,11 +14,8 @@ so the provider's own retry is safe.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
-import os
 import time
-import uuid
 from typing import Any
 
 from starlette.applications import Starlette
@@ -39,6 +40,7 @@ from .answers import Answer, error_answer, json_answer, text_answer
 from .bodies import BodyTooLarge, receive_body
 from .claim_failures import claim_failed
 from .config import Source
+from .inbound import Inbound, Refused
 from .penalty_box import PenaltyBox
 from .replay_memory import LedgerReplayMemory
 from .signature_failures import SignatureFailures
@@ -50,24 +52,6 @@ log = logging.getLogger("effectgate.gateway")
 UNMET_REQUIREMENT = "unmet_requirement"
 
 
-# Request ids unique across processes without a uuid4 (an os.urandom call) per request: a random prefix per
-# process (a forked child draws its own), then a counter.
-_request_id_prefix = uuid.uuid4().hex[:16]
-_request_numbers = itertools.count()
-
-
-def _new_request_id() -> str:
-    return f"{_request_id_prefix}{next(_request_numbers):016x}"
-
-
-def _new_request_id_prefix() -> None:
-    global _request_id_prefix
-    _request_id_prefix = uuid.uuid4().hex[:16]
-
-
-os.register_at_fork(after_in_child=_new_request_id_prefix)
-
-
 def error(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
     """Every error answer has this shape: ``{"error": CODE, "detail": …}``."""
     return JSONResponse({"error": code, "detail": detail, **extra}, status_code=status)
@@ -75,41 +59,6 @@ def error(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
 
 #: The delivery's span: OpenTelemetry names an HTTP server span by its method and route.
 DELIVERY_SPAN = "POST /webhooks/{source}"
-_PREFIX = "/webhooks/"
-
-
-def webhook_source(scope: Scope) -> str | None:
-    """The source a ``POST /webhooks/{source}`` request names, or None for any other request (the
-    Starlette routes answer those: the probes, the operator plane, a 405 for another method)."""
-    path: str = scope["path"]
-    if scope["method"] != "POST" or not path.startswith(_PREFIX) or scope.get("root_path"):
-        return None
-    name = path[len(_PREFIX) :]
-    # As the route's {source} convertor: one non-empty path segment.
-    return name if name and "/" not in name else None
-
-
-class Inbound:
-    """One delivery request on its way through the pipeline: what every step reads."""
-
-    __slots__ = ("client", "headers", "name", "receive", "request_id", "scope", "state")
-
-    def __init__(self, state: State, scope: Scope, receive: Receive, name: str) -> None:
-        self.state = state
-        self.scope = scope
-        self.receive = receive
-        self.name = name
-        self.headers = Headers(scope=scope)
-        self.request_id = self.headers.get("x-request-id") or _new_request_id()
-        # The peer, or the client a trusted proxy forwarded for (uvicorn's proxy headers rewrite the scope).
-        self.client: tuple[str, int] | None = scope.get("client")
-
-
-class Refused(Exception):
-    """A step's early answer: the pipeline stops there and sends it."""
-
-    def __init__(self, answer: Answer) -> None:
-        self.answer = answer
 
 
 async def deliver(app: Starlette, name: str, scope: Scope, receive: Receive, send: Send) -> None:
