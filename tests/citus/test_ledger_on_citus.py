@@ -94,17 +94,21 @@ async def test_fifty_concurrent_claims_of_one_key_make_exactly_one_effect(
 ) -> None:
     """The claim race: 50 connections claim one (tenant, key) at once; the unique key on the shard decides."""
     arrived = delivery("race-tenant", "race-key")
-    start = asyncio.Event()
+    start, connected, ready = asyncio.Event(), asyncio.Event(), [0]
 
     async def one(n: int) -> Any:
         c = await db.connect(citus_url, schema=citus_schema)
         async with c:
+            ready[0] += 1
+            if ready[0] == 50:
+                connected.set()
             await start.wait()
             [outcome] = await claim_delivery(c, arrived, [effect("race-key")])
             return outcome
 
     tasks = [asyncio.create_task(one(n)) for n in range(50)]
-    await asyncio.sleep(0.5)
+    # Every connection made before any claim starts, so the 50 claims meet on the shard at once.
+    await asyncio.wait_for(connected.wait(), 60)
     start.set()
     outcomes = await asyncio.gather(*tasks)
     accepted = [o for o in outcomes if isinstance(o, Accepted)]

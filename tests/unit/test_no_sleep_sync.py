@@ -26,6 +26,18 @@ SLEEPING_MODULES = frozenset({"time", "asyncio", "anyio", "trio"})
 # (file under tests/, enclosing function as outer.inner) -> why time passing is what is tested there.
 ALLOWED: dict[tuple[str, str], str] = {
     (
+        "e2e/test_penalty_box_turns.py",
+        "test_a_genuine_delivery_from_a_boxed_address_is_served_while_the_flood_costs_one_request_a_turn",
+    ): "the flood's answers are bounded by its duration (one per 10 ms turn); the flood running for a while is the test",
+    (
+        "integration/test_worker_refill.py",
+        "test_a_finished_job_whose_slot_a_refill_offered_does_not_wake_another_fetch",
+    ): "asserts that no second fetch follows a finish: a stretch in which nothing may happen is what is tested",
+    (
+        "citus/rebalance_run.py",
+        "main",
+    ): "a measurement script: claims flow for a stretch of time before and after the rebalance; the stretch is the run",
+    (
         "e2e/test_chaos.py",
         "test_orders_survive_faults_duplicates_and_killed_workers",
     ): "chaos: SIGKILLs land at random moments between deliveries; the random moment is the test",
