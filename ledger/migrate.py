@@ -161,11 +161,11 @@ async def migrate(
 ) -> list[str]:
     """Apply every pending migration in ``schema`` (created when missing, and left as ``conn``'s
     search_path); returns the names applied (empty when up to date)."""
-    await _require_utf8(conn)
     await conn.execute(Q["migrations_lock"], {"lock_id": MIGRATION_LOCK_ID})
     try:
         row = await (await conn.execute(Q["schema_present"], {"schema": schema})).fetchone()
         if row is None or not row["present"]:
+            await _require_utf8(conn)
             try:
                 await conn.execute(sql.SQL(Q["schema_ensure"]).format(schema=sql.Identifier(schema)))
             except psycopg.Error as exc:
@@ -173,7 +173,11 @@ async def migrate(
         await use_schema(conn, schema)
         legacy = await _legacy(conn)
         applied: list[str] = []
-        for migration in await pending(conn, directory):
+        todo = await pending(conn, directory)
+        if todo:
+            # Only before writing: a ledger that is up to date starts as it did, whatever its encoding.
+            await _require_utf8(conn)
+        for migration in todo:
             path = _search_path_for(migration, schema, legacy)
             try:
                 async with conn.transaction():
