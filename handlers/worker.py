@@ -184,6 +184,10 @@ class Worker:
         # Set by a second stop(): the drain gives up at once instead of at its deadline.
         self._stop_now = asyncio.Event()
         self._leases: dict[int, jobs.Lease] = {}
+        # Whether the ledger is distributed by tenant (Citus): then the fetch, the heartbeat and the batched
+        # writes go one tenant at a time, each routed to its shard (jobs.fetch_and_lease). Asked at the first
+        # fetch; None until then.
+        self._per_tenant: bool | None = None
         # One heartbeat for every lease this worker holds, one statement per beat.
         self._beats: dict[int, _Beat] = {}
         self._beat_changed = asyncio.Event()
@@ -316,7 +320,9 @@ class Worker:
             try:
                 async with db.connection(self.pool) as conn:
                     given_up = await jobs.abandon_leases(
-                        conn, [(lease.job_id, lease.lease_token) for lease in leases]
+                        conn,
+                        [(lease.job_id, lease.lease_token) for lease in leases],
+                        tenants=[lease.tenant for lease in leases] if self._per_tenant else None,
                     )
             except LedgerError as exc:
                 log.error(
@@ -387,6 +393,8 @@ class Worker:
                 return 0
             to_supersede: list[int] = []
             async with db.connection(self.pool) as conn:
+                if self._per_tenant is None:
+                    self._per_tenant = self._finishes.per_tenant = await jobs.distributed(conn)
                 leases = await jobs.fetch_and_lease(
                     conn,
                     owner=self.owner,
@@ -394,6 +402,7 @@ class Worker:
                     limit=limit,
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
+                    per_tenant=self._per_tenant,
                 )
             self._start(leases)
         if to_supersede:
@@ -438,6 +447,7 @@ class Worker:
                     limit=free,
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
+                    per_tenant=bool(self._per_tenant),
                 )
                 if to_supersede:
                     # Cancelled by the run loop's next fetch, outside this batch's transaction.
@@ -604,7 +614,9 @@ class Worker:
             try:
                 async with db.connection(self.pool) as conn:
                     beat_result = await jobs.extend_leases(
-                        conn, [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due]
+                        conn,
+                        [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due],
+                        tenants=[b.lease.tenant for b in due] if self._per_tenant else None,
                     )
             except LedgerError as exc:
                 log.warning(
@@ -674,7 +686,9 @@ class Worker:
             reached = await self._transition(
                 lease,
                 kind,
-                lambda conn: jobs.hand_back(conn, job_id, token, poison_threshold=threshold, by=self.owner),
+                lambda conn: jobs.hand_back(
+                    conn, job_id, token, poison_threshold=threshold, by=self.owner, tenant=lease.tenant
+                ),
             )
             if reached.state == JobState.PARKED:
                 log.error(
@@ -686,7 +700,7 @@ class Worker:
             return _ended(reached, requeued=SliceOutcome.HANDED_BACK)
         if outcome is _Ended.RETURNED:
             reached = await self._finish(
-                lease, kind, jobs.Finish(job_id, token, JobState.SUCCEEDED, self.owner)
+                lease, kind, jobs.Finish(job_id, token, JobState.SUCCEEDED, self.owner, tenant=lease.tenant)
             )
             # DEBUG: at thousands of jobs a second a JSON line per success cost a quarter of the worker's CPU
             # per job (docs/performance.md); the attempt row, the metrics and a failure's line still say it.
@@ -713,6 +727,7 @@ class Worker:
                 failed_reason,
                 error,
                 isinstance(exc, UnrecoverableError),
+                tenant=lease.tenant,
             )
             reached = await self._finish(lease, kind, finish)
             if reached.state == JobState.FAILED:
@@ -732,7 +747,9 @@ class Worker:
         if isinstance(retry_after, int | float) and retry_after > delay:
             delay = float(retry_after)
         reached = await self._transition(
-            lease, kind, lambda conn: jobs.retry(conn, job_id, token, delay=delay, error=error)
+            lease,
+            kind,
+            lambda conn: jobs.retry(conn, job_id, token, delay=delay, error=error, tenant=lease.tenant),
         )
         if reached.state == JobState.PENDING:
             log.warning("worker.retry", extra={**_job_fields(lease, exc, step), "delay": round(delay, 3)})
@@ -861,6 +878,8 @@ class _FinishBatcher:
     def __init__(self, pool: db.Pool, max_batch: int = 256) -> None:
         self._pool = pool
         self._max_batch = max_batch
+        # A ledger distributed by tenant: one statement per tenant (set by the worker's first fetch).
+        self.per_tenant = False
         self._queue: list[_Finishing] = []
         self.flusher: asyncio.Task[None] | None = None
         # Set by a running worker: leases the next jobs in the batch's own transaction (Worker._refill).
@@ -903,10 +922,14 @@ class _FinishBatcher:
             hooks = any(item.kind.on_transition is not None for item in batch)
             if self.refill is None and not hooks:
                 # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
-                return await jobs.finish_many(conn, [item.finish for item in batch])
+                return await jobs.finish_many(
+                    conn, [item.finish for item in batch], per_tenant=self.per_tenant
+                )
             start: Callable[[], None] | None = None
             async with conn.transaction():
-                answers = await jobs.finish_many(conn, [item.finish for item in batch])
+                answers = await jobs.finish_many(
+                    conn, [item.finish for item in batch], per_tenant=self.per_tenant
+                )
                 for item, reached in zip(batch, answers, strict=True):
                     hook = item.kind.on_transition
                     if not isinstance(reached, jobs.Reached) or not reached.terminal or hook is None:
