@@ -8,7 +8,8 @@ Past the limit the answer is 413 ``payload_too_large`` (an HTML page on the dash
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive
 
 # The operator plane's forms (sign-in, sign-out, job actions, bulk) and API calls carry a few fields at
 # most; no operator endpoint takes a document.
@@ -36,3 +37,24 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """As ``read_body``, for a raw ASGI route: the body from ``receive``, ``declared`` its Content-Length
+    header. ``ClientDisconnect`` when the client goes away first (as Starlette's ``Request.stream``)."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        if not message.get("more_body", False):
+            # Most bodies come in one message: no copy then.
+            return b"".join([*chunks, chunk]) if chunks else chunk
+        chunks.append(chunk)

@@ -22,7 +22,7 @@ from pathlib import Path
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.forward import DeclaredEffect
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
-from effectgate.handlers.worker import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVAL, WorkerConfig
+from effectgate.handlers.worker_config import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVAL, WorkerConfig
 from effectgate.ledger.db import DEFAULT_SCHEMA, check_schema_name
 
 from .config_downstreams import read_downstreams

@@ -11,6 +11,7 @@ from typing import Any, cast
 from effectgate.ledger import claim_batcher
 
 from . import guard, penalty_box
+from .client_slots import DEFAULT_CLIENT_CONCURRENCY, ClientSlots
 from .penalty_box import PenaltySettings
 from .toml_reader import ConfigError as ConfigError
 from .toml_reader import TableReader
@@ -48,9 +49,10 @@ class GatewayConfig:
     claim_deadline: float = claim_batcher.DEFAULT_DEADLINE
     claim_lock_timeout: float = claim_batcher.DEFAULT_LOCK_TIMEOUT
     claim_statement_timeout: float = claim_batcher.DEFAULT_STATEMENT_TIMEOUT
-    # Requests in flight per client address and process (gateway.guard.ClientSlots); past it the client's
-    # next request waits unread for one of its own to finish. 0: no limit. Trusted proxies are not limited.
-    client_concurrency: int = guard.DEFAULT_CLIENT_CONCURRENCY
+    # Requests in flight per client address and process (gateway.client_slots.ClientSlots); past it the
+    # client's next request waits unread for one of its own to finish. 0: no limit. Trusted proxies are not
+    # limited.
+    client_concurrency: int = DEFAULT_CLIENT_CONCURRENCY
     # [gateway.penalty_box]: a client that keeps failing authentication for a source is held off it
     # (gateway.penalty_box).
     penalty_box: PenaltySettings = field(default_factory=PenaltySettings)
@@ -60,11 +62,11 @@ class GatewayConfig:
         """The connection guard's limits."""
         return guard.Limits(self.header_timeout, self.body_timeout, self.max_header_bytes)
 
-    def client_slots(self) -> guard.ClientSlots | None:
+    def client_slots(self) -> ClientSlots | None:
         """A process's per-client request slots (its own, so build one per process), or None for no limit."""
         if not self.client_concurrency:
             return None
-        return guard.ClientSlots(self.client_concurrency, self.forwarded_allow_ips)
+        return ClientSlots(self.client_concurrency, self.forwarded_allow_ips)
 
 
 def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -150,7 +152,7 @@ def read_gateway(gw: TableReader) -> GatewayConfig:
             "claim_queue_max", claim_batcher.DEFAULT_MAX_QUEUE, minimum=1, integer=True
         ),
         client_concurrency=gw.number(
-            "client_concurrency", guard.DEFAULT_CLIENT_CONCURRENCY, minimum=0, integer=True
+            "client_concurrency", DEFAULT_CLIENT_CONCURRENCY, minimum=0, integer=True
         ),
         claim_deadline=gw.number("claim_deadline", claim_batcher.DEFAULT_DEADLINE, minimum=0.001),
         claim_lock_timeout=gw.number("claim_lock_timeout", claim_batcher.DEFAULT_LOCK_TIMEOUT, minimum=0.001),

@@ -1,5 +1,9 @@
 """``POST /webhooks/{source}``: verify, then claim every effect, then answer — never the other way round.
 
+A raw ASGI route (``deliver``; ``gateway.app.Gateway`` sends deliveries to it past Starlette's stack) and a
+pipeline of five steps (``_receive``): read, verify, plan, claim, answer. The request each step reads is
+``gateway.inbound.Inbound``; a step that ends the request raises ``Refused`` with its answer.
+
 Order of checks: unknown source (404), body size (413, enforced while reading), signature (401),
 payload (400), the tenant when the source takes it from the event (400 ``tenant_missing`` /
 ``tenant_invalid`` / ``tenant_not_allowed``), effect keys (422), then one transaction claiming every effect. The answer is sent
@@ -10,37 +14,33 @@ so the provider's own retry is safe.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
-import os
 import time
-import uuid
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.applications import Starlette
+from starlette.datastructures import Headers, State
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from effectgate.handlers import tracing
 from effectgate.handlers.event import Event as HandlerEvent
 from effectgate.handlers.plan import MAX_TENANT_LENGTH as MAX_TENANT_LENGTH  # re-exported
 from effectgate.handlers.plan import PlanFailed, TenantUnusable, plan_event
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import claim_batcher, claims, db
+from effectgate.ledger import claim_batcher
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
-from effectgate.ledger.errors import (
-    ClaimOverloaded,
-    ClaimTimeout,
-    DeliveryRefused,
-    LedgerError,
-    LedgerUnavailable,
-)
+from effectgate.ledger.errors import LedgerError
 from effectgate.ledger.fingerprints import canonical_json
-from effectgate.ledger.migrate import unapplied
 from effectgate.ledger.storable import jsonb_problem
 
 from . import metrics
-from .bodies import BodyTooLarge, read_body
-from .config import Config, Source
+from .answers import Answer, error_answer, json_answer, text_answer
+from .bodies import BodyTooLarge, receive_body
+from .claim_failures import claim_failed
+from .config import Source
+from .inbound import Inbound, Refused
 from .penalty_box import PenaltyBox
 from .replay_memory import LedgerReplayMemory
 from .signature_failures import SignatureFailures
@@ -52,187 +52,232 @@ log = logging.getLogger("effectgate.gateway")
 UNMET_REQUIREMENT = "unmet_requirement"
 
 
-# Request ids unique across processes without a uuid4 (an os.urandom call) per request: a random prefix per
-# process (a forked child draws its own), then a counter.
-_request_id_prefix = uuid.uuid4().hex[:16]
-_request_numbers = itertools.count()
-
-
-def _new_request_id() -> str:
-    return f"{_request_id_prefix}{next(_request_numbers):016x}"
-
-
-def _new_request_id_prefix() -> None:
-    global _request_id_prefix
-    _request_id_prefix = uuid.uuid4().hex[:16]
-
-
-os.register_at_fork(after_in_child=_new_request_id_prefix)
-
-
 def error(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
     """Every error answer has this shape: ``{"error": CODE, "detail": …}``."""
     return JSONResponse({"error": code, "detail": detail, **extra}, status_code=status)
-
-
-def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
-    item: dict[str, Any] = {"key": outcome.effect_key, "handler": outcome.handler, "outcome": outcome.outcome}
-    if isinstance(outcome, Accepted):
-        item["job_id"] = outcome.job_id
-    return item
-
-
-async def receive(request: Request) -> Response:
-    """The ingress route. Every request is counted here, once, by source and status, whatever answered it
-    (``effectgate_webhook_requests_total``); an exception escaping ``_receive`` is counted with the status
-    its handler will answer (400 for a client that went away, else 500)."""
-    started = time.perf_counter()
-    name = request.path_params["source"]
-    status = 500
-    try:
-        with tracing.server_span(DELIVERY_SPAN, _server_attributes(request)) as span:
-            response = await _receive(request)
-            status = response.status_code
-            span.set_attribute("http.response.status_code", status)
-            if status >= 500:
-                tracing.set_error(span, f"answered {status}")
-            return response
-    except ClientDisconnect:
-        status = 400
-        raise
-    finally:
-        label = name if name in request.app.state.config.sources else metrics.UNKNOWN_SOURCE
-        metrics.webhook_request(label, status, time.perf_counter() - started)
 
 
 #: The delivery's span: OpenTelemetry names an HTTP server span by its method and route.
 DELIVERY_SPAN = "POST /webhooks/{source}"
 
 
-def _server_attributes(request: Request) -> dict[str, tracing.AttributeValue] | None:
+async def deliver(app: Starlette, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+    """The ingress route, raw ASGI (``webhook_source`` picks the requests it serves; the app's
+    ``__call__`` sends them here past Starlette's routing and middleware). Every request is counted here,
+    once, by source and status, whatever answered it (``effectgate_webhook_requests_total``); an
+    exception escaping ``_receive`` is counted with the status it is answered (400 for a client that
+    went away, else 500, as Starlette's error middleware answers, and re-raised for uvicorn to log)."""
+    started = time.perf_counter()
+    state = app.state
+    answer = _INTERNAL_ERROR
+    try:
+        inbound = Inbound(state, scope, receive, name)
+        with tracing.server_span(DELIVERY_SPAN, _server_attributes(inbound)) as span:
+            answer = await _receive(inbound)
+            span.set_attribute("http.response.status_code", answer.status)
+            if answer.status >= 500:
+                tracing.set_error(span, f"answered {answer.status}")
+    except ClientDisconnect:
+        answer = _client_disconnected(scope)
+    except Exception:
+        _count(state, name, answer.status, started)
+        await answer.send(send)
+        raise
+    _count(state, name, answer.status, started)
+    await answer.send(send)
+
+
+def _count(state: State, name: str, status: int, started: float) -> None:
+    label = name if name in state.config.sources else metrics.UNKNOWN_SOURCE
+    metrics.webhook_request(label, status, time.perf_counter() - started)
+
+
+_INTERNAL_ERROR = text_answer(500, b"Internal Server Error")
+
+
+def _client_disconnected(scope: Scope) -> Answer:
+    # Not the gateway's error: one line at info, no traceback. Nothing was claimed, and the answer reaches
+    # no one.
+    request_id = Headers(scope=scope).get("x-request-id")
+    log.info("request.client_disconnected", extra={"path": scope["path"], "request_id": request_id})
+    return error_answer(
+        400, "client_disconnected", "the client closed the connection before the body was read"
+    )
+
+
+def _server_attributes(inbound: Inbound) -> dict[str, tracing.AttributeValue] | None:
     # Built only while tracing is on: with it off the span site costs one global lookup.
     if not tracing.enabled():
         return None
-    scope = request.scope
+    scope = inbound.scope
     attributes: dict[str, tracing.AttributeValue] = {
         "http.request.method": "POST",
         "http.route": "/webhooks/{source}",
         "url.path": scope["path"],
         "url.scheme": scope.get("scheme", "http"),
         "network.protocol.version": scope.get("http_version", "1.1"),
-        "effectgate.source": request.path_params["source"],
+        "effectgate.source": inbound.name,
     }
-    if scope.get("client"):
-        attributes["client.address"] = scope["client"][0]
-    user_agent = request.headers.get("user-agent")
+    if inbound.client:
+        attributes["client.address"] = inbound.client[0]
+    user_agent = inbound.headers.get("user-agent")
     if user_agent:
         attributes["user_agent.original"] = user_agent
     return attributes
 
 
-async def _receive(request: Request) -> Response:
-    config: Config = request.app.state.config
-    registry: Registry = request.app.state.registry
-    pool: db.Pool = request.app.state.pool
-    batcher: claim_batcher.ClaimBatcher = request.app.state.batcher
-    name = request.path_params["source"]
-    request_id = request.headers.get("x-request-id") or _new_request_id()
-    source = config.sources.get(name)
-    if source is None:
-        return error(404, "unknown_source", f"no source named {name!r} is configured")
-    box: PenaltyBox = request.app.state.penalty_box
-    client = request.client
-    if client is not None and box.active:
-        # A direct peer in the box is refused by the connection guard before it gets here; this is the
-        # client a trusted proxy forwarded for. Refused before its body is read.
-        left = box.refuses(client.host, client.port, name)
-        if left > 0:
-            metrics.penalty_box_refusal(name, "answered")
-            return _penalised(left, _FAILED)
+async def _receive(inbound: Inbound) -> Answer:
+    """Read, verify, plan, claim, answer: each step returns what the next needs, or raises ``Refused``
+    with the answer that ends the request there."""
     try:
-        body = await read_body(request, config.gateway.max_body_bytes)
-    except BodyTooLarge:
-        return error(413, "payload_too_large", f"body exceeds {config.gateway.max_body_bytes} bytes")
+        source = _source(inbound)
+        _admit(inbound)
+        body = await _read(inbound)
+        verified = await _verify(inbound, source, body)
+        _admit_replay(inbound, body)
+        if verified.challenge is not None:
+            return json_answer(200, verified.challenge)
+        planned, unmet = _plan_delivery(inbound, source, verified)
+        outcomes = await _claim(inbound, source, planned, body)
+    except Refused as refused:
+        return refused.answer
+    return _answer(inbound, source, verified, planned, unmet, outcomes)
 
+
+# -- read ------------------------------------------------------------------------------------------------
+
+
+def _source(inbound: Inbound) -> Source:
+    source: Source | None = inbound.state.config.sources.get(inbound.name)
+    if source is None:
+        raise Refused(error_answer(404, "unknown_source", f"no source named {inbound.name!r} is configured"))
+    return source
+
+
+def _admit(inbound: Inbound) -> None:
+    box: PenaltyBox = inbound.state.penalty_box
+    if inbound.client is None or not box.active:
+        return
+    # A direct peer in the box is refused by the connection guard before it gets here; this is the client a
+    # trusted proxy forwarded for. Refused before its body is read.
+    host, port = inbound.client
+    left = box.refuses(host, port, inbound.name)
+    if left > 0:
+        metrics.penalty_box_refusal(inbound.name, "answered")
+        raise Refused(_penalised(left, _FAILED))
+
+
+async def _read(inbound: Inbound) -> bytes:
+    limit = inbound.state.config.gateway.max_body_bytes
+    try:
+        return await receive_body(inbound.receive, inbound.headers.get("content-length"), limit)
+    except BodyTooLarge:
+        raise Refused(error_answer(413, "payload_too_large", f"body exceeds {limit} bytes")) from None
+
+
+# -- verify ----------------------------------------------------------------------------------------------
+
+
+async def _verify(inbound: Inbound, source: Source, body: bytes) -> Verified:
+    name, headers = inbound.name, inbound.headers
     # A scheme whose verification needs I/O (PayPal's certificate) does it here, off the synchronous
     # verify; it never raises for a bad request, so the checks and their answers stay in verify.
-    await source.scheme.prepare(body, request.headers)
+    await source.scheme.prepare(body, headers)
     try:
         with tracing.span(
             "effectgate.verify", {"effectgate.source": name, "effectgate.scheme": source.scheme_name}
         ):
-            verified = source.scheme.verify(body, request.headers)
+            verified = source.scheme.verify(body, headers)
         # Only after a valid signature: a scheme's checks that need I/O (PayPal's transmission ids, PayPal's
         # own API), so an unauthenticated sender cannot reach the ledger or a provider through them.
         await source.scheme.confirm(
-            verified, body, request.headers, source=name, memory=LedgerReplayMemory(pool)
+            verified, body, headers, source=name, memory=LedgerReplayMemory(inbound.state.pool)
         )
     except SignatureError as exc:
-        metrics.verification_failure(name, exc.code)
-        # Counted in memory and written by a background flusher: no database call, no diagnosis here.
-        failures: SignatureFailures = request.app.state.signature_failures
-        failures.failed(name, exc, body)
-        log.info(
-            "delivery.unauthenticated", extra={"source": name, "reason": exc.code, "request_id": request_id}
-        )
-        if client is not None and box.failed(client.host, client.port, name):
-            metrics.penalty_box_entered(name, "failures")
-            log.warning(
-                "penalty_box.entered",
-                extra={
-                    "source": name,
-                    "client": client.host,
-                    "seconds": box.settings.cooling,
-                    "reason": "failures",
-                },
-            )
-        return error(401, exc.code, exc.detail)
+        raise Refused(_unauthenticated(inbound, exc, body)) from None
     except PayloadError as exc:
         metrics.delivery(name, exc.code)
-        return error(400, exc.code, exc.detail)
+        raise Refused(error_answer(400, exc.code, exc.detail)) from None
     except ConfirmationUnavailable as exc:
         # Nothing claimed; the provider's retry is safe. The reason is in the log, not in the answer.
         metrics.delivery(name, exc.code)
-        return error(503, exc.code, exc.detail)
+        raise Refused(error_answer(503, exc.code, exc.detail)) from None
+    return verified
 
-    if client is not None:
-        # Counted before the claim: a replay flood is refused without a database round trip each.
-        replay = box.replayed(client.host, client.port, name, body)
-        if replay != "served":
-            metrics.penalty_box_refusal(name, "answered")
-            if replay == "boxed":
-                metrics.penalty_box_entered(name, "replays")
-                log.warning(
-                    "penalty_box.entered",
-                    extra={
-                        "source": name,
-                        "client": client.host,
-                        "seconds": box.settings.cooling,
-                        "reason": "replays",
-                    },
-                )
-            return _penalised(box.left(client.host, name), _REPLAYED)
-        box.authenticated(client.host, client.port)
-    if verified.challenge is not None:
-        return JSONResponse(verified.challenge)
+
+def _unauthenticated(inbound: Inbound, exc: SignatureError, body: bytes) -> Answer:
+    name, client = inbound.name, inbound.client
+    metrics.verification_failure(name, exc.code)
+    # Counted in memory and written by a background flusher: no database call, no diagnosis here.
+    failures: SignatureFailures = inbound.state.signature_failures
+    failures.failed(name, exc, body)
+    log.info(
+        "delivery.unauthenticated",
+        extra={"source": name, "reason": exc.code, "request_id": inbound.request_id},
+    )
+    box: PenaltyBox = inbound.state.penalty_box
+    if client is not None and box.failed(client[0], client[1], name):
+        metrics.penalty_box_entered(name, "failures")
+        _log_boxed(box, name, client[0], "failures")
+    return error_answer(401, exc.code, exc.detail)
+
+
+def _admit_replay(inbound: Inbound, body: bytes) -> None:
+    if inbound.client is None:
+        return
+    # Counted before the claim: a replay flood is refused without a database round trip each.
+    box: PenaltyBox = inbound.state.penalty_box
+    host, port = inbound.client
+    replay = box.replayed(host, port, inbound.name, body)
+    if replay == "served":
+        box.authenticated(host, port)
+        return
+    metrics.penalty_box_refusal(inbound.name, "answered")
+    if replay == "boxed":
+        metrics.penalty_box_entered(inbound.name, "replays")
+        _log_boxed(box, inbound.name, host, "replays")
+    raise Refused(_penalised(box.left(host, inbound.name), _REPLAYED))
+
+
+def _log_boxed(box: PenaltyBox, source: str, client: str, reason: str) -> None:
+    log.warning(
+        "penalty_box.entered",
+        extra={"source": source, "client": client, "seconds": box.settings.cooling, "reason": reason},
+    )
+
+
+# -- plan ------------------------------------------------------------------------------------------------
+
+
+def _plan_delivery(
+    inbound: Inbound, source: Source, verified: Verified
+) -> tuple[list[tuple[Delivery, list[EffectRequest]]], list[dict[str, Any]]]:
+    name = inbound.name
     for event in verified.events:
         # Authentic but unstorable (a NUL or a lone surrogate in a string): refused now with a 400, not
         # a 5xx on every one of the provider's retries.
         problem = jsonb_problem(event.payload)
         if problem is not None:
             metrics.delivery(name, "malformed_payload")
-            return error(400, "malformed_payload", f"event {event.id!r}: {problem}")
-
+            raise Refused(error_answer(400, "malformed_payload", f"event {event.id!r}: {problem}"))
     try:
-        planned, unmet = _plan(source, registry, verified, request_id)
+        return _plan(source, inbound.state.registry, verified, inbound.request_id)
     except TenantUnusable as exc:
         # Nothing is claimed: an effect filed under a guessed tenant could collide with another's.
         metrics.delivery(name, exc.code)
-        return error(400, exc.code, str(exc))
+        raise Refused(error_answer(400, exc.code, str(exc))) from None
     except KeyFunctionFailed as exc:
         metrics.delivery(name, "effect_key_failed")
-        return error(422, "effect_key_failed", str(exc))
+        raise Refused(error_answer(422, "effect_key_failed", str(exc))) from None
 
+
+# -- claim -----------------------------------------------------------------------------------------------
+
+
+async def _claim(
+    inbound: Inbound, source: Source, planned: list[tuple[Delivery, list[EffectRequest]]], body: bytes
+) -> list[list[ClaimOutcome]]:
+    batcher: claim_batcher.ClaimBatcher = inbound.state.batcher
     started = time.perf_counter()
     try:
         # The span includes the wait for the batch the claim joined: a busy ledger shows in the trace.
@@ -242,76 +287,33 @@ async def _receive(request: Request) -> Response:
                 claimed = [o for per_event in outcomes for o in per_event]
                 span.set_attribute("effectgate.effect_keys", [o.effect_key for o in claimed])
                 span.set_attribute("effectgate.outcomes", [str(o.outcome) for o in claimed])
-    except DeliveryRefused as exc:
-        # Postgres refused what this delivery holds; the deliveries batched with it were claimed without it. A 4xx,
-        # not a 503 the provider would retry for days, and a row in the rejects report for the operator.
-        metrics.delivery(name, "delivery_refused")
-        log.warning(
-            "delivery.refused",
-            extra={"source": name, "request_id": request_id, "sqlstate": exc.sqlstate, "size": len(body)},
-        )
-        await _record_refusal(pool, source, exc, planned, body)
-        return error(400, "delivery_refused", str(exc))
-    except ClaimOverloaded as exc:
-        # Refused before queueing: this answer holds nothing, and costs no database work.
-        metrics.delivery(name, "overloaded")
-        return _retry_later("overloaded", str(exc))
-    except ClaimTimeout as exc:
-        metrics.delivery(name, "claim_timeout")
-        log.warning(
-            "delivery.claim_timeout",
-            extra={
-                "source": name,
-                "request_id": request_id,
-                "reason": exc.reason,
-                "sqlstate": _sqlstate(exc),
-            },
-        )
-        return _retry_later("claim_timeout", str(exc))
-    except LedgerUnavailable as exc:
-        metrics.delivery(name, "ledger_unavailable")
-        # The driver's words (which can name hosts, indexes, error classes) go to the log, never to the sender.
-        log.warning(
-            "delivery.ledger_unavailable",
-            extra={
-                "source": name,
-                "request_id": request_id,
-                "sqlstate": _sqlstate(exc),
-                "error": _cause(exc),
-            },
-        )
-        return error(503, "ledger_unavailable", "the ledger database is unavailable; nothing was claimed")
     except LedgerError as exc:
-        # Rolled back: nothing was acknowledged, so the provider's retry is safe.
-        pending = await _pending_migrations(pool, exc)
-        if pending:
-            # A schema behind this version (`serve --no-migrate` past a deploy that did not migrate): a
-            # 503 the provider retries until someone migrates, and a code saying what to do, not a 500.
-            metrics.delivery(name, "migrations_pending")
-            log.error(
-                "delivery.migrations_pending",
-                extra={"source": name, "request_id": request_id, "pending": pending},
-            )
-            return error(
-                503,
-                "migrations_pending",
-                "the ledger's schema is behind this gateway (migrations pending); nothing was claimed",
-            )
-        log.error(
-            "delivery.ledger_error",
-            extra={
-                "source": name,
-                "request_id": request_id,
-                "sqlstate": _sqlstate(exc),
-                "error": _cause(exc),
-            },
+        answer = await claim_failed(
+            exc,
+            pool=inbound.state.pool,
+            source=source,
+            request_id=inbound.request_id,
+            planned=planned,
+            body=body,
         )
-        metrics.delivery(name, "ledger_error")
-        return error(500, "ledger_error", "the delivery could not be recorded; nothing was claimed")
+        raise Refused(answer) from None
     metrics.claim_latency(time.perf_counter() - started)
+    return outcomes
 
+
+# -- answer ----------------------------------------------------------------------------------------------
+
+
+def _answer(
+    inbound: Inbound,
+    source: Source,
+    verified: Verified,
+    planned: list[tuple[Delivery, list[EffectRequest]]],
+    unmet: list[dict[str, Any]],
+    outcomes: list[list[ClaimOutcome]],
+) -> Answer:
     flat = [o for per_event in outcomes for o in per_event]
-    metrics.claimed(name, [o.outcome for o in flat])
+    metrics.claimed(inbound.name, [o.outcome for o in flat])
     # Effects whose require the signed payload did not meet are listed too: skipped, never claimed.
     effects_json = [_outcome_json(o) for o in flat] + unmet
     event_ids = [d.event_id for d, _ in planned]
@@ -320,15 +322,19 @@ async def _receive(request: Request) -> Response:
         log.debug(
             "delivery.claimed",
             extra={
-                "source": name,
-                "request_id": request_id,
+                "source": inbound.name,
+                "request_id": inbound.request_id,
                 "event_ids": event_ids,
                 "outcomes": [(o.effect_key, o.outcome) for o in flat],
             },
         )
-    body_json: dict[str, Any] = {"request_id": request_id, "event_ids": event_ids, "effects": effects_json}
-    if any(isinstance(o, Rejected) for o in flat) and source.conflict_status == 409:
-        return error(
+    body_json: dict[str, Any] = {
+        "request_id": inbound.request_id,
+        "event_ids": event_ids,
+        "effects": effects_json,
+    }
+    if source.conflict_status == 409 and any(isinstance(o, Rejected) for o in flat):
+        return error_answer(
             409,
             "key_conflict",
             "an effect key is already held by a different event payload; the delivery was recorded, not run",
@@ -337,8 +343,15 @@ async def _receive(request: Request) -> Response:
     status = 202 if any(isinstance(o, Accepted) for o in flat) else 200
     if verified.acknowledgement is not None:
         # Some providers read the body, not the status: Adyen counts a delivery only on "[accepted]".
-        return Response(verified.acknowledgement, status_code=status, media_type="text/plain")
-    return JSONResponse(body_json, status_code=status)
+        return text_answer(status, verified.acknowledgement)
+    return json_answer(status, body_json)
+
+
+def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
+    item: dict[str, Any] = {"key": outcome.effect_key, "handler": outcome.handler, "outcome": outcome.outcome}
+    if isinstance(outcome, Accepted):
+        item["job_id"] = outcome.job_id
+    return item
 
 
 class KeyFunctionFailed(Exception):
@@ -395,70 +408,14 @@ def _plan(
     return planned, unmet
 
 
-# Seconds a sender is asked to wait after a 503 overloaded or claim_timeout: long enough for a queue to drain.
-RETRY_AFTER = "1"
-
-
 _FAILED = "too many failed authentications from this client for this source; try again later"
 _REPLAYED = "one delivery repeated too often by this client for this source; try again later"
 
 
-def _penalised(seconds_left: float, detail: str) -> JSONResponse:
-    response = error(429, "client_penalised", detail)
-    response.headers["Retry-After"] = str(max(1, round(seconds_left)))
+def _penalised(seconds_left: float, detail: str) -> Answer:
     # Its next request would be refused too: it reconnects rather than keeps a connection to send it on.
-    response.headers["Connection"] = "close"
-    return response
-
-
-def _retry_later(code: str, detail: str) -> JSONResponse:
-    response = error(503, code, detail)
-    response.headers["Retry-After"] = RETRY_AFTER
-    return response
-
-
-# What a statement meets on a schema older than the code: a table, column, function, type or schema missing.
-_SCHEMA_MISSING_STATES = frozenset({"42P01", "42703", "42883", "42704", "3F000"})
-
-
-async def _pending_migrations(pool: db.Pool, exc: LedgerError) -> list[str]:
-    """The migrations the ledger lacks when ``exc`` is a statement meeting a missing schema object, else
-    none. Asked of the database only on that error, so a dropped table in a migrated ledger stays a 500."""
-    if _sqlstate(exc) not in _SCHEMA_MISSING_STATES:
-        return []
-    try:
-        async with db.connection(pool) as conn:
-            return await unapplied(conn)
-    except LedgerError:
-        return []
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    return getattr(exc.__cause__, "sqlstate", None)
-
-
-def _cause(exc: BaseException) -> str:
-    cause = exc.__cause__
-    return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
-
-
-async def _record_refusal(
-    pool: db.Pool,
-    source: Source,
-    exc: DeliveryRefused,
-    planned: list[tuple[Delivery, list[EffectRequest]]],
-    body: bytes,
-) -> None:
-    # Best effort, like a signature failure's count: the 400 does not depend on it.
-    try:
-        async with db.connection(pool) as conn:
-            await claims.record_refused_delivery(
-                conn,
-                source=source.name,
-                sqlstate=exc.sqlstate,
-                event_ids=[d.event_id for d, _ in planned],
-                size=len(body),
-                body_sha256=hashlib.sha256(body).hexdigest(),
-            )
-    except Exception as record_exc:
-        log.warning("delivery_refusal.not_recorded", extra={"source": source.name, "error": str(record_exc)})
+    return (
+        error_answer(429, "client_penalised", detail)
+        .header("retry-after", str(max(1, round(seconds_left))))
+        .header("connection", "close")
+    )

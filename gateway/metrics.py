@@ -66,8 +66,17 @@ class _Capped(Generic[_M]):
         self.metric: _M = metric
         self.width = width
         self.seen: set[tuple[str, ...]] = set()
+        # The series each label tuple resolved to: every delivery counts into two or three of them, and
+        # prometheus_client's labels() takes a lock and rebuilds the key each time.
+        self._series: dict[tuple[str, ...], _M] = {}
 
     def labels(self, *values: str) -> _M:
+        series = self._series.get(values)
+        if series is None:
+            series = self._resolve(values)
+        return series
+
+    def _resolve(self, values: tuple[str, ...]) -> _M:
         key = tuple(str(v) for v in values)
         if len(key) != self.width:
             raise ValueError(f"{self.metric._name} takes {self.width} labels, got {key}")
@@ -76,6 +85,9 @@ class _Capped(Generic[_M]):
                 key = (OTHER,) * self.width
             self.seen.add(key)
         series: _M = self.metric.labels(*key)
+        if len(self._series) < 2 * MAX_SERIES:
+            # Bounded like the series: past the cap, labels seen once more are resolved each time.
+            self._series[values] = series
         return series
 
 

@@ -16,7 +16,7 @@ put that pair in the box for ``cooling`` seconds. While it is boxed:
   and is answered like any other: a flood's bad signature gets its 401, its replay its 429, and a
   genuine signed delivery from the same address (a provider behind the same NAT, or on the attacker's
   own host) its 202, giving the turn back as soon as it authenticates (``authenticated``). So the flood
-  costs at most one request in the app per process per turn (``gateway.guard.Turns``), and a sender
+  costs at most one request in the app per process per turn (``gateway.turns.Turns``), and a sender
   sharing the boxed address is slowed, not silenced.
 - ``mode = "held"``: the guard refuses a request from that peer to that source as soon as its head is
   parsed, before its body is read: the connection is **held**, reading paused, until the header timeout

@@ -6,42 +6,50 @@ and one task runs the reconciler on a tick. While the loop runs, each batch of t
 leases the jobs for the slots it frees, in its own transaction: one commit per batch, not two. On ``stop()`` the worker drains: it stops fetching,
 asks running slices to yield, waits up to ``drain_timeout``, and leaves whatever did not hand back to
 lease expiry — nothing is lost either way.
+
+Around 480 lines, on purpose: what is left here is ``Worker``, one state machine over its slots (running
+tasks, their leases and contexts, the slots a refill offered, the fetch lock, the wake-up) that the run
+loop, a fetch, a finish batch's refill, a job's end and the drain all read and write. Split further, that
+state would be passed from module to module. What works beside it moved out: the settings
+(``worker_config``), the wake-up (``listen``), the heartbeat (``heartbeat``), a slice's end (``slices``),
+the recording of outcomes (``outcome_recorder``) and the finish batches (``finish_batcher``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import logging
 import os
-import random
 import socket
 import time
-import traceback
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from effectgate.ledger import db, jobs, steps
-from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
-from effectgate.ledger.reconciler import ReconcilerConfig, ReconcileResult
-from effectgate.ledger.vocabulary import JobState
+from effectgate.ledger.errors import LeaseLost, LedgerError
+from effectgate.ledger.reconciler import ReconcileResult
 
 from . import control, tracing
 from .context import EffectContext, Services
-from .errors import TerminalError, TransientError, UnrecoverableError
-from .event import Event, Transition
+from .event import Event
+from .finish_batcher import FinishBatcher
+from .heartbeat import Beat, Heartbeat
+from .listen import listen_for_jobs
 from .maintenance import make_reconciler, reconcile_forever
 from .observe import WorkerObserver
-from .outcomes import HAND_BACK, SliceOutcome
-from .registry import EffectKind, Registry
+from .outcome_recorder import OutcomeRecorder, backoff_delay, error_record
+from .outcomes import SliceOutcome
+from .registry import Registry
+from .slices import Ended, await_slice, call, log_settled
+from .worker_config import WorkerConfig, worker_pool_max
 
-# Re-exported: they lived here before the maintenance loop moved to .maintenance.
+# Re-exported: they lived here before the maintenance loop moved to .maintenance, and the configuration
+# to .worker_config and the recording of outcomes to .outcome_recorder.
 __all__ = [
     "Worker",
     "WorkerConfig",
@@ -54,100 +62,10 @@ __all__ = [
 
 log = logging.getLogger("effectgate.worker")
 
-# Handlers wait on payment and shipping APIs: a slot spends most of a job awaiting the network, so the
-# drain rate grows with the slots (measured by tests/bench/worker_sweep.py; docs/performance.md). 16 runs
-# 3.5x the jobs of 4 at a 20-50 ms downstream call and keeps a worker at 21 connections (worker_pool_max).
-DEFAULT_CONCURRENCY = 16
-# A fallback only: LISTEN/NOTIFY wakes the loop for new jobs, and a finished job wakes it for its slot (unless
-# its finish batch's refill already offered that slot to a fetch).
-DEFAULT_POLL_INTERVAL = 2.0
-DEFAULT_DRAIN_TIMEOUT = 30.0
-DEFAULT_BACKOFF_BASE = 1.0
-DEFAULT_BACKOFF_CAP = 600.0
-# The worker's own statements (fetch, heartbeat, finish batch, reconciler tick) each hold at most one pooled
-# connection at a time.
-WORKER_OWN_CONNECTIONS = 4
-# How long a step that ignored its cancellation may keep the slot before it is abandoned; never longer
-# than the lease TTL, since past that the reconciler may hand the job to someone else anyway.
-ABANDON_GRACE = 5.0
-# Waits between tries of a terminal transition whose connection was lost (then one last try).
-TRANSITION_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
-# A lost LISTEN connection is re-opened after this, doubling up to the poll interval: a server restart
-# should not cost a full poll interval of latency, a server that stays down should not be hammered.
-LISTEN_RETRY_MIN = 0.05
 # GET /healthz on the worker's metrics port answers 503 once the run loop has not ticked for this long
 # beyond its poll interval. One tick is a fetch (bounded by the pool's wait for a connection, 5 s) and a
 # wait of at most poll_interval, so a loop older than this is stuck, not waiting for a database.
 HEALTHZ_STALE_AFTER = 60.0
-# A heartbeat skips a job whose row another transaction holds locked (lease_extend_if_held), and asks again
-# for it after this (or a tenth of its TTL, if shorter) instead of at the next third of its TTL.
-HEARTBEAT_BUSY_RETRY = 0.2
-LISTEN_APPLICATION_NAME = "effectgate-listen"
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """How a worker runs: concurrency, wake-ups, drain, retry backoff, reconciler.
-
-    ``backoff_base=0`` turns retry waits off (the one switch tests use); retries then run at once.
-    """
-
-    concurrency: int = DEFAULT_CONCURRENCY
-    poll_interval: float = DEFAULT_POLL_INTERVAL
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
-    backoff_base: float = DEFAULT_BACKOFF_BASE
-    backoff_cap: float = DEFAULT_BACKOFF_CAP
-    reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
-    run_reconciler: bool = True
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError("worker concurrency must be >= 1")
-        if not self.poll_interval > 0:
-            raise ValueError("worker poll_interval must be > 0 seconds")
-        if not self.drain_timeout >= 0:
-            raise ValueError("worker drain_timeout must be >= 0 seconds")
-        if not 0 <= self.backoff_base <= self.backoff_cap:
-            raise ValueError("worker backoff needs 0 <= backoff_base <= backoff_cap")
-
-
-def worker_pool_max(concurrency: int) -> int:
-    """The most connections a worker's pool may open: one per slot plus the worker's own statements.
-
-    A slot holds at most one connection at a time (a step record, a checkpoint, a fenced write; a step
-    recorded inside a fenced write would wait on that write's own row lock, so none nests), and the
-    worker's own statements give theirs back within a statement: every slot and every heartbeat gets a
-    connection without waiting on a handler. (The LISTEN connection is not pooled.) It was
-    ``concurrency * 2 + 2``, which made a worker with enough slots for network-bound handlers too dear in
-    connections; measured, a worker at 64 slots held 3 (docs/performance.md).
-    """
-    return concurrency + WORKER_OWN_CONNECTIONS
-
-
-def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Exponential backoff with jitter: a random delay in [0.5, 1] * min(cap, base * 2 ** (attempt - 1))."""
-    ceiling = min(cap, base * 2.0 ** max(0, attempt - 1))
-    draw = rng.random() if rng is not None else random.random()
-    return ceiling * (0.5 + 0.5 * draw)
-
-
-def error_record(exc: BaseException) -> dict[str, Any]:
-    """How an attempt's error is stored: type, message, code (if any), traceback."""
-    return {
-        "type": type(exc).__name__,
-        "message": _message(exc),
-        "code": getattr(exc, "code", None),
-        "traceback": "".join(traceback.format_exception(exc))[-8000:],
-    }
-
-
-def _message(exc: BaseException) -> str:
-    # A handler's exception is user code: a __str__ that raises must cost the record its message, not the
-    # job its terminal transition.
-    try:
-        return str(exc)
-    except Exception:
-        return f"<{type(exc).__name__}.__str__ raised>"
 
 
 class Worker:
@@ -189,11 +107,10 @@ class Worker:
         # fetch; None until then.
         self._per_tenant: bool | None = None
         # One heartbeat for every lease this worker holds, one statement per beat.
-        self._beats: dict[int, _Beat] = {}
-        self._beat_changed = asyncio.Event()
-        self._beat_task: asyncio.Task[None] | None = None
+        self._heartbeat = Heartbeat(pool)
         # Terminal transitions of many jobs, one statement (and one commit) per batch.
-        self._finishes = _FinishBatcher(pool)
+        self._finishes = FinishBatcher(pool)
+        self._recorder = OutcomeRecorder(pool, self.owner, self.config, observer, self._finishes)
         # Held from a fetch's free-slot count until its jobs' tasks are started: the run loop's fetch and a
         # finish batch's refill must not both fill the same free slots.
         self._fetching = asyncio.Lock()
@@ -267,7 +184,7 @@ class Worker:
         finally:
             self._finishes.refill = None
             await self._drain()
-            background.extend(t for t in (self._beat_task, self._finishes.flusher) if t is not None)
+            background.extend(t for t in (self._heartbeat.task, self._finishes.flusher) if t is not None)
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -339,28 +256,13 @@ class Worker:
                 )
 
     async def _listen(self) -> None:
-        """LISTEN for new and re-queued jobs; re-established whenever the connection drops."""
-        if self.url is None:
-            return
-        delay = LISTEN_RETRY_MIN
-        while not self._stopping.is_set():
-            try:
-                conn = await db.connect(self.url, application_name=LISTEN_APPLICATION_NAME)
-                async with conn:
-                    await jobs.listen(conn)
-                    delay = LISTEN_RETRY_MIN
-                    self.listening.set()
-                    self._wake.set()  # anything notified while we were not listening
-                    async for _ in conn.notifies():
-                        self._wake.set()
-            except Exception as exc:
-                if self._stopping.is_set():
-                    return
-                log.warning("worker.listen_lost", extra={"error": f"{type(exc).__name__}: {exc}"})
-            finally:
-                self.listening.clear()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.config.poll_interval)
+        await listen_for_jobs(
+            self.url,
+            wake=self._wake,
+            listening=self.listening,
+            stopping=self._stopping,
+            max_delay=self.config.poll_interval,
+        )
 
     async def _reconcile_loop(self) -> None:
         await reconcile_forever(
@@ -394,7 +296,8 @@ class Worker:
             to_supersede: list[int] = []
             async with db.connection(self.pool) as conn:
                 if self._per_tenant is None:
-                    self._per_tenant = self._finishes.per_tenant = await jobs.distributed(conn)
+                    self._per_tenant = await jobs.distributed(conn)
+                    self._finishes.per_tenant = self._heartbeat.per_tenant = self._per_tenant
                 leases = await jobs.fetch_and_lease(
                     conn,
                     owner=self.owner,
@@ -568,445 +471,28 @@ class Worker:
         )
         ctx.draining = self._stopping.is_set()
         self._contexts[lease.job_id] = ctx
-        handler = asyncio.create_task(_call(kind, ctx, event), name=f"handler-{lease.job_id}")
-        self._beat(_Beat(lease, kind, ctx, handler, asyncio.get_running_loop().time() + kind.lease_ttl / 3))
+        handler = asyncio.create_task(call(kind, ctx, event), name=f"handler-{lease.job_id}")
+        self._heartbeat.beat(
+            Beat(lease, kind, ctx, handler, asyncio.get_running_loop().time() + kind.lease_ttl / 3)
+        )
         try:
-            outcome, exc = await self._await_slice(ctx, kind, handler)
+            outcome, exc = await await_slice(ctx, kind, handler)
         except asyncio.CancelledError:
             # The drain gave up on this slice: refuse its writes, stop its handler, let the lease expire.
             ctx.fenced_off = True
             handler.cancel()
-            handler.add_done_callback(functools.partial(_log_settled, lease.job_id))
+            handler.add_done_callback(functools.partial(log_settled, lease.job_id))
             raise
         finally:
-            if self._beats.pop(lease.job_id, None) is not None:
-                self._beat_changed.set()  # the last lease gone ends the heartbeat task now, not a beat later
-        if outcome is _Ended.ABANDONED:
+            self._heartbeat.forget(lease.job_id)
+        if outcome is Ended.ABANDONED:
             return SliceOutcome.ABANDONED
         if ctx.fenced_off:
             return SliceOutcome.LEASE_LOST
         step = ctx.step_of(exc) if exc is not None else None
-        return await self._record_outcome(lease, kind, outcome, exc, step)
-
-    def _beat(self, beat: _Beat) -> None:
-        self._beats[beat.lease.job_id] = beat
-        self._beat_changed.set()
-        if self._beat_task is None or self._beat_task.done():
-            self._beat_task = asyncio.create_task(self._heartbeats(), name="heartbeats")
-
-    async def _heartbeats(self) -> None:
-        """Extend every lease due within half its interval, all in one statement, each at a third of
-        its own kind's TTL; a lease whose row was locked is asked for again shortly. Returns when this
-        worker holds no lease."""
-        loop = asyncio.get_running_loop()
-        while self._beats:
-            self._beat_changed.clear()
-            now = loop.time()
-            wait = min(beat.due for beat in self._beats.values()) - now
-            if wait > 0:
-                # A new lease (perhaps of a shorter-TTL kind) recomputes the wait.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._beat_changed.wait(), wait)
-                continue
-            due = [b for b in self._beats.values() if b.due <= now + b.kind.lease_ttl / 6]
-            for beat in due:
-                beat.due = now + beat.kind.lease_ttl / 3
-            try:
-                async with db.connection(self.pool) as conn:
-                    beat_result = await jobs.extend_leases(
-                        conn,
-                        [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due],
-                        tenants=[b.lease.tenant for b in due] if self._per_tenant else None,
-                    )
-            except LedgerError as exc:
-                log.warning(
-                    "worker.heartbeat_failed",
-                    extra={"job_ids": [b.lease.job_id for b in due], "error": str(exc)},
-                )
-                continue
-            for beat in due:
-                if self._beats.get(beat.lease.job_id) is not beat:
-                    continue  # its slice ended while the beat was in flight: the answer is not about it
-                if beat.lease.job_id in beat_result.busy:
-                    # Its row is locked by another transaction (its own fenced write, an operator's bulk
-                    # action): not extended, not lost. Ask again soon, well inside the lease.
-                    beat.due = loop.time() + min(HEARTBEAT_BUSY_RETRY, beat.kind.lease_ttl / 10)
-                    continue
-                cancel = beat_result.held.get(beat.lease.job_id)
-                if cancel is None:
-                    # Someone else holds the job now: refuse every later write from this slice, and stop
-                    # it — nothing it does from here on could be committed.
-                    beat.ctx.fenced_off = True
-                    beat.handler.cancel()
-                    del self._beats[beat.lease.job_id]
-                    log.warning(
-                        "worker.lease_lost",
-                        extra={"job_id": beat.lease.job_id, "lease_token": beat.lease.lease_token},
-                    )
-                elif cancel:
-                    beat.ctx.cancel_requested = True
-
-    async def _await_slice(
-        self, ctx: EffectContext, kind: EffectKind, handler: asyncio.Task[Any]
-    ) -> tuple[_Ended, BaseException | None]:
-        done, _ = await asyncio.wait({handler}, timeout=kind.max_slice)
-        if done:
-            return _outcome(handler)
-        log.warning("worker.slice_overran", extra={"job_id": ctx.job_id, "max_slice": kind.max_slice})
-        handler.cancel()
-        done, _ = await asyncio.wait({handler}, timeout=min(ABANDON_GRACE, kind.lease_ttl))
-        if not done:
-            # The step ignores cancellation (a blocking call, a lock wait). Free the slot, refuse its
-            # writes, and let the lease expire: the reconciler redrives or parks the job.
-            ctx.fenced_off = True
-            log.error("worker.slice_abandoned", extra={"job_id": ctx.job_id})
-            handler.add_done_callback(functools.partial(_log_settled, ctx.job_id))
-            return _Ended.ABANDONED, None
-        outcome, exc = _outcome(handler)
-        if outcome is _Ended.RETURNED or (
-            outcome is _Ended.ERROR and isinstance(exc, asyncio.CancelledError)
-        ):
-            # A return after the deadline's cancellation is not evidence the work was done.
-            return _Ended.ERROR, TransientError(
-                f"slice exceeded max_slice ({kind.max_slice:g} s) and was cancelled"
-            )
-        return outcome, exc
-
-    async def _record_outcome(
-        self,
-        lease: jobs.Lease,
-        kind: EffectKind,
-        outcome: _Ended,
-        exc: BaseException | None,
-        step: str | None = None,
-    ) -> SliceOutcome:
-        job_id, token = lease.job_id, lease.lease_token
-        if outcome is _Ended.HANDED_BACK:
-            threshold = kind.poison_threshold or self.config.reconciler.rescuer_config().poison_threshold
-            reached = await self._transition(
-                lease,
-                kind,
-                lambda conn: jobs.hand_back(
-                    conn, job_id, token, poison_threshold=threshold, by=self.owner, tenant=lease.tenant
-                ),
-            )
-            if reached.state == JobState.PARKED:
-                log.error(
-                    "worker.parked",
-                    extra={**_job_fields(lease), "reason": reached.reason, "state": reached.state},
-                )
-            else:
-                log.info("worker.handed_back", extra={"job_id": job_id, "state": reached.state})
-            return _ended(reached, requeued=SliceOutcome.HANDED_BACK)
-        if outcome is _Ended.RETURNED:
-            reached = await self._finish(
-                lease, kind, jobs.Finish(job_id, token, JobState.SUCCEEDED, self.owner, tenant=lease.tenant)
-            )
-            # DEBUG: at thousands of jobs a second a JSON line per success cost a quarter of the worker's CPU
-            # per job (docs/performance.md); the attempt row, the metrics and a failure's line still say it.
-            log.debug("worker.finished", extra={"job_id": job_id, "state": reached.state})
-            return SliceOutcome(reached.state)
-        assert exc is not None
-        if isinstance(exc, LeaseLost):
-            raise exc
-        error = error_record(exc)
-        failed_reason: str | None = None
-        if isinstance(exc, TerminalError):
-            failed_reason = f"{type(exc).__name__}: {_message(exc)}"
-        elif lease.attempt >= lease.max_attempts:
-            failed_reason = (
-                f"attempts exhausted ({lease.attempt}/{lease.max_attempts}): "
-                f"{type(exc).__name__}: {_message(exc)}"
-            )
-        if failed_reason is not None:
-            finish = jobs.Finish(
-                job_id,
-                token,
-                JobState.FAILED,
-                self.owner,
-                failed_reason,
-                error,
-                isinstance(exc, UnrecoverableError),
-                tenant=lease.tenant,
-            )
-            reached = await self._finish(lease, kind, finish)
-            if reached.state == JobState.FAILED:
-                log.error(
-                    "worker.failed",
-                    extra={
-                        **_job_fields(lease, exc, step),
-                        "reason": failed_reason,
-                        "unrecoverable": isinstance(exc, UnrecoverableError),
-                    },
-                )
-            else:
-                log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
-            return SliceOutcome(reached.state)
-        delay = backoff_delay(lease.attempt, self.config.backoff_base, self.config.backoff_cap)
-        retry_after = getattr(exc, "retry_after", None)
-        if isinstance(retry_after, int | float) and retry_after > delay:
-            delay = float(retry_after)
-        reached = await self._transition(
-            lease,
-            kind,
-            lambda conn: jobs.retry(conn, job_id, token, delay=delay, error=error, tenant=lease.tenant),
-        )
-        if reached.state == JobState.PENDING:
-            log.warning("worker.retry", extra={**_job_fields(lease, exc, step), "delay": round(delay, 3)})
-        else:
-            log.info(
-                "worker.retry_overtaken",
-                extra={**_job_fields(lease, exc, step), "state": reached.state, "reason": reached.reason},
-            )
-        if reached.state == JobState.PENDING and self.observer is not None:
-            self.observer.retry_scheduled(lease.kind)
-        return _ended(reached, requeued=SliceOutcome.RETRY)
-
-    async def _finish(self, lease: jobs.Lease, kind: EffectKind, finish: jobs.Finish) -> jobs.Reached:
-        """A terminal transition, batched with the other jobs finishing now; retried as ``_transition``."""
-        for delay in (*TRANSITION_RETRY_DELAYS, None):
-            try:
-                return await self._finishes.finish(lease, kind, finish)
-            except LedgerUnavailable as exc:
-                if delay is None:
-                    raise
-                log.warning(
-                    "worker.transition_retry",
-                    extra={"job_id": lease.job_id, "delay": delay, "error": str(exc)},
-                )
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
-
-    async def _transition(
-        self,
-        lease: jobs.Lease,
-        kind: EffectKind,
-        apply: Callable[[db.Conn], Awaitable[jobs.Reached]],
-    ) -> jobs.Reached:
-        """Make one fenced transition; a terminal one runs the kind's ``on_transition`` in its transaction.
-
-        A lost connection is retried a few times: the slice's work is done, and leaving its outcome to
-        lease expiry would re-run or park a job that only failed to say it finished. If an earlier try
-        did commit before its connection dropped, the retry finds the lease gone (``LeaseLost``) and
-        changes nothing.
-        """
-        for delay in TRANSITION_RETRY_DELAYS:
-            try:
-                return await self._transition_once(lease, kind, apply)
-            except LedgerUnavailable as exc:
-                log.warning(
-                    "worker.transition_retry",
-                    extra={"job_id": lease.job_id, "delay": delay, "error": str(exc)},
-                )
-                await asyncio.sleep(delay)
-        return await self._transition_once(lease, kind, apply)
-
-    async def _transition_once(
-        self,
-        lease: jobs.Lease,
-        kind: EffectKind,
-        apply: Callable[[db.Conn], Awaitable[jobs.Reached]],
-    ) -> jobs.Reached:
-        async with db.connection(self.pool) as conn:
-            if kind.on_transition is None:
-                # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
-                return await apply(conn)
-            reached: jobs.Reached | None = None
-            try:
-                async with conn.transaction():
-                    reached = await apply(conn)
-                    if reached.terminal and kind.on_transition is not None:
-                        transition = Transition(lease.job_id, lease.effect_key, reached.state, reached.reason)
-                        await kind.on_transition(conn, transition)
-                return reached
-            except Exception as exc:
-                if reached is None:
-                    raise
-                # The hook failed and took the transition down with it. A job left running is worse than a
-                # user row that missed its mirror (a sweep can repair that), so transition without it.
-                log.error(
-                    "worker.transition_hook_failed",
-                    extra={"job_id": lease.job_id, "error": f"{type(exc).__name__}: {exc}"},
-                )
-            async with conn.transaction():
-                return await apply(conn)
-
-
-class _Ended(enum.Enum):
-    """How the handler's task ended, before anything is recorded."""
-
-    RETURNED = enum.auto()
-    HANDED_BACK = enum.auto()
-    ERROR = enum.auto()
-    ABANDONED = enum.auto()
-
-
-# What the handler side called a hand-back before HAND_BACK. Returned now, it would read as success and
-# leave the rest of the work undone, so it fails the job with a message saying what to return instead.
-_OLD_HAND_BACK = "budget"
-
-
-@dataclass(slots=True)
-class _Beat:
-    """A lease the worker's heartbeat keeps alive, and what to tell when it is lost or cancelled."""
-
-    lease: jobs.Lease
-    kind: EffectKind
-    ctx: EffectContext
-    handler: asyncio.Task[Any]
-    due: float
-
-
-@dataclass(slots=True)
-class _Finishing:
-    lease: jobs.Lease
-    kind: EffectKind
-    finish: jobs.Finish
-    future: asyncio.Future[jobs.Reached]
-
-
-class _FinishBatcher:
-    """Terminal transitions of the jobs that finish together, written by one statement in one commit.
-
-    Each row is fenced by its own token: a stale one raises ``LeaseLost`` for its job alone. A kind's
-    ``on_transition`` runs in the batch's transaction, each in a savepoint, so a failing hook rolls
-    back its own writes and no one else's (the transition stands: a job left running is worse than a
-    user row that missed its mirror, which a sweep can repair). One batch is in flight at a time; the
-    next takes what queued meanwhile, so an idle worker's lone transition goes at once.
-    """
-
-    def __init__(self, pool: db.Pool, max_batch: int = 256) -> None:
-        self._pool = pool
-        self._max_batch = max_batch
-        # A ledger distributed by tenant: one statement per tenant (set by the worker's first fetch).
-        self.per_tenant = False
-        self._queue: list[_Finishing] = []
-        self.flusher: asyncio.Task[None] | None = None
-        # Set by a running worker: leases the next jobs in the batch's own transaction (Worker._refill).
-        self.refill: (
-            Callable[[db.Conn, list[int]], contextlib.AbstractAsyncContextManager[Callable[[], None] | None]]
-            | None
-        ) = None
-
-    async def finish(self, lease: jobs.Lease, kind: EffectKind, finish: jobs.Finish) -> jobs.Reached:
-        item = _Finishing(lease, kind, finish, asyncio.get_running_loop().create_future())
-        self._queue.append(item)
-        if self.flusher is None or self.flusher.done():
-            self.flusher = asyncio.create_task(self._flush(), name="finishes")
-        return await item.future
-
-    async def _flush(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-            try:
-                answers = await self._write(batch)
-            except BaseException as exc:
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            for item, reached in zip(batch, answers, strict=True):
-                if item.future.done():
-                    continue
-                if reached is None:
-                    item.future.set_exception(LeaseLost(item.finish.job_id, item.finish.lease_token))
-                elif isinstance(reached, LedgerError):
-                    item.future.set_exception(reached)  # this job's alone: its batch-mates went through
-                else:
-                    item.future.set_result(reached)
-
-    async def _write(self, batch: list[_Finishing]) -> list[jobs.Reached | LedgerError | None]:
-        async with db.connection(self._pool) as conn, contextlib.AsyncExitStack() as refilled:
-            hooks = any(item.kind.on_transition is not None for item in batch)
-            if self.refill is None and not hooks:
-                # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
-                return await jobs.finish_many(
-                    conn, [item.finish for item in batch], per_tenant=self.per_tenant
-                )
-            start: Callable[[], None] | None = None
-            async with conn.transaction():
-                answers = await jobs.finish_many(
-                    conn, [item.finish for item in batch], per_tenant=self.per_tenant
-                )
-                for item, reached in zip(batch, answers, strict=True):
-                    hook = item.kind.on_transition
-                    if not isinstance(reached, jobs.Reached) or not reached.terminal or hook is None:
-                        continue
-                    transition = Transition(
-                        item.lease.job_id, item.lease.effect_key, reached.state, reached.reason
-                    )
-                    try:
-                        async with conn.transaction():
-                            await hook(conn, transition)
-                    except Exception as exc:
-                        log.error(
-                            "worker.transition_hook_failed",
-                            extra={"job_id": item.lease.job_id, "error": f"{type(exc).__name__}: {exc}"},
-                        )
-                if self.refill is not None:
-                    # Last in the transaction, so its row locks are held the shortest time.
-                    start = await refilled.enter_async_context(
-                        self.refill(conn, [item.lease.job_id for item in batch])
-                    )
-            if start is not None:
-                start()  # committed: the leases are ours
-            return answers
-
-
-def _ended(reached: jobs.Reached, *, requeued: SliceOutcome) -> SliceOutcome:
-    # Back to pending is the outcome the caller asked for; anything else (a cancel that won, a poison
-    # park) is the state the job reached instead.
-    return requeued if reached.state == JobState.PENDING else SliceOutcome(reached.state)
-
-
-async def _call(kind: EffectKind, ctx: EffectContext, event: Event) -> Any:
-    return await kind.fn(ctx, event)
-
-
-def _outcome(handler: asyncio.Task[Any]) -> tuple[_Ended, BaseException | None]:
-    if handler.cancelled():
-        return _Ended.ERROR, asyncio.CancelledError()
-    exc = handler.exception()
-    if exc is not None:
-        return _Ended.ERROR, exc
-    result = handler.result()
-    if result is HAND_BACK:
-        return _Ended.HANDED_BACK, None
-    if isinstance(result, str) and result == _OLD_HAND_BACK:
-        return _Ended.ERROR, TerminalError(
-            'the handler returned "budget": return effectgate.HAND_BACK to hand the rest of the work back'
-        )
-    return _Ended.RETURNED, None
-
-
-def _job_fields(
-    lease: jobs.Lease, exc: BaseException | None = None, step: str | None = None
-) -> dict[str, Any]:
-    """What a retry, failure or park line says: which job, which attempt of how many, which step (``None``:
-    outside every step) and which error."""
-    return {
-        "job_id": lease.job_id,
-        "kind": lease.kind,
-        "effect_key": lease.effect_key,
-        "attempt": lease.attempt,
-        "max_attempts": lease.max_attempts,
-        "step": step,
-        "error_class": None if exc is None else type(exc).__name__,
-        "error": None if exc is None else _message(exc),
-    }
+        return await self._recorder.record_outcome(lease, kind, outcome, exc, step)
 
 
 def _task_job(task: asyncio.Task[Any]) -> int:
     name = task.get_name()
     return int(name.removeprefix("job-")) if name.startswith("job-") else -1
-
-
-def _log_settled(job_id: int, task: asyncio.Task[Any]) -> None:
-    if task.cancelled():
-        outcome, error = "cancelled", None
-    else:
-        exc = task.exception()
-        outcome, error = ("error", f"{type(exc).__name__}: {exc}") if exc else ("returned", None)
-    log.warning("worker.abandoned_step_settled", extra={"job_id": job_id, "outcome": outcome, "error": error})

@@ -189,7 +189,7 @@ async def _claim_round(
     entries: list[_Entry],
     now: datetime | None,
 ) -> list[tuple[_Entry, Any]]:
-    columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+    rows: list[tuple[Any, ...]] = []  # one per entry, in _COLUMNS order; sent as one array per column
     payloads: list[str] = []
     payload_ix: dict[int, int] = {}
     for n, (d, e) in enumerate(entries):
@@ -213,28 +213,34 @@ async def _claim_round(
             # was taken over, when the caller kept it, so the payload is not serialised again.
             payloads.append(delivery.payload_text or canonical_json(delivery.payload).decode())
             ix = payload_ix[d] = len(payloads)
-        for name, value in (
-            ("ord", n),
-            ("request_id", delivery.request_id),
-            ("tenant", delivery.tenant),
-            ("effect_key", effect_key),
-            ("source", delivery.source),
-            ("handler", handler),
-            ("event_id", delivery.event_id),
-            ("event_type", delivery.event_type),
-            ("fingerprint", fingerprint),
-            ("payload_ix", ix),
-            ("max_attempts", max_attempts),
-            ("orphan_policy", orphan_policy),
-            ("lock_key", lock_key),
-            ("secret_index", delivery.secret_index),
-            ("version", version),
-            ("trace_parent", delivery.trace_parent),
-        ):
-            columns[name].append(value)
+        rows.append(
+            (
+                n,
+                delivery.request_id,
+                delivery.tenant,
+                effect_key,
+                delivery.source,
+                handler,
+                delivery.event_id,
+                delivery.event_type,
+                fingerprint,
+                ix,
+                max_attempts,
+                orphan_policy,
+                lock_key,
+                delivery.secret_index,
+                version,
+                delivery.trace_parent,
+            )
+        )
+    columns = (
+        {name: list(values) for name, values in zip(_COLUMNS, zip(*rows, strict=True), strict=True)}
+        if rows
+        else {name: [] for name in _COLUMNS}
+    )
     params: dict[str, Any] = {**columns, "payloads": payloads, "now": now}
-    rows = await (await conn.execute(Q["effect_claim_batch"], params)).fetchall()
-    return [(entries[row["ord"]], row) for row in rows]
+    found = await (await conn.execute(Q["effect_claim_batch"], params)).fetchall()
+    return [(entries[row["ord"]], row) for row in found]
 
 
 _COLUMNS = (

@@ -19,12 +19,13 @@ from typing import Any
 
 from .pointers import JsonPointer, PointerMissing
 
+# Made once: json.dumps with options builds a new encoder per call, and this runs on every delivery.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
 
 def canonical_json(payload: Any) -> bytes:
     """The canonical encoding of a JSON value: sorted keys, compact separators, UTF-8."""
-    return json.dumps(
-        payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL.encode(payload).encode("utf-8")
 
 
 def fingerprint(payload: Any) -> str:

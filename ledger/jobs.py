@@ -4,26 +4,61 @@ A job is a row with a lease on it. ``fetch_and_lease`` hands due jobs to a worke
 fencing token; every later write by that worker (heartbeat, checkpoint, step, terminal transition,
 its own fenced transaction) matches the job id *and* that token in its WHERE clause, so a worker
 whose lease was reclaimed changes nothing and gets ``LeaseLost``.
+
+Terminal transitions live in ``job_finishes`` and the operator's reads and actions in ``job_admin``;
+their names are re-exported here, where the worker, the operator plane and the tests have always asked
+for them (``jobs.finish``, ``jobs.Refused``).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypedDict, TypeVar, cast
+from typing import Any, TypeVar
 
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
-from .db import Conn, error_kind
-from .errors import LeaseBusy, LeaseLost, LedgerError
+from .db import Conn
+from .errors import LeaseBusy, LeaseLost
+from .job_admin import AttemptRow, JobRow, Refused, attempts, cancel, get, redrive
+from .job_finishes import Finish, Reached, finish, finish_many
 from .queries import Q
-from .storable import storable_record, storable_text
-from .vocabulary import REDRIVABLE_STATES, TERMINAL_STATES, JobState, RefusalCode
+from .storable import storable_record
+from .vocabulary import JobState
+
+__all__ = [
+    "FETCH_LOCK_KEY_RETRIES",
+    "FETCH_SCAN_LIMIT",
+    "FETCH_SUPERSEDED_ROUNDS",
+    "LOCK_KEY_INDEX",
+    "AttemptRow",
+    "Extended",
+    "Finish",
+    "JobRow",
+    "Lease",
+    "Reached",
+    "Refused",
+    "abandon_leases",
+    "attempts",
+    "cancel",
+    "distributed",
+    "extend_lease",
+    "extend_leases",
+    "fenced_transaction",
+    "fetch_and_lease",
+    "finish",
+    "finish_many",
+    "get",
+    "hand_back",
+    "listen",
+    "redrive",
+    "retry",
+    "save_checkpoint",
+    "tenants_due",
+]
 
 # The partial unique index that allows one running job per (tenant, lock key); migrations/0002.
 LOCK_KEY_INDEX = "jobs_lock_key_running_unique"
@@ -33,10 +68,6 @@ FETCH_LOCK_KEY_RETRIES = 3
 # A fetch that cancelled superseded jobs (migrations/0020) and leased fewer than asked asks again, this many
 # times at most: the newer jobs that superseded them are due, and their wake-ups may already be spent.
 FETCH_SUPERSEDED_ROUNDS = 4
-# How much of Postgres's refusal a stand-in terminal reason quotes.
-MAX_REFUSAL_TEXT = 300
-
-log = logging.getLogger("effectgate.ledger.jobs")
 # How many due jobs of one kind a fetch reads at most, whatever it finds there. It only matters when the
 # head of a kind's queue is a long run of jobs whose lock keys running jobs hold (or that other fetches
 # hold right now): without it every fetch would walk that run, so a hot key with a backlog would make every
@@ -374,179 +405,9 @@ async def fenced_transaction(
         yield conn
 
 
-FinishState = Literal[JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED]
-
-
-@dataclass(frozen=True, slots=True)
-class Reached:
-    """Where a worker's transition left the job, and why (``reason`` is set for terminal states)."""
-
-    state: JobState
-    reason: str | None = None
-
-    @property
-    def terminal(self) -> bool:
-        """Whether the job is done: a terminal state is reached once and never left but by redrive."""
-        return self.state in TERMINAL_STATES
-
-
 def _reached(job_id: int, lease_token: int, row: Any) -> Reached:
     row = _fenced(job_id, lease_token, row)
     return Reached(JobState(row["state"]), row["terminal_reason"])
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """One terminal transition a worker asks for: the job, its token, and the state it should reach."""
-
-    job_id: int
-    lease_token: int
-    state: FinishState
-    by: str
-    reason: str | None = None
-    error: dict[str, Any] | None = None
-    unrecoverable: bool = False
-    # The job's tenant: with ``finish_many(per_tenant=True)`` the batch is written one tenant at a time.
-    tenant: str | None = None
-
-
-async def finish(
-    conn: Conn,
-    job_id: int,
-    lease_token: int,
-    *,
-    state: FinishState,
-    by: str,
-    reason: str | None = None,
-    error: dict[str, Any] | None = None,
-    unrecoverable: bool = False,
-    now: datetime | None = None,
-) -> Reached:
-    """The terminal transition, fenced; a cancel requested meanwhile wins (``cancelled``).
-
-    Raises ``LeaseLost`` if ``lease_token`` no longer holds the job, ``LedgerError`` if Postgres refuses the
-    transition even with a stand-in reason (see ``finish_many``).
-    """
-    [reached] = await finish_many(
-        conn, [Finish(job_id, lease_token, state, by, reason, error, unrecoverable)], now=now
-    )
-    if reached is None:
-        raise LeaseLost(job_id, lease_token)
-    if isinstance(reached, LedgerError):
-        raise reached
-    return reached
-
-
-async def finish_many(
-    conn: Conn, transitions: Sequence[Finish], *, now: datetime | None = None, per_tenant: bool = False
-) -> list[Reached | LedgerError | None]:
-    """Many terminal transitions in one statement, each fenced by its own token; as ``finish`` each.
-
-    Returns one answer per transition, in order: where the job got to, or ``None`` where the token no
-    longer held it — that row changed nothing, and the others were made all the same — or, where
-    Postgres refused even the stand-in below for that row, a ``LedgerError`` for it alone.
-
-    One row never fails the others. Every reason and error record is made storable first (an error
-    record Postgres would refuse is rewritten, and says so under ``unstorable``); a batch Postgres still
-    refuses for what a row holds is split until that row stands alone, and that row alone is then
-    written with a replacement reason and error record naming the refusal (``UnstorableOutcome``).
-
-    ``per_tenant`` (a ledger distributed by tenant): one statement per tenant, each routed to its shard.
-    """
-    if not transitions:
-        return []
-    storable = [_storable_finish(t) for t in transitions]
-    if not per_tenant:
-        return await _finish_split(conn, storable, now)
-    answers: dict[int, Reached | LedgerError | None] = {}
-    for _, group in _by_tenant(storable, [t.tenant or "" for t in storable]):
-        answers.update(zip((id(t) for t in group), await _finish_split(conn, group, now), strict=True))
-    return [answers[id(t)] for t in storable]
-
-
-def _storable_finish(t: Finish) -> Finish:
-    return replace(
-        t,
-        by=storable_text(t.by),
-        reason=storable_text(t.reason) if t.reason is not None else None,
-        error=storable_record(t.error) if t.error is not None else None,
-    )
-
-
-async def _finish_split(
-    conn: Conn, transitions: list[Finish], now: datetime | None
-) -> list[Reached | LedgerError | None]:
-    try:
-        return [*await _finish_rows(conn, transitions, now)]
-    except Exception as exc:
-        if not _refused_for_a_row(exc):
-            raise
-        if len(transitions) > 1:
-            half = len(transitions) // 2
-            return [
-                *await _finish_split(conn, transitions[:half], now),
-                *await _finish_split(conn, transitions[half:], now),
-            ]
-        [t] = transitions
-        refusal = _refusal(exc)
-        log.error("jobs.finish_refused", extra={"job_id": t.job_id, "error": refusal})
-        # The job must still reach its terminal state (invariant 8): the state it asked for, with what
-        # Postgres refused replaced by a record of the refusal.
-        stand_in = Finish(
-            t.job_id,
-            t.lease_token,
-            t.state,
-            storable_text(t.by),
-            f"{t.state}; its reason or error record could not be stored ({refusal})",
-            {"type": "UnstorableOutcome", "message": refusal},
-            t.unrecoverable,
-            t.tenant,
-        )
-        try:
-            return [*await _finish_rows(conn, [stand_in], now)]
-        except Exception as again:
-            if not _refused_for_a_row(again):
-                raise
-            # Not the row's data, then (a trigger, a constraint on the job itself): this job's answer alone.
-            return [
-                LedgerError(f"job {t.job_id}: Postgres refused its terminal transition: {_refusal(again)}")
-            ]
-
-
-async def _finish_rows(conn: Conn, transitions: list[Finish], now: datetime | None) -> list[Reached | None]:
-    params = {
-        "job_ids": [t.job_id for t in transitions],
-        "lease_tokens": [t.lease_token for t in transitions],
-        "states": [t.state for t in transitions],
-        "bys": [t.by for t in transitions],
-        "reasons": [t.reason for t in transitions],
-        "errors": [json.dumps(t.error) if t.error is not None else None for t in transitions],
-        "unrecoverables": [t.unrecoverable for t in transitions],
-        "now": now,
-        # One tenant's batch (per_tenant), else none: the statement then matches on id and token alone.
-        "tenant": transitions[0].tenant if len({t.tenant for t in transitions}) == 1 else None,
-    }
-    if conn.info.transaction_status:
-        # Inside the caller's transaction: a savepoint, so a batch refused for one row can be split
-        # without aborting the caller's transaction.
-        async with conn.transaction():
-            rows = await (await conn.execute(Q["job_finish_if_leased"], params)).fetchall()
-    else:
-        rows = await (await conn.execute(Q["job_finish_if_leased"], params)).fetchall()
-    reached = {row["job_id"]: Reached(JobState(row["state"]), row["terminal_reason"]) for row in rows}
-    return [reached.get(t.job_id) for t in transitions]
-
-
-def _refused_for_a_row(exc: BaseException) -> bool:
-    # A value json or the driver could not write (TypeError, ValueError) belongs to its row too.
-    return error_kind(exc) == "row" or isinstance(exc, TypeError | ValueError)
-
-
-def _refusal(exc: BaseException) -> str:
-    sqlstate = getattr(exc, "sqlstate", None)
-    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    text = f"{type(exc).__name__}: {message}" + (f" (SQLSTATE {sqlstate})" if sqlstate else "")
-    return storable_text(text[:MAX_REFUSAL_TEXT])
 
 
 async def retry(
@@ -604,148 +465,6 @@ async def hand_back(
         )
     ).fetchone()
     return _reached(job_id, lease_token, row)
-
-
-class JobRow(TypedDict):
-    """One job as ``get`` reads it: the row, its effect's key, source and event type, and the live job
-    holding its lock key (if any)."""
-
-    id: int
-    effect_id: int
-    tenant: str
-    kind: str
-    state: JobState
-    attempt: int
-    max_attempts: int
-    orphan_policy: str
-    run_at: datetime
-    lease_token: int
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    checkpoint: Any
-    cancel_requested: bool
-    unrecoverable: bool
-    releases_without_commit: int
-    committed_since_release: bool
-    last_error: dict[str, Any] | None
-    terminal_reason: str | None
-    terminal_by: str | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-    lock_key: str | None
-    payload_purged: bool
-    # Set when an operator resolved the job by hand (ledger/resolutions.py): the state it closed, when, who, why.
-    resolved_from: str | None
-    resolved_at: datetime | None
-    resolved_by: str | None
-    resolved_reason: str | None
-    lock_key_held_by: int | None
-    effect_key: str
-    source: str
-    event_type: str
-
-
-class AttemptRow(TypedDict):
-    """One attempt of a job: who ran it under which token, how it ended (``outcome``: a terminal state,
-    ``retry``, ``handed_back`` or ``lease_expired``; ``None`` while it runs) and its error."""
-
-    job_id: int
-    attempt: int
-    lease_token: int
-    worker: str
-    started_at: datetime
-    finished_at: datetime | None
-    outcome: str | None
-    error_type: str | None
-    error_message: str | None
-    traceback: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """An operator action that was not carried out, with a machine-readable code.
-
-    Codes: ``not_found``; for cancel ``not_cancellable``; for redrive ``not_redrivable`` (succeeded,
-    cancelled and live jobs), ``unrecoverable_requires_force``, ``lock_key_held`` (another live job
-    holds the lock key: wait for it or cancel it).
-    """
-
-    code: RefusalCode
-    detail: str
-
-
-async def get(conn: Conn, job_id: int) -> JobRow | None:
-    """One job with its effect's key, source and event type, or ``None``."""
-    row = await (await conn.execute(Q["job_get"], {"job_id": job_id})).fetchone()
-    if row is None:
-        return None
-    row["state"] = JobState(row["state"])
-    return cast(JobRow, row)
-
-
-async def attempts(conn: Conn, job_id: int) -> list[AttemptRow]:
-    """Every attempt of a job, oldest first, with its worker, outcome and error (type, message, traceback)."""
-    rows = await (await conn.execute(Q["job_attempts_for_job"], {"job_id": job_id})).fetchall()
-    return cast(list[AttemptRow], rows)
-
-
-async def cancel(
-    conn: Conn, job_id: int, *, by: str, reason: str = "cancelled by operator", now: datetime | None = None
-) -> JobState | Refused:
-    """Cancel a job: at once if pending (returns ``cancelled``), by flag if running (returns ``running``;
-    its worker sees the flag at the next heartbeat and the job ends ``cancelled``, never ``succeeded``).
-    """
-    row = await (
-        await conn.execute(
-            Q["job_cancel"],
-            {"job_id": job_id, "by": storable_text(by), "reason": storable_text(reason), "now": now},
-        )
-    ).fetchone()
-    if row is not None:
-        return JobState(row["state"])
-    job = await get(conn, job_id)
-    if job is None:
-        return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
-    return Refused(RefusalCode.NOT_CANCELLABLE, f"job {job_id} is already {job['state']}")
-
-
-async def redrive(
-    conn: Conn, job_id: int, *, force: bool = False, now: datetime | None = None
-) -> Refused | None:
-    """Put a failed or parked job back to pending; ``None`` on success, else ``Refused`` with its code.
-
-    Of two redrives racing for one job exactly one wins; the other finds it pending: ``not_redrivable``.
-    """
-    row = await (
-        await conn.execute(Q["job_redrive_if_allowed"], {"job_id": job_id, "force": force, "now": now})
-    ).fetchone()
-    if row is not None:
-        return None
-    job = await get(conn, job_id)
-    if job is None:
-        return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
-    if job["state"] not in REDRIVABLE_STATES:
-        return Refused(
-            RefusalCode.NOT_REDRIVABLE,
-            f"job {job_id} is {job['state']}; only failed and parked jobs can be redriven",
-        )
-    if job["payload_purged"]:
-        return Refused(
-            RefusalCode.PAYLOAD_PURGED,
-            f"job {job_id} finished before its retention window; its payload is purged",
-        )
-    if job["unrecoverable"] and not force:
-        return Refused(
-            RefusalCode.UNRECOVERABLE_REQUIRES_FORCE, f"job {job_id} failed unrecoverably; redrive with force"
-        )
-    if job["lock_key_held_by"] is not None:
-        return Refused(
-            RefusalCode.LOCK_KEY_HELD,
-            f"job {job['lock_key_held_by']} holds lock key {job['lock_key']!r}; wait for it or cancel it",
-        )
-    # The job changed between the redrive and this read (another redrive won, say): nothing to redrive.
-    return Refused(RefusalCode.NOT_REDRIVABLE, f"job {job_id} could not be redriven from {job['state']}")
 
 
 async def listen(conn: Conn) -> None:

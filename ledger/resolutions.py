@@ -17,7 +17,7 @@ from datetime import datetime
 
 from .db import Conn
 from .errors import InvalidParameter
-from .jobs import Refused
+from .job_admin import Refused
 from .queries import Q
 from .storable import storable_text
 from .vocabulary import JobState, RefusalCode

@@ -56,6 +56,9 @@ def jsonb_problem(value: Any) -> str | None:
 def _text_problem(text: str) -> str | None:
     if "\x00" in text:
         return "a string contains the NUL character (\\u0000), which Postgres cannot store"
+    if text.isascii():
+        # No surrogate is ASCII: the usual string is cleared without encoding a copy of it.
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -347,10 +347,18 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Made once: json.loads with an option builds a new decoder per call, and this runs on every delivery.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def parse_json(body: bytes) -> Any:
     """The JSON document in ``body`` (strict UTF-8, no NaN/Infinity); PayloadError otherwise."""
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+        text = body.decode("utf-8")
+        if text.startswith("\ufeff"):
+            # As json.loads refuses it (the decoder object alone would not).
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        return _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
         # The decoder's message gives a position or a single byte, never the body, and helps whoever
         # debugs the sender.

@@ -1,6 +1,6 @@
 """Benchmark: CPU per delivery — what each gateway costs its own processes and Postgres, per request.
 
-    python -m tests.bench.ingress_cost [--seconds 10] [--connections 64] [--py-spy DIR]
+    python -m tests.bench.ingress_cost [--seconds 10] [--connections 64] [--py-spy DIR] [--only NAME,…]
 
 Runs effectgate ``serve --workers 2``, the lean reference (tests/bench/lean_gateway.py) and the project's
 reference (tests/bench/reference_gateway.py) in turn under the same wrk load (distinct signed deliveries,
@@ -19,6 +19,7 @@ import argparse
 import collections
 import os
 import re
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -144,7 +145,11 @@ def measure(
                 )
                 for p in workers
             ]
+        # wrk is the only child reaped in this window (the gateway runs on, py-spy is waited for below).
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = load.finish(running)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wrk_seconds = after.ru_utime + after.ru_stime - reaped.ru_utime - reaped.ru_stime
         # A backend a pool opened during the run counts from 0; one that closed is lost (pools keep theirs).
         pg = sorted({*pg, *backends(db_url)})
         used = {pid: cpu_seconds(pid) - before.get(pid, 0.0) for pid in [*procs, *pg]}
@@ -156,9 +161,11 @@ def measure(
     n = max(result.requests, 1)
     gw_ms = sum(used[pid] for pid in procs) * 1000 / n
     pg_ms = sum(used[pid] for pid in pg) * 1000 / n
+    wrk_ms = wrk_seconds * 1000 / n
     return (
         f"{name}: {result.line()}\n    CPU per request: gateway {gw_ms:.2f} ms, Postgres backends {pg_ms:.2f} ms, "
-        f"sum {gw_ms + pg_ms:.2f} ms -> ceiling on 2 cores {2000 / (gw_ms + pg_ms):.0f} req/s (without wrk)"
+        f"sum {gw_ms + pg_ms:.2f} ms -> ceiling on 2 cores {2000 / (gw_ms + pg_ms):.0f} req/s (without wrk); "
+        f"wrk {wrk_ms:.2f} ms"
     )
 
 
@@ -168,6 +175,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument(
         "--py-spy", type=Path, help="record effectgate's workers with py-spy into this folder"
+    )
+    parser.add_argument(
+        "--only", help="comma-separated gateways to run (effectgate, lean, reference); default all three"
     )
     args = parser.parse_args()
     wrk = shutil.which("wrk")
@@ -189,7 +199,10 @@ def main() -> None:
             "lean": lambda port: ingress.reference_command(port, 2, "tests.bench.lean_gateway:app"),
             "reference": lambda port: ingress.reference_command(port, 2),
         }
+        chosen = args.only.split(",") if args.only else list(runs)
         for name, command in runs.items():
+            if name not in chosen:
+                continue
             db_url = fresh_database(server)
             try:
                 if name == "lean":

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from effectgate.gateway.guard import TURN_INTERVAL
+from effectgate.gateway.turns import TURN_INTERVAL
 
 from .processes import Process, free_port
 from .test_penalty_box import Gateway, forged, genuine

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import HAND_BACK, EffectContext, Event, HandBack, TerminalError, TransientError
-from effectgate.handlers.worker import LISTEN_APPLICATION_NAME, Worker
+from effectgate.handlers.listen import LISTEN_APPLICATION_NAME
+from effectgate.handlers.worker import Worker
 from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.reconciler import Reconciler

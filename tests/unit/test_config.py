@@ -13,7 +13,7 @@ from effectgate.gateway.examples import EXAMPLE_TYPES
 from effectgate.gateway.handler_imports import app_dir, import_handlers
 from effectgate.gateway.penalty_box import PenaltySettings
 from effectgate.handlers.registry import REGISTRY
-from effectgate.handlers.worker import DEFAULT_CONCURRENCY
+from effectgate.handlers.worker_config import DEFAULT_CONCURRENCY
 
 ENV = {"S1": "whsec_one", "S2": "whsec_two"}
 MINIMAL = """

@@ -24,7 +24,7 @@ import yaml
 from effectgate.gateway.cli import build_parser
 from effectgate.gateway.config import Config, parse
 from effectgate.gateway.secret_sources import ROLE_SECRETS, Role
-from effectgate.handlers.worker import DEFAULT_DRAIN_TIMEOUT
+from effectgate.handlers.worker_config import DEFAULT_DRAIN_TIMEOUT
 from tests.container import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]

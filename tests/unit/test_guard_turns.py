@@ -8,7 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from effectgate.gateway.guard import GuardedHttpToolsProtocol, Turns
+from effectgate.gateway.guard import GuardedHttpToolsProtocol
+from effectgate.gateway.turns import Turns
 
 
 class Waiting:
