@@ -249,6 +249,7 @@ class EffectContext:
                 conn,
                 job_id=self._lease.job_id,
                 lease_token=self._lease.lease_token,
+                tenant=self._lease.tenant,
                 name=name,
                 idempotency_key=key,
                 status=status,
@@ -263,6 +264,7 @@ class EffectContext:
                 conn,
                 job_id=self._lease.job_id,
                 lease_token=self._lease.lease_token,
+                tenant=self._lease.tenant,
                 name=name,
                 idempotency_key=key,
             )
@@ -271,7 +273,9 @@ class EffectContext:
         """Commit a resume point, fenced; a reclaimed job starts from the last one committed."""
         self._check_fence()
         async with db.connection(self._pool) as conn:
-            await jobs.save_checkpoint(conn, self._lease.job_id, self._lease.lease_token, value)
+            await jobs.save_checkpoint(
+                conn, self._lease.job_id, self._lease.lease_token, value, tenant=self._lease.tenant
+            )
         self._checkpoint = value
 
     async def fenced_write(self, fn: Callable[[db.Conn], Awaitable[T]]) -> T:
@@ -279,7 +283,9 @@ class EffectContext:
         self._check_fence()
         async with (
             db.connection(self._pool) as conn,
-            jobs.fenced_transaction(conn, self._lease.job_id, self._lease.lease_token),
+            jobs.fenced_transaction(
+                conn, self._lease.job_id, self._lease.lease_token, tenant=self._lease.tenant
+            ),
         ):
             return await fn(conn)
 

@@ -38,6 +38,8 @@ class FinishBatcher:
     def __init__(self, pool: db.Pool, max_batch: int = 256) -> None:
         self._pool = pool
         self._max_batch = max_batch
+        # A ledger distributed by tenant: one statement per tenant (set by the worker's first fetch).
+        self.per_tenant = False
         self._queue: list[_Finishing] = []
         self.flusher: asyncio.Task[None] | None = None
         # Set by a running worker: leases the next jobs in the batch's own transaction (Worker._refill).
@@ -80,10 +82,14 @@ class FinishBatcher:
             hooks = any(item.kind.on_transition is not None for item in batch)
             if self.refill is None and not hooks:
                 # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
-                return await jobs.finish_many(conn, [item.finish for item in batch])
+                return await jobs.finish_many(
+                    conn, [item.finish for item in batch], per_tenant=self.per_tenant
+                )
             start: Callable[[], None] | None = None
             async with conn.transaction():
-                answers = await jobs.finish_many(conn, [item.finish for item in batch])
+                answers = await jobs.finish_many(
+                    conn, [item.finish for item in batch], per_tenant=self.per_tenant
+                )
                 for item, reached in zip(batch, answers, strict=True):
                     hook = item.kind.on_transition
                     if not isinstance(reached, jobs.Reached) or not reached.terminal or hook is None:

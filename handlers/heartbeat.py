@@ -41,6 +41,8 @@ class Heartbeat:
 
     def __init__(self, pool: db.Pool) -> None:
         self.pool = pool
+        # A ledger distributed by tenant: one statement per tenant (set by the worker's first fetch).
+        self.per_tenant = False
         # One heartbeat for every lease this worker holds, one statement per beat.
         self._beats: dict[int, Beat] = {}
         self._beat_changed = asyncio.Event()
@@ -77,7 +79,9 @@ class Heartbeat:
             try:
                 async with db.connection(self.pool) as conn:
                     beat_result = await jobs.extend_leases(
-                        conn, [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due]
+                        conn,
+                        [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due],
+                        tenants=[b.lease.tenant for b in due] if self.per_tenant else None,
                     )
             except LedgerError as exc:
                 log.warning(

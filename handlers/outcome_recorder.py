@@ -89,7 +89,9 @@ class OutcomeRecorder:
             reached = await self._transition(
                 lease,
                 kind,
-                lambda conn: jobs.hand_back(conn, job_id, token, poison_threshold=threshold, by=self.owner),
+                lambda conn: jobs.hand_back(
+                    conn, job_id, token, poison_threshold=threshold, by=self.owner, tenant=lease.tenant
+                ),
             )
             if reached.state == JobState.PARKED:
                 log.error(
@@ -101,7 +103,7 @@ class OutcomeRecorder:
             return _ended(reached, requeued=SliceOutcome.HANDED_BACK)
         if outcome is Ended.RETURNED:
             reached = await self._finish(
-                lease, kind, jobs.Finish(job_id, token, JobState.SUCCEEDED, self.owner)
+                lease, kind, jobs.Finish(job_id, token, JobState.SUCCEEDED, self.owner, tenant=lease.tenant)
             )
             # DEBUG: at thousands of jobs a second a JSON line per success cost a quarter of the worker's CPU
             # per job (docs/performance.md); the attempt row, the metrics and a failure's line still say it.
@@ -128,6 +130,7 @@ class OutcomeRecorder:
                 failed_reason,
                 error,
                 isinstance(exc, UnrecoverableError),
+                tenant=lease.tenant,
             )
             reached = await self._finish(lease, kind, finish)
             if reached.state == JobState.FAILED:
@@ -147,7 +150,9 @@ class OutcomeRecorder:
         if isinstance(retry_after, int | float) and retry_after > delay:
             delay = float(retry_after)
         reached = await self._transition(
-            lease, kind, lambda conn: jobs.retry(conn, job_id, token, delay=delay, error=error)
+            lease,
+            kind,
+            lambda conn: jobs.retry(conn, job_id, token, delay=delay, error=error, tenant=lease.tenant),
         )
         if reached.state == JobState.PENDING:
             log.warning("worker.retry", extra={**_job_fields(lease, exc, step), "delay": round(delay, 3)})

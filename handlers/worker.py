@@ -102,6 +102,10 @@ class Worker:
         # Set by a second stop(): the drain gives up at once instead of at its deadline.
         self._stop_now = asyncio.Event()
         self._leases: dict[int, jobs.Lease] = {}
+        # Whether the ledger is distributed by tenant (Citus): then the fetch, the heartbeat and the batched
+        # writes go one tenant at a time, each routed to its shard (jobs.fetch_and_lease). Asked at the first
+        # fetch; None until then.
+        self._per_tenant: bool | None = None
         # One heartbeat for every lease this worker holds, one statement per beat.
         self._heartbeat = Heartbeat(pool)
         # Terminal transitions of many jobs, one statement (and one commit) per batch.
@@ -233,7 +237,9 @@ class Worker:
             try:
                 async with db.connection(self.pool) as conn:
                     given_up = await jobs.abandon_leases(
-                        conn, [(lease.job_id, lease.lease_token) for lease in leases]
+                        conn,
+                        [(lease.job_id, lease.lease_token) for lease in leases],
+                        tenants=[lease.tenant for lease in leases] if self._per_tenant else None,
                     )
             except LedgerError as exc:
                 log.error(
@@ -289,6 +295,9 @@ class Worker:
                 return 0
             to_supersede: list[int] = []
             async with db.connection(self.pool) as conn:
+                if self._per_tenant is None:
+                    self._per_tenant = await jobs.distributed(conn)
+                    self._finishes.per_tenant = self._heartbeat.per_tenant = self._per_tenant
                 leases = await jobs.fetch_and_lease(
                     conn,
                     owner=self.owner,
@@ -296,6 +305,7 @@ class Worker:
                     limit=limit,
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
+                    per_tenant=self._per_tenant,
                 )
             self._start(leases)
         if to_supersede:
@@ -340,6 +350,7 @@ class Worker:
                     limit=free,
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
+                    per_tenant=bool(self._per_tenant),
                 )
                 if to_supersede:
                     # Cancelled by the run loop's next fetch, outside this batch's transaction.

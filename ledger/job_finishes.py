@@ -53,6 +53,8 @@ class Finish:
     reason: str | None = None
     error: dict[str, Any] | None = None
     unrecoverable: bool = False
+    # The job's tenant: with ``finish_many(per_tenant=True)`` the batch is written one tenant at a time.
+    tenant: str | None = None
 
 
 async def finish(
@@ -83,7 +85,7 @@ async def finish(
 
 
 async def finish_many(
-    conn: Conn, transitions: Sequence[Finish], *, now: datetime | None = None
+    conn: Conn, transitions: Sequence[Finish], *, now: datetime | None = None, per_tenant: bool = False
 ) -> list[Reached | LedgerError | None]:
     """Many terminal transitions in one statement, each fenced by its own token; as ``finish`` each.
 
@@ -95,10 +97,22 @@ async def finish_many(
     record Postgres would refuse is rewritten, and says so under ``unstorable``); a batch Postgres still
     refuses for what a row holds is split until that row stands alone, and that row alone is then
     written with a replacement reason and error record naming the refusal (``UnstorableOutcome``).
+
+    ``per_tenant`` (a ledger distributed by tenant on Citus): one statement per tenant, each routed to its
+    shard (deploy/README.md, "Past one Postgres").
     """
     if not transitions:
         return []
-    return await _finish_split(conn, [_storable_finish(t) for t in transitions], now)
+    storable = [_storable_finish(t) for t in transitions]
+    if not per_tenant:
+        return await _finish_split(conn, storable, now)
+    groups: dict[str | None, list[Finish]] = {}
+    for t in storable:
+        groups.setdefault(t.tenant, []).append(t)
+    answers: dict[int, Reached | LedgerError | None] = {}
+    for group in groups.values():
+        answers.update(zip((id(t) for t in group), await _finish_split(conn, group, now), strict=True))
+    return [answers[id(t)] for t in storable]
 
 
 def _storable_finish(t: Finish) -> Finish:
@@ -137,6 +151,7 @@ async def _finish_split(
             f"{t.state}; its reason or error record could not be stored ({refusal})",
             {"type": "UnstorableOutcome", "message": refusal},
             t.unrecoverable,
+            t.tenant,
         )
         try:
             return [*await _finish_rows(conn, [stand_in], now)]
@@ -159,6 +174,8 @@ async def _finish_rows(conn: Conn, transitions: list[Finish], now: datetime | No
         "errors": [json.dumps(t.error) if t.error is not None else None for t in transitions],
         "unrecoverables": [t.unrecoverable for t in transitions],
         "now": now,
+        # One tenant's batch (per_tenant), else none: the statement then matches on id and token alone.
+        "tenant": transitions[0].tenant if len({t.tenant for t in transitions}) == 1 else None,
     }
     if conn.info.transaction_status:
         # Inside the caller's transaction: a savepoint, so a batch refused for one row can be split

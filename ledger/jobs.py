@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
@@ -44,6 +44,7 @@ __all__ = [
     "abandon_leases",
     "attempts",
     "cancel",
+    "distributed",
     "extend_lease",
     "extend_leases",
     "fenced_transaction",
@@ -56,6 +57,7 @@ __all__ = [
     "redrive",
     "retry",
     "save_checkpoint",
+    "tenants_due",
 ]
 
 # The partial unique index that allows one running job per (tenant, lock key); migrations/0002.
@@ -109,6 +111,7 @@ async def fetch_and_lease(
     scan_limit: int = FETCH_SCAN_LIMIT,
     hooked: Collection[str] = (),
     to_supersede: list[int] | None = None,
+    per_tenant: bool = False,
 ) -> list[Lease]:
     """Lease up to ``limit`` due jobs to ``owner``; ``kinds`` maps each kind it runs to its lease TTL.
 
@@ -119,11 +122,59 @@ async def fetch_and_lease(
     version claimed for its object is cancelled as superseded instead of leased; of the ``hooked`` kinds
     (those with an ``on_transition`` hook) it is left pending and its id appended to ``to_supersede``, for
     the caller to cancel with the hook in the cancel's transaction.
+
+    ``per_tenant`` (a ledger distributed by tenant on Citus, ``distributed``): the one statement over every
+    tenant is a multi-shard ``FOR UPDATE``, which Citus refuses. Instead the tenants with the earliest due
+    jobs are read first (no lock), then each tenant's jobs are leased by the same statement restricted to
+    that tenant, which Citus routes to its shard: 1 + (tenants leased from) statements per fetch.
     """
+    if not per_tenant:
+        return await _fetch_tenant(conn, owner, kinds, limit, now, scan_limit, hooked, to_supersede, None)
+    leases: list[Lease] = []
+    for tenant in await tenants_due(conn, kinds=kinds, limit=limit, now=now):
+        leases += await _fetch_tenant(
+            conn, owner, kinds, limit - len(leases), now, scan_limit, hooked, to_supersede, tenant
+        )
+        if len(leases) >= limit:
+            break
+    return leases
+
+
+async def tenants_due(
+    conn: Conn, *, kinds: Mapping[str, float], limit: int, now: datetime | None = None
+) -> list[str]:
+    """The tenants of the earliest ``limit`` due pending jobs of ``kinds``, earliest first; read without a
+    lock, so a tenant may have nothing left to lease by the time it is asked."""
+    rows = await (
+        await conn.execute(Q["job_tenants_due"], {"kinds": list(kinds), "limit": limit, "now": now})
+    ).fetchall()
+    return [row["tenant"] for row in rows]
+
+
+async def distributed(conn: Conn) -> bool:
+    """Whether ``jobs`` is a Citus distributed table here: the worker then leases and batches per tenant."""
+    row = await (await conn.execute(Q["jobs_distributed_citus"])).fetchone()
+    if row is None or not row["citus"]:
+        return False
+    row = await (await conn.execute(Q["jobs_distributed_table"])).fetchone()
+    return row is not None and bool(row["distributed"])
+
+
+async def _fetch_tenant(
+    conn: Conn,
+    owner: str,
+    kinds: Mapping[str, float],
+    limit: int,
+    now: datetime | None,
+    scan_limit: int,
+    hooked: Collection[str],
+    to_supersede: list[int] | None,
+    tenant: str | None,
+) -> list[Lease]:
     leases: list[Lease] = []
     for _ in range(FETCH_SUPERSEDED_ROUNDS):
         leased, superseded, hooked_ids = await _fetch_once(
-            conn, owner, kinds, limit - len(leases), now, scan_limit, list(hooked)
+            conn, owner, kinds, limit - len(leases), now, scan_limit, list(hooked), tenant
         )
         leases += leased
         if to_supersede is not None:
@@ -141,8 +192,10 @@ async def _fetch_once(
     now: datetime | None,
     scan_limit: int,
     hooked: list[str],
+    tenant: str | None,
 ) -> tuple[list[Lease], int, list[int]]:
     params = {
+        "tenant": tenant,
         "hooked": hooked,
         "owner": owner,
         "kinds": list(kinds),
@@ -231,69 +284,112 @@ class Extended:
 
 
 async def extend_leases(
-    conn: Conn, leases: Sequence[tuple[int, int, float]], *, now: datetime | None = None
+    conn: Conn,
+    leases: Sequence[tuple[int, int, float]],
+    *,
+    now: datetime | None = None,
+    tenants: Sequence[str] | None = None,
 ) -> Extended:
     """Heartbeat for many leases, given as (job id, lease token, TTL), in one statement.
 
     A row locked by another transaction is skipped rather than waited for (it comes back ``busy``), so
     one slow fenced write cannot hold back the heartbeats of the other leases. A job missing from the
-    answer lost its lease (the write changed nothing for it, and only for it).
+    answer lost its lease (the write changed nothing for it, and only for it). With ``tenants`` (each
+    lease's, on a ledger distributed by tenant), one statement per tenant, each routed to its shard.
     """
-    if not leases:
-        return Extended({})
-    rows = await (
-        await conn.execute(
-            Q["lease_extend_if_held"],
-            {
-                "job_ids": [job_id for job_id, _, _ in leases],
-                "lease_tokens": [token for _, token, _ in leases],
-                "ttls": [float(ttl) for _, _, ttl in leases],
-                "now": now,
-            },
-        )
-    ).fetchall()
+    rows: list[Any] = []
+    for tenant, group in _by_tenant(leases, tenants):
+        rows += await (
+            await conn.execute(
+                Q["lease_extend_if_held"],
+                {
+                    "job_ids": [job_id for job_id, _, _ in group],
+                    "lease_tokens": [token for _, token, _ in group],
+                    "ttls": [float(ttl) for _, _, ttl in group],
+                    "now": now,
+                    "tenant": tenant,
+                },
+            )
+        ).fetchall()
     return Extended(
         {row["id"]: bool(row["cancel_requested"]) for row in rows if not row["busy"]},
         frozenset(row["id"] for row in rows if row["busy"]),
     )
 
 
+_T = TypeVar("_T")
+
+
+def _by_tenant(items: Sequence[_T], tenants: Sequence[str] | None) -> list[tuple[str | None, list[_T]]]:
+    """``items`` in one group for every tenant (``tenants`` None: one statement over all), else grouped by
+    their tenant, one statement each: Citus routes a statement to one shard only when it names one tenant."""
+    if not items:
+        return []
+    if tenants is None:
+        return [(None, list(items))]
+    groups: dict[str, list[_T]] = {}
+    for item, tenant in zip(items, tenants, strict=True):
+        groups.setdefault(tenant, []).append(item)
+    return list(groups.items())
+
+
 async def abandon_leases(
-    conn: Conn, leases: Sequence[tuple[int, int]], *, now: datetime | None = None
+    conn: Conn,
+    leases: Sequence[tuple[int, int]],
+    *,
+    now: datetime | None = None,
+    tenants: Sequence[str] | None = None,
 ) -> list[int]:
     """Give up many leases, given as (job id, lease token), in one statement: each expires now, where its
     token still holds, and the reconciler hands the job on by its release rule at its next pass. Returns
-    the jobs whose lease was given up (one taken by someone else meanwhile is not among them)."""
-    if not leases:
-        return []
-    rows = await (
-        await conn.execute(
-            Q["lease_abandon_if_held"],
-            {
-                "job_ids": [job_id for job_id, _ in leases],
-                "lease_tokens": [token for _, token in leases],
-                "now": now,
-            },
-        )
-    ).fetchall()
+    the jobs whose lease was given up (one taken by someone else meanwhile is not among them). ``tenants``:
+    as ``extend_leases``."""
+    rows: list[Any] = []
+    for tenant, group in _by_tenant(leases, tenants):
+        rows += await (
+            await conn.execute(
+                Q["lease_abandon_if_held"],
+                {
+                    "job_ids": [job_id for job_id, _ in group],
+                    "lease_tokens": [token for _, token in group],
+                    "now": now,
+                    "tenant": tenant,
+                },
+            )
+        ).fetchall()
     return sorted(row["id"] for row in rows)
 
 
 async def save_checkpoint(
-    conn: Conn, job_id: int, lease_token: int, checkpoint: Any, *, now: datetime | None = None
+    conn: Conn,
+    job_id: int,
+    lease_token: int,
+    checkpoint: Any,
+    *,
+    now: datetime | None = None,
+    tenant: str | None = None,
 ) -> None:
-    """Commit a resume point for the job. Raises ``LeaseLost``."""
+    """Commit a resume point for the job. Raises ``LeaseLost``. The job's ``tenant``, where known, lets Citus
+    route the write to one shard (every fenced write below takes it)."""
     row = await (
         await conn.execute(
             Q["checkpoint_save_if_leased"],
-            {"job_id": job_id, "lease_token": lease_token, "checkpoint": Jsonb(checkpoint), "now": now},
+            {
+                "job_id": job_id,
+                "lease_token": lease_token,
+                "checkpoint": Jsonb(checkpoint),
+                "now": now,
+                "tenant": tenant,
+            },
         )
     ).fetchone()
     _fenced(job_id, lease_token, row)
 
 
 @asynccontextmanager
-async def fenced_transaction(conn: Conn, job_id: int, lease_token: int) -> AsyncIterator[Conn]:
+async def fenced_transaction(
+    conn: Conn, job_id: int, lease_token: int, *, tenant: str | None = None
+) -> AsyncIterator[Conn]:
     """A transaction that holds the job's row lock under the current token, or raises ``LeaseLost``.
 
     Whatever the caller writes inside commits only together with proof that the lease was still held;
@@ -301,7 +397,9 @@ async def fenced_transaction(conn: Conn, job_id: int, lease_token: int) -> Async
     """
     async with conn.transaction():
         row = await (
-            await conn.execute(Q["lease_hold_if_leased"], {"job_id": job_id, "lease_token": lease_token})
+            await conn.execute(
+                Q["lease_hold_if_leased"], {"job_id": job_id, "lease_token": lease_token, "tenant": tenant}
+            )
         ).fetchone()
         _fenced(job_id, lease_token, row)
         yield conn
@@ -320,6 +418,7 @@ async def retry(
     delay: float,
     error: dict[str, Any],
     now: datetime | None = None,
+    tenant: str | None = None,
 ) -> Reached:
     """Give the job back for another attempt after ``delay`` seconds, fenced; ``cancelled`` if a cancel
     was asked meanwhile. The attempt's error is stored with it. Raises ``LeaseLost``."""
@@ -332,6 +431,7 @@ async def retry(
                 "delay": float(delay),
                 "error": Jsonb(storable_record(error)),
                 "now": now,
+                "tenant": tenant,
             },
         )
     ).fetchone()
@@ -346,6 +446,7 @@ async def hand_back(
     poison_threshold: int,
     by: str,
     now: datetime | None = None,
+    tenant: str | None = None,
 ) -> Reached:
     """Hand the rest of the work back (slice budget spent or draining), fenced: re-queued at once, or
     ``parked`` as poison after ``poison_threshold`` hand-backs in a row that committed nothing, or
@@ -359,6 +460,7 @@ async def hand_back(
                 "poison_threshold": poison_threshold,
                 "by": by,
                 "now": now,
+                "tenant": tenant,
             },
         )
     ).fetchone()

@@ -42,6 +42,7 @@ async def record(
     lease_token: int,
     name: str,
     idempotency_key: str,
+    tenant: str | None = None,
     status: StepStatus,
     result: Any = None,
     error: Any = None,
@@ -54,6 +55,8 @@ async def record(
             {
                 "job_id": job_id,
                 "lease_token": lease_token,
+                # The job's tenant, where known: Citus routes the write to its shard (jobs.save_checkpoint).
+                "tenant": tenant,
                 "name": name,
                 "idempotency_key": idempotency_key,
                 "status": status,
@@ -77,6 +80,7 @@ async def mark_started(
     lease_token: int,
     name: str,
     idempotency_key: str,
+    tenant: str | None = None,
     now: datetime | None = None,
 ) -> None:
     """Commit a ``started`` marker for a step about to call downstream, under the current lease.
@@ -89,6 +93,8 @@ async def mark_started(
             {
                 "job_id": job_id,
                 "lease_token": lease_token,
+                # The job's tenant, where known: Citus routes the write to its shard (jobs.save_checkpoint).
+                "tenant": tenant,
                 "name": name,
                 "idempotency_key": idempotency_key,
                 "now": now,

@@ -26,16 +26,17 @@ candidates AS (
         FROM (
             -- The walk's bound, on the index alone; the row lock and the recheck are below.
             SELECT w.id, w.run_at FROM jobs w
-            WHERE w.kind = k.kind AND w.state = 'pending' AND w.run_at <= coalesce(%(now)s, now())
+            WHERE w.kind = k.kind AND w.state = 'pending' AND w.run_at <= (SELECT coalesce(%(now)s, now()))
+              AND (%(tenant)s::text IS NULL OR w.tenant = %(tenant)s)
             ORDER BY w.run_at, w.id
             LIMIT %(scan_limit)s
         ) head
         JOIN jobs j ON j.id = head.id
-        WHERE j.state = 'pending'
+        WHERE j.state = 'pending' AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
           AND NOT EXISTS (
               SELECT 1 FROM jobs holder
               WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.state = 'running'
-                AND holder.lock_key IS NOT NULL
+                AND holder.lock_key IS NOT NULL AND (%(tenant)s::text IS NULL OR holder.tenant = %(tenant)s)
           )
         ORDER BY head.run_at, head.id
         LIMIT %(limit)s
@@ -45,7 +46,10 @@ candidates AS (
     LIMIT %(limit)s
 ),
 due AS (
-    SELECT id, ttl, kind, superseded FROM (
+    -- The expiry is computed here, in a read: Citus refuses a STABLE expression over a column (timestamptz +
+    -- interval) in an UPDATE's SET (deploy/README.md, "Past one Postgres").
+    SELECT id, ttl, kind, superseded, (SELECT coalesce(%(now)s, now())) + make_interval(secs => ttl) AS expires_at
+    FROM (
         SELECT c.id, c.ttl, c.kind, c.lock_key,
                row_number() OVER (PARTITION BY c.tenant, c.lock_key, c.superseded ORDER BY c.run_at, c.id) AS nth,
                c.superseded
@@ -56,7 +60,7 @@ due AS (
                c.version IS NOT NULL AND EXISTS (
                    SELECT 1 FROM effect_versions v
                    WHERE v.tenant = c.tenant AND v.kind = c.kind AND v.lock_key = c.lock_key
-                     AND v.version > c.version
+                     AND v.version > c.version AND (%(tenant)s::text IS NULL OR v.tenant = %(tenant)s)
                ) AS superseded
             FROM candidates c
         ) c
@@ -69,12 +73,13 @@ superseded AS (
         state = 'cancelled',
         terminal_reason = 'superseded',
         terminal_by = 'ledger',
-        finished_at = coalesce(%(now)s, now()),
-        updated_at = coalesce(%(now)s, now())
+        finished_at = (SELECT coalesce(%(now)s, now())),
+        updated_at = (SELECT coalesce(%(now)s, now()))
     FROM due
     -- A kind with an on_transition hook (%(hooked)s) ends its superseded jobs in the worker, through the cancel
     -- that runs the hook in its transaction: they stay pending, and their ids are returned below.
     WHERE j.id = due.id AND due.superseded AND NOT due.kind = ANY(%(hooked)s::text[])
+      AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id
 ),
 leased AS (
@@ -83,27 +88,52 @@ leased AS (
         attempt = j.attempt + 1,
         lease_token = j.lease_token + 1,
         lease_owner = %(owner)s,
-        lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => due.ttl),
-        updated_at = coalesce(%(now)s, now())
+        lease_expires_at = due.expires_at,
+        updated_at = (SELECT coalesce(%(now)s, now()))
     FROM due
-    WHERE j.id = due.id AND NOT due.superseded
+    WHERE j.id = due.id AND NOT due.superseded AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id, j.effect_id, j.kind, j.tenant, j.attempt, j.max_attempts, j.lease_token, j.checkpoint,
               j.cancel_requested, j.lock_key, j.trace_parent
 ),
 attempt AS (
     INSERT INTO job_attempts (job_id, tenant, attempt, lease_token, worker, started_at)
-    SELECT id, tenant, attempt, lease_token, %(owner)s, coalesce(%(now)s, now()) FROM leased
+    SELECT id, tenant, attempt, lease_token, %(owner)s, (SELECT coalesce(%(now)s, now())) FROM leased
 )
 -- At least one row: with nothing leased, one row of NULLs still says how many were superseded (the caller then
 -- fetches again rather than wait for a wake-up that the superseded jobs' claims already spent).
 SELECT l.*, e.effect_key, e.source, e.event_id, e.event_type, e.payload,
-       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id AND s.tenant = l.tenant) AS has_steps,
+       EXISTS (SELECT 1 FROM steps s WHERE s.effect_id = l.effect_id AND s.tenant = l.tenant
+                                          AND (%(tenant)s::text IS NULL OR s.tenant = %(tenant)s)) AS has_steps,
        n.superseded, n.to_supersede
 FROM (SELECT (SELECT count(*) FROM superseded) AS superseded,
              (SELECT array_agg(id ORDER BY id) FROM due
               WHERE superseded AND kind = ANY(%(hooked)s::text[])) AS to_supersede) n
-     LEFT JOIN (leased l JOIN effects e ON e.id = l.effect_id AND e.tenant = l.tenant) ON true
+     LEFT JOIN (leased l JOIN effects e ON e.id = l.effect_id AND e.tenant = l.tenant
+                                           AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s)) ON true
 ORDER BY l.id;
+
+-- name: job_tenants_due
+-- Leasing on Citus (jobs.fetch_and_lease with per_tenant): the tenants of the earliest %(limit)s due pending jobs
+-- of the worker's kinds, earliest first. A read without a lock, so Citus may run it on every shard; the fetch
+-- then leases each tenant's jobs with job_fetch_and_lease restricted to that tenant, one routed statement each.
+-- Each shard walks jobs_due_idx in (run_at, id) order and stops after %(limit)s rows of the kinds asked for.
+SELECT tenant FROM (
+    SELECT w.tenant, w.run_at, w.id FROM jobs w
+    WHERE w.state = 'pending' AND w.run_at <= (SELECT coalesce(%(now)s, now())) AND w.kind = ANY(%(kinds)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = w.kind)
+    ORDER BY w.run_at, w.id
+    LIMIT %(limit)s
+) due
+GROUP BY tenant
+ORDER BY min(run_at), min(id);
+
+-- name: jobs_distributed_citus
+-- Whether the Citus extension is installed here (the worker's choice of leasing, jobs.distributed).
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS citus;
+
+-- name: jobs_distributed_table
+-- Whether jobs (on the search_path) is a Citus distributed table; asked only where Citus is installed.
+SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass) AS distributed;
 
 -- name: lease_extend_if_held
 -- Heartbeat for many leases at once: each pushed out by its own TTL, only where its token still holds. A row
@@ -117,18 +147,19 @@ WITH asked AS (
         AS h(job_id, lease_token, ttl)
 ),
 held AS (
-    SELECT j.id, a.ttl
+    -- The expiry is computed in this read: Citus refuses a STABLE expression over a column in an UPDATE's SET.
+    SELECT j.id, (SELECT coalesce(%(now)s, now())) + make_interval(secs => a.ttl) AS expires_at
     FROM jobs j JOIN asked a ON j.id = a.job_id AND j.lease_token = a.lease_token
-    WHERE j.state = 'running'
+    WHERE j.state = 'running' AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ),
 extended AS (
     UPDATE jobs j SET
-        lease_expires_at = coalesce(%(now)s, now()) + make_interval(secs => held.ttl),
-        updated_at = coalesce(%(now)s, now())
+        lease_expires_at = held.expires_at,
+        updated_at = (SELECT coalesce(%(now)s, now()))
     FROM held
-    WHERE j.id = held.id
+    WHERE j.id = held.id AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id, j.cancel_requested
 )
 SELECT id, cancel_requested, false AS busy FROM extended
@@ -137,22 +168,22 @@ UNION ALL
 -- commit. If the locker is taking the lease away, the next heartbeat finds it lost.
 SELECT j.id, false, true
 FROM jobs j JOIN asked a ON j.id = a.job_id AND j.lease_token = a.lease_token
-WHERE j.state = 'running' AND NOT EXISTS (SELECT 1 FROM held WHERE held.id = j.id);
+WHERE j.state = 'running' AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s) AND NOT EXISTS (SELECT 1 FROM held WHERE held.id = j.id);
 
 -- name: lease_abandon_if_held
 -- A stopping worker gives up leases it can no longer use, only where its token still holds: the lease
 -- expires now, so the lease rescuer of any process applies the release rule (orphan policy, poison count,
 -- an asked-for cancel) at its next tick instead of after the TTL. Nothing else of the row changes.
-UPDATE jobs j SET lease_expires_at = coalesce(%(now)s, now()), updated_at = coalesce(%(now)s, now())
+UPDATE jobs j SET lease_expires_at = (SELECT coalesce(%(now)s, now())), updated_at = (SELECT coalesce(%(now)s, now()))
 FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[]) AS a(job_id, lease_token)
-WHERE j.id = a.job_id AND j.lease_token = a.lease_token AND j.state = 'running'
+WHERE j.id = a.job_id AND j.lease_token = a.lease_token AND j.state = 'running' AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
 RETURNING j.id;
 
 -- name: lease_hold_if_leased
 -- Locks the job row for the rest of the caller's transaction, only for the holder of the current token:
 -- a reclaim cannot interleave with a fenced write, and the write counts as committed progress.
 UPDATE jobs SET committed_since_release = true
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
 RETURNING id;
 
 -- name: checkpoint_save_if_leased
@@ -160,8 +191,8 @@ RETURNING id;
 UPDATE jobs SET
     checkpoint = %(checkpoint)s,
     committed_since_release = true,
-    updated_at = coalesce(%(now)s, now())
-WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    updated_at = (SELECT coalesce(%(now)s, now()))
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
 RETURNING id;
 
 -- name: job_finish_if_leased
@@ -172,70 +203,89 @@ RETURNING id;
 -- locked row rather than wait for it). The caller makes every value storable first; a batch Postgres still
 -- refuses for one row's data is split by ``jobs.finish_many`` until that row stands alone.
 WITH input AS (
-    SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(states)b::text[], %(bys)b::text[],
+    -- The states cast to job_state here, on the parameter: Citus refuses a STABLE cast (text to an enum) of a
+    -- column inside CASE in an UPDATE.
+    SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(states)b::text[]::job_state[],
+                         %(bys)b::text[],
                          %(reasons)b::text[], %(errors)b::text[], %(unrecoverables)b::bool[])
         AS i(job_id, lease_token, state, by, reason, error, unrecoverable)
 ),
 held AS (
     SELECT i.*
     FROM jobs j JOIN input i ON j.id = i.job_id AND j.lease_token = i.lease_token
-    WHERE j.state = 'running'
+    WHERE j.state = 'running' AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     ORDER BY j.id
     FOR UPDATE OF j
 ),
 done AS (
     UPDATE jobs j SET
-        state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE held.state::job_state END,
+        state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE held.state END,
         terminal_reason = CASE WHEN j.cancel_requested THEN 'cancelled while running' ELSE held.reason END,
         terminal_by = CASE WHEN j.cancel_requested THEN coalesce(j.terminal_by, 'operator') ELSE held.by END,
         last_error = coalesce(held.error::jsonb, j.last_error),
         unrecoverable = held.unrecoverable AND NOT j.cancel_requested,
         lease_owner = NULL,
         lease_expires_at = NULL,
-        finished_at = coalesce(%(now)s, now()),
-        updated_at = coalesce(%(now)s, now())
+        finished_at = (SELECT coalesce(%(now)s, now())),
+        updated_at = (SELECT coalesce(%(now)s, now()))
     FROM held
-    WHERE j.id = held.job_id
+    WHERE j.id = held.job_id AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id, j.tenant, j.state, j.terminal_reason, j.lease_token, held.error::jsonb AS error
 ),
 closed AS (
     UPDATE job_attempts a SET
-        finished_at = coalesce(%(now)s, now()),
-        outcome = done.state::text,
+        finished_at = (SELECT coalesce(%(now)s, now())),
+        -- Spelled out: the enum's cast to text is STABLE, which Citus refuses over a column in an UPDATE.
+        outcome = CASE WHEN done.state = 'succeeded' THEN 'succeeded' WHEN done.state = 'failed' THEN 'failed' WHEN done.state = 'parked' THEN 'parked'
+                     WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'pending' END,
         error_type = done.error ->> 'type',
         error_message = done.error ->> 'message',
         traceback = done.error ->> 'traceback'
     FROM done
     WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
+      AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)
 )
 SELECT id AS job_id, state::text AS state, terminal_reason FROM done;
 
 -- name: job_retry_if_leased
 -- Gives the job back for another attempt at run_at = now + delay, fenced by the token; a pending cancel
 -- ends it cancelled instead.
-WITH done AS (
-    UPDATE jobs SET
-        state = CASE WHEN cancel_requested THEN 'cancelled'::job_state ELSE 'pending'::job_state END,
-        terminal_reason = CASE WHEN cancel_requested THEN 'cancelled while running' END,
-        terminal_by = CASE WHEN cancel_requested THEN coalesce(terminal_by, 'operator') END,
-        finished_at = CASE WHEN cancel_requested THEN coalesce(%(now)s, now()) END,
-        run_at = coalesce(%(now)s, now()) + make_interval(secs => %(delay)s),
+WITH held AS (
+    -- The clock read here, in a read: Citus refuses a non-IMMUTABLE call inside CASE in an UPDATE, and cannot
+    -- evaluate a sub-select inside a larger expression there.
+    SELECT id, (SELECT coalesce(%(now)s, now())) AS now,
+           (SELECT coalesce(%(now)s, now())) + make_interval(secs => %(delay)s) AS run_at
+    FROM jobs
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+    FOR UPDATE
+),
+done AS (
+    UPDATE jobs j SET
+        state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'pending'::job_state END,
+        terminal_reason = CASE WHEN j.cancel_requested THEN 'cancelled while running' END,
+        terminal_by = CASE WHEN j.cancel_requested THEN coalesce(j.terminal_by, 'operator') END,
+        finished_at = CASE WHEN j.cancel_requested THEN held.now END,
+        run_at = held.run_at,
         last_error = %(error)s::jsonb,
         lease_owner = NULL,
         lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s, now())
-    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
-    RETURNING id, tenant, kind, state, terminal_reason, lease_token
+        updated_at = (SELECT coalesce(%(now)s, now()))
+    FROM held
+    WHERE j.id = held.id AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+    RETURNING j.id, j.tenant, j.kind, j.state, j.terminal_reason, j.lease_token
 ),
 closed AS (
     UPDATE job_attempts a SET
-        finished_at = coalesce(%(now)s, now()),
-        outcome = CASE WHEN done.state = 'pending' THEN 'retry' ELSE done.state::text END,
+        finished_at = (SELECT coalesce(%(now)s, now())),
+        outcome = CASE WHEN done.state = 'succeeded' THEN 'succeeded' WHEN done.state = 'failed' THEN 'failed' WHEN done.state = 'parked' THEN 'parked'
+                     WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'retry' END,
         error_type = %(error)s::jsonb ->> 'type',
         error_message = %(error)s::jsonb ->> 'message',
         traceback = %(error)s::jsonb ->> 'traceback'
     FROM done
     WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
+      AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)
 ),
 woken AS (
     -- A retry due at once (no backoff) must not wait for the next poll.
@@ -253,40 +303,44 @@ WITH held AS (
     SELECT id,
            job_release_verdict_v1(cancel_requested, committed_since_release, releases_without_commit,
                                   %(poison_threshold)s, 'redrive') AS verdict,
-           job_release_count_v1(committed_since_release, releases_without_commit) AS releases
+           job_release_count_v1(committed_since_release, releases_without_commit) AS releases,
+           -- The clock read here: Citus refuses a non-IMMUTABLE call inside CASE in an UPDATE.
+           (SELECT coalesce(%(now)s, now())) AS now
     FROM jobs
-    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     FOR UPDATE
 ),
 done AS (
     UPDATE jobs j SET
         releases_without_commit = held.releases,
         committed_since_release = false,
-        state = CASE held.verdict WHEN 'cancelled' THEN 'cancelled' WHEN 'poison' THEN 'parked'
-                                  ELSE 'pending' END::job_state,
-        terminal_reason = CASE held.verdict
-            WHEN 'cancelled' THEN 'cancelled while running'
-            WHEN 'poison' THEN 'poison: handed back ' || held.releases || ' times without committing'
+        state = CASE WHEN held.verdict = 'cancelled' THEN 'cancelled'::job_state WHEN held.verdict = 'poison' THEN 'parked'::job_state
+                                  ELSE 'pending'::job_state END,
+        terminal_reason = CASE
+            WHEN held.verdict = 'cancelled' THEN 'cancelled while running'
+            WHEN held.verdict = 'poison' THEN 'poison: handed back ' || held.releases || ' times without committing'
             END,
-        terminal_by = CASE held.verdict WHEN 'cancelled' THEN coalesce(j.terminal_by, 'operator')
-                                        WHEN 'poison' THEN %(by)s END,
-        finished_at = CASE WHEN held.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
+        terminal_by = CASE WHEN held.verdict = 'cancelled' THEN coalesce(j.terminal_by, 'operator')
+                                        WHEN held.verdict = 'poison' THEN %(by)s END,
+        finished_at = CASE WHEN held.verdict <> 'redrive' THEN held.now END,
         -- A hand-back is not a failed attempt: it does not use up max_attempts.
         attempt = j.attempt - 1,
-        run_at = coalesce(%(now)s, now()),
+        run_at = (SELECT coalesce(%(now)s, now())),
         lease_owner = NULL,
         lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s, now())
+        updated_at = (SELECT coalesce(%(now)s, now()))
     FROM held
-    WHERE j.id = held.id
+    WHERE j.id = held.id AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id, j.tenant, j.kind, j.state, j.terminal_reason, j.lease_token
 ),
 closed AS (
     UPDATE job_attempts a SET
-        finished_at = coalesce(%(now)s, now()),
-        outcome = CASE WHEN done.state = 'pending' THEN 'handed_back' ELSE done.state::text END
+        finished_at = (SELECT coalesce(%(now)s, now())),
+        outcome = CASE WHEN done.state = 'succeeded' THEN 'succeeded' WHEN done.state = 'failed' THEN 'failed' WHEN done.state = 'parked' THEN 'parked'
+                     WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'handed_back' END
     FROM done
     WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
+      AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)
 ),
 woken AS (
     SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending'
@@ -301,8 +355,8 @@ UPDATE jobs SET
     state = CASE WHEN state = 'pending' THEN 'cancelled'::job_state ELSE state END,
     terminal_reason = CASE WHEN state = 'pending' THEN %(reason)s ELSE terminal_reason END,
     terminal_by = %(by)s,
-    finished_at = CASE WHEN state = 'pending' THEN coalesce(%(now)s, now()) ELSE finished_at END,
-    updated_at = coalesce(%(now)s, now())
+    finished_at = CASE WHEN state = 'pending' THEN (SELECT coalesce(%(now)s, now())) ELSE finished_at END,
+    updated_at = (SELECT coalesce(%(now)s, now()))
 WHERE id = %(job_id)s AND state IN ('pending', 'running')
 RETURNING state::text AS state;
 
@@ -316,7 +370,7 @@ WITH redriven AS (
     UPDATE jobs j SET
         state = 'pending',
         attempt = 0,
-        run_at = coalesce(%(now)s, now()),
+        run_at = (SELECT coalesce(%(now)s, now())),
         finished_at = NULL,
         terminal_reason = NULL,
         terminal_by = NULL,
@@ -324,7 +378,7 @@ WITH redriven AS (
         cancel_requested = false,
         releases_without_commit = 0,
         committed_since_release = false,
-        updated_at = coalesce(%(now)s, now())
+        updated_at = (SELECT coalesce(%(now)s, now()))
     WHERE j.id = %(job_id)s AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
       -- Retention purged what it would run on (payload, recorded steps): a redrive could repeat a step.
       AND NOT j.payload_purged
@@ -375,16 +429,16 @@ WITH policy AS (
 stale AS (
     SELECT j.id FROM jobs j LEFT JOIN policy p ON p.kind = j.kind
     WHERE j.state = 'pending'
-      AND j.run_at < coalesce(%(now)s, now()) - make_interval(
+      AND j.run_at < (SELECT coalesce(%(now)s, now())) - make_interval(
           secs => least(%(pending_ttl)s, (SELECT min(pending_ttl) FROM policy)))
       AND greatest(j.run_at, j.updated_at)
-          < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.pending_ttl, %(pending_ttl)s))
+          < (SELECT coalesce(%(now)s, now())) - make_interval(secs => coalesce(p.pending_ttl, %(pending_ttl)s))
     ORDER BY j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ),
 woken AS (
-    UPDATE jobs j SET updated_at = coalesce(%(now)s, now())
+    UPDATE jobs j SET updated_at = (SELECT coalesce(%(now)s, now()))
     WHERE j.id = ANY (ARRAY(SELECT id FROM stale))
     RETURNING j.id, j.kind
 )

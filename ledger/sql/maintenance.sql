@@ -15,7 +15,7 @@ expired AS (
                                   coalesce(p.poison_threshold, %(poison_threshold)s), j.orphan_policy) AS verdict,
            job_release_count_v1(j.committed_since_release, j.releases_without_commit) AS releases
     FROM jobs j LEFT JOIN policy p ON p.kind = j.kind
-    WHERE j.state = 'running' AND j.lease_expires_at < coalesce(%(now)s, now())
+    WHERE j.state = 'running' AND j.lease_expires_at < (SELECT coalesce(%(now)s, now()))
     ORDER BY j.lease_expires_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -24,27 +24,27 @@ rescued AS (
     UPDATE jobs j SET
         releases_without_commit = expired.releases,
         committed_since_release = false,
-        state = CASE expired.verdict WHEN 'redrive' THEN 'pending' WHEN 'cancelled' THEN 'cancelled'
+        state = CASE WHEN expired.verdict = 'redrive' THEN 'pending' WHEN expired.verdict = 'cancelled' THEN 'cancelled'
                                      ELSE 'parked' END::job_state,
-        terminal_reason = CASE expired.verdict
-            WHEN 'cancelled' THEN 'cancelled; its worker lost the lease'
-            WHEN 'poison' THEN 'poison: orphaned ' || expired.releases || ' times without committing'
-            WHEN 'park' THEN 'orphaned: lease expired and orphan_policy is park'
+        terminal_reason = CASE
+            WHEN expired.verdict = 'cancelled' THEN 'cancelled; its worker lost the lease'
+            WHEN expired.verdict = 'poison' THEN 'poison: orphaned ' || expired.releases || ' times without committing'
+            WHEN expired.verdict = 'park' THEN 'orphaned: lease expired and orphan_policy is park'
             END,
-        terminal_by = CASE expired.verdict WHEN 'redrive' THEN NULL
-                                           WHEN 'cancelled' THEN coalesce(j.terminal_by, 'reconciler')
+        terminal_by = CASE WHEN expired.verdict = 'redrive' THEN NULL
+                                           WHEN expired.verdict = 'cancelled' THEN coalesce(j.terminal_by, 'reconciler')
                                            ELSE 'reconciler' END,
-        finished_at = CASE WHEN expired.verdict <> 'redrive' THEN coalesce(%(now)s, now()) END,
+        finished_at = CASE WHEN expired.verdict <> 'redrive' THEN (SELECT coalesce(%(now)s, now())) END,
         -- run_at is kept: a re-queued orphan was due first and stays first in line (for its lock key too).
         lease_owner = NULL,
         lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s, now())
+        updated_at = (SELECT coalesce(%(now)s, now()))
     FROM expired
     WHERE j.id = expired.id AND j.state = 'running'
     RETURNING j.id, j.tenant, j.kind, j.state, j.terminal_reason, j.lease_token, j.effect_id
 ),
 closed AS (
-    UPDATE job_attempts a SET finished_at = coalesce(%(now)s, now()), outcome = 'lease_expired'
+    UPDATE job_attempts a SET finished_at = (SELECT coalesce(%(now)s, now())), outcome = 'lease_expired'
     FROM rescued
     WHERE a.job_id = rescued.id AND a.tenant = rescued.tenant AND a.lease_token = rescued.lease_token
 ),

@@ -8,15 +8,15 @@ ORDER BY recorded_at, name;
 -- Records a step's outcome, only for the holder of the current token; the primary key refuses a second
 -- recording of the same name. A 'started' marker (step_start_if_leased) is the one row an outcome replaces.
 WITH lease AS (
-    UPDATE jobs SET committed_since_release = true, updated_at = coalesce(%(now)s, now())
-    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    UPDATE jobs SET committed_since_release = true, updated_at = (SELECT coalesce(%(now)s, now()))
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     RETURNING id, effect_id, tenant
 ),
 recorded AS (
     INSERT INTO steps (effect_id, tenant, name, idempotency_key, status, result, error, job_id, lease_token,
                        recorded_at)
     SELECT effect_id, tenant, %(name)s, %(idempotency_key)s, %(status)s, %(result)s, %(error)s, id, %(lease_token)s,
-           coalesce(%(now)s, now())
+           (SELECT coalesce(%(now)s, now()))
     FROM lease
     ON CONFLICT (effect_id, name, tenant) DO UPDATE SET
         idempotency_key = EXCLUDED.idempotency_key, status = EXCLUDED.status, result = EXCLUDED.result,
@@ -35,12 +35,12 @@ SELECT (SELECT count(*) FROM lease) AS leased, (SELECT count(*) FROM recorded) A
 -- already recorded is left alone and reported.
 WITH lease AS (
     SELECT id, effect_id, tenant FROM jobs
-    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running'
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND state = 'running' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     FOR NO KEY UPDATE
 ),
 marked AS (
     INSERT INTO steps (effect_id, tenant, name, idempotency_key, status, job_id, lease_token, recorded_at)
-    SELECT effect_id, tenant, %(name)s, %(idempotency_key)s, 'started', id, %(lease_token)s, coalesce(%(now)s, now())
+    SELECT effect_id, tenant, %(name)s, %(idempotency_key)s, 'started', id, %(lease_token)s, (SELECT coalesce(%(now)s, now()))
     FROM lease
     ON CONFLICT (effect_id, name, tenant) DO UPDATE SET
         job_id = EXCLUDED.job_id, lease_token = EXCLUDED.lease_token, recorded_at = EXCLUDED.recorded_at

@@ -76,6 +76,7 @@ async def one(url: str, backlog: int, round_: int) -> None:
             "scan_limit": 1000,
             "now": None,
             "hooked": [],
+            "tenant": None,
         }
         for _ in range(3):
             print(
@@ -87,7 +88,7 @@ async def one(url: str, backlog: int, round_: int) -> None:
             [lease.lease_token for lease in leases],
             len(leases),
         )
-        beat = {"job_ids": ids, "lease_tokens": tokens, "ttls": [30.0] * n, "now": None}
+        beat = {"job_ids": ids, "lease_tokens": tokens, "ttls": [30.0] * n, "now": None, "tenant": None}
         print(
             f"{backlog:>7} pending  heartbeat of 16:          {summary(await explain(conn, 'lease_extend_if_held', beat))}"
         )
@@ -100,6 +101,7 @@ async def one(url: str, backlog: int, round_: int) -> None:
             "errors": [None] * n,
             "unrecoverables": [False] * n,
             "now": None,
+            "tenant": None,
         }
         for _ in range(3):
             print(

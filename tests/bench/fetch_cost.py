@@ -49,7 +49,7 @@ def fill(url: str, pending: int) -> None:
 
 def measure(url: str, query: str, limit: int, ahead: bool) -> tuple[float, float]:
     params = {"owner": "bench", "kinds": KINDS, "ttls": [30.0] * len(KINDS), "limit": limit}
-    params |= {"scan_limit": 1000, "now": None, "hooked": []}
+    params |= {"scan_limit": 1000, "now": None, "hooked": [], "tenant": None}
     times, rows = [], []
     with psycopg.connect(url, row_factory=dict_row) as c:
         for _ in range(7):

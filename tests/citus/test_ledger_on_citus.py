@@ -214,14 +214,16 @@ async def test_the_claim_statement_for_one_tenant_is_a_router_plan(conn: db.Conn
     assert "Distributed Subplan" not in text and "pull to coordinator" not in text, text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.FeatureNotSupported,
-    reason="not built: the worker's fetch is one statement over every tenant (a multi-shard FOR UPDATE, which "
-    "Citus refuses); leasing per tenant or shard group is designed, not built (deploy/README.md).",
-)
-async def test_the_workers_fetch_runs_on_the_cluster(conn: db.Conn) -> None:
-    await jobs.fetch_and_lease(conn, owner="w", kinds={"charge": 30.0}, limit=5)
+async def test_the_single_statement_fetch_is_refused_so_the_worker_leases_per_tenant(conn: db.Conn) -> None:
+    """Over every tenant the fetch is a multi-shard FOR UPDATE, which Citus refuses: why the worker asks
+    ``jobs.distributed`` and then leases one tenant at a time (``per_tenant``)."""
+    assert await jobs.distributed(conn)
+    with pytest.raises(psycopg.errors.FeatureNotSupported):
+        await jobs.fetch_and_lease(conn, owner="w", kinds={"charge": 30.0}, limit=5)
+    assert (
+        await jobs.fetch_and_lease(conn, owner="w", kinds={"nothing-due": 30.0}, limit=5, per_tenant=True)
+        == []
+    )
 
 
 async def test_a_claim_wakes_the_workers_listening_on_the_coordinator(citus_url: str, conn: db.Conn) -> None:
@@ -239,20 +241,17 @@ async def test_a_claim_wakes_the_workers_listening_on_the_coordinator(citus_url:
     assert heard == ["charge"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.FeatureNotSupported,
-    reason="not built: the worker's writes stamp coalesce(%(now)s, now()), and Citus refuses a non-IMMUTABLE "
-    "function inside COALESCE or CASE in a modification of a distributed table, even routed to one shard, even "
-    "with the clock passed in (deploy/README.md, 'Past one Postgres').",
-)
 async def test_a_fenced_write_runs_on_the_cluster(conn: db.Conn) -> None:
     [claimed] = await claim_delivery(conn, delivery("acme", "fenced-1"), [effect("fenced-1")])
     assert isinstance(claimed, Accepted)
-    # Leased by hand, routed by tenant (the fetch cannot run here, above).
+    # Leased by hand, routed by tenant.
     await conn.execute(
         "UPDATE jobs SET state = 'running', attempt = 1, lease_token = 1, lease_owner = 'w',"
         " lease_expires_at = now() + interval '1 minute' WHERE tenant = 'acme' AND id = %s",
         (claimed.job_id,),
     )
-    await jobs.save_checkpoint(conn, claimed.job_id, 1, {"at": 1}, now=datetime.now(UTC))
+    await jobs.save_checkpoint(conn, claimed.job_id, 1, {"at": 1}, now=datetime.now(UTC), tenant="acme")
+    # The clock from the database (no `now` passed), as the worker writes it.
+    await jobs.save_checkpoint(conn, claimed.job_id, 1, {"at": 2}, tenant="acme")
+    job = await jobs.get(conn, claimed.job_id)
+    assert job is not None and job["checkpoint"] == {"at": 2}

@@ -294,19 +294,19 @@ async def test_a_versioned_claim_probes_its_objects_not_the_versions_table(conn:
 async def test_the_fetch_plan_holds_as_a_prepared_generic_plan(conn: db.Conn) -> None:
     """psycopg prepares a statement after a few runs, and Postgres may then plan it once for any parameters:
     that generic plan must be index-bounded too."""
-    names = ("owner", "kinds", "ttls", "limit", "scan_limit", "now", "hooked")
+    names = ("owner", "kinds", "ttls", "limit", "scan_limit", "now", "hooked", "tenant")
     text = Q["job_fetch_and_lease"]
     for n, name in enumerate(names, 1):
         text = text.replace(f"%({name})s", f"${n}")
     async with conn.transaction(force_rollback=True):
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         await conn.execute(
-            "PREPARE fetch_generic (text, text[], float8[], int, int, timestamptz, text[]) AS " + text  # type: ignore[operator]
+            "PREPARE fetch_generic (text, text[], float8[], int, int, timestamptz, text[], text) AS " + text  # type: ignore[operator]
         )
         kinds = sql.Literal(list(KINDS))
         ttls = sql.Literal(list(KINDS.values()))
         explain = sql.SQL(
-            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE fetch_generic ('x', {}, {}, 10, 1000, NULL, '{{}}')"
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE fetch_generic ('x', {}, {}, 10, 1000, NULL, '{{}}', NULL)"
         )
         row = await (await conn.execute(explain.format(kinds, ttls))).fetchone()
         assert row is not None

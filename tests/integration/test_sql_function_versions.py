@@ -99,6 +99,7 @@ async def test_the_release_rule_is_still_inlined_into_both_statements_that_call_
             "poison_threshold": 3,
             "by": "w",
             "now": None,
+            "tenant": None,
         },
     }
     for name, values in params.items():
