@@ -181,12 +181,13 @@ async def test_a_job_claimed_while_a_full_workers_refill_is_open_runs_when_the_s
     async def claim_after_the_refills_fetch(conn: db.Conn, **kw: Any) -> list[jobs.Lease]:
         leases = await fetch(conn, **kw)
         if conn.info.transaction_status and not claimed:  # the refill's, in its finish batch
+            # Taken before the claim: its NOTIFY may wake the run loop before claim() returns.
+            claiming = time.monotonic()
             async with jf.connected(db_url) as other:
                 claimed.append(await claim(other))
-            committed = time.monotonic()
 
             async def woken() -> bool:
-                return worker.last_tick is not None and worker.last_tick > committed
+                return worker.last_tick is not None and worker.last_tick > claiming
 
             await wait_for(woken, 5, "the NOTIFY to wake the full worker's run loop")
         return leases
