@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from effectgate.ledger import db, jobs
 
@@ -22,9 +23,12 @@ async def listen_for_jobs(
     listening: asyncio.Event,
     stopping: asyncio.Event,
     max_delay: float,
+    notified: Callable[[], None] | None = None,
 ) -> None:
     """LISTEN for new and re-queued jobs, setting ``wake`` on each notification; re-established whenever the
-    connection drops, until ``stopping``. ``listening`` is set while subscribed."""
+    connection drops, until ``stopping``. ``listening`` is set while subscribed. ``notified``, when given, is
+    called with each wake-up, before ``wake`` is set: a worker counts them, to tell whether one arrived while
+    a refill's fetch could not see its job (``Worker._refilled``)."""
     if url is None:
         return
     delay = LISTEN_RETRY_MIN
@@ -35,9 +39,9 @@ async def listen_for_jobs(
                 await jobs.listen(conn)
                 delay = LISTEN_RETRY_MIN
                 listening.set()
-                wake.set()  # anything notified while we were not listening
+                _wake(wake, notified)  # anything notified while we were not listening
                 async for _ in conn.notifies():
-                    wake.set()
+                    _wake(wake, notified)
         except Exception as exc:
             if stopping.is_set():
                 return
@@ -46,3 +50,9 @@ async def listen_for_jobs(
             listening.clear()
         await asyncio.sleep(delay)
         delay = min(delay * 2, max_delay)
+
+
+def _wake(wake: asyncio.Event, notified: Callable[[], None] | None) -> None:
+    if notified is not None:
+        notified()
+    wake.set()

@@ -116,6 +116,9 @@ class Worker:
         self._fetching = asyncio.Lock()
         # Jobs whose slot a committed refill has already offered to a fetch: their end wakes no other one.
         self._offered: set[int] = set()
+        # Wake-ups from the LISTEN connection so far: a refill compares it before its fetch and after its
+        # commit, to tell whether a job claimed meanwhile was left for the slots it offered (_refilled).
+        self._notifies = 0
         # time.monotonic() of the run loop's last tick: what /healthz answers from (None: not running yet).
         self.last_tick: float | None = None
 
@@ -262,7 +265,11 @@ class Worker:
             listening=self.listening,
             stopping=self._stopping,
             max_delay=self.config.poll_interval,
+            notified=self._notified,
         )
+
+    def _notified(self) -> None:
+        self._notifies += 1
 
     async def _reconcile_loop(self) -> None:
         await reconcile_forever(
@@ -335,6 +342,7 @@ class Worker:
         stops; a refill that fails is logged and the batch's finishes commit without it."""
         ttls = self._ttls()
         free = self.config.concurrency - len(self._running) + len(finishing)
+        notifies = self._notifies  # before the fetch: a job notified after it may not be seen by it
         if self._stopping.is_set() or not ttls or free < 1 or self._fetching.locked():
             yield None
             return
@@ -364,17 +372,24 @@ class Worker:
                 # waiting for this batch's commit (a WAL flush; it was ~4 ms of the wake-up under load).
                 self._fetching.release()
                 held = False
-            yield functools.partial(self._refilled, finishing, leases)
+            yield functools.partial(self._refilled, finishing, leases, notifies)
         finally:
             if held:
                 self._fetching.release()
 
-    def _refilled(self, finishing: list[int], leases: list[jobs.Lease]) -> None:
+    def _refilled(self, finishing: list[int], leases: list[jobs.Lease], notifies: int) -> None:
         """The refill's transaction committed: its leases are ours, and the finishing jobs' slots were offered
         to its fetch (anything due then was leased, up to the slots), so their ends need not wake another
-        fetch. A job due since comes with its own NOTIFY; one whose retry delay runs out, with the poll."""
-        # Only jobs still running: an id left behind would spare a wake-up to the same job's next attempt.
-        self._offered.update(j for j in finishing if j in self._running)
+        fetch. A job due since comes with its own NOTIFY; one whose retry delay runs out, with the poll.
+
+        Unless a NOTIFY arrived since the fetch began (``notifies`` changed): its job may have been claimed
+        after the fetch looked, and the run loop it woke found no free slot (the finishing jobs still held
+        theirs), so nothing else would fetch for it until the poll. Then the slots are not marked offered: the
+        finishing jobs' ends wake the run loop. (No wake-up now: those jobs still hold their slots until their
+        batch answers them, after this.)"""
+        if self._notifies == notifies:
+            # Only jobs still running: an id left behind would spare a wake-up to the same job's next attempt.
+            self._offered.update(j for j in finishing if j in self._running)
         self._start(leases)
 
     def _start(self, leases: list[jobs.Lease]) -> None:

@@ -4,6 +4,7 @@ worker still never runs more handlers than its concurrency, and a refill that fa
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -165,3 +166,48 @@ async def test_a_finished_job_whose_slot_a_refill_offered_does_not_wake_another_
     await task
     assert ran == [job_id]
     assert loop_fetches == 1
+
+
+async def test_a_job_claimed_while_a_full_workers_refill_is_open_runs_when_the_slot_frees(
+    pool: db.Pool, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One slot, held by a job whose finish batch is open: its refill asked for jobs and found none. A job is
+    # claimed before that batch commits; its NOTIFY wakes the run loop, which still counts the finishing job
+    # and finds no free slot. The refill's fetch did not see that job, so its slot was not offered to it: the
+    # finishing job's end must wake the run loop, not leave the new job to the poll (30 s here).
+    fetch = jobs.fetch_and_lease
+    claimed: list[int] = []
+
+    async def claim_after_the_refills_fetch(conn: db.Conn, **kw: Any) -> list[jobs.Lease]:
+        leases = await fetch(conn, **kw)
+        if conn.info.transaction_status and not claimed:  # the refill's, in its finish batch
+            # Taken before the claim: its NOTIFY may wake the run loop before claim() returns.
+            claiming = time.monotonic()
+            async with jf.connected(db_url) as other:
+                claimed.append(await claim(other))
+
+            async def woken() -> bool:
+                return worker.last_tick is not None and worker.last_tick > claiming
+
+            await wait_for(woken, 5, "the NOTIFY to wake the full worker's run loop")
+        return leases
+
+    monkeypatch.setattr(jobs, "fetch_and_lease", claim_after_the_refills_fetch)
+    ran: list[int] = []
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        ran.append(ctx.job_id)
+
+    async with jf.connected(db_url) as conn:
+        first = await claim(conn)
+    worker = make_worker(pool, registry(kind(handler)), url=db_url, concurrency=1, poll_interval=30)
+    task = asyncio.create_task(worker.run())
+    try:
+        async with jf.connected(db_url) as conn:
+            await jf.wait_state(conn, first, "succeeded")
+            assert claimed, "the first job's finish batch did not refill"
+            await jf.wait_state(conn, claimed[0], "succeeded", within=10)
+    finally:
+        worker.stop()
+        await task
+    assert ran == [first, claimed[0]]
