@@ -174,10 +174,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._release_slot()
-        waiter = self._turn_waiter
-        if waiter is not None and not waiter.done() and self.turns is not None and self.client is not None:
-            self.turns.forget(self.client[0], self)
-            waiter.set_result(False)
+        self._stop_waiting()
         box = self.box
         if self._queued is not None and self.slots is not None and self.client is not None:
             self._queued = None
@@ -242,12 +239,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return True
         if box.held >= box.hold:
             # Past the limit the client's longest-waiting request gives up its place (closed unanswered),
-            # else this one: newest first, the newest is the likeliest to be served.
+            # else this one: newest first, the newest is the likeliest to be served. Given up at once, not
+            # when its connection is lost (a later loop pass): every request of a burst would otherwise
+            # find the same oldest one, and hold would bound nothing.
             metrics.penalty_box_refusal(source, "closed")
             oldest = turns.oldest(client)
-            (oldest if oldest is not None else self).transport.close()
             if oldest is None:
+                if cycle is not None:
+                    # Nothing to answer: uvicorn neither logs a response never started nor sends a 500.
+                    cycle.disconnected = True
+                self.transport.close()
                 return False
+            oldest._stop_waiting()
+            oldest.transport.close()
         metrics.penalty_box_refusal(source, "waited")
         # Waiting for the turn is not being in flight: the client's slots (shared with a genuine sender on
         # its address, whose proven connections skip the turn) stay free for requests that can run.
@@ -261,13 +265,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         try:
             got = await waiter
         finally:
-            box.held -= 1
-            self._turn_waiter = None
-        if got and cycle is not None and cycle.more_body:
+            # Still counted if it got the turn (or was cancelled); else _stop_waiting has uncounted it.
+            if self._turn_waiter is waiter:
+                self._stop_waiting()
+        if not got and cycle is not None:
+            # Given up (its connection closing, maybe not yet lost): nothing to answer, nothing to log.
+            cycle.disconnected = True
+        elif got and cycle is not None and cycle.more_body:
             self._arm(self.limits.body_timeout, "body")
         elif got:
             self._disarm()
         return got
+
+    def _stop_waiting(self) -> None:
+        """This request waits for its client's turn no more: forgotten by the turns and no longer counted
+        in ``held``, at once (its waiter resolved False unless the turn passed to it)."""
+        waiter = self._turn_waiter
+        if waiter is None:
+            return
+        self._turn_waiter = None
+        if self.turns is not None and self.client is not None:
+            self.turns.forget(self.client[0], self)
+        if self.box is not None:
+            self.box.held -= 1
+        if not waiter.done():
+            waiter.set_result(False)
 
     def _hold_boxed(self, box: PenaltyBox, source: str) -> None:
         """Refuse a boxed client's request: hold the connection unread, or close it past the hold limit."""

@@ -17,7 +17,9 @@ put that pair in the box for ``cooling`` seconds. While it is boxed:
   genuine signed delivery from the same address (a provider behind the same NAT, or on the attacker's
   own host) its 202, giving the turn back as soon as it authenticates (``authenticated``). So the flood
   costs at most one request in the app per process per turn (``gateway.turns.Turns``), and a sender
-  sharing the boxed address is slowed, not silenced.
+  sharing the boxed address is slowed, not silenced: the turn goes to the newest request that was waiting
+  when it began, and every fourth to the longest-waiting one, so a request with n waiting ahead of it
+  gets the turn within 4(n + 1) turns, unless ``header_timeout`` closes it first.
 - ``mode = "held"``: the guard refuses a request from that peer to that source as soon as its head is
   parsed, before its body is read: the connection is **held**, reading paused, until the header timeout
   closes it without an answer (a flood client waits instead of sending more). A sender sharing the
@@ -29,7 +31,7 @@ put that pair in the box for ``cooling`` seconds. While it is boxed:
 Either way at most ``hold`` requests per process wait for a turn (or are held); past that one is closed at once,
 and a flood client reconnects at once, so every close costs an accept and a parsed head. ``hold`` is
 therefore large by default: derived from the process's file limit, which the guard first raises to its
-hard limit (``derived_hold``). Measured with ``hold = 256``: a 500-connection replay flood made 16,000 to
+hard limit, and capped at 2,048 for memory (``derived_hold``). Measured with ``hold = 256``: a 500-connection replay flood made 16,000 to
 25,000 such closes in 4 s, and the genuine p99 rose with them.
 
 Keyed per source, so a provider that fails on one misconfigured source keeps its service on the others.
@@ -66,9 +68,11 @@ DEFAULT_COOLING = 60.0
 # File descriptors a process keeps for everything but waiting connections of boxed clients: its pools,
 # listeners, logs and metric files, with room to spare.
 RESERVED_FILES = 256
-# Past this, more waiting connections would cost memory (a parser and a buffer each) for no gain: a flood
-# from one address cannot open many more connections than that to one port.
-MAX_DERIVED_HOLD = 16_384
+# Past this, more waiting connections would cost too much memory: a request waiting for its turn has its
+# body read first, up to uvicorn's flow-control high-water mark (64 KiB), so 2,048 of them may hold 128 MiB
+# of buffers per process. (Reading the body inside the turn instead would let one dripping body hold its
+# client's turn until the body timeout.)
+MAX_DERIVED_HOLD = 2_048
 # Never raise the soft file limit past this, whatever the hard limit (some systems say "unlimited").
 MAX_FILE_LIMIT = 1 << 20
 DEFAULT_MAX_CLIENTS = 10_000
@@ -143,8 +147,8 @@ def derived_hold(file_limit: int) -> int:
     """The default ``hold`` for a process that may have ``file_limit`` descriptors open.
 
     Half of what is left after ``RESERVED_FILES``, so the other half stays for genuine connections, at most
-    ``MAX_DERIVED_HOLD``: ``min(16384, max(0, (file_limit - 256) // 2))``. 1,024 files give 384; 65,536
-    give 16,384.
+    ``MAX_DERIVED_HOLD`` (a memory bound: up to 64 KiB of body each): ``min(2048, max(0, (file_limit - 256)
+    // 2))``. 1,024 files give 384; 4,352 or more give 2,048.
     """
     return min(MAX_DERIVED_HOLD, max(0, (file_limit - RESERVED_FILES) // 2))
 

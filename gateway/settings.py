@@ -248,7 +248,7 @@ SETTINGS: tuple[Setting, ...] = (
         "connections of boxed clients waiting (or held) unread at once per process; past it one is closed at once",
         minimum=0,
         roles=_G,
-        default_text="min(16384, (F - 256) // 2), F the process's file limit once raised to its hard limit",
+        default_text="min(2048, (F - 256) // 2), F the process's file limit once raised to its hard limit",
     ),
     Setting(
         "gateway.penalty_box.mode",

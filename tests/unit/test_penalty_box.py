@@ -154,14 +154,16 @@ def test_the_replay_memory_is_bounded_by_max_clients() -> None:
 
 
 def test_the_default_hold_is_half_the_file_limit_left_after_the_reserve_capped() -> None:
-    # min(16384, max(0, (F - 256) // 2)), as docs/configuration.md states it.
-    assert [derived_hold(f) for f in (0, 256, 1024, 20_000, 65_536, 1 << 20)] == [
+    # min(2048, max(0, (F - 256) // 2)), as docs/configuration.md states it: capped for the memory of
+    # the bodies waiting (64 KiB each, 128 MiB at most), not only for the file limit.
+    assert [derived_hold(f) for f in (0, 256, 1024, 4352, 4354, 65_536, 1 << 20)] == [
         0,
         0,
         384,
-        9872,
-        16384,
-        16384,
+        2048,
+        2048,
+        2048,
+        2048,
     ]
 
 
@@ -169,7 +171,7 @@ def test_an_unset_hold_follows_the_process_file_limit_and_a_set_one_stays() -> N
     derived = PenaltyBox(PenaltySettings())
     assert derived.hold == derived_hold(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     derived.use_file_limit(65_536)
-    assert derived.hold == 16_384
+    assert derived.hold == 2_048
     fixed = PenaltyBox(PenaltySettings(hold=256))
     fixed.use_file_limit(65_536)
     assert fixed.hold == 256
