@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from .processes import Process, free_port, wait_until
-from .test_penalty_box import Gateway, genuine, read_to_close, send_raw
-from .test_schemes_e2e import SECRETS
+from .processes import wait_until
+from .test_penalty_box import Gateway, genuine, read_to_close, send_raw, serving
 
 CONFIG = """
 [handlers]
@@ -37,19 +36,8 @@ OTHER = "127.0.0.3"
 
 @pytest.fixture
 def gateway(db_url: str, tmp_path: Path) -> Iterator[Gateway]:
-    port = free_port()
-    path = tmp_path / "effectgate.toml"
-    path.write_text(CONFIG)
-    process = Process(
-        ["serve", "--config", str(path), "--no-migrate", "--port", str(port)],
-        {"DATABASE_URL": db_url, **SECRETS},
-        tmp_path / "gateway.log",
-    )
-    try:
-        process.wait_http(f"http://127.0.0.1:{port}/readyz")
-        yield Gateway(port, db_url)
-    finally:
-        process.stop()
+    with serving(CONFIG, db_url, tmp_path) as running:
+        yield running
 
 
 def half_sent(port: int, event_id: str) -> tuple[socket.socket, bytes]:

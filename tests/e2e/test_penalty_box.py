@@ -17,6 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -94,11 +95,12 @@ class Gateway:
         return 0.0
 
 
-@pytest.fixture
-def gateway(db_url: str, tmp_path: Path) -> Iterator[Gateway]:
+@contextmanager
+def serving(config: str, db_url: str, tmp_path: Path) -> Iterator[Gateway]:
+    """A real ``serve`` process with ``config`` on a free port, ready, stopped afterwards."""
     port = free_port()
     path = tmp_path / "effectgate.toml"
-    path.write_text(CONFIG)
+    path.write_text(config)
     process = Process(
         ["serve", "--config", str(path), "--no-migrate", "--port", str(port)],
         {"DATABASE_URL": db_url, **SECRETS},
@@ -109,6 +111,12 @@ def gateway(db_url: str, tmp_path: Path) -> Iterator[Gateway]:
         yield Gateway(port, db_url)
     finally:
         process.stop()
+
+
+@pytest.fixture
+def gateway(db_url: str, tmp_path: Path) -> Iterator[Gateway]:
+    with serving(CONFIG, db_url, tmp_path) as running:
+        yield running
 
 
 def genuine(event_id: str) -> tuple[bytes, dict[str, str]]:

@@ -21,9 +21,7 @@ import pytest
 
 from effectgate.gateway.turns import TURN_INTERVAL
 
-from .processes import Process, free_port
-from .test_penalty_box import Gateway, forged, genuine
-from .test_schemes_e2e import SECRETS
+from .test_penalty_box import Gateway, forged, genuine, serving
 
 CONFIG = """
 [handlers]
@@ -50,19 +48,8 @@ FLOOD_CONNECTIONS = 24
 
 @pytest.fixture
 def gateway(db_url: str, tmp_path: Path) -> Iterator[Gateway]:
-    port = free_port()
-    path = tmp_path / "effectgate.toml"
-    path.write_text(CONFIG)
-    process = Process(
-        ["serve", "--config", str(path), "--no-migrate", "--port", str(port)],
-        {"DATABASE_URL": db_url, **SECRETS},
-        tmp_path / "gateway.log",
-    )
-    try:
-        process.wait_http(f"http://127.0.0.1:{port}/readyz")
-        yield Gateway(port, db_url)
-    finally:
-        process.stop()
+    with serving(CONFIG, db_url, tmp_path) as running:
+        yield running
 
 
 class Flood:
