@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -64,16 +65,26 @@ poll_interval = 0.5
         gateway.wait_http(f"{url}/readyz")
         sent = [(o, v) for o in range(OBJECTS) for v in range(VERSIONS)]
         random.Random(2022).shuffle(sent)
-        with httpx.Client(timeout=60) as client:
+        # A client per thread: one pool shared by 32 threads once read a connection another thread had closed
+        # (httpx.ReadError, Bad file descriptor, in CI).
+        local = threading.local()
+        clients: list[httpx.Client] = []
 
-            def post(update: tuple[int, int]) -> tuple[int, str]:
-                body = _body(*update)
-                answer = client.post(f"{url}/webhooks/shop", content=body, headers=headers(body))
-                [effect] = answer.json()["effects"]
-                return answer.status_code, effect["outcome"]
+        def post(update: tuple[int, int]) -> tuple[int, str]:
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(timeout=60)
+                clients.append(local.client)
+            body = _body(*update)
+            answer = local.client.post(f"{url}/webhooks/shop", content=body, headers=headers(body))
+            [effect] = answer.json()["effects"]
+            return answer.status_code, effect["outcome"]
 
+        try:
             with ThreadPoolExecutor(max_workers=32) as pool:
                 answers = list(pool.map(post, sent))
+        finally:
+            for client in clients:
+                client.close()
         claimed = Counter(outcome for _, outcome in answers)
         statuses = Counter(status for status, _ in answers)
         assert set(claimed) <= {"accepted", "superseded"}, claimed
