@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .citus import ClaimRouter, claim_router
 from .claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries
 from .db import Pool, error_kind
 from .errors import ClaimOverloaded, ClaimTimeout, DeliveryRefused, LedgerError, LedgerUnavailable
@@ -112,6 +113,8 @@ class ClaimBatcher:
         self._expired = 0  # expired requests still in the queue: they hold no room
         self._flushers: set[asyncio.Task[None]] = set()
         self._active = 0
+        self._router: ClaimRouter | None = None
+        self._routing_known = False
 
     async def claim(
         self, items: Sequence[tuple[Delivery, Sequence[EffectRequest]]]
@@ -229,11 +232,32 @@ class ClaimBatcher:
         finally:
             self._active -= 1
 
+    async def _routing(self) -> ClaimRouter | None:
+        # Asked once per process (a ledger is distributed or not while it runs); a failed question is asked
+        # again by the next batch, which meanwhile takes the statement, correct everywhere.
+        if not self._routing_known:
+            try:
+                async with self._pool.connection() as conn:
+                    self._router = await claim_router(conn)
+            except Exception as exc:
+                log.warning("claims.routing_unknown", extra={"error": type(exc).__name__})
+                return None
+            self._routing_known = True
+        return self._router
+
     async def _write(self, batch: list[_Waiting]) -> None:
+        router = await self._routing()
+        if router is not None:
+            groups = _by_tenant(batch)
+            if len(groups) > 1:
+                # One routed transaction per tenant, side by side; each answers and fails on its own, so a
+                # tenant's refusal never makes another's committed claims look undone.
+                await asyncio.gather(*(self._write(group) for group in groups))
+                return
         items = [item for waiting in batch for item in waiting.items]
         try:
             async with self._pool.connection() as conn:
-                results = await claim_deliveries(conn, items)
+                results = await claim_deliveries(conn, items, router=router)
         except Exception as exc:
             await self._failed(batch, exc)
             return
@@ -317,6 +341,16 @@ class ClaimBatcher:
         # One exception each: an instance raised in many tasks would gather every one's traceback.
         for waiting in batch:
             waiting.answer(_cause(failure(), cause))
+
+
+def _by_tenant(batch: list[_Waiting]) -> list[list[_Waiting]]:
+    """The batch's requests by tenant, in arrival order; a request of several tenants is a group of its own."""
+    groups: dict[object, list[_Waiting]] = {}
+    for n, waiting in enumerate(batch):
+        tenants = {delivery.tenant for delivery, _ in waiting.items}
+        key: object = next(iter(tenants)) if len(tenants) == 1 else n
+        groups.setdefault(key, []).append(waiting)
+    return list(groups.values())
 
 
 _LOCKED = "another transaction held this delivery's effect key past lock_timeout; nothing was written"

@@ -11,15 +11,23 @@ concurrent deliveries are written by one statement in one transaction, each requ
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import psycopg
 
 from .db import Conn
 from .fingerprints import canonical_json
 from .queries import Q
 from .vocabulary import DeliveryOutcome
+
+if TYPE_CHECKING:
+    from .citus import ClaimRouter
+
+log = logging.getLogger("effectgate.ledger")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,15 +131,26 @@ async def claim_deliveries(
     items: Sequence[tuple[Delivery, Sequence[EffectRequest]]],
     *,
     now: datetime | None = None,
+    router: ClaimRouter | None = None,
 ) -> list[list[ClaimOutcome]]:
     """Claim the effects of several deliveries in one transaction, with one statement for all of them.
 
     Claims resolve as if the deliveries ran one after another in the given order: the first claim of a
     key is accepted, the same payload later is a duplicate, another payload is rejected — also when
     one key comes several times here. Returns, per delivery, one outcome per effect in input order.
+
+    ``router`` (a ledger distributed by tenant, ``ledger/citus.py``): deliveries of one tenant, each key once,
+    on an autocommit connection are claimed by one call routed to that tenant's node; anything else takes
+    the statement in a transaction, which Citus runs correctly through the coordinator.
     """
     rounds = _rounds(items)
-    if len(rounds) == 1 and not conn.info.transaction_status:
+    tenants = {delivery.tenant for delivery, _ in items}
+    if router is not None and len(rounds) == 1 and len(tenants) == 1 and not conn.info.transaction_status:
+        # Distributed by tenant: one call Citus runs whole on the tenant's node, its own transaction there.
+        [tenant] = tenants
+        rows = await _claim_round(conn, items, rounds[0], now, router=(router, tenant))
+        await _wake(conn, items, rows)
+    elif len(rounds) == 1 and not conn.info.transaction_status:
         # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT round trip.
         rows = await _claim_round(conn, items, rounds[0], now)
     else:
@@ -188,6 +207,8 @@ async def _claim_round(
     items: Sequence[tuple[Delivery, Sequence[EffectRequest]]],
     entries: list[_Entry],
     now: datetime | None,
+    *,
+    router: tuple[ClaimRouter, str] | None = None,
 ) -> list[tuple[_Entry, Any]]:
     rows: list[tuple[Any, ...]] = []  # one per entry, in _COLUMNS order; sent as one array per column
     payloads: list[str] = []
@@ -239,8 +260,27 @@ async def _claim_round(
         else {name: [] for name in _COLUMNS}
     )
     params: dict[str, Any] = {**columns, "payloads": payloads, "now": now}
-    found = await (await conn.execute(Q["effect_claim_batch"], params)).fetchall()
+    if router is None:
+        found = await (await conn.execute(Q["effect_claim_batch"], params)).fetchall()
+    else:
+        found = await router[0].claim(conn, router[1], params)
     return [(entries[row["ord"]], row) for row in found]
+
+
+async def _wake(
+    conn: Conn,
+    items: Sequence[tuple[Delivery, Sequence[EffectRequest]]],
+    rows: list[tuple[_Entry, Any]],
+) -> None:
+    # The routed call's own NOTIFY fired on the tenant's node; the workers listen here. The claim has committed,
+    # so a wake-up lost now costs a poll interval, never the claim: it is logged, not raised.
+    kinds = sorted({items[d][1][e].handler for (d, e), row in rows if row["job_id"] is not None})
+    if not kinds:
+        return
+    try:
+        await conn.execute(Q["jobs_notify"], {"kinds": kinds})
+    except psycopg.Error as exc:
+        log.warning("claims.wake_failed", extra={"kinds": kinds, "error": type(exc).__name__})
 
 
 _COLUMNS = (

@@ -162,3 +162,17 @@ free AS (
 SELECT tenant, effect_key FROM present
 EXCEPT
 SELECT tenant, effect_key FROM free;
+
+-- name: claim_function_present
+-- Whether this release's claim function (ledger/citus.py, by its signature) exists on the search_path.
+SELECT to_regprocedure(%(signature)s) IS NOT NULL AS present;
+
+-- name: claim_function_distribute
+-- Distributes the claim function by its tenant argument, colocated with effects: Citus then runs a call made
+-- outside a transaction block whole on the node that holds that tenant's shards.
+SELECT create_distributed_function(%(signature)s::regprocedure, %(argument)s, colocate_with := 'effects');
+
+-- name: jobs_notify
+-- Wakes the workers of these kinds, from the node this session is on (on Citus: the coordinator, where they
+-- listen; a NOTIFY inside a statement routed to a worker node fires there, unheard).
+SELECT count(pg_notify('effectgate_jobs', k.kind)) AS n FROM unnest(%(kinds)s::text[]) AS k(kind);

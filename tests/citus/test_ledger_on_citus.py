@@ -201,17 +201,13 @@ async def test_a_lookup_by_tenant_and_key_is_a_router_plan(conn: db.Conn) -> Non
     assert "Task Count: 1" in text and "Distributed Subplan" not in text, text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="not built: the batch claim statement reads its rows from unnest() and Citus plans its INSERT ... "
-    "SELECTs by pulling to the coordinator (one distributed subplan per CTE), even for one tenant. A per-tenant "
-    "(or per-shard-group) claim statement is issue 23's next step (deploy/README.md, 'Past one Postgres').",
-)
-async def test_the_claim_statement_for_one_tenant_is_a_router_plan(conn: db.Conn) -> None:
+async def test_the_claim_statement_is_not_a_router_plan_so_the_gateway_calls_the_function(
+    conn: db.Conn,
+) -> None:
+    """Why ledger/citus.py exists: Citus plans the statement's chained INSERT ... SELECTs as subplans pulled
+    through the coordinator, even for one tenant (test_claims_routed.py shows the function's one-task plan)."""
     text = await explain(conn, "effect_claim_batch", claim_params("acme", "plan-key"))
-    print(text)
-    assert "Distributed Subplan" not in text and "pull to coordinator" not in text, text
+    assert "Distributed Subplan" in text, text
 
 
 async def test_the_single_statement_fetch_is_refused_so_the_worker_leases_per_tenant(conn: db.Conn) -> None:

@@ -1,0 +1,153 @@
+"""The claim routed by tenant on the cluster (ledger/citus.py; docs/adr/0023-claims-and-leases-on-citus.md).
+
+The ledger here was migrated, distributed and migrated again (conftest.py), so its claim function exists and is
+distributed by its tenant argument with ``effects``. Checked: the call is one task on one worker node, the claim
+races resolve there as on one node, the wake-up reaches the coordinator, and the gateway's batcher splits a
+batch of many tenants into routed calls with the right answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from effectgate.ledger import db
+from effectgate.ledger.citus import ClaimRouter, claim_function, claim_router
+from effectgate.ledger.claim_batcher import ClaimBatcher
+from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries
+from effectgate.ledger.queries import Q
+
+from .test_ledger_on_citus import claim_params, delivery, effect, rows
+
+pytestmark = pytest.mark.anyio
+
+
+async def router(conn: db.Conn) -> ClaimRouter:
+    found = await claim_router(conn)
+    assert found is not None, "migrate did not install the claim function on the distributed ledger"
+    return found
+
+
+async def test_the_claim_function_is_distributed_by_tenant_with_effects(conn: db.Conn) -> None:
+    function = (await router(conn)).function
+    [row] = await rows(
+        conn,
+        "SELECT o.distribution_argument_index AS arg, o.colocationid = p.colocationid AS colocated"
+        " FROM pg_dist_object o, pg_dist_partition p"
+        " WHERE o.objid = to_regprocedure(%s) AND p.logicalrelid = 'effects'::regclass",
+        function.signature,
+    )
+    assert row == {"arg": 0, "colocated": True}
+
+
+async def test_a_claim_for_one_tenant_is_one_task_on_one_worker_node(conn: db.Conn) -> None:
+    found = await router(conn)
+    params = {**claim_params("acme", "routed-plan"), "tenant_id": "acme"}
+    # Outside a transaction block, as the gateway calls it: Citus delegates the call to the tenant's node.
+    cur = await conn.execute(b"EXPLAIN " + found.call.as_bytes(conn), params)
+    text = "\n".join(next(iter(r.values())) for r in await cur.fetchall())
+    print(text)
+    assert "Task Count: 1" in text and "Distributed Subplan" not in text, text
+    [shard] = await rows(
+        conn,
+        "SELECT nodeport FROM citus_shards WHERE table_name = 'effects'::regclass"
+        " AND shardid = get_shard_id_for_distribution_column('effects', 'acme')",
+    )
+    assert f"port={shard['nodeport']}" in text, text
+
+
+async def test_fifty_concurrent_routed_claims_of_one_key_make_exactly_one_effect(
+    citus_url: str, citus_schema: str
+) -> None:
+    arrived = delivery("routed-race", "race-key")
+    start, connected, ready = asyncio.Event(), asyncio.Event(), [0]
+
+    async def one() -> Any:
+        c = await db.connect(citus_url, schema=citus_schema)
+        async with c:
+            found = await router(c)
+            ready[0] += 1
+            if ready[0] == 50:
+                connected.set()
+            await start.wait()
+            [[outcome]] = await claim_deliveries(c, [(arrived, [effect("race-key")])], router=found)
+            return outcome
+
+    tasks = [asyncio.create_task(one()) for _ in range(50)]
+    await asyncio.wait_for(connected.wait(), 60)
+    start.set()
+    outcomes = await asyncio.gather(*tasks)
+    assert sorted(type(o).__name__ for o in outcomes) == ["Accepted"] + ["Duplicate"] * 49
+    assert sorted(o.delivery_count for o in outcomes if isinstance(o, Duplicate)) == list(range(2, 51))
+    conn = await db.connect(citus_url, schema=citus_schema)
+    async with conn:
+        [counts] = await rows(
+            conn,
+            "SELECT (SELECT count(*) FROM effects WHERE tenant = 'routed-race') AS effects,"
+            " (SELECT count(*) FROM jobs WHERE tenant = 'routed-race') AS jobs,"
+            " (SELECT count(*) FROM deliveries WHERE tenant = 'routed-race') AS deliveries",
+        )
+    assert counts == {"effects": 1, "jobs": 1, "deliveries": 50}
+
+
+async def test_a_routed_claim_wakes_the_coordinators_listeners_only_by_the_callers_notify(
+    citus_url: str, conn: db.Conn
+) -> None:
+    found = await router(conn)
+    listener = await db.connect(citus_url)
+    async with listener:
+        await listener.execute("LISTEN effectgate_jobs")
+        # The function alone: its NOTIFY fires on the worker node, unheard here.
+        params = {**claim_params("acme", "wake-routed-0"), "tenant_id": "acme"}
+        [row] = await (await conn.execute(found.call, params)).fetchall()
+        assert row["outcome"] == "accepted" and row["notified"] == 1
+        assert [n async for n in listener.notifies(timeout=1.0)] == []
+        # Through ledger.claims: the wake-up is sent from the coordinator after the call.
+        [[outcome]] = await claim_deliveries(
+            conn, [(delivery("acme", "wake-routed-1"), [effect("wake-routed-1")])], router=found
+        )
+        assert isinstance(outcome, Accepted)
+        heard = [n.payload async for n in listener.notifies(timeout=2.0, stop_after=1)]
+    assert heard == ["charge"]
+
+
+async def test_the_batcher_routes_a_batch_of_many_tenants_per_tenant(
+    citus_url: str, citus_schema: str
+) -> None:
+    pool = db.make_pool(citus_url, min_size=1, max_size=8, schema=citus_schema)
+    await pool.open()
+    batcher = ClaimBatcher(pool)
+    try:
+        tenants = [f"batch-{n}" for n in range(12)]
+        firsts = [(delivery(t, "order-1"), [effect("order-1")]) for t in tenants]
+        seconds = [(delivery(t, "order-1"), [effect("order-1")]) for t in tenants]
+        others = [(delivery(t, "order-1", amount=999), [effect("order-1")]) for t in tenants]
+        answered = await asyncio.gather(*(batcher.claim([item]) for item in firsts))
+        assert all(isinstance(o, Accepted) for [[o]] in answered)
+        answered = await asyncio.gather(*(batcher.claim([item]) for item in seconds + others))
+        kinds = [type(o) for [[o]] in answered]
+        assert kinds == [Duplicate] * 12 + [Rejected] * 12
+        assert await batcher._routing() is not None  # the batches above were routed calls
+    finally:
+        await batcher.close()
+        await pool.close()
+    conn = await db.connect(citus_url, schema=citus_schema)
+    async with conn:
+        [counts] = await rows(
+            conn,
+            "SELECT count(*) AS effects, sum(delivery_count) AS deliveries, sum(reject_count) AS rejects"
+            " FROM effects WHERE tenant LIKE 'batch-%%'",
+        )
+    assert counts == {"effects": 12, "deliveries": 24, "rejects": 12}
+
+
+def test_the_function_name_follows_the_statement() -> None:
+    # A release whose statement differs installs a function of another name (ADR 0017 by construction).
+    changed = Q["effect_claim_batch"].replace(
+        "coalesce(%(now)s, now())", "coalesce(%(now)s, clock_timestamp())", 1
+    )
+    this, other = claim_function(), claim_function(changed)
+    assert this.name != other.name and this.name.startswith("effect_claim_batch_t")
+    assert this == claim_function()
