@@ -11,8 +11,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .citus import ClaimRouter, claim_router
-from .claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries
+from .claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries, routed
 from .db import Pool, error_kind
 from .errors import ClaimOverloaded, ClaimTimeout, DeliveryRefused, LedgerError, LedgerUnavailable
 from .queries import Q
@@ -113,8 +112,7 @@ class ClaimBatcher:
         self._expired = 0  # expired requests still in the queue: they hold no room
         self._flushers: set[asyncio.Task[None]] = set()
         self._active = 0
-        self._router: ClaimRouter | None = None
-        self._routing_known = False
+        self._per_tenant: bool | None = None
 
     async def claim(
         self, items: Sequence[tuple[Delivery, Sequence[EffectRequest]]]
@@ -232,22 +230,22 @@ class ClaimBatcher:
         finally:
             self._active -= 1
 
-    async def _routing(self) -> ClaimRouter | None:
-        # Asked once per process (a ledger is distributed or not while it runs); a failed question is asked
-        # again by the next batch, which meanwhile takes the statement, correct everywhere.
-        if not self._routing_known:
+    async def per_tenant(self) -> bool:
+        """Whether batches are claimed per tenant (``claims.routed``), asked once per process: a ledger is
+        distributed or not while it runs. A failed question is asked again by the next batch, which
+        meanwhile takes the statement, correct everywhere."""
+        if self._per_tenant is None:
             try:
                 async with self._pool.connection() as conn:
-                    self._router = await claim_router(conn)
+                    self._per_tenant = await routed(conn)
             except Exception as exc:
                 log.warning("claims.routing_unknown", extra={"error": type(exc).__name__})
-                return None
-            self._routing_known = True
-        return self._router
+                return False
+        return self._per_tenant
 
     async def _write(self, batch: list[_Waiting]) -> None:
-        router = await self._routing()
-        if router is not None:
+        per_tenant = await self.per_tenant()
+        if per_tenant:
             groups = _by_tenant(batch)
             if len(groups) > 1:
                 # One routed transaction per tenant, side by side; each answers and fails on its own, so a
@@ -257,7 +255,7 @@ class ClaimBatcher:
         items = [item for waiting in batch for item in waiting.items]
         try:
             async with self._pool.connection() as conn:
-                results = await claim_deliveries(conn, items, router=router)
+                results = await claim_deliveries(conn, items, per_tenant=per_tenant)
         except Exception as exc:
             await self._failed(batch, exc)
             return

@@ -15,17 +15,15 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import psycopg
 
 from .db import Conn
 from .fingerprints import canonical_json
+from .jobs import distributed
 from .queries import Q
 from .vocabulary import DeliveryOutcome
-
-if TYPE_CHECKING:
-    from .citus import ClaimRouter
 
 log = logging.getLogger("effectgate.ledger")
 
@@ -131,7 +129,7 @@ async def claim_deliveries(
     items: Sequence[tuple[Delivery, Sequence[EffectRequest]]],
     *,
     now: datetime | None = None,
-    router: ClaimRouter | None = None,
+    per_tenant: bool = False,
 ) -> list[list[ClaimOutcome]]:
     """Claim the effects of several deliveries in one transaction, with one statement for all of them.
 
@@ -139,16 +137,17 @@ async def claim_deliveries(
     key is accepted, the same payload later is a duplicate, another payload is rejected — also when
     one key comes several times here. Returns, per delivery, one outcome per effect in input order.
 
-    ``router`` (a ledger distributed by tenant, ``ledger/citus.py``): deliveries of one tenant, each key once,
-    on an autocommit connection are claimed by one call routed to that tenant's node; anything else takes
-    the statement in a transaction, which Citus runs correctly through the coordinator.
+    ``per_tenant`` (a ledger distributed by tenant on Citus, ``routed``): deliveries of one tenant, each key
+    once, on an autocommit connection are claimed by one call of ``effect_claim_tenant_v1`` that Citus runs
+    whole on that tenant's node; anything else takes the statement in a transaction, which Citus runs
+    correctly, through the coordinator.
     """
     rounds = _rounds(items)
     tenants = {delivery.tenant for delivery, _ in items}
-    if router is not None and len(rounds) == 1 and len(tenants) == 1 and not conn.info.transaction_status:
+    if per_tenant and len(rounds) == 1 and len(tenants) == 1 and not conn.info.transaction_status:
         # Distributed by tenant: one call Citus runs whole on the tenant's node, its own transaction there.
         [tenant] = tenants
-        rows = await _claim_round(conn, items, rounds[0], now, router=(router, tenant))
+        rows = await _claim_round(conn, items, rounds[0], now, tenant=tenant)
         await _wake(conn, items, rows)
     elif len(rounds) == 1 and not conn.info.transaction_status:
         # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT round trip.
@@ -173,6 +172,24 @@ async def claim_deliveries(
             outcome = Rejected(key, handler, row["effect_id"], row["held_fingerprint"])
         results[d][e] = outcome
     return [[o for o in per_delivery if o is not None] for per_delivery in results]
+
+
+async def routed(conn: Conn) -> bool:
+    """Whether claims here go per tenant (``claim_deliveries(per_tenant=True)``): ``jobs`` is distributed on
+    Citus and ``effect_claim_tenant_v1`` with it. A distributed ledger without the function (distribute.sql
+    of a release before 0023) claims through the coordinator, correctly, and says so."""
+    if not await distributed(conn):
+        return False
+    row = await (await conn.execute(Q["claim_tenant_distributed"])).fetchone()
+    if row is not None and row["distributed"]:
+        return True
+    log.warning(
+        "claims.not_routed",
+        extra={
+            "hint": "effect_claim_tenant_v1 is not distributed: run its line of deploy/citus/distribute.sql"
+        },
+    )
+    return False
 
 
 # One entry of a claim statement: (delivery index, effect index or -1 for an unmatched delivery).
@@ -208,7 +225,7 @@ async def _claim_round(
     entries: list[_Entry],
     now: datetime | None,
     *,
-    router: tuple[ClaimRouter, str] | None = None,
+    tenant: str | None = None,
 ) -> list[tuple[_Entry, Any]]:
     rows: list[tuple[Any, ...]] = []  # one per entry, in _COLUMNS order; sent as one array per column
     payloads: list[str] = []
@@ -260,10 +277,12 @@ async def _claim_round(
         else {name: [] for name in _COLUMNS}
     )
     params: dict[str, Any] = {**columns, "payloads": payloads, "now": now}
-    if router is None:
+    if tenant is None:
         found = await (await conn.execute(Q["effect_claim_batch"], params)).fetchall()
     else:
-        found = await router[0].claim(conn, router[1], params)
+        found = await (
+            await conn.execute(Q["effect_claim_tenant"], {**params, "tenant_id": tenant})
+        ).fetchall()
     return [(entries[row["ord"]], row) for row in found]
 
 
@@ -272,8 +291,8 @@ async def _wake(
     items: Sequence[tuple[Delivery, Sequence[EffectRequest]]],
     rows: list[tuple[_Entry, Any]],
 ) -> None:
-    # The routed call's own NOTIFY fired on the tenant's node; the workers listen here. The claim has committed,
-    # so a wake-up lost now costs a poll interval, never the claim: it is logged, not raised.
+    # The routed call sends no NOTIFY (on the tenant's node no one would hear it); the workers listen here. The
+    # claim has committed, so a wake-up lost now costs a poll interval, never the claim: logged, not raised.
     kinds = sorted({items[d][1][e].handler for (d, e), row in rows if row["job_id"] is not None})
     if not kinds:
         return

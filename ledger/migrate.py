@@ -27,10 +27,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow
 
-from .citus import install_claim_function
 from .db import DEFAULT_SCHEMA, Conn, use_schema
 from .errors import MigrationError
-from .jobs import distributed
 from .queries import Q
 
 # Shipped inside the package (effectgate.migrations), so an installed wheel finds them from any directory.
@@ -193,12 +191,6 @@ async def migrate(
             except psycopg.Error as exc:
                 raise MigrationError(f"migration {migration.name} failed: {exc}") from exc
             applied.append(migration.name)
-        if await distributed(conn):
-            # Distributed by tenant (deploy/citus/distribute.sql ran): the claim as a function Citus routes.
-            try:
-                await install_claim_function(conn, schema)
-            except psycopg.Error as exc:
-                raise MigrationError(f"cannot install the claim function for Citus: {exc}") from exc
         return applied
     finally:
         await conn.execute(Q["migrations_unlock"], {"lock_id": MIGRATION_LOCK_ID})

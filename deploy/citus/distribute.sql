@@ -7,6 +7,10 @@
 -- and every join on (id, tenant) stays within one shard group. The small global tables are reference tables
 -- (a copy on every node) or stay on the coordinator.
 
+-- One connection per node for the whole script: create_distributed_function refuses to run in a transaction that
+-- already wrote to distributed tables over several connections (as when the script is sent as one statement).
+SET citus.multi_shard_modify_mode TO 'sequential';
+
 -- 0022's fill triggers serve a previous release's inserts while it drains on one node; a cluster is set up
 -- fresh by this release, and Citus refuses to distribute a table with triggers.
 DROP TRIGGER IF EXISTS job_attempts_tenant_fill ON job_attempts;
@@ -26,6 +30,13 @@ SELECT create_distributed_table('unmatched_deliveries', 'tenant', colocate_with 
 -- CREATE TABLE ... PARTITION OF on the coordinator makes the new partition's shards.
 SELECT create_distributed_table('deliveries', 'tenant', colocate_with => 'effects');
 SELECT create_distributed_table('effect_rejects', 'tenant', colocate_with => 'effects');
+
+-- The claim for one tenant (migration 0023), distributed by its tenant argument with effects: a call outside a
+-- transaction block runs whole on the node holding that tenant's shards, where the gateway sends each batch.
+SELECT create_distributed_function(
+    'effect_claim_tenant_v1(text, int[], text[], text[], text[], text[], text[], text[], text[], text[], int[],'
+    ' int[], text[], text[], int[], int8[], text[], text[], timestamptz)',
+    '$1', colocate_with => 'effects');
 
 -- Left on the coordinator, on purpose: schema_migrations (the runner's own), history_partitions (the keeper's
 -- registry, beside the DDL it records), signature_failures and transmissions (written before any tenant is

@@ -163,14 +163,23 @@ SELECT tenant, effect_key FROM present
 EXCEPT
 SELECT tenant, effect_key FROM free;
 
--- name: claim_function_present
--- Whether this release's claim function (ledger/citus.py, by its signature) exists on the search_path.
-SELECT to_regprocedure(%(signature)s) IS NOT NULL AS present;
+-- name: effect_claim_tenant
+-- The claim for entries of one tenant through effect_claim_tenant_v1 (migration 0023), which Citus runs whole
+-- on the tenant's node when called outside a transaction block; the same parameters as effect_claim_batch.
+SELECT * FROM effect_claim_tenant_v1(%(tenant_id)b::text, %(ord)b::int[], %(request_id)b::text[], %(tenant)b::text[],
+    %(effect_key)b::text[], %(source)b::text[], %(handler)b::text[], %(event_id)b::text[], %(event_type)b::text[],
+    %(fingerprint)b::text[], %(payload_ix)b::int[], %(max_attempts)b::int[], %(orphan_policy)b::text[],
+    %(lock_key)b::text[], %(secret_index)b::int[], %(version)b::int8[], %(trace_parent)b::text[],
+    %(payloads)b::text[], %(now)s::timestamptz);
 
--- name: claim_function_distribute
--- Distributes the claim function by its tenant argument, colocated with effects: Citus then runs a call made
--- outside a transaction block whole on the node that holds that tenant's shards.
-SELECT create_distributed_function(%(signature)s::regprocedure, %(argument)s, colocate_with := 'effects');
+-- name: claim_tenant_distributed
+-- Whether effect_claim_tenant_v1 in this schema is a Citus distributed function (deploy/citus/distribute.sql
+-- made it one); asked only where jobs is distributed.
+SELECT EXISTS (
+    SELECT 1 FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
+    WHERE o.classid = 'pg_proc'::regclass AND p.proname = 'effect_claim_tenant_v1'
+      AND p.pronamespace = current_schema()::regnamespace
+) AS distributed;
 
 -- name: jobs_notify
 -- Wakes the workers of these kinds, from the node this session is on (on Citus: the coordinator, where they

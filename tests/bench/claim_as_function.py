@@ -22,6 +22,7 @@ from effectgate.ledger.citus import claim_function
 from . import claim_flood
 from .common import drop_database, fresh_database, server_url
 
+
 def as_function(statement: str) -> tuple[str, str]:
     """(CREATE FUNCTION wrapping ``statement`` as ledger/citus.py makes it, the call that replaces it here)."""
     function = claim_function(statement)

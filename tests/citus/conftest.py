@@ -4,9 +4,8 @@
 this folder only when it is set: CI has no cluster (Citus is built from source), so these tests are a command
 of their own, like the chaos run, never part of `make check`.
 
-The session migrates a fresh schema on the coordinator with the migration runner, distributes it with
-deploy/citus/distribute.sql and migrates again (which installs the routed claim function, ledger/citus.py), the
-steps the guide tells operators to run; the schema is dropped at the end.
+The session migrates a fresh schema on the coordinator with the migration runner and distributes it with
+deploy/citus/distribute.sql, the script the guide tells operators to run; the schema is dropped at the end.
 (A schema, not a database: Citus 12.1 does not propagate CREATE DATABASE to the workers by default.)
 """
 
@@ -55,8 +54,6 @@ def citus_schema(citus_url: str) -> Iterator[str]:
     with psycopg.connect(citus_url, autocommit=True) as c:
         c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
         c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
-    # Then migrate again, as the guide says: on a distributed ledger it installs the routed claim function.
-    asyncio.run(setup())
     yield schema
     with psycopg.connect(citus_url, autocommit=True) as c:
         c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]

@@ -1,7 +1,6 @@
-"""The claim routed by tenant on the cluster (ledger/citus.py; docs/adr/0023-claims-and-leases-on-citus.md).
+"""The claim routed by tenant on the cluster (effect_claim_tenant_v1; docs/adr/0023-claims-and-leases-on-citus.md).
 
-The ledger here was migrated, distributed and migrated again (conftest.py), so its claim function exists and is
-distributed by its tenant argument with ``effects``. Checked: the call is one task on one worker node, the claim
+deploy/citus/distribute.sql distributed the claim function by its tenant argument with ``effects``. Checked: the call is one task on one worker node, the claim
 races resolve there as on one node, the wake-up reaches the coordinator, and the gateway's batcher splits a
 batch of many tenants into routed calls with the right answers.
 """
@@ -14,9 +13,8 @@ from typing import Any
 import pytest
 
 from effectgate.ledger import db
-from effectgate.ledger.citus import ClaimRouter, claim_function, claim_router
 from effectgate.ledger.claim_batcher import ClaimBatcher
-from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries
+from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries, routed
 from effectgate.ledger.queries import Q
 
 from .test_ledger_on_citus import claim_params, delivery, effect, rows
@@ -24,29 +22,22 @@ from .test_ledger_on_citus import claim_params, delivery, effect, rows
 pytestmark = pytest.mark.anyio
 
 
-async def router(conn: db.Conn) -> ClaimRouter:
-    found = await claim_router(conn)
-    assert found is not None, "migrate did not install the claim function on the distributed ledger"
-    return found
-
-
 async def test_the_claim_function_is_distributed_by_tenant_with_effects(conn: db.Conn) -> None:
-    function = (await router(conn)).function
+    assert await routed(conn)
     [row] = await rows(
         conn,
         "SELECT o.distribution_argument_index AS arg, o.colocationid = p.colocationid AS colocated"
-        " FROM pg_dist_object o, pg_dist_partition p"
-        " WHERE o.objid = to_regprocedure(%s) AND p.logicalrelid = 'effects'::regclass",
-        function.signature,
+        " FROM pg_dist_object o JOIN pg_proc f ON f.oid = o.objid, pg_dist_partition p"
+        " WHERE f.proname = 'effect_claim_tenant_v1' AND f.pronamespace = current_schema()::regnamespace"
+        " AND p.logicalrelid = 'effects'::regclass",
     )
     assert row == {"arg": 0, "colocated": True}
 
 
 async def test_a_claim_for_one_tenant_is_one_task_on_one_worker_node(conn: db.Conn) -> None:
-    found = await router(conn)
     params = {**claim_params("acme", "routed-plan"), "tenant_id": "acme"}
     # Outside a transaction block, as the gateway calls it: Citus delegates the call to the tenant's node.
-    cur = await conn.execute(b"EXPLAIN " + found.call.as_bytes(conn), params)
+    cur = await conn.execute("EXPLAIN " + Q["effect_claim_tenant"], params)  # type: ignore[operator]
     text = "\n".join(next(iter(r.values())) for r in await cur.fetchall())
     print(text)
     assert "Task Count: 1" in text and "Distributed Subplan" not in text, text
@@ -67,12 +58,12 @@ async def test_fifty_concurrent_routed_claims_of_one_key_make_exactly_one_effect
     async def one() -> Any:
         c = await db.connect(citus_url, schema=citus_schema)
         async with c:
-            found = await router(c)
+            assert await routed(c)
             ready[0] += 1
             if ready[0] == 50:
                 connected.set()
             await start.wait()
-            [[outcome]] = await claim_deliveries(c, [(arrived, [effect("race-key")])], router=found)
+            [[outcome]] = await claim_deliveries(c, [(arrived, [effect("race-key")])], per_tenant=True)
             return outcome
 
     tasks = [asyncio.create_task(one()) for _ in range(50)]
@@ -95,18 +86,17 @@ async def test_fifty_concurrent_routed_claims_of_one_key_make_exactly_one_effect
 async def test_a_routed_claim_wakes_the_coordinators_listeners_only_by_the_callers_notify(
     citus_url: str, conn: db.Conn
 ) -> None:
-    found = await router(conn)
     listener = await db.connect(citus_url)
     async with listener:
         await listener.execute("LISTEN effectgate_jobs")
-        # The function alone: its NOTIFY fires on the worker node, unheard here.
+        # The function alone, on the worker node: it sends no NOTIFY (none would be heard here).
         params = {**claim_params("acme", "wake-routed-0"), "tenant_id": "acme"}
-        [row] = await (await conn.execute(found.call, params)).fetchall()
-        assert row["outcome"] == "accepted" and row["notified"] == 1
+        [row] = await (await conn.execute(Q["effect_claim_tenant"], params)).fetchall()
+        assert row["outcome"] == "accepted"
         assert [n async for n in listener.notifies(timeout=1.0)] == []
         # Through ledger.claims: the wake-up is sent from the coordinator after the call.
         [[outcome]] = await claim_deliveries(
-            conn, [(delivery("acme", "wake-routed-1"), [effect("wake-routed-1")])], router=found
+            conn, [(delivery("acme", "wake-routed-1"), [effect("wake-routed-1")])], per_tenant=True
         )
         assert isinstance(outcome, Accepted)
         heard = [n.payload async for n in listener.notifies(timeout=2.0, stop_after=1)]
@@ -129,7 +119,7 @@ async def test_the_batcher_routes_a_batch_of_many_tenants_per_tenant(
         answered = await asyncio.gather(*(batcher.claim([item]) for item in seconds + others))
         kinds = [type(o) for [[o]] in answered]
         assert kinds == [Duplicate] * 12 + [Rejected] * 12
-        assert await batcher._routing() is not None  # the batches above were routed calls
+        assert await batcher.per_tenant()  # the batches above were routed calls
     finally:
         await batcher.close()
         await pool.close()
@@ -141,13 +131,3 @@ async def test_the_batcher_routes_a_batch_of_many_tenants_per_tenant(
             " FROM effects WHERE tenant LIKE 'batch-%%'",
         )
     assert counts == {"effects": 12, "deliveries": 24, "rejects": 12}
-
-
-def test_the_function_name_follows_the_statement() -> None:
-    # A release whose statement differs installs a function of another name (ADR 0017 by construction).
-    changed = Q["effect_claim_batch"].replace(
-        "coalesce(%(now)s, now())", "coalesce(%(now)s, clock_timestamp())", 1
-    )
-    this, other = claim_function(), claim_function(changed)
-    assert this.name != other.name and this.name.startswith("effect_claim_batch_t")
-    assert this == claim_function()

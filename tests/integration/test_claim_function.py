@@ -1,8 +1,8 @@
-"""The claim as a function (ledger/citus.py, what Citus routes by tenant) decides exactly as the statement does.
+"""The claim for one tenant (effect_claim_tenant_v1, migration 0023) decides exactly as the statement does.
 
-On one node the function is created undistributed and runs locally, so CI checks here what the cluster relies
-on: the same outcomes and the same rows for the same deliveries, a guard against another tenant's entries, and
-a wake-up for the jobs it creates. tests/citus/ checks the routing itself.
+Citus routes that function to the tenant's node (tests/citus/test_claims_routed.py); it is created on every
+ledger, so CI checks here, on one node, what the cluster relies on: the same outcomes and the same rows for the
+same deliveries, a guard against another tenant's entries, and a wake-up for the jobs it creates.
 """
 
 from __future__ import annotations
@@ -14,14 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import db
-from effectgate.ledger.citus import ClaimRouter, claim_function, claim_router
-from effectgate.ledger.claims import (
-    ClaimOutcome,
-    Delivery,
-    EffectRequest,
-    claim_deliveries,
-)
+from effectgate.ledger import claims, db
+from effectgate.ledger.claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries, routed
 from effectgate.ledger.fingerprints import fingerprint
 
 pytestmark = pytest.mark.anyio
@@ -73,7 +67,11 @@ def shape(outcomes: list[list[ClaimOutcome]]) -> list[list[tuple[str, ...]]]:
                 o.outcome,
                 o.effect_key,
                 o.handler,
-                *(str(getattr(o, f)) for f in ("delivery_count", "version") if hasattr(o, f)),
+                *(
+                    str(getattr(o, f))
+                    for f in ("delivery_count", "version", "latest_version")
+                    if hasattr(o, f)
+                ),
             )
             for o in per
         ]
@@ -97,16 +95,9 @@ async def rows(conn: db.Conn, tenant: str) -> dict[str, list[Any]]:
     }
 
 
-async def installed(conn: db.Conn) -> ClaimRouter:
-    function = claim_function()
-    await conn.execute(function.create(db.DEFAULT_SCHEMA))
-    return ClaimRouter.of(function)
-
-
 async def test_the_function_decides_and_writes_as_the_statement(conn: db.Conn) -> None:
-    router = await installed(conn)
     by_statement = [await claim_deliveries(conn, batch) for batch in scenario("t-statement")]
-    by_function = [await claim_deliveries(conn, batch, router=router) for batch in scenario("t-function")]
+    by_function = [await claim_deliveries(conn, batch, per_tenant=True) for batch in scenario("t-function")]
     assert [shape(b) for b in by_function] == [shape(b) for b in by_statement]
     # Not vacuous: every outcome the statement knows came out.
     seen = {o.outcome for batch in by_statement for per in batch for o in per}
@@ -116,59 +107,56 @@ async def test_the_function_decides_and_writes_as_the_statement(conn: db.Conn) -
 
 
 async def test_a_batch_of_several_tenants_or_a_repeated_key_takes_the_statement(conn: db.Conn) -> None:
-    router = await installed(conn)
     mixed = [
         (delivery("t-a", {"id": 1}, "e1"), [effect("k")]),
         (delivery("t-b", {"id": 1}, "e1"), [effect("k")]),
         (delivery("t-b", {"id": 2}, "e2"), [effect("k")]),  # the same key again: a second round
     ]
-    outcomes = await claim_deliveries(conn, mixed, router=router)
+    outcomes = await claim_deliveries(conn, mixed, per_tenant=True)
     assert [o.outcome for [o] in outcomes] == ["accepted", "accepted", "rejected"]
 
 
 async def test_the_function_refuses_another_tenants_entries(conn: db.Conn) -> None:
-    router = await installed(conn)
     # As if a caller routed a two-tenant batch by its first tenant: the rows of the second live elsewhere.
     batch = [
         (delivery("t-a", {"id": 1}, "e1"), [effect("k")]),
         (delivery("t-b", {"id": 1}, "e1"), [effect("k")]),
     ]
-    wrong = ClaimRouter(router.function, router.call)
-    from effectgate.ledger import claims
-
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="another tenant"):
-        await claims._claim_round(conn, batch, [(0, 0), (1, 0)], None, router=(wrong, "t-a"))
+        await claims._claim_round(conn, batch, [(0, 0), (1, 0)], None, tenant="t-a")
     assert (await (await conn.execute("SELECT count(*) AS n FROM effects")).fetchone()) == {"n": 0}
 
 
 async def test_a_routed_claim_wakes_the_workers_of_its_kinds_once(conn: db.Conn, db_url: str) -> None:
-    router = await installed(conn)
     listener = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
     async with listener:
         await listener.execute("LISTEN effectgate_jobs")
         batch = [(delivery("t-a", {"id": 1}, "e1"), [effect("k1", "charge"), effect("k2", "ship")])]
-        await claim_deliveries(conn, batch, router=router)
-        # Here the function's own NOTIFY is heard too (one node); on Citus only the caller's is (tests/citus).
+        await claim_deliveries(conn, batch, per_tenant=True)
+        # The function sends none itself (on Citus it runs where no one listens): this is the caller's.
         heard = {n.payload async for n in listener.notifies(timeout=1.0)}
         assert heard == {"charge", "ship"}
+        # The function alone accepts without a word: the wake-up above was the caller's.
+        alone = [(delivery("t-a", {"id": 2}, "e2"), [effect("k3", "charge")])]
+        [(_, row)] = await claims._claim_round(conn, alone, [(0, 0)], None, tenant="t-a")
+        assert row["outcome"] == "accepted"
+        assert [n async for n in listener.notifies(timeout=0.5)] == []
         # A batch that accepts nothing wakes no one: the same delivery again is a duplicate.
-        await claim_deliveries(conn, batch, router=router)
+        await claim_deliveries(conn, batch, per_tenant=True)
         assert [n async for n in listener.notifies(timeout=0.5)] == []
 
 
-async def test_a_single_node_ledger_has_no_router(conn: db.Conn) -> None:
-    await installed(conn)
-    assert await claim_router(conn) is None
+async def test_a_single_node_ledger_claims_with_the_statement(conn: db.Conn) -> None:
+    assert await routed(conn) is False
 
 
 async def test_concurrent_routed_claims_of_one_key_accept_once(conn: db.Conn, db_url: str) -> None:
-    router = await installed(conn)
 
     async def one(n: int) -> str:
         c = await db.connect(db_url)
         async with c:
             [[o]] = await claim_deliveries(
-                c, [(delivery("t-race", {"id": 1}, f"e{n}"), [effect("k")])], router=router
+                c, [(delivery("t-race", {"id": 1}, f"e{n}"), [effect("k")])], per_tenant=True
             )
             return o.outcome
 

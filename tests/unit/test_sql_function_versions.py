@@ -74,6 +74,7 @@ def test_the_parser_sees_what_the_migrations_define_and_what_ledger_sql_calls() 
         "job_release_count_v1",
         "history_partition_create_v2",
         "history_partition_drop_v2",
+        "effect_claim_tenant_v1",
     }
     assert called_names("SELECT f_v1(x), 'g(' FROM t") == {"f_v1"}
 
