@@ -5,7 +5,7 @@
 The new node must be running with Citus loaded (`cluster.sh` does it for three; deploy/README.md, "Past one
 Postgres", shows the commands for a fourth) and not yet in the cluster. A fresh schema is migrated and
 distributed; claimers send deliveries over 40 tenants (every key twice, so half the answers are duplicates)
-through ``ledger.claims`` before, during and after ``citus_rebalance_start``; then the ledger is compared with
+through ``ledger.claims`` (per tenant, the routed claim function) before, during and after ``citus_rebalance_start``; then the ledger is compared with
 what the claimers were answered. Prints a summary and exits 1 on any loss, double or unexpected answer. Not a
 test of the default run: it changes the cluster (the node stays added).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import psycopg
 
 from effectgate.ledger import db
-from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, claim_delivery
+from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.migrate import migrate
 
@@ -58,7 +58,10 @@ async def claimer(
                 0,
             )
             try:
-                [out] = await claim_delivery(conn, d, [EffectRequest(key, "charge", 5, "redrive")])
+                # Per tenant, as the gateway claims on Citus: the call routed to the tenant's node.
+                [[out]] = await claim_deliveries(
+                    conn, [(d, [EffectRequest(key, "charge", 5, "redrive")])], per_tenant=True
+                )
             except Exception as exc:  # an answer the gateway would turn into a 503: counted, the key retried
                 errors.append(f"{type(exc).__name__}: {exc}"[:160])
                 await asyncio.sleep(0.05)
