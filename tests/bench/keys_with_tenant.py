@@ -53,8 +53,12 @@ async def run(url: str, rows: int) -> float:
             if statement.strip():
                 await conn.execute(statement, {"rows": rows})  # type: ignore[arg-type]
         await conn.execute("VACUUM ANALYZE")
+        # 0022 alone: the later migrations are not what is timed.
+        shutil.copyfile(
+            str(MIGRATIONS_DIR.joinpath("0022_keys_with_tenant.sql")), before / "0022_keys_with_tenant.sql"
+        )
         started = time.monotonic()
-        assert await migrate(conn) == ["0022_keys_with_tenant.sql"]
+        assert await migrate(conn, before) == ["0022_keys_with_tenant.sql"]
         took = time.monotonic() - started
     shutil.rmtree(before)
     return took
