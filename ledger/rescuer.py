@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .db import Conn
+from .jobs import distributed
 from .queries import Q
 from .vocabulary import JobState
 
@@ -82,21 +83,50 @@ class LeaseRescuer:
         self.config = config or RescuerConfig()
         self.poison_thresholds = dict(poison_thresholds or {})
         self.on_transition = on_transition
+        self._per_tenant: bool | None = None  # jobs.distributed, asked at the first pass
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RescueResult:
         """One batch of rescues, and the hooks of the terminal ones, in the caller's transaction (or one
-        of its own on an autocommit connection)."""
+        of its own on an autocommit connection).
+
+        On a ledger distributed by tenant (Citus, ``jobs.distributed``, asked once) the statement over every
+        tenant is a multi-shard ``FOR UPDATE``, which Citus refuses: the tenants of the earliest expired leases
+        are read first (no lock), then each tenant's are rescued by the same statement restricted to it, up to
+        ``batch`` in all, and the workers are woken from this session (a routed statement's NOTIFY fires on a
+        worker node, where nobody listens)."""
         result = RescueResult()
+        if self._per_tenant is None:
+            self._per_tenant = await distributed(conn)
+        if not self._per_tenant:
+            await self._rescue(conn, now, self.config.batch, None, result)
+            return result
+        tenants = await (
+            await conn.execute(Q["job_tenants_expired"], {"now": now, "limit": self.config.batch})
+        ).fetchall()
+        for row in tenants:
+            left = self.config.batch - len(result.repaired)
+            if left <= 0:
+                break
+            await self._rescue(conn, now, left, row["tenant"], result)
+        kinds = sorted({r.kind for r in result.repaired if r.state == JobState.PENDING})
+        if kinds:
+            await conn.execute(Q["jobs_notify"], {"kinds": kinds})
+        return result
+
+    async def _rescue(
+        self, conn: Conn, now: datetime | None, limit: int, tenant: str | None, result: RescueResult
+    ) -> None:
         async with conn.transaction():
             rows = await (
                 await conn.execute(
                     Q["job_rescue_expired_batch"],
                     {
                         "now": now,
-                        "limit": self.config.batch,
+                        "limit": limit,
                         "poison_threshold": self.config.poison_threshold,
                         "kinds": list(self.poison_thresholds),
                         "poison_thresholds": list(self.poison_thresholds.values()),
+                        "tenant": tenant,
                     },
                 )
             ).fetchall()
@@ -116,4 +146,3 @@ class LeaseRescuer:
                     JobState.PARKED: result.parked,
                     JobState.CANCELLED: result.cancelled,
                 }[repaired.state].append(repaired.job_id)
-        return result

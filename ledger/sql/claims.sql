@@ -180,8 +180,3 @@ SELECT EXISTS (
     WHERE o.classid = 'pg_proc'::regclass AND p.proname = 'effect_claim_tenant_v1'
       AND p.pronamespace = current_schema()::regnamespace
 ) AS distributed;
-
--- name: jobs_notify
--- Wakes the workers of these kinds, from the node this session is on (on Citus: the coordinator, where they
--- listen; a NOTIFY inside a statement routed to a worker node fires there, unheard).
-SELECT count(pg_notify('effectgate_jobs', k.kind)) AS n FROM unnest(%(kinds)s::text[]) AS k(kind);

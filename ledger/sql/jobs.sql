@@ -414,6 +414,20 @@ SELECT job_id, attempt, lease_token, worker, started_at, finished_at, outcome, e
 FROM job_attempts WHERE job_id = %(job_id)s
 ORDER BY lease_token;
 
+-- name: job_tenants_stale_pending
+-- Pending waker on Citus: the tenants of the %(limit)s earliest due jobs pending past the shortest TTL (a
+-- superset of the stale ones), earliest first; no lock, so Citus may read every shard. Each tenant is then woken
+-- by job_wake_stale_pending, which applies each kind's own TTL.
+SELECT tenant FROM (
+    SELECT j.tenant, j.run_at, j.id FROM jobs j
+    WHERE j.state = 'pending'
+      AND j.run_at < (SELECT coalesce(%(now)s, now())) - make_interval(secs => %(pending_ttl)s)
+    ORDER BY j.run_at, j.id
+    LIMIT %(limit)s
+) due
+GROUP BY tenant
+ORDER BY min(run_at), min(id);
+
 -- name: job_wake_stale_pending
 -- Reconciler: due jobs that waited longer than their kind's pending_ttl get a fresh wake-up, in case every
 -- worker missed the first one (a lost LISTEN connection, a worker that was down). updated_at marks the
@@ -421,7 +435,8 @@ ORDER BY lease_token;
 -- Its walk of jobs_due_idx stops at the shortest TTL's cutoff: no job due after it can be stale (run_at is at
 -- most greatest(run_at, updated_at)), and without the bound the walk read every pending job on every tick
 -- when none was stale yet — the fresh backlog of the day after an outage (docs/performance.md). The woken rows
--- are updated by id (= ANY of an array): joined to the CTE, the planner chose a Seq Scan of jobs.
+-- are updated by id (= ANY of an array): joined to the CTE, the planner chose a Seq Scan of jobs. %(tenant)s:
+-- NULL on one node; on Citus one tenant, so the FOR UPDATE routes (job_tenants_stale_pending says which).
 WITH policy AS (
     SELECT p.kind, p.pending_ttl
     FROM unnest(%(kinds)s::text[], %(pending_ttls)s::float8[]) AS p(kind, pending_ttl)
@@ -433,20 +448,27 @@ stale AS (
           secs => least(%(pending_ttl)s, (SELECT min(pending_ttl) FROM policy)))
       AND greatest(j.run_at, j.updated_at)
           < (SELECT coalesce(%(now)s, now())) - make_interval(secs => coalesce(p.pending_ttl, %(pending_ttl)s))
+      AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     ORDER BY j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ),
 woken AS (
     UPDATE jobs j SET updated_at = (SELECT coalesce(%(now)s, now()))
-    WHERE j.id = ANY (ARRAY(SELECT id FROM stale))
+    WHERE j.id = ANY (ARRAY(SELECT id FROM stale)) AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id, j.kind
 )
 SELECT count(*) AS woken,
        (SELECT count(pg_notify('effectgate_jobs', k.kind))
-        FROM (SELECT DISTINCT kind FROM woken) k) AS notified
+        FROM (SELECT DISTINCT kind FROM woken) k) AS notified,
+       ARRAY(SELECT DISTINCT kind FROM woken) AS kinds
 FROM woken;
 
 -- name: job_notifications_listen
 -- Subscribes this session to the wake-ups sent when a job is claimed, re-queued or redriven.
 LISTEN effectgate_jobs;
+
+-- name: jobs_notify
+-- Wakes the workers of these kinds, from the node this session is on (on Citus: the coordinator, where they
+-- listen; a NOTIFY inside a statement routed to a worker node fires there, unheard).
+SELECT count(pg_notify('effectgate_jobs', k.kind)) AS n FROM unnest(%(kinds)s::text[]) AS k(kind);

@@ -4,21 +4,29 @@
 -- threshold of orphanings in a row without a commit, else re-queued (orphan_policy redrive) or parked
 -- (park). SKIP LOCKED passes over a job whose worker is inside a fenced write right now (the next pass sees
 -- it again) and lets two rescuers split the work; the state and expiry guard makes a second rescue of the
--- same lease match nothing.
+-- same lease match nothing. %(tenant)s NULL: every tenant (one node); else that tenant's alone, which Citus
+-- routes to its shard group (it refuses the FOR UPDATE over every shard; job_tenants_expired says which).
 WITH policy AS (
     SELECT p.kind, p.poison_threshold
     FROM unnest(%(kinds)s::text[], %(poison_thresholds)s::int[]) AS p(kind, poison_threshold)
 ),
+locked AS (
+    SELECT j.id FROM jobs j
+    WHERE j.state = 'running' AND j.lease_expires_at < (SELECT coalesce(%(now)s, now()))
+      AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+    ORDER BY j.lease_expires_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
 expired AS (
+    -- Apart from the lock: Citus 12.1.9 sends a FOR UPDATE subplan's rows in one copy format and reads them
+    -- back in another ("invalid input syntax for type bigint: PGCOPY") when the UPDATE below joins them.
     SELECT j.id,
            job_release_verdict_v1(j.cancel_requested, j.committed_since_release, j.releases_without_commit,
                                   coalesce(p.poison_threshold, %(poison_threshold)s), j.orphan_policy) AS verdict,
            job_release_count_v1(j.committed_since_release, j.releases_without_commit) AS releases
     FROM jobs j LEFT JOIN policy p ON p.kind = j.kind
-    WHERE j.state = 'running' AND j.lease_expires_at < (SELECT coalesce(%(now)s, now()))
-    ORDER BY j.lease_expires_at, j.id
-    LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
+    WHERE j.id = ANY (ARRAY(SELECT id FROM locked)) AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
 ),
 rescued AS (
     UPDATE jobs j SET
@@ -40,13 +48,14 @@ rescued AS (
         lease_expires_at = NULL,
         updated_at = (SELECT coalesce(%(now)s, now()))
     FROM expired
-    WHERE j.id = expired.id AND j.state = 'running'
+    WHERE j.id = expired.id AND j.state = 'running' AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id, j.tenant, j.kind, j.state, j.terminal_reason, j.lease_token, j.effect_id
 ),
 closed AS (
     UPDATE job_attempts a SET finished_at = (SELECT coalesce(%(now)s, now())), outcome = 'lease_expired'
     FROM rescued
     WHERE a.job_id = rescued.id AND a.tenant = rescued.tenant AND a.lease_token = rescued.lease_token
+      AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)
 ),
 woken AS (
     SELECT count(pg_notify('effectgate_jobs', k.kind)) AS n
@@ -54,7 +63,20 @@ woken AS (
 )
 SELECT r.id, r.kind, r.state::text AS state, r.terminal_reason, e.effect_key, (SELECT n FROM woken) AS woken
 FROM rescued r JOIN effects e ON e.id = r.effect_id AND e.tenant = r.tenant
+WHERE (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s)
 ORDER BY r.id;
+
+-- name: job_tenants_expired
+-- Lease rescuer on Citus: the tenants of the %(limit)s earliest expired leases, earliest first. A read without a
+-- lock, so Citus may run it on every shard; each tenant's are then rescued by job_rescue_expired_batch.
+SELECT tenant FROM (
+    SELECT j.tenant, j.lease_expires_at, j.id FROM jobs j
+    WHERE j.state = 'running' AND j.lease_expires_at < (SELECT coalesce(%(now)s, now()))
+    ORDER BY j.lease_expires_at, j.id
+    LIMIT %(limit)s
+) expired
+GROUP BY tenant
+ORDER BY min(lease_expires_at), min(id);
 
 -- name: maintenance_lock_try
 -- One process runs each maintenance service (or sweep) per tick: a transaction-scoped advisory lock,

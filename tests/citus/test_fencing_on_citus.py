@@ -1,0 +1,147 @@
+"""Fencing and leasing races on the cluster: a reclaimed lease's old token writes nothing; racing workers lease
+each job of one tenant once (deploy/README.md, "Past one Postgres")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from effectgate.ledger import db, jobs
+from effectgate.ledger.claims import Accepted, EffectRequest, claim_deliveries
+from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.job_finishes import Finish, finish_many
+from effectgate.ledger.rescuer import LeaseRescuer
+from effectgate.ledger.vocabulary import JobState
+from effectgate.ledger.waker import PendingWaker, WakerConfig
+
+from .test_ledger_on_citus import delivery, rows
+
+pytestmark = pytest.mark.anyio
+
+KIND = "fence"
+
+
+async def claim(conn: db.Conn, tenant: str, key: str) -> int:
+    [[outcome]] = await claim_deliveries(
+        conn, [(delivery(tenant, key), [EffectRequest(key, KIND, 5, "redrive")])], per_tenant=True
+    )
+    assert isinstance(outcome, Accepted)
+    return outcome.job_id
+
+
+async def test_a_reclaimed_lease_fences_out_the_first_worker(conn: db.Conn) -> None:
+    tenant = "fence-tenant"
+    job_id = await claim(conn, tenant, "fence-1")
+    [first] = await jobs.fetch_and_lease(conn, owner="worker-a", kinds={KIND: 30.0}, limit=1, per_tenant=True)
+    assert first.job_id == job_id
+    # Worker A stalls past its lease (a GC pause, a partition): the rescuer re-queues the job, B leases it.
+    await conn.execute(
+        "UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE tenant = %s AND id = %s",
+        (tenant, job_id),
+    )
+    rescued = await LeaseRescuer().run_once(conn)
+    assert rescued.redriven == [job_id]
+    [second] = await jobs.fetch_and_lease(
+        conn, owner="worker-b", kinds={KIND: 30.0}, limit=1, per_tenant=True
+    )
+    assert second.job_id == job_id and second.lease_token > first.lease_token
+    # A wakes up: every write under its old token is refused, on the shard.
+    with pytest.raises(LeaseLost):
+        await jobs.save_checkpoint(conn, job_id, first.lease_token, {"a": 1}, tenant=tenant)
+    stale = Finish(job_id, first.lease_token, JobState.SUCCEEDED, "worker-a", tenant=tenant)
+    assert await finish_many(conn, [stale], per_tenant=True) == [None]
+    fresh = Finish(job_id, second.lease_token, JobState.SUCCEEDED, "worker-b", tenant=tenant)
+    [reached] = await finish_many(conn, [fresh], per_tenant=True)
+    assert reached is not None and not isinstance(reached, Exception) and reached.state == JobState.SUCCEEDED
+    [job] = await rows(
+        conn,
+        "SELECT state::text, checkpoint, lease_token FROM jobs WHERE tenant = %s AND id = %s",
+        tenant,
+        job_id,
+    )
+    assert job == {"state": "succeeded", "checkpoint": None, "lease_token": second.lease_token}
+    attempts = await rows(
+        conn,
+        "SELECT worker, outcome::text FROM job_attempts WHERE tenant = %s AND job_id = %s ORDER BY attempt",
+        tenant,
+        job_id,
+    )
+    assert attempts == [
+        {"worker": "worker-a", "outcome": "lease_expired"},
+        {"worker": "worker-b", "outcome": "succeeded"},
+    ]
+
+
+async def test_racing_workers_lease_each_job_of_one_tenant_once(citus_url: str, citus_schema: str) -> None:
+    tenant = "race-lease"
+    setup = await db.connect(citus_url, schema=citus_schema)
+    async with setup:
+        wanted = {await claim(setup, tenant, f"lease-{n}") for n in range(24)}
+    start, connected, ready = asyncio.Event(), asyncio.Event(), [0]
+
+    async def worker(n: int) -> list[int]:
+        c = await db.connect(citus_url, schema=citus_schema)
+        leased: list[int] = []
+        async with c:
+            ready[0] += 1
+            if ready[0] == 6:
+                connected.set()
+            await start.wait()
+            while True:
+                got = await jobs.fetch_and_lease(
+                    c, owner=f"w{n}", kinds={KIND: 30.0}, limit=3, per_tenant=True
+                )
+                if not got:
+                    return leased
+                leased += [lease.job_id for lease in got]
+
+    tasks = [asyncio.create_task(worker(n)) for n in range(6)]
+    # Every connection made before any fetch, so the six meet on the shard at once.
+    await asyncio.wait_for(connected.wait(), 60)
+    start.set()
+    leased = [job for per in await asyncio.gather(*tasks) for job in per]
+    counts = Counter(leased)
+    assert set(counts) == wanted and max(counts.values()) == 1, counts
+
+
+async def test_the_rescuer_and_the_waker_run_per_tenant_on_both_nodes(citus_url: str, conn: db.Conn) -> None:
+    tenants = [f"rescue-{n}" for n in range(12)]
+    ids = {t: await claim(conn, t, f"rescue-{t}") for t in tenants}
+    leased = await jobs.fetch_and_lease(conn, owner="gone", kinds={KIND: 30.0}, limit=12, per_tenant=True)
+    assert {lease.job_id for lease in leased} == set(ids.values())
+    # The worker that held them died: every lease ran out.
+    await conn.execute(
+        "UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE tenant = ANY(%s) AND state = 'running'",
+        (tenants,),
+    )
+    nodes = await rows(
+        conn,
+        "SELECT DISTINCT s.nodeport FROM citus_shards s WHERE s.table_name = 'jobs'::regclass"
+        " AND s.shardid = ANY(ARRAY(SELECT get_shard_id_for_distribution_column('jobs', t) FROM unnest(%s::text[]) t))",
+        tenants,
+    )
+    assert len(nodes) >= 2, nodes  # the tenants' jobs sit on more than one worker node
+    listener = await db.connect(citus_url)
+    async with listener:
+        await listener.execute("LISTEN effectgate_jobs")
+        result = await LeaseRescuer().run_once(conn)
+        assert sorted(result.redriven) == sorted(ids.values())
+        heard = [n.payload async for n in listener.notifies(timeout=2.0, stop_after=1)]
+        assert heard == [KIND]
+    # A second pass finds nothing: each lease was rescued once.
+    assert (await LeaseRescuer().run_once(conn)).repaired == []
+    states = await rows(
+        conn, "SELECT state::text, count(*) AS n FROM jobs WHERE tenant = ANY(%s) GROUP BY 1", tenants
+    )
+    assert states == [{"state": "pending", "n": 12}]
+    # Pending past a (tiny) TTL: the waker wakes them, tenant by tenant.
+    await conn.execute(
+        "UPDATE jobs SET run_at = now() - interval '1 hour', updated_at = now() - interval '1 hour'"
+        " WHERE tenant = ANY(%s)",
+        (tenants,),
+    )
+    woken = await PendingWaker(WakerConfig(pending_ttl=60.0)).run_once(conn)
+    assert woken.woken >= 12
+    assert (await PendingWaker(WakerConfig(pending_ttl=60.0)).run_once(conn)).woken == 0
