@@ -183,6 +183,16 @@ def jobs_by_state(url: str, schema: str) -> dict[str, int]:
         return dict(c.execute("SELECT state::text, count(*) FROM jobs GROUP BY 1 ORDER BY 1").fetchall())  # type: ignore[arg-type]
 
 
+def expired_leases(url: str, schema: str) -> int:
+    """Jobs still ``running`` on a lease that has run out: a killed worker's, the lease rescuer's to take back."""
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
+        [(n,)] = c.execute(
+            "SELECT count(*) FROM jobs WHERE state = 'running' AND lease_expires_at < now()"
+        ).fetchall()
+        return int(n)
+
+
 def ledger(url: str, schema: str) -> dict[str, Any]:
     """The effects and their jobs' states, and where effects, shards and tenants landed per node."""
     with psycopg.connect(url, autocommit=True) as c:
@@ -327,6 +337,7 @@ def main() -> int:
         waited = time.monotonic() - t0 - sent_took
         stats: dict[str, Any] = httpx.get(f"http://127.0.0.1:{fake_port}/_fake/stats", timeout=5).json()
         found = ledger(url, schema)
+        expired = expired_leases(url, schema)
         exits = [p.popen.poll() for p in workers]
     finally:
         for proc in reversed(processes):
@@ -344,7 +355,9 @@ def main() -> int:
     print(f"sent in {sent_took:.1f} s, then {waited:.1f} s until every job was terminal or the wait ran out")
     print(f"effects shards per worker node: {found['shards_per_node']}")
     print(f"tenants per worker node: {found['tenants_per_node']}")
-    print(f"jobs by state: {states}; provider captures {stats['captures']}, requests {stats['requests']}")
+    print(
+        f"jobs by state: {states} ({expired} running on an expired lease); provider captures {stats['captures']}, requests {stats['requests']}"
+    )
     print(
         f"transport errors: {dict(sent.transport_errors)}; refused: {len(sent.refused)}; gave up: {sent.gave_up}"
     )
