@@ -183,14 +183,15 @@ def jobs_by_state(url: str, schema: str) -> dict[str, int]:
         return dict(c.execute("SELECT state::text, count(*) FROM jobs GROUP BY 1 ORDER BY 1").fetchall())  # type: ignore[arg-type]
 
 
-def expired_leases(url: str, schema: str) -> int:
-    """Jobs still ``running`` on a lease that has run out: a killed worker's, the lease rescuer's to take back."""
+def expired_leases(url: str, schema: str) -> list[tuple[int, str]]:
+    """Jobs still ``running`` on a lease that has run out (id, lease owner): a killed worker's, or one whose
+    worker gave up recording its outcome while a node was down; the lease rescuer's to take back."""
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-        [(n,)] = c.execute(
-            "SELECT count(*) FROM jobs WHERE state = 'running' AND lease_expires_at < now()"
+        rows = c.execute(
+            "SELECT id, lease_owner FROM jobs WHERE state = 'running' AND lease_expires_at < now() ORDER BY id"
         ).fetchall()
-        return int(n)
+        return [(int(r[0]), str(r[1])) for r in rows]
 
 
 def ledger(url: str, schema: str) -> dict[str, Any]:
@@ -252,7 +253,7 @@ def main() -> int:
     parser.add_argument("--node-stop", help="host:port or data directory of the Citus worker node to stop")
     parser.add_argument("--node-down", type=float, default=7.0, help="seconds the node stays stopped")
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds the deliveries are spread over")
-    parser.add_argument("--wait", type=float, default=90.0, help="most seconds to wait for terminal jobs")
+    parser.add_argument("--wait", type=float, default=60.0, help="most seconds to wait for terminal jobs")
     parser.add_argument("--lease-ttl", type=float, default=3.0, help="the effect kind's lease, in seconds")
     parser.add_argument("--seed", type=int, default=random.randrange(1 << 30))
     args = parser.parse_args()
@@ -314,7 +315,7 @@ def main() -> int:
         # The schedule: kills spread over the sending, the node stopped once a third of the way in.
         events = [(args.seconds * (k + 1) / (args.kills + 1), f"kill {k}") for k in range(args.kills)]
         events.append((args.seconds / 3, "node"))
-        node_was_down = 0.0
+        node_was_down, killed = 0.0, set[int]()
         for at, what in sorted(events):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
             if what == "node":
@@ -324,8 +325,11 @@ def main() -> int:
             victim = workers.pop(random.randrange(len(workers)))
             victim.popen.kill()
             victim.popen.wait()
+            killed.add(victim.popen.pid)
             workers.append(worker(f"w-after-{what.replace(' ', '-')}"))
-            print(f"  {time.monotonic() - t0:5.1f} s {what}: SIGKILLed a worker, started another")
+            print(
+                f"  {time.monotonic() - t0:5.1f} s {what}: SIGKILLed worker {victim.popen.pid}, started another"
+            )
         sender.join()
         sent_took = time.monotonic() - t0
         deadline = time.monotonic() + args.wait
@@ -356,13 +360,19 @@ def main() -> int:
     print(f"effects shards per worker node: {found['shards_per_node']}")
     print(f"tenants per worker node: {found['tenants_per_node']}")
     print(
-        f"jobs by state: {states} ({expired} running on an expired lease); provider captures {stats['captures']}, requests {stats['requests']}"
+        f"jobs by state: {states} ({len(expired)} running on an expired lease); provider captures {stats['captures']}, requests {stats['requests']}"
     )
     print(
         f"transport errors: {dict(sent.transport_errors)}; refused: {len(sent.refused)}; gave up: {sent.gave_up}"
     )
     for r in sent.refused[:3]:
         print(f"  {r}")
+    if expired:
+        of_killed = sum(int(owner.split(":")[1]) in killed for _, owner in expired)
+        print(
+            f"jobs running on an expired lease: {[i for i, _ in expired]}; {of_killed} leased by a SIGKILLed"
+            f" worker, {len(expired) - of_killed} by a worker still running"
+        )
     node_of = found["node_of_tenant"]
     unavailable = Counter[int]()
     for tenant, n in sent.unavailable.items():
