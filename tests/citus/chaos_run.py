@@ -230,9 +230,10 @@ def ledger(url: str, schema: str) -> dict[str, Any]:
     }
 
 
-def log_events(paths: list[Path]) -> Counter[str]:
-    """The processes' JSON log lines at warning or error, counted by level and event name."""
-    found = Counter[str]()
+def log_events(paths: list[Path]) -> tuple[Counter[str], set[int]]:
+    """The processes' JSON log lines at warning or error, counted by level and event name; and the jobs a
+    worker gave up on (``worker.job_crashed``: its outcome not recorded, the job left to lease expiry)."""
+    found, crashed = Counter[str](), set[int]()
     for path in paths:
         for line in path.read_text(errors="replace").splitlines():
             try:
@@ -241,7 +242,9 @@ def log_events(paths: list[Path]) -> Counter[str]:
                 continue
             if isinstance(entry, dict) and entry.get("level") in ("warning", "error"):
                 found[f"{entry['level']} {entry.get('event')}"] += 1
-    return found
+                if entry.get("event") == "worker.job_crashed":
+                    crashed.add(int(entry["job_id"]))
+    return found, crashed
 
 
 def main() -> int:
@@ -367,11 +370,13 @@ def main() -> int:
     )
     for r in sent.refused[:3]:
         print(f"  {r}")
+    events, crashed = log_events([p.log_path for p in processes])
     if expired:
-        of_killed = sum(int(owner.split(":")[1]) in killed for _, owner in expired)
+        given_up = [i for i, _ in expired if i in crashed]
+        of_killed = [i for i, owner in expired if i not in crashed and int(owner.split(":")[1]) in killed]
         print(
-            f"jobs running on an expired lease: {[i for i, _ in expired]}; {of_killed} leased by a SIGKILLed"
-            f" worker, {len(expired) - of_killed} by a worker still running"
+            f"jobs running on an expired lease: {[i for i, _ in expired]}; given up by their worker"
+            f" (worker.job_crashed) {given_up}; else leased by a SIGKILLed worker {of_killed}"
         )
     node_of = found["node_of_tenant"]
     unavailable = Counter[int]()
@@ -379,7 +384,7 @@ def main() -> int:
         unavailable[node_of.get(tenant, 0)] += n
     print(f"5xx answers by the node of the delivery's tenant: {dict(sorted(unavailable.items()))}")
     print(f"live workers' exit codes (None: running): {exits}; log lines at warning or error:")
-    for what, n in sorted(log_events([p.log_path for p in processes]).items()):
+    for what, n in sorted(events.items()):
         print(f"  {n:5d} {what}")
     print(
         f"effects per worker node: {found['effects_per_node']}; lost {len(lost)}, double {double_n}, "
