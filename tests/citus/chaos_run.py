@@ -311,7 +311,8 @@ def main() -> int:
                     args.seconds,
                     sent,
                 )
-            )
+            ),
+            daemon=True,  # a failed run must not wait on posts still retrying
         )
         t0 = time.monotonic()
         sender.start()
