@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: citus-check install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short soak soak-short up metrics-check deploy-check deploy-run
+.PHONY: citus-check citus-chaos install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short soak soak-short up metrics-check deploy-check deploy-run
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -46,6 +46,14 @@ chaos:
 citus-check:
 	@test -n "$$CITUS_URL" || { echo "citus-check: set CITUS_URL to a Citus coordinator (deploy/README.md, Past one Postgres)" >&2; exit 2; }
 	$(PYTHON) -m pytest -q -rxX -s tests/citus
+
+# Chaos on the cluster (tests/citus/chaos_run.py): real gateway and workers on the coordinator, duplicated signed
+# deliveries over 24 tenants, workers SIGKILLed, one Citus worker node stopped -m immediate and restarted; exits 1
+# on a lost, doubled or stuck effect. It stops a node, so it runs as root (or the nodes' owner) and apart from
+# citus-check. CHAOS_ARGS passes options, e.g. CHAOS_ARGS='--orders 200 --kills 6 --node-stop 127.0.0.1:9722'.
+citus-chaos:
+	@test -n "$$CITUS_URL" || { echo "citus-chaos: set CITUS_URL to a Citus coordinator (deploy/README.md, Past one Postgres)" >&2; exit 2; }
+	$(PYTHON) -m tests.citus.chaos_run $(CHAOS_ARGS)
 
 # Benchmarks print figures and assert nothing. `bench-short` is the version CI runs to keep them working.
 # `bench` measures every performance target side by side in one run (tests/bench/compare.py) and prints the

@@ -38,6 +38,22 @@ ALLOWED: dict[tuple[str, str], str] = {
         "main",
     ): "a measurement script: claims flow for a stretch of time before and after the rebalance; the stretch is the run",
     (
+        "citus/chaos_run.py",
+        "send_all",
+    ): "a chaos script: deliveries are spread over a stretch of time so that kills and the node outage land among them",
+    (
+        "citus/chaos_run.py",
+        "stop_node",
+    ): "the Citus worker node stays stopped for a stretch of time; the outage's length is the run",
+    (
+        "citus/chaos_run.py",
+        "main",
+    ): "the chaos schedule: SIGKILLs and the node stop land at chosen moments of the run",
+    (
+        "citus/chaos_handlers.py",
+        "charge.capture",
+    ): "holds a step open between the capture and its record, so a SIGKILL lands in that window",
+    (
         "e2e/test_chaos.py",
         "test_orders_survive_faults_duplicates_and_killed_workers",
     ): "chaos: SIGKILLs land at random moments between deliveries; the random moment is the test",
