@@ -61,7 +61,7 @@ async def test_a_claimed_job_is_leased_run_and_finished_by_a_worker(pool: db.Poo
     registry.register(EffectKind(name=KIND, source="stripe", events=("*",), fn=ship))
     async with pool.connection() as conn:
         job_ids = {await claim(conn, tenant, f"order-{tenant}") for tenant in TENANTS}
-    # No background reconciler: the lease rescuer's statement still spans every tenant (deploy/README.md).
+    # No background reconciler: retention still spans every tenant, which Citus refuses (deploy/README.md).
     config = WorkerConfig(
         run_reconciler=False, poll_interval=0.05, backoff_base=0.0, reconciler=ReconcilerConfig()
     )

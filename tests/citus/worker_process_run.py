@@ -58,7 +58,7 @@ secrets = ["STARTUP_SECRET"]
 poll_interval = 0.2
 
 [reconciler]
-# The lease rescuer still spans every tenant, which Citus refuses (deploy/README.md): kept out of the way.
+# Retention still spans every tenant, which Citus refuses (deploy/README.md): the reconciler kept out of the way.
 tick = 3600
 """
 
