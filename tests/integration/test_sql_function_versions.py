@@ -93,6 +93,7 @@ async def test_the_release_rule_is_still_inlined_into_both_statements_that_call_
             "poison_threshold": 3,
             "kinds": ["k"],
             "poison_thresholds": [2],
+            "tenant": None,
         },
         "job_hand_back_if_leased": {
             "job_id": 1,
