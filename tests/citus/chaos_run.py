@@ -40,12 +40,10 @@ from typing import Any
 import httpx
 import psycopg
 
-from effectgate.ledger import db
-from effectgate.ledger.migrate import migrate
+from tests.citus.ledger import distributed_ledger
 from tests.e2e.conftest import SECRET, event, headers
 from tests.e2e.processes import Process, free_port
 
-DISTRIBUTE = Path(__file__).parents[2] / "deploy" / "citus" / "distribute.sql"
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 TERMINAL = ("succeeded", "failed", "cancelled", "parked", "resolved")
 CONFIG = """\
@@ -168,15 +166,6 @@ def stop_node(data_dir: Path, down: float) -> float:
     return time.monotonic() - stopped
 
 
-async def setup(url: str, schema: str) -> None:
-    conn = await db.connect(url, schema=schema)
-    async with conn:
-        await migrate(conn, schema=schema)
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-        c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
-
-
 def jobs_by_state(url: str, schema: str) -> dict[str, int]:
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
@@ -267,7 +256,7 @@ def main() -> int:
     print(
         f"schema {schema}; seed {args.seed}; {args.orders} orders over {args.tenants} tenants, x{args.copies}"
     )
-    asyncio.run(setup(url, schema))
+    asyncio.run(distributed_ledger(url, schema))
     orders = [(f"acct_t{n % args.tenants}", f"o{n}") for n in range(args.orders)]
     logs = Path(f"/tmp/{schema}")
     logs.mkdir()

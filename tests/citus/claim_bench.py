@@ -18,16 +18,12 @@ import os
 import statistics
 import time
 import uuid
-from pathlib import Path
-
-import psycopg
 
 from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries, routed
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.migrate import migrate
 
-DISTRIBUTE = Path(__file__).parents[2] / "deploy" / "citus" / "distribute.sql"
+from .ledger import distributed_ledger
 
 
 async def client(
@@ -68,12 +64,9 @@ async def main() -> None:
     args = parser.parse_args()
     url = os.environ["CITUS_URL"]
     schema = f"effectgate_bench_{uuid.uuid4().hex[:8]}"
+    await distributed_ledger(url, schema)
     conn = await db.connect(url, schema=schema)
     async with conn:
-        await migrate(conn, schema=schema)
-        with psycopg.connect(url, autocommit=True) as c:
-            c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-            c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
         assert await routed(conn), "distribute.sql did not distribute the claim function"
         rates: dict[str, list[float]] = {"statement": [], "per_tenant": []}
         try:

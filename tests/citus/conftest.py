@@ -14,15 +14,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 
 from effectgate.ledger import db
-from effectgate.ledger.migrate import migrate
 
-DISTRIBUTE = Path(__file__).parents[2] / "deploy" / "citus" / "distribute.sql"
+from .ledger import distributed_ledger
 
 
 @pytest.fixture
@@ -45,15 +43,7 @@ def citus_schema(citus_url: str) -> Iterator[str]:
 
     schema = f"effectgate_citus_{uuid.uuid4().hex[:8]}"
 
-    async def setup() -> None:
-        conn = await db.connect(citus_url, schema=schema)
-        async with conn:
-            await migrate(conn, schema=schema)
-
-    asyncio.run(setup())
-    with psycopg.connect(citus_url, autocommit=True) as c:
-        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-        c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+    asyncio.run(distributed_ledger(citus_url, schema))
     yield schema
     with psycopg.connect(citus_url, autocommit=True) as c:
         c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]

@@ -19,16 +19,15 @@ import sys
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import psycopg
 
 from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.migrate import migrate
 
-DISTRIBUTE = Path(__file__).parents[2] / "deploy" / "citus" / "distribute.sql"
+from .ledger import distributed_ledger
+
 TENANTS = 40
 
 
@@ -83,12 +82,7 @@ async def main() -> int:
     url = os.environ["CITUS_URL"]
     host, port = args.add_node.rsplit(":", 1)
     schema = f"effectgate_rebalance_{uuid.uuid4().hex[:8]}"
-    conn = await db.connect(url, schema=schema)
-    async with conn:
-        await migrate(conn, schema=schema)
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-        c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+    await distributed_ledger(url, schema)
     placement_sql = (
         "SELECT nodeport, count(*) FROM citus_shards WHERE table_name = %s::regclass GROUP BY 1 ORDER BY 1"
     )

@@ -28,9 +28,9 @@ import psycopg
 from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.migrate import migrate
 
-DISTRIBUTE = Path(__file__).parents[2] / "deploy" / "citus" / "distribute.sql"
+from .ledger import distributed_ledger
+
 HANDLERS = """\
 from effectgate import effect
 
@@ -61,15 +61,6 @@ poll_interval = 0.2
 # Retention still spans every tenant, which Citus refuses (deploy/README.md): the reconciler kept out of the way.
 tick = 3600
 """
-
-
-async def setup(url: str, schema: str) -> None:
-    conn = await db.connect(url, schema=schema)
-    async with conn:
-        await migrate(conn, schema=schema)
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-        c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
 
 
 async def claim_and_wait(url: str, schema: str, tenants: int) -> list[tuple[str, int]]:
@@ -111,7 +102,7 @@ def main() -> int:
     args = parser.parse_args()
     url = os.environ["CITUS_URL"]
     schema = f"effectgate_citus_proc_{uuid.uuid4().hex[:8]}"
-    asyncio.run(setup(url, schema))
+    asyncio.run(distributed_ledger(url, schema))
     try:
         with tempfile.TemporaryDirectory() as tmp:
             project = Path(tmp)
