@@ -20,6 +20,13 @@ Each batch (``batch`` rows, ``DEFAULT_BATCH``) is a transaction of its own, and 
 ``retention_purges`` (cumulative, per table or column) in that same transaction, so ``/metrics`` and
 ``report()`` say the same whichever process ran the pass, and no row lock a claim or a lease needs is held for
 longer than one batch (a whole pass in one transaction held them all until its end).
+
+On a ledger distributed by tenant (Citus, ``jobs.distributed``, asked once) a statement over every tenant is a
+multi-shard ``FOR UPDATE``, which Citus refuses. There each statement's sibling ``<name>_tenants`` reads, without
+a lock, which tenants hold its oldest ``batch`` due rows; the statement then runs once per tenant (a batch, a
+transaction each), which Citus routes to that tenant's shard group, and the tenants are read again while a
+round purged a full batch's worth. The budget (``batches_per_pass`` per statement) is the same on one node and
+on many.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .db import Conn
+from .jobs import distributed
 from .queries import Q
 
 DAY = 86400.0
@@ -132,6 +140,7 @@ class RetentionKeeper:
 
     def __init__(self, config: RetentionConfig | None = None) -> None:
         self.config = config or RetentionConfig()
+        self._per_tenant: bool | None = None  # jobs.distributed, asked at the first pass
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RetentionResult:
         """One pass over every window, oldest rows first. Each batch is a transaction of its own, committed
@@ -139,7 +148,9 @@ class RetentionKeeper:
         that batch only, never for the whole pass."""
         c = self.config
         result = RetentionResult(dict.fromkeys(PURGED, 0))
-        limit = {"now": now, "limit": c.batch}
+        if self._per_tenant is None:
+            self._per_tenant = await distributed(conn)
+        limit = {"now": now, "limit": c.batch, "tenant": None}
         payload_policy = {
             **limit,
             "window": c.payloads,
@@ -237,22 +248,48 @@ class RetentionKeeper:
     ) -> None:
         """Up to ``batches_per_pass`` batches of ``query``, each committed on its own together with its
         counters, until one comes back short. ``tally`` reads a batch's counts per ``PURGED`` name, and the
-        number that says whether the batch was full."""
-        for _ in range(self.config.batches_per_pass):
-            async with conn.transaction():
-                cur = await conn.execute(Q[query], params)
-                row = await cur.fetchone() if cur.description is not None else None
-                counts, n = tally(row, cur.rowcount)
-                purged = {what: int(k) for what, k in counts.items() if k}
-                if purged:
-                    await conn.execute(
-                        Q["retention_purges_count"],
-                        {"now": params["now"], "whats": list(purged), "counts": list(purged.values())},
-                    )
-            for what, k in purged.items():
-                result.add(what, k)
-            if n < self.config.batch:
+        number that says whether the batch was full. Per tenant (Citus, when ``query`` has a ``_tenants``
+        sibling in ``_TENANTS_OF``): the same budget, spent tenant by tenant."""
+        budget = self.config.batches_per_pass
+        tenants_query = _TENANTS_OF.get(query)
+        if not self._per_tenant or tenants_query is None:
+            for _ in range(budget):
+                if await self._batch(conn, query, params, tally, result) < self.config.batch:
+                    return
+            return
+        while budget > 0:
+            rows = await (await conn.execute(Q[tenants_query], params)).fetchall()
+            round_purged = 0
+            for row in rows:
+                if budget <= 0:
+                    return
+                budget -= 1
+                round_purged += await self._batch(
+                    conn, query, {**params, "tenant": row["tenant"]}, tally, result
+                )
+            # The tenants read held the oldest `batch` due rows; fewer purged than that means nothing more was due
+            # (or what is left is locked, which the next pass takes), as a short batch does on one node.
+            if round_purged < self.config.batch:
                 return
+
+    async def _batch(
+        self, conn: Conn, query: str, params: Mapping[str, Any], tally: _Tally, result: RetentionResult
+    ) -> int:
+        """One batch of ``query`` and its counters, in a transaction of its own; the number compared with the
+        batch size."""
+        async with conn.transaction():
+            cur = await conn.execute(Q[query], params)
+            row = await cur.fetchone() if cur.description is not None else None
+            counts, n = tally(row, cur.rowcount)
+            purged = {what: int(k) for what, k in counts.items() if k}
+            if purged:
+                await conn.execute(
+                    Q["retention_purges_count"],
+                    {"now": params["now"], "whats": list(purged), "counts": list(purged.values())},
+                )
+        for what, k in purged.items():
+            result.add(what, k)
+        return int(n)
 
     @staticmethod
     async def _clock(conn: Conn) -> datetime:
@@ -269,6 +306,21 @@ class RetentionKeeper:
                 first[row["parent"]] = start
         return first
 
+
+# The statements on distributed tables, and each one's sibling that reads which tenants it has due rows for
+# (Citus). The signature_failures ones have none: that table stays on the coordinator, keyed by source.
+_TENANTS_OF = {
+    "effect_payloads_purge_expired": "effect_payloads_purge_expired_tenants",
+    "reject_payloads_purge_expired": "reject_payloads_purge_expired_tenants",
+    "unmatched_payloads_purge_expired": "unmatched_payloads_purge_expired_tenants",
+    "unmatched_seen_purge_expired": "unmatched_seen_purge_expired_tenants",
+    "deliveries_delete_expired": "deliveries_delete_expired_tenants",
+    "deliveries_default_delete_expired": "deliveries_default_delete_expired_tenants",
+    "effect_rejects_delete_expired": "effect_rejects_delete_expired_tenants",
+    "effect_rejects_default_delete_expired": "effect_rejects_default_delete_expired_tenants",
+    "jobs_delete_expired": "jobs_delete_expired_tenants",
+    "effect_tombstones_delete_expired": "effect_tombstones_delete_expired_tenants",
+}
 
 # How one batch's answer becomes counts: (the row it returned, or None; its rowcount) -> ({PURGED name: n},
 # the number compared with the batch size).

@@ -28,32 +28,43 @@ WHERE f.source = expired.source AND f.reason = expired.reason AND f.minute = exp
 WITH policy AS (
     SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
 ),
-due AS (
-    SELECT j.id AS job_id, j.effect_id, j.state
+locked AS (
+    SELECT j.id AS job_id, j.effect_id
     FROM jobs j JOIN effects e ON e.id = j.effect_id AND e.tenant = j.tenant LEFT JOIN policy p ON p.source = e.source
     WHERE j.finished_at IS NOT NULL AND NOT j.payload_purged
       AND j.finished_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+      AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s) AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s)
     ORDER BY j.finished_at, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j, e SKIP LOCKED
 ),
--- The writes below find their rows by id from an array (`= ANY(ARRAY(…))`), not by joining `due`: with a batch
--- of a thousand rows a planner may hash-join, which reads the whole of jobs and effects once per batch
--- (PostgreSQL 18 did, at 10^5 jobs: tests/integration/test_query_plans.py).
+-- The writes below find their rows by id from an array (`= ANY(ARRAY(…))`), not by joining `locked`: with a
+-- batch of a thousand rows a planner may hash-join, which reads the whole of jobs and effects once per batch
+-- (PostgreSQL 18 did, at 10^5 jobs: tests/integration/test_query_plans.py). On Citus (12.1.9) the locked rows
+-- cannot be joined at all: the FOR UPDATE subplan's result is written in one copy format and read back in
+-- another ("invalid input syntax for type bigint: PGCOPY"). So `due` reads each job's outcome again, by id, and
+-- carries the clock as a column: Citus refuses now() inside an UPDATE's coalesce.
+due AS (
+    SELECT j.effect_id, j.state::text AS outcome, coalesce(%(now)s, now()) AS purged_at
+    FROM jobs j
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM locked)) AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+),
 marked AS (
     UPDATE jobs j SET payload_purged = true
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM due))
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM locked)) AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id
 ),
 purged AS (
-    UPDATE effects e SET payload = NULL, purged_at = coalesce(%(now)s, now()), outcome = due.state::text
+    UPDATE effects e SET payload = NULL, purged_at = due.purged_at, outcome = due.outcome
     FROM due
-    WHERE e.id = ANY (ARRAY(SELECT effect_id FROM due)) AND e.id = due.effect_id
+    WHERE e.id = ANY (ARRAY(SELECT effect_id FROM locked)) AND e.id = due.effect_id
+      AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s)
     RETURNING e.id
 ),
 answers AS (
     UPDATE steps s SET result = NULL, error = NULL
-    WHERE s.effect_id = ANY (ARRAY(SELECT effect_id FROM due)) AND (s.result IS NOT NULL OR s.error IS NOT NULL)
+    WHERE s.effect_id = ANY (ARRAY(SELECT effect_id FROM locked)) AND (s.result IS NOT NULL OR s.error IS NOT NULL)
+      AND (%(tenant)s::text IS NULL OR s.tenant = %(tenant)s)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM purged) AS payloads, (SELECT count(*) FROM answers) AS answers,
@@ -69,11 +80,12 @@ due AS (
     SELECT r.id FROM effect_rejects r LEFT JOIN policy p ON p.source = r.source
     WHERE r.rejected_payload IS NOT NULL
       AND r.received_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
     ORDER BY r.received_at, r.id
     LIMIT %(limit)s
     FOR UPDATE OF r SKIP LOCKED
 )
-UPDATE effect_rejects r SET rejected_payload = NULL FROM due WHERE r.id = due.id;
+UPDATE effect_rejects r SET rejected_payload = NULL FROM due WHERE r.id = due.id AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s);
 
 -- name: unmatched_payloads_purge_expired
 -- Retention: purges the payload kept for replay of up to %(limit)s unmatched deliveries older than their
@@ -85,11 +97,13 @@ due AS (
     SELECT d.id, d.received_at FROM deliveries d LEFT JOIN policy p ON p.source = d.source
     WHERE d.payload IS NOT NULL
       AND d.received_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+      AND (%(tenant)s::text IS NULL OR d.tenant = %(tenant)s)
     ORDER BY d.received_at
     LIMIT %(limit)s
     FOR UPDATE OF d SKIP LOCKED
 )
-UPDATE deliveries d SET payload = NULL FROM due WHERE d.id = due.id AND d.received_at = due.received_at;
+UPDATE deliveries d SET payload = NULL FROM due
+WHERE d.id = due.id AND d.received_at = due.received_at AND (%(tenant)s::text IS NULL OR d.tenant = %(tenant)s);
 
 -- name: unmatched_seen_purge_expired
 -- Retention: forgets up to %(limit)s unmatched bodies first seen before their source's payload window, so the same
@@ -100,12 +114,13 @@ WITH policy AS (
 due AS (
     SELECT u.tenant, u.source, u.fingerprint FROM unmatched_deliveries u LEFT JOIN policy p ON p.source = u.source
     WHERE u.first_seen_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+      AND (%(tenant)s::text IS NULL OR u.tenant = %(tenant)s)
     ORDER BY u.first_seen_at
     LIMIT %(limit)s
     FOR UPDATE OF u SKIP LOCKED
 )
 DELETE FROM unmatched_deliveries u USING due
-WHERE u.tenant = due.tenant AND u.source = due.source AND u.fingerprint = due.fingerprint;
+WHERE u.tenant = due.tenant AND u.source = due.source AND u.fingerprint = due.fingerprint AND (%(tenant)s::text IS NULL OR u.tenant = %(tenant)s);
 
 -- name: deliveries_delete_expired
 -- Retention: deletes up to %(limit)s delivery rows received before %(before)s, oldest first. The caller passes the
@@ -114,11 +129,13 @@ WHERE u.tenant = due.tenant AND u.source = due.source AND u.fingerprint = due.fi
 WITH due AS (
     SELECT id, received_at FROM deliveries
     WHERE received_at < %(before)s
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     ORDER BY received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM deliveries d USING due WHERE d.id = due.id AND d.received_at = due.received_at;
+DELETE FROM deliveries d USING due
+WHERE d.id = due.id AND d.received_at = due.received_at AND (%(tenant)s::text IS NULL OR d.tenant = %(tenant)s);
 
 -- name: deliveries_default_delete_expired
 -- Retention: deletes up to %(limit)s rows of the DEFAULT partition of deliveries older than the history window
@@ -126,11 +143,13 @@ DELETE FROM deliveries d USING due WHERE d.id = due.id AND d.received_at = due.r
 WITH due AS (
     SELECT id, received_at FROM deliveries_default
     WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     ORDER BY received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM deliveries_default d USING due WHERE d.id = due.id AND d.received_at = due.received_at;
+DELETE FROM deliveries_default d USING due
+WHERE d.id = due.id AND d.received_at = due.received_at AND (%(tenant)s::text IS NULL OR d.tenant = %(tenant)s);
 
 -- name: effect_rejects_delete_expired
 -- Retention: deletes up to %(limit)s key-conflict rows received before %(before)s (as deliveries_delete_expired:
@@ -138,22 +157,26 @@ DELETE FROM deliveries_default d USING due WHERE d.id = due.id AND d.received_at
 WITH due AS (
     SELECT id, received_at FROM effect_rejects
     WHERE received_at < %(before)s
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     ORDER BY received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM effect_rejects r USING due WHERE r.id = due.id AND r.received_at = due.received_at;
+DELETE FROM effect_rejects r USING due
+WHERE r.id = due.id AND r.received_at = due.received_at AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s);
 
 -- name: effect_rejects_default_delete_expired
 -- Retention: deletes up to %(limit)s rows of the DEFAULT partition of effect_rejects older than the window.
 WITH due AS (
     SELECT id, received_at FROM effect_rejects_default
     WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     ORDER BY received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM effect_rejects_default r USING due WHERE r.id = due.id AND r.received_at = due.received_at;
+DELETE FROM effect_rejects_default r USING due
+WHERE r.id = due.id AND r.received_at = due.received_at AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s);
 
 -- name: jobs_delete_expired
 -- Retention: deletes up to %(limit)s finished jobs whose payload is purged and that finished longer ago than
@@ -161,20 +184,24 @@ DELETE FROM effect_rejects_default r USING due WHERE r.id = due.id AND r.receive
 WITH due AS (
     SELECT id, effect_id, tenant FROM jobs
     WHERE payload_purged AND finished_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+      AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     ORDER BY finished_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
 gone_steps AS (
-    DELETE FROM steps s USING due WHERE s.effect_id = due.effect_id AND s.tenant = due.tenant RETURNING 1
+    DELETE FROM steps s USING due WHERE s.effect_id = due.effect_id AND s.tenant = due.tenant
+        AND (%(tenant)s::text IS NULL OR s.tenant = %(tenant)s) RETURNING 1
 ),
 gone_attempts AS (
-    DELETE FROM job_attempts a USING due WHERE a.job_id = due.id AND a.tenant = due.tenant RETURNING 1
+    DELETE FROM job_attempts a USING due WHERE a.job_id = due.id AND a.tenant = due.tenant
+        AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s) RETURNING 1
 ),
 gone_jobs AS (
     -- Steps and attempts reference the job; deleted by this same statement, the foreign keys (checked at its
     -- end) hold.
-    DELETE FROM jobs j USING due WHERE j.id = due.id AND j.tenant = due.tenant RETURNING 1
+    DELETE FROM jobs j USING due WHERE j.id = due.id AND j.tenant = due.tenant
+        AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s) RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone_jobs) AS jobs, (SELECT count(*) FROM gone_attempts) AS attempts,
        (SELECT count(*) FROM gone_steps) AS steps;
@@ -193,28 +220,35 @@ due AS (
     ) w
     WHERE e.purged_at IS NOT NULL AND w.secs IS NOT NULL
       AND e.last_seen_at < coalesce(%(now)s, now()) - make_interval(secs => w.secs)
+      AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s)
     ORDER BY e.last_seen_at, e.id
     LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
 ),
 gone_steps AS (
-    DELETE FROM steps s USING due WHERE s.effect_id = due.id AND s.tenant = due.tenant RETURNING 1
+    DELETE FROM steps s USING due WHERE s.effect_id = due.id AND s.tenant = due.tenant
+        AND (%(tenant)s::text IS NULL OR s.tenant = %(tenant)s) RETURNING 1
 ),
 gone_attempts AS (
     DELETE FROM job_attempts a USING jobs j, due
-    WHERE j.effect_id = due.id AND j.tenant = due.tenant AND a.job_id = j.id AND a.tenant = j.tenant RETURNING 1
+    WHERE j.effect_id = due.id AND j.tenant = due.tenant AND a.job_id = j.id AND a.tenant = j.tenant
+      AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s) RETURNING 1
 ),
 gone_jobs AS (
-    DELETE FROM jobs j USING due WHERE j.effect_id = due.id AND j.tenant = due.tenant RETURNING 1
+    DELETE FROM jobs j USING due WHERE j.effect_id = due.id AND j.tenant = due.tenant
+        AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s) RETURNING 1
 ),
 gone_deliveries AS (
-    DELETE FROM deliveries d USING due WHERE d.effect_id = due.id AND d.tenant = due.tenant RETURNING 1
+    DELETE FROM deliveries d USING due WHERE d.effect_id = due.id AND d.tenant = due.tenant
+        AND (%(tenant)s::text IS NULL OR d.tenant = %(tenant)s) RETURNING 1
 ),
 gone_rejects AS (
-    DELETE FROM effect_rejects r USING due WHERE r.effect_id = due.id AND r.tenant = due.tenant RETURNING 1
+    DELETE FROM effect_rejects r USING due WHERE r.effect_id = due.id AND r.tenant = due.tenant
+        AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s) RETURNING 1
 ),
 gone AS (
-    DELETE FROM effects e USING due WHERE e.id = due.id AND e.tenant = due.tenant RETURNING 1
+    DELETE FROM effects e USING due WHERE e.id = due.id AND e.tenant = due.tenant
+        AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s) RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS tombstones, (SELECT count(*) FROM gone_deliveries) AS deliveries,
        (SELECT count(*) FROM gone_rejects) AS rejects, (SELECT count(*) FROM gone_jobs) AS jobs,
@@ -263,3 +297,118 @@ SELECT history_partition_drop_v2(%(name)s) AS rows;
 -- Bounds how long this transaction waits for a lock: partition DDL needs the parent table exclusively for a
 -- moment, and must give up (and try next tick) rather than queue every claim behind it.
 SELECT set_config('lock_timeout', %(lock_timeout)s, true);
+
+
+-- name: effect_payloads_purge_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for effect_payloads_purge_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+WITH policy AS (
+    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+)
+SELECT tenant FROM (
+    SELECT j.tenant, j.finished_at FROM jobs j
+    JOIN effects e ON e.id = j.effect_id AND e.tenant = j.tenant LEFT JOIN policy p ON p.source = e.source
+    WHERE j.finished_at IS NOT NULL AND NOT j.payload_purged
+      AND j.finished_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+    ORDER BY j.finished_at
+    LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(finished_at);
+
+-- name: reject_payloads_purge_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for reject_payloads_purge_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+WITH policy AS (
+    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+)
+SELECT tenant FROM (
+    SELECT r.tenant, r.received_at FROM effect_rejects r LEFT JOIN policy p ON p.source = r.source
+    WHERE r.rejected_payload IS NOT NULL
+      AND r.received_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+    ORDER BY r.received_at
+    LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(received_at);
+
+-- name: unmatched_payloads_purge_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for unmatched_payloads_purge_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+WITH policy AS (
+    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+)
+SELECT tenant FROM (
+    SELECT d.tenant, d.received_at FROM deliveries d LEFT JOIN policy p ON p.source = d.source
+    WHERE d.payload IS NOT NULL
+      AND d.received_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+    ORDER BY d.received_at
+    LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(received_at);
+
+-- name: unmatched_seen_purge_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for unmatched_seen_purge_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+WITH policy AS (
+    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+)
+SELECT tenant FROM (
+    SELECT u.tenant, u.first_seen_at FROM unmatched_deliveries u LEFT JOIN policy p ON p.source = u.source
+    WHERE u.first_seen_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
+    ORDER BY u.first_seen_at
+    LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(first_seen_at);
+
+-- name: deliveries_delete_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for deliveries_delete_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+SELECT tenant FROM (
+    SELECT tenant, received_at FROM deliveries WHERE received_at < %(before)s ORDER BY received_at LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(received_at);
+
+-- name: deliveries_default_delete_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for deliveries_default_delete_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+SELECT tenant FROM (
+    SELECT tenant, received_at FROM deliveries_default
+    WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+    ORDER BY received_at LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(received_at);
+
+-- name: effect_rejects_delete_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for effect_rejects_delete_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+SELECT tenant FROM (
+    SELECT tenant, received_at FROM effect_rejects WHERE received_at < %(before)s ORDER BY received_at LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(received_at);
+
+-- name: effect_rejects_default_delete_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for effect_rejects_default_delete_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+SELECT tenant FROM (
+    SELECT tenant, received_at FROM effect_rejects_default
+    WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+    ORDER BY received_at LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(received_at);
+
+-- name: jobs_delete_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for jobs_delete_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+SELECT tenant FROM (
+    SELECT tenant, finished_at FROM jobs
+    WHERE payload_purged AND finished_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
+    ORDER BY finished_at LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(finished_at);
+
+-- name: effect_tombstones_delete_expired_tenants
+-- Retention on Citus: the tenants with the oldest %(limit)s rows due for effect_tombstones_delete_expired, oldest first,
+-- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+WITH policy AS (
+    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+)
+SELECT tenant FROM (
+    SELECT e.tenant, e.last_seen_at FROM effects e LEFT JOIN policy p ON p.source = e.source
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN p.source IS NULL THEN %(window)s::float8 ELSE p.secs END AS secs
+    ) w
+    WHERE e.purged_at IS NOT NULL AND w.secs IS NOT NULL
+      AND e.last_seen_at < coalesce(%(now)s, now()) - make_interval(secs => w.secs)
+    ORDER BY e.last_seen_at
+    LIMIT %(limit)s
+) due GROUP BY tenant ORDER BY min(last_seen_at);

@@ -61,7 +61,8 @@ async def test_a_claimed_job_is_leased_run_and_finished_by_a_worker(pool: db.Poo
     registry.register(EffectKind(name=KIND, source="stripe", events=("*",), fn=ship))
     async with pool.connection() as conn:
         job_ids = {await claim(conn, tenant, f"order-{tenant}") for tenant in TENANTS}
-    # No background reconciler: retention still spans every tenant, which Citus refuses (deploy/README.md).
+    # The worker alone: the maintenance services have tests of their own on the cluster (test_retention_on_citus,
+    # test_fencing_on_citus).
     config = WorkerConfig(
         run_reconciler=False, poll_interval=0.05, backoff_base=0.0, reconciler=ReconcilerConfig()
     )

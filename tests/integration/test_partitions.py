@@ -166,7 +166,7 @@ async def test_the_row_delete_plan_reaches_only_the_legacy_and_default_partition
     from effectgate.ledger.queries import Q
 
     await keeper().run_once(conn, now=hours(0.5))
-    params = {"before": hours(0), "limit": 10}  # the first time partition's start
+    params = {"before": hours(0), "limit": 10, "tenant": None}  # the first time partition's start
     plan = await (
         await conn.execute("EXPLAIN (FORMAT JSON) " + Q["deliveries_delete_expired"], params)  # type: ignore[operator]
     ).fetchone()
