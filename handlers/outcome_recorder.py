@@ -152,7 +152,15 @@ class OutcomeRecorder:
         reached = await self._transition(
             lease,
             kind,
-            lambda conn: jobs.retry(conn, job_id, token, delay=delay, error=error, tenant=lease.tenant),
+            lambda conn: jobs.retry(
+                conn,
+                job_id,
+                token,
+                delay=delay,
+                error=error,
+                tenant=lease.tenant,
+                per_tenant=self._finishes.per_tenant,
+            ),
         )
         if reached.state == JobState.PENDING:
             log.warning("worker.retry", extra={**_job_fields(lease, exc, step), "delay": round(delay, 3)})

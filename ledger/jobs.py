@@ -419,9 +419,14 @@ async def retry(
     error: dict[str, Any],
     now: datetime | None = None,
     tenant: str | None = None,
+    per_tenant: bool = False,
 ) -> Reached:
     """Give the job back for another attempt after ``delay`` seconds, fenced; ``cancelled`` if a cancel
-    was asked meanwhile. The attempt's error is stored with it. Raises ``LeaseLost``."""
+    was asked meanwhile. The attempt's error is stored with it. Raises ``LeaseLost``.
+
+    A retry due at once wakes the workers of its kind. ``per_tenant`` (a ledger distributed by tenant,
+    ``distributed``): the statement runs on the tenant's worker node, where its NOTIFY is heard by nobody, so
+    the wake-up is sent again from this session (the coordinator)."""
     row = await (
         await conn.execute(
             Q["job_retry_if_leased"],
@@ -435,7 +440,11 @@ async def retry(
             },
         )
     ).fetchone()
-    return _reached(job_id, lease_token, row)
+    reached = _reached(job_id, lease_token, row)
+    if per_tenant and delay <= 0 and reached.state == JobState.PENDING:
+        assert row is not None  # _reached raised LeaseLost otherwise
+        await conn.execute(Q["jobs_notify"], {"kinds": [row["kind"]]})
+    return reached
 
 
 async def hand_back(

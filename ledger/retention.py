@@ -47,6 +47,8 @@ DEFAULT_TOMBSTONES: float | None = None  # kept forever unless the operator opts
 DEFAULT_SIGNATURE_FAILURES = 30 * DAY
 DEFAULT_BATCH = 1000
 DEFAULT_BATCHES_PER_PASS = 20
+#: On a ledger distributed by tenant: how many per-tenant statements one batch of a pass's budget may cost.
+TENANT_STATEMENTS_PER_BATCH = 10
 
 #: What the keeper purges, in the order it does, by the name counters and reports use.
 PURGED = (
@@ -248,28 +250,42 @@ class RetentionKeeper:
     ) -> None:
         """Up to ``batches_per_pass`` batches of ``query``, each committed on its own together with its
         counters, until one comes back short. ``tally`` reads a batch's counts per ``PURGED`` name, and the
-        number that says whether the batch was full. Per tenant (Citus, when ``query`` has a ``_tenants``
-        sibling in ``_TENANTS_OF``): the same budget, spent tenant by tenant."""
-        budget = self.config.batches_per_pass
+        number that says whether the batch was full.
+
+        Per tenant (Citus, when ``query`` has a sibling in ``_TENANTS_OF``): the same budget in rows
+        (``batches_per_pass`` x ``batch``), spent tenant by tenant, a batch each; and at most
+        ``TENANT_STATEMENTS_PER_BATCH`` routed statements per batch of the budget, so that rows spread thin
+        over many tenants (one due row each) cannot hold a reconciler pass (and the next pass's lease
+        rescue) for one statement per tenant."""
+        c = self.config
         tenants_query = _TENANTS_OF.get(query)
         if not self._per_tenant or tenants_query is None:
-            for _ in range(budget):
-                if await self._batch(conn, query, params, tally, result) < self.config.batch:
+            for _ in range(c.batches_per_pass):
+                if await self._batch(conn, query, params, tally, result) < c.batch:
                     return
             return
-        while budget > 0:
-            rows = await (await conn.execute(Q[tenants_query], params)).fetchall()
+        rows_left = c.batches_per_pass * c.batch
+        statements_left = c.batches_per_pass * TENANT_STATEMENTS_PER_BATCH
+        while rows_left > 0:
+            asked = min(c.batch, rows_left)
+            rows = await (await conn.execute(Q[tenants_query], {**params, "limit": asked})).fetchall()
             round_purged = 0
             for row in rows:
-                if budget <= 0:
+                if statements_left <= 0 or rows_left <= 0:
                     return
-                budget -= 1
-                round_purged += await self._batch(
-                    conn, query, {**params, "tenant": row["tenant"]}, tally, result
+                statements_left -= 1
+                n = await self._batch(
+                    conn,
+                    query,
+                    {**params, "limit": min(c.batch, rows_left), "tenant": row["tenant"]},
+                    tally,
+                    result,
                 )
-            # The tenants read held the oldest `batch` due rows; fewer purged than that means nothing more was due
+                rows_left -= n
+                round_purged += n
+            # The tenants read held the oldest `asked` due rows; fewer purged than that means nothing more was due
             # (or what is left is locked, which the next pass takes), as a short batch does on one node.
-            if round_purged < self.config.batch:
+            if round_purged < asked:
                 return
 
     async def _batch(

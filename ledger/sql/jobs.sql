@@ -288,10 +288,11 @@ closed AS (
       AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)
 ),
 woken AS (
-    -- A retry due at once (no backoff) must not wait for the next poll.
+    -- A retry due at once (no backoff) must not wait for the next poll. On Citus this statement runs whole on
+    -- the tenant's worker node, where nobody listens: jobs.retry(per_tenant=True) wakes from the coordinator.
     SELECT count(pg_notify('effectgate_jobs', kind)) AS n FROM done WHERE state = 'pending' AND %(delay)s <= 0
 )
-SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FROM done;
+SELECT state::text AS state, terminal_reason, kind, (SELECT n FROM woken) AS woken FROM done;
 
 -- name: job_hand_back_if_leased
 -- A slice spent its budget and hands the rest back: re-queued at once, lease released, fenced by the token.

@@ -145,3 +145,38 @@ async def test_the_rescuer_and_the_waker_run_per_tenant_on_both_nodes(citus_url:
     woken = await PendingWaker(WakerConfig(pending_ttl=60.0)).run_once(conn)
     assert woken.woken >= 12
     assert (await PendingWaker(WakerConfig(pending_ttl=60.0)).run_once(conn)).woken == 0
+
+
+async def test_a_retry_due_at_once_wakes_the_coordinators_listeners(citus_url: str, conn: db.Conn) -> None:
+    tenant, kind = "retry-wake", "retry-wake"  # a kind of its own: other tests leave fence jobs due
+    for n, per_tenant in enumerate((False, True)):
+        [[claimed]] = await claim_deliveries(
+            conn,
+            [(delivery(tenant, f"retry-wake-{n}"), [EffectRequest(f"retry-wake-{n}", kind, 5, "redrive")])],
+            per_tenant=True,
+        )
+        assert isinstance(claimed, Accepted)
+        job_id = claimed.job_id
+        [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=1, per_tenant=True)
+        assert lease.job_id == job_id
+        listener = await db.connect(citus_url)
+        async with listener:
+            await listener.execute("LISTEN effectgate_jobs")
+            reached = await jobs.retry(
+                conn,
+                job_id,
+                lease.lease_token,
+                delay=0.0,
+                error={"type": "E"},
+                tenant=tenant,
+                per_tenant=per_tenant,
+            )
+            assert reached.state == JobState.PENDING
+            heard = [x.payload async for x in listener.notifies(timeout=1.5, stop_after=1)]
+        # The statement alone runs on the tenant's worker node: its own NOTIFY fires there, unheard. With
+        # per_tenant the wake-up is sent again from the coordinator.
+        assert heard == ([kind] if per_tenant else []), (per_tenant, heard)
+        # Leave nothing due for the next round's fetch.
+        [again] = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=1, per_tenant=True)
+        done = Finish(again.job_id, again.lease_token, JobState.SUCCEEDED, "w", tenant=tenant)
+        assert (await finish_many(conn, [done], per_tenant=True))[0] is not None
