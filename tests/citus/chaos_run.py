@@ -220,7 +220,8 @@ def ledger(url: str, schema: str) -> dict[str, Any]:
 
 
 def log_events(paths: list[Path]) -> tuple[Counter[str], set[int]]:
-    """The processes' JSON log lines at warning or error, counted by level and event name; and the jobs a
+    """The processes' JSON log lines at warning or error, counted by level and event name (a failed maintenance
+    pass by each service that failed in it, and the error's class); and the jobs a
     worker gave up on (``worker.job_crashed``: its outcome not recorded, the job left to lease expiry)."""
     found, crashed = Counter[str](), set[int]()
     for path in paths:
@@ -230,7 +231,14 @@ def log_events(paths: list[Path]) -> tuple[Counter[str], set[int]]:
             except ValueError:
                 continue
             if isinstance(entry, dict) and entry.get("level") in ("warning", "error"):
-                found[f"{entry['level']} {entry.get('event')}"] += 1
+                what = f"{entry['level']} {entry.get('event')}"
+                failed = entry.get("service_errors") or {}
+                if entry.get("event") == "reconciler.failed" and isinstance(failed, dict) and failed:
+                    # Which service failed, and how (the error's class): a node stopped explains some, not all.
+                    for service, error in sorted(failed.items()):
+                        found[f"{what} ({service}: {str(error).splitlines()[0][:90]})"] += 1
+                else:
+                    found[what] += 1
                 if entry.get("event") == "worker.job_crashed":
                     crashed.add(int(entry["job_id"]))
     return found, crashed
