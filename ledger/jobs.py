@@ -25,7 +25,7 @@ from .db import Conn
 from .errors import LeaseBusy, LeaseLost
 from .job_admin import AttemptRow, JobRow, Refused, attempts, cancel, get, redrive
 from .job_finishes import Finish, Reached, finish, finish_many
-from .queries import Q
+from .queries import Q, without_cte
 from .storable import storable_record
 from .vocabulary import JobState
 
@@ -74,6 +74,10 @@ FETCH_SUPERSEDED_ROUNDS = 4
 # fetch cost the backlog again. 1,000 rows cost about a millisecond (docs/performance.md); the cost is that a
 # longer such run holds the rest of its kind back until its holders finish.
 FETCH_SCAN_LIMIT = 1_000
+
+# The fetch for one tenant on Citus: job_fetch_and_lease without its attempts CTE, which is one router task;
+# the attempts are opened by job_attempt_open in the same transaction (_fetch_routed).
+_ROUTED_FETCH = without_cte(Q["job_fetch_and_lease"], "attempt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,30 @@ async def _fetch_tenant(
     return leases
 
 
+async def _fetch_routed(conn: Conn, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One tenant's fetch on Citus: the fetch without its attempts CTE (one router task), then each leased
+    job's attempt row (router inserts, pipelined), in one transaction on the tenant's node (or a savepoint in
+    the caller's)."""
+    async with conn.transaction():
+        rows = await (await conn.execute(_ROUTED_FETCH, params)).fetchall()
+        opened = [
+            {
+                "job_id": r["id"],
+                "tenant": r["tenant"],
+                "attempt": r["attempt"],
+                "lease_token": r["lease_token"],
+                "owner": params["owner"],
+                "now": params["now"],
+            }
+            for r in rows
+            if r["id"] is not None
+        ]
+        if opened:
+            async with conn.cursor() as cur:
+                await cur.executemany(Q["job_attempt_open"], opened)
+    return rows
+
+
 async def _fetch_once(
     conn: Conn,
     owner: str,
@@ -206,7 +234,9 @@ async def _fetch_once(
     }
     for _ in range(FETCH_LOCK_KEY_RETRIES):
         try:
-            if conn.info.transaction_status:
+            if tenant is not None:
+                rows = await _fetch_routed(conn, params)
+            elif conn.info.transaction_status:
                 # Inside the caller's transaction: a savepoint, so a refused fetch does not abort it.
                 async with conn.transaction():
                     rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()

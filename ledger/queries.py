@@ -46,6 +46,21 @@ def load(directory: Traversable = SQL_DIR) -> dict[str, str]:
     return queries
 
 
+def without_cte(query: LiteralString, name: str) -> LiteralString:
+    """``query`` with its CTE ``name`` (``, name AS (…)``, up to the matching parenthesis) cut out, for a
+    statement that one planner must be sent without one of its parts (Citus: ledger/jobs.py's routed fetch).
+    The CTE must not be referenced by the rest; ``ValueError`` if ``query`` has no such CTE."""
+    start = re.search(rf",\s*{re.escape(name)} AS \(", query)
+    if start is None:
+        raise ValueError(f"no CTE {name!r} in the query")
+    depth = 0
+    for at in range(start.end() - 1, len(query)):
+        depth += {"(": 1, ")": -1}.get(query[at], 0)
+        if depth == 0:
+            return query[: start.start()] + query[at + 1 :]
+    raise ValueError(f"CTE {name!r} is not closed")
+
+
 class _Queries(Mapping[str, LiteralString]):
     def __init__(self, queries: dict[str, str]) -> None:
         self._queries = queries

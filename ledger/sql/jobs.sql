@@ -95,6 +95,9 @@ leased AS (
     RETURNING j.id, j.effect_id, j.kind, j.tenant, j.attempt, j.max_attempts, j.lease_token, j.checkpoint,
               j.cancel_requested, j.lock_key, j.trace_parent
 ),
+-- On Citus this CTE is cut out (ledger/jobs.py, _ROUTED_FETCH): an INSERT ... SELECT from a CTE makes Citus
+-- plan every CTE as a subplan of its own, where without it the fetch is one router task; the attempts are then
+-- opened by job_attempt_open in the same transaction.
 attempt AS (
     INSERT INTO job_attempts (job_id, tenant, attempt, lease_token, worker, started_at)
     SELECT id, tenant, attempt, lease_token, %(owner)s, (SELECT coalesce(%(now)s, now())) FROM leased
@@ -111,6 +114,12 @@ FROM (SELECT (SELECT count(*) FROM superseded) AS superseded,
      LEFT JOIN (leased l JOIN effects e ON e.id = l.effect_id AND e.tenant = l.tenant
                                            AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s)) ON true
 ORDER BY l.id;
+
+-- name: job_attempt_open
+-- Leasing on Citus: opens the attempt row of one job the routed fetch leased (one row per statement, a router
+-- INSERT to the tenant's shard; sent for a whole fetch at once with executemany, in the fetch's transaction).
+INSERT INTO job_attempts (job_id, tenant, attempt, lease_token, worker, started_at)
+VALUES (%(job_id)s, %(tenant)s, %(attempt)s, %(lease_token)s, %(owner)s, coalesce(%(now)s, now()));
 
 -- name: job_tenants_due
 -- Leasing on Citus (jobs.fetch_and_lease with per_tenant): the tenants of the earliest %(limit)s due pending jobs

@@ -19,7 +19,6 @@ from effectgate.handlers import EffectContext, EffectKind, Event, Registry
 from effectgate.handlers.worker import Worker, WorkerConfig
 from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
-from effectgate.ledger.queries import Q
 from effectgate.ledger.reconciler import ReconcilerConfig
 
 from .test_ledger_on_citus import delivery, explain
@@ -93,6 +92,7 @@ ROUTER = {
     "job_retry_if_leased": {"delay": 1.0, "error": "{}"},
     "lease_extend_if_held": {"job_ids": [1], "lease_tokens": [1], "ttls": [30.0]},
     "lease_abandon_if_held": {"job_ids": [1], "lease_tokens": [1]},
+    "job_attempt_open": {"attempt": 1, "owner": "w"},
     "job_finish_if_leased": {
         "job_ids": [1],
         "lease_tokens": [1],
@@ -115,15 +115,8 @@ ROUTED_IN_STEPS = {
         "error": None,
     },
     "step_start_if_leased": {"name": "a", "idempotency_key": "k"},
-    "job_fetch_and_lease": {
-        "hooked": [],
-        "owner": "w",
-        "kinds": ["charge"],
-        "ttls": [30.0],
-        "limit": 5,
-        "scan_limit": 1000,
-    },
 }
+FETCH = {"hooked": [], "owner": "w", "kinds": ["charge"], "ttls": [30.0], "limit": 5, "scan_limit": 1000}
 
 
 @pytest.mark.parametrize("name", sorted(ROUTER))
@@ -140,6 +133,19 @@ async def test_a_worker_statement_for_one_tenant_touches_one_shard_group(conn: d
     counts = re.findall(r"Task Count: (\d+)", text)
     print(name, "subplans:", text.count("Distributed Subplan"), "tasks:", counts)
     assert counts and set(counts) == {"1"}, text
+
+
+async def test_the_fetch_for_one_tenant_is_one_router_task(conn: db.Conn) -> None:
+    # What the worker sends on Citus: the fetch without its attempts CTE (the attempts are job_attempt_open,
+    # above). The whole statement, with it, is planned as subplans.
+    async with conn.transaction(force_rollback=True):
+        routed = await (await conn.execute("EXPLAIN " + jobs._ROUTED_FETCH, {**FENCED, **FETCH})).fetchall()
+    text = "\n".join(next(iter(r.values())) for r in routed)
+    assert re.findall(r"Task Count: \d+", text) == ["Task Count: 1"] and "Distributed Subplan" not in text, (
+        text
+    )
+    whole = await explain(conn, "job_fetch_and_lease", {**FENCED, **FETCH})
+    assert "Distributed Subplan" in whole  # why the attempts are cut out
 
 
 async def test_statements_per_fetch_grow_with_the_tenants_leased_from(conn: db.Conn) -> None:
@@ -164,4 +170,10 @@ async def test_statements_per_fetch_grow_with_the_tenants_leased_from(conn: db.C
         ms = (time.perf_counter() - started) * 1000
         print(f"tenants {n}: leased {len(leases)}, statements {sent}, {ms:.1f} ms")
         assert len(leases) == n and sent == 1 + n
-        assert Q["job_fetch_and_lease"]  # the same statement as on one node, restricted to one tenant
+        opened = await (
+            await conn.execute(
+                "SELECT count(*) AS n FROM job_attempts WHERE job_id = ANY(%s) AND worker = 'w'",
+                ([lease.job_id for lease in leases],),
+            )
+        ).fetchone()
+        assert opened is not None and opened["n"] == n  # each lease opened its attempt

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from effectgate.ledger.queries import SQL_DIR, Q, parse
+from effectgate.ledger.queries import SQL_DIR, Q, parse, without_cte
 
 LEDGER = Path(__file__).resolve().parents[2] / "ledger"
 # A query is reached as Q["name"], or by name through a helper such as reports._fetch(conn, "name", …).
@@ -52,3 +52,17 @@ def test_no_sql_strings_in_the_ledgers_python() -> None:
         if path.name != "queries.py" and pattern.search(path.read_text())
     ]
     assert offenders == []
+
+
+def test_a_cte_is_cut_out_whole_and_only_it() -> None:
+    query = (
+        "WITH a AS (SELECT (1)), b AS (INSERT INTO t SELECT f((2)) FROM a), c AS (SELECT 3) SELECT * FROM c"
+    )
+    assert without_cte(query, "b") == "WITH a AS (SELECT (1)), c AS (SELECT 3) SELECT * FROM c"
+    with pytest.raises(ValueError, match="no CTE 'd'"):
+        without_cte(query, "d")
+    # The routed fetch (ledger/jobs.py): the attempts insert goes, every other part stays.
+    fetch = Q["job_fetch_and_lease"]
+    routed = without_cte(fetch, "attempt")
+    assert "job_attempts" in fetch and "job_attempts" not in routed
+    assert routed.count("UPDATE jobs") == fetch.count("UPDATE jobs") == 2 and routed.endswith("ORDER BY l.id")
