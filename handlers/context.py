@@ -56,9 +56,12 @@ class EffectContext:
         services: Services,
         slice_budget: float,
         clock: Callable[[], float] = time.monotonic,
+        per_tenant: bool = False,
     ) -> None:
         self._pool = pool
         self._lease = lease
+        # A ledger distributed by tenant (Citus): a step's write is two router statements (ledger.steps).
+        self._per_tenant = per_tenant
         self.event = event
         self._recorded = recorded
         self._services = services
@@ -250,6 +253,7 @@ class EffectContext:
                 job_id=self._lease.job_id,
                 lease_token=self._lease.lease_token,
                 tenant=self._lease.tenant,
+                per_tenant=self._per_tenant,
                 name=name,
                 idempotency_key=key,
                 status=status,
@@ -265,6 +269,7 @@ class EffectContext:
                 job_id=self._lease.job_id,
                 lease_token=self._lease.lease_token,
                 tenant=self._lease.tenant,
+                per_tenant=self._per_tenant,
                 name=name,
                 idempotency_key=key,
             )

@@ -474,7 +474,7 @@ class Worker:
         recorded: dict[str, steps.RecordedStep] = {}
         if lease.has_steps:
             async with db.connection(self.pool) as conn:
-                recorded = await steps.for_effect(conn, lease.effect_id)
+                recorded = await steps.for_effect(conn, lease.effect_id, tenant=lease.tenant)
         event = Event(lease.source, lease.event_id, lease.event_type, lease.payload, lease.tenant)
         ctx = EffectContext(
             pool=self.pool,
@@ -483,6 +483,7 @@ class Worker:
             recorded=recorded,
             services=self.services,
             slice_budget=kind.slice_budget,
+            per_tenant=bool(self._per_tenant),
         )
         ctx.draining = self._stopping.is_set()
         self._contexts[lease.job_id] = ctx

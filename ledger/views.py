@@ -68,7 +68,7 @@ async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None)
             effect["payload"], reject.pop("rejected_payload")
         )
     attempts = await ledger_jobs.attempts(conn, job_id) if job_id is not None else []
-    steps = await _fetch(conn, "steps_for_effect", params)
+    steps = await _fetch(conn, "steps_for_effect", {**params, "tenant": holder})
     return EffectView(effect, job, deliveries, rejects, attempts, steps)
 
 
@@ -87,7 +87,7 @@ async def job_view(conn: Conn, job_id: int) -> JobView | None:
     if job is None:
         return None
     attempts = await ledger_jobs.attempts(conn, job["id"])
-    steps = await _fetch(conn, "steps_for_effect", {"effect_id": job["effect_id"]})
+    steps = await _fetch(conn, "steps_for_effect", {"effect_id": job["effect_id"], "tenant": job["tenant"]})
     return JobView(job, attempts, steps)
 
 

@@ -8,12 +8,12 @@ from collections import Counter
 
 import pytest
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db, jobs, steps
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_deliveries
-from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
 from effectgate.ledger.job_finishes import Finish, finish_many
 from effectgate.ledger.rescuer import LeaseRescuer
-from effectgate.ledger.vocabulary import JobState
+from effectgate.ledger.vocabulary import JobState, StepStatus
 from effectgate.ledger.waker import PendingWaker, WakerConfig
 
 from .test_ledger_on_citus import delivery, rows
@@ -180,3 +180,36 @@ async def test_a_retry_due_at_once_wakes_the_coordinators_listeners(citus_url: s
         [again] = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=1, per_tenant=True)
         done = Finish(again.job_id, again.lease_token, JobState.SUCCEEDED, "w", tenant=tenant)
         assert (await finish_many(conn, [done], per_tenant=True))[0] is not None
+
+
+async def test_a_steps_write_on_the_cluster_is_fenced_and_recorded_once(conn: db.Conn) -> None:
+    tenant = kind = "step-fence"  # a kind of its own: other tests leave fence jobs due
+    [[claimed]] = await claim_deliveries(
+        conn,
+        [(delivery(tenant, "step-fence-1"), [EffectRequest("step-fence-1", kind, 5, "redrive")])],
+        per_tenant=True,
+    )
+    assert isinstance(claimed, Accepted)
+    job_id = claimed.job_id
+    [first] = await jobs.fetch_and_lease(conn, owner="a", kinds={kind: 30.0}, limit=1, per_tenant=True)
+    assert first.job_id == job_id
+    step = {"job_id": job_id, "tenant": tenant, "name": "charge", "idempotency_key": "k", "per_tenant": True}
+    await steps.mark_started(conn, lease_token=first.lease_token, **step)
+    await steps.record(
+        conn, lease_token=first.lease_token, status=StepStatus.SUCCEEDED, result={"id": 1}, **step
+    )
+    with pytest.raises(StepAlreadyRecorded):
+        await steps.record(
+            conn, lease_token=first.lease_token, status=StepStatus.SUCCEEDED, result={"id": 2}, **step
+        )
+    await conn.execute(
+        "UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE tenant = %s AND id = %s",
+        (tenant, job_id),
+    )
+    assert (await LeaseRescuer().run_once(conn)).redriven == [job_id]
+    with pytest.raises(LeaseLost):
+        await steps.mark_started(conn, lease_token=first.lease_token, **{**step, "name": "ship"})
+    recorded = await steps.for_effect(conn, first.effect_id, tenant=tenant)
+    assert {n: (r.status, r.result) for n, r in recorded.items()} == {
+        "charge": (StepStatus.SUCCEEDED, {"id": 1})
+    }

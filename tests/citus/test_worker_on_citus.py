@@ -93,6 +93,18 @@ ROUTER = {
     "lease_extend_if_held": {"job_ids": [1], "lease_tokens": [1], "ttls": [30.0]},
     "lease_abandon_if_held": {"job_ids": [1], "lease_tokens": [1]},
     "job_attempt_open": {"attempt": 1, "owner": "w"},
+    # A step's write on the cluster (ledger.steps, per_tenant): the fenced lock, then the upsert.
+    "step_lease_progress_if_leased": {},
+    "step_lease_lock_if_leased": {},
+    "step_upsert_over_started": {
+        "effect_id": 1,
+        "name": "a",
+        "idempotency_key": "k",
+        "status": "succeeded",
+        "result": None,
+        "error": None,
+    },
+    "steps_for_effect": {"effect_id": 1},
     "job_finish_if_leased": {
         "job_ids": [1],
         "lease_tokens": [1],
@@ -104,7 +116,8 @@ ROUTER = {
     },
 }
 # One shard group each, but in steps: Citus plans a CTE that inserts from another, or one that calls pg_notify
-# (which must run on the coordinator, where the workers LISTEN), as subplans, each a single task.
+# (which must run on the coordinator, where the workers LISTEN), as subplans, each a single task. The two step
+# statements are what one node sends; on the cluster the worker sends the router pair above instead.
 ROUTED_IN_STEPS = {
     "job_hand_back_if_leased": {"poison_threshold": 3, "by": "w"},
     "step_record_if_leased": {

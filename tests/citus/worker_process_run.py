@@ -5,8 +5,8 @@
 A fresh schema is migrated and distributed, a project with one effect kind (one recorded step) is written to a
 temporary folder, and ``effectgate worker --no-migrate`` is started on it with ``DATABASE_URL`` the coordinator.
 One delivery per tenant is claimed through ``ledger.claims``; the run waits for every job to succeed, prints
-the jobs' states and step counts, lets the worker run ``--linger`` seconds more (its reconciler ticks each
-second), stops it with SIGTERM, and drops the schema. Exits 1 unless every job succeeded with its step recorded
+the jobs' states and step counts, waits for ``--passes`` retention passes of the worker's reconciler (it ticks
+each second), stops it with SIGTERM, and drops the schema. Exits 1 unless every job succeeded with its step recorded
 once, the worker logged no error (a failed maintenance pass is one) and exited 0. Not part of `make citus-check`: a process
 start costs seconds the in-process test (test_worker_on_citus.py) does not need.
 """
@@ -99,6 +99,21 @@ async def claim_and_wait(url: str, schema: str, tenants: int) -> list[tuple[str,
             await asyncio.sleep(0.5)
 
 
+async def retention_passes(url: str, schema: str, wanted: int, *, deadline: float) -> int:
+    """How many retention passes ran (distinct ``retention_purges.last_run_at``), polled until ``wanted`` or the
+    deadline."""
+    conn = await db.connect(url, schema=schema)
+    seen: set[object] = set()
+    async with conn:
+        started = time.monotonic()
+        while len(seen) < wanted and time.monotonic() - started < deadline:
+            row = await (await conn.execute("SELECT max(last_run_at) AS at FROM retention_purges")).fetchone()
+            if row is not None and row["at"] is not None:
+                seen.add(row["at"])
+            await asyncio.sleep(0.2)
+    return len(seen)
+
+
 def _is_error(line: str) -> bool:
     try:
         record = json.loads(line)
@@ -111,10 +126,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tenants", type=int, default=5)
     parser.add_argument(
-        "--linger",
-        type=float,
-        default=4.0,
-        help="seconds the worker keeps running after the jobs finish (ticks)",
+        "--passes",
+        type=int,
+        default=3,
+        help="retention passes the worker's reconciler runs after the jobs finish",
     )
     args = parser.parse_args()
     url = os.environ["CITUS_URL"]
@@ -145,7 +160,10 @@ def main() -> int:
                 )
                 try:
                     jobs = asyncio.run(claim_and_wait(url, schema, args.tenants))
-                    time.sleep(args.linger)  # a few reconciler passes (tick = 1) over the finished jobs
+                    # A few reconciler passes (tick = 1) over the finished jobs: each retention pass stamps
+                    # retention_purges.last_run_at; a failing pass stamps nothing and the wait runs out.
+                    passes = asyncio.run(retention_passes(url, schema, args.passes, deadline=20.0))
+                    print("retention passes seen:", passes)
                 finally:
                     worker.send_signal(signal.SIGTERM)
                     code = worker.wait(30)
@@ -157,7 +175,7 @@ def main() -> int:
     finally:
         with psycopg.connect(url, autocommit=True) as c:
             c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
-    ok = code == 0 and jobs == [("succeeded", 1)] * args.tenants and not errors
+    ok = code == 0 and jobs == [("succeeded", 1)] * args.tenants and not errors and passes >= args.passes
     return 0 if ok else 1
 
 
