@@ -81,6 +81,27 @@ class Refused:
     detail: str
 
 
+async def distributed(conn: Conn) -> bool:
+    """Whether ``jobs`` is a Citus distributed table here: the worker then leases and batches per tenant, and
+    the operator's writes by id are sent to the job's tenant."""
+    row = await (await conn.execute(Q["jobs_distributed_citus"])).fetchone()
+    if row is None or not row["citus"]:
+        return False
+    row = await (await conn.execute(Q["jobs_distributed_table"])).fetchone()
+    return row is not None and bool(row["distributed"])
+
+
+async def routing(conn: Conn, job_id: int) -> tuple[bool, str | None]:
+    """Where an operator's write to job ``job_id`` goes: ``(True, None)`` on one node, without a read; on a
+    ledger distributed by tenant ``(True, its tenant)``, read by id (on every shard: the operator knows the id,
+    not the tenant), or ``(False, None)`` when there is no such job. Citus refuses, or sends to every shard,
+    a write that names no tenant."""
+    if not await distributed(conn):
+        return True, None
+    row = await (await conn.execute(Q["job_tenant_get"], {"job_id": job_id})).fetchone()
+    return (False, None) if row is None else (True, row["tenant"])
+
+
 async def get(conn: Conn, job_id: int) -> JobRow | None:
     """One job with its effect's key, source and event type, or ``None``."""
     row = await (await conn.execute(Q["job_get"], {"job_id": job_id})).fetchone()
@@ -102,10 +123,19 @@ async def cancel(
     """Cancel a job: at once if pending (returns ``cancelled``), by flag if running (returns ``running``;
     its worker sees the flag at the next heartbeat and the job ends ``cancelled``, never ``succeeded``).
     """
+    found, tenant = await routing(conn, job_id)
+    if not found:
+        return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
     row = await (
         await conn.execute(
             Q["job_cancel"],
-            {"job_id": job_id, "by": storable_text(by), "reason": storable_text(reason), "now": now},
+            {
+                "job_id": job_id,
+                "by": storable_text(by),
+                "reason": storable_text(reason),
+                "now": now,
+                "tenant": tenant,
+            },
         )
     ).fetchone()
     if row is not None:
@@ -123,10 +153,18 @@ async def redrive(
 
     Of two redrives racing for one job exactly one wins; the other finds it pending: ``not_redrivable``.
     """
+    found, tenant = await routing(conn, job_id)
+    if not found:
+        return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
     row = await (
-        await conn.execute(Q["job_redrive_if_allowed"], {"job_id": job_id, "force": force, "now": now})
+        await conn.execute(
+            Q["job_redrive_if_allowed"], {"job_id": job_id, "force": force, "now": now, "tenant": tenant}
+        )
     ).fetchone()
     if row is not None:
+        if tenant is not None:
+            # Routed to the tenant's worker node, the statement's NOTIFY fired there, unheard: wake from here.
+            await conn.execute(Q["jobs_notify"], {"kinds": [row["kind"]]})
         return None
     job = await get(conn, job_id)
     if job is None:

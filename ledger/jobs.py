@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from .db import Conn
 from .errors import LeaseBusy, LeaseLost
-from .job_admin import AttemptRow, JobRow, Refused, attempts, cancel, get, redrive
+from .job_admin import AttemptRow, JobRow, Refused, attempts, cancel, distributed, get, redrive
 from .job_finishes import Finish, Reached, finish, finish_many
 from .queries import Q, without_cte
 from .storable import storable_record
@@ -153,15 +153,6 @@ async def tenants_due(
         await conn.execute(Q["job_tenants_due"], {"kinds": list(kinds), "limit": limit, "now": now})
     ).fetchall()
     return [row["tenant"] for row in rows]
-
-
-async def distributed(conn: Conn) -> bool:
-    """Whether ``jobs`` is a Citus distributed table here: the worker then leases and batches per tenant."""
-    row = await (await conn.execute(Q["jobs_distributed_citus"])).fetchone()
-    if row is None or not row["citus"]:
-        return False
-    row = await (await conn.execute(Q["jobs_distributed_table"])).fetchone()
-    return row is not None and bool(row["distributed"])
 
 
 async def _fetch_tenant(

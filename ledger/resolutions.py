@@ -17,7 +17,7 @@ from datetime import datetime
 
 from .db import Conn
 from .errors import InvalidParameter
-from .job_admin import Refused
+from .job_admin import Refused, routing
 from .queries import Q
 from .storable import storable_text
 from .vocabulary import JobState, RefusalCode
@@ -66,10 +66,13 @@ async def resolve(
     """
     text = check_reason(reason)
     who = storable_text(by.strip()) or "unknown"
+    found, tenant = await routing(conn, job_id)
+    if not found:
+        return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
     row = await (
         await conn.execute(
             Q["job_resolve_if_failed_or_parked"],
-            {"job_id": job_id, "by": who, "reason": storable_text(text), "now": now},
+            {"job_id": job_id, "by": who, "reason": storable_text(text), "now": now, "tenant": tenant},
         )
     ).fetchone()
     if row is not None:

@@ -359,23 +359,31 @@ SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FRO
 
 -- name: job_cancel
 -- Cancels a pending job at once; on a running job sets the flag its worker sees at the next heartbeat and
--- that its terminal transition honours.
-UPDATE jobs SET
+-- that its terminal transition honours. %(tenant)s: the job's, on a ledger distributed by tenant (NULL on one
+-- node), so Citus routes it; the clock is read in `held`, as Citus refuses now() in an UPDATE's CASE.
+WITH held AS (
+    SELECT id, (SELECT coalesce(%(now)s, now())) AS now FROM jobs
+    WHERE id = %(job_id)s AND state IN ('pending', 'running') AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+    FOR UPDATE
+)
+UPDATE jobs j SET
     cancel_requested = true,
-    state = CASE WHEN state = 'pending' THEN 'cancelled'::job_state ELSE state END,
-    terminal_reason = CASE WHEN state = 'pending' THEN %(reason)s ELSE terminal_reason END,
+    state = CASE WHEN j.state = 'pending' THEN 'cancelled'::job_state ELSE j.state END,
+    terminal_reason = CASE WHEN j.state = 'pending' THEN %(reason)s ELSE j.terminal_reason END,
     terminal_by = %(by)s,
-    finished_at = CASE WHEN state = 'pending' THEN (SELECT coalesce(%(now)s, now())) ELSE finished_at END,
-    updated_at = (SELECT coalesce(%(now)s, now()))
-WHERE id = %(job_id)s AND state IN ('pending', 'running')
-RETURNING state::text AS state;
+    finished_at = CASE WHEN j.state = 'pending' THEN held.now ELSE j.finished_at END,
+    updated_at = held.now
+FROM held
+WHERE j.id = held.id AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+RETURNING j.state;
 
 -- name: job_redrive_if_allowed
 -- Puts a failed or parked job back to pending with a fresh set of attempts. Succeeded and cancelled jobs
 -- are done; an unrecoverable failure needs force; a lock key another live job holds refuses it; a job whose
 -- payload retention purged cannot run again. The row
 -- lock and the WHERE clause make two racing redrives one: the second re-reads a pending row and matches
--- nothing.
+-- nothing. %(tenant)s as job_cancel; on Citus the NOTIFY below fires on the worker node, and job_admin.redrive
+-- wakes the workers from the coordinator.
 WITH redriven AS (
     UPDATE jobs j SET
         state = 'pending',
@@ -390,16 +398,21 @@ WITH redriven AS (
         committed_since_release = false,
         updated_at = (SELECT coalesce(%(now)s, now()))
     WHERE j.id = %(job_id)s AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
+      AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
       -- Retention purged what it would run on (payload, recorded steps): a redrive could repeat a step.
       AND NOT j.payload_purged
       AND NOT EXISTS (
           SELECT 1 FROM jobs holder
           WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
-            AND holder.state IN ('pending', 'running')
+            AND holder.state IN ('pending', 'running') AND (%(tenant)s::text IS NULL OR holder.tenant = %(tenant)s)
       )
     RETURNING j.id, j.kind
 )
-SELECT id, (SELECT count(pg_notify('effectgate_jobs', kind)) FROM redriven) AS notified FROM redriven;
+SELECT id, kind, (SELECT count(pg_notify('effectgate_jobs', kind)) FROM redriven) AS notified FROM redriven;
+
+-- name: job_tenant_get
+-- The tenant of one job, by id alone (on Citus a read of every shard): what routes an operator's write to it.
+SELECT tenant FROM jobs WHERE id = %(job_id)s;
 
 -- name: job_get
 -- One job with its effect, and the live job (if any) holding its lock key, for status and refusal reasons.

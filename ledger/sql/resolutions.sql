@@ -4,21 +4,24 @@
 -- resolve) one transition: whichever commits second re-reads the row and matches nothing. A job whose payload
 -- retention already purged has a tombstone that kept "failed" or "parked": it says "resolved" from now on, as it
 -- would had the resolution come before the purge.
+-- %(tenant)s: the job's, on a ledger distributed by tenant (NULL on one node), so Citus routes it; the clock is a
+-- sub-select because Citus refuses now() inside an UPDATE's coalesce.
 WITH resolved AS (
     UPDATE jobs SET
         state = 'resolved',
         resolved_from = state,
-        resolved_at = coalesce(%(now)s, now()),
+        resolved_at = (SELECT coalesce(%(now)s, now())),
         resolved_by = %(by)s,
         resolved_reason = %(reason)s,
-        updated_at = coalesce(%(now)s, now())
-    WHERE id = %(job_id)s AND state IN ('failed', 'parked')
+        updated_at = (SELECT coalesce(%(now)s, now()))
+    WHERE id = %(job_id)s AND state IN ('failed', 'parked') AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     RETURNING id, effect_id, tenant, payload_purged, resolved_from, resolved_at, resolved_by, resolved_reason
 ),
 tombstone AS (
     UPDATE effects e SET outcome = 'resolved'
     FROM resolved r
     WHERE e.id = r.effect_id AND e.tenant = r.tenant AND r.payload_purged AND e.purged_at IS NOT NULL
+      AND (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s)
     RETURNING e.id
 )
 SELECT r.id, r.resolved_from::text AS resolved_from, r.resolved_at, r.resolved_by, r.resolved_reason,
