@@ -18,6 +18,10 @@ no effect in the ledger (lost), orders charged more than once at the provider or
 double (double), succeeded effects the provider never charged (uncharged), jobs not terminal (stuck). Prints
 a summary with the placement of effects and tenants per node, drops the schema, and exits 1 on any of them.
 Not part of `make citus-check`: it stops a node of the cluster. `make citus-chaos` runs it.
+
+``--add-node HOST:PORT`` (a running Citus node not yet in the cluster) adds a rebalance half-way in: the node is
+added and the shards rebalanced onto it while deliveries, workers and kills go on; ``--no-node-stop`` leaves
+the node stop out. The added node is drained and removed at the end.
 """
 
 from __future__ import annotations
@@ -166,6 +170,31 @@ def stop_node(data_dir: Path, down: float) -> float:
     return time.monotonic() - stopped
 
 
+def rebalance_onto(url: str, schema: str, node: str) -> tuple[float, dict[int, int]]:
+    """Adds ``node`` to the cluster and rebalances (copying shards, writes to a moving shard blocked: cluster.sh's
+    nodes have no logical replication), while the run goes on; the seconds it took and effects' shards per node."""
+    host, port = node.rsplit(":", 1)
+    started = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT citus_add_node(%s, %s)", (host, int(port)))
+        c.execute("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
+        c.execute("SELECT citus_rebalance_wait()")
+        took = time.monotonic() - started
+        placement = c.execute(
+            "SELECT nodeport, count(*) FROM citus_shards WHERE table_name = %s::regclass GROUP BY 1 ORDER BY 1",
+            (f'"{schema}".effects',),
+        ).fetchall()
+    return took, {int(p): int(n) for p, n in placement}
+
+
+def remove_node(url: str, node: str) -> None:
+    """Moves every shard off ``node`` and removes it: the cluster as it was before ``rebalance_onto``."""
+    host, port = node.rsplit(":", 1)
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT citus_drain_node(%s, %s, shard_transfer_mode => 'block_writes')", (host, int(port)))
+        c.execute("SELECT citus_remove_node(%s, %s)", (host, int(port)))
+
+
 def jobs_by_state(url: str, schema: str) -> dict[str, int]:
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
@@ -252,6 +281,14 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=4)
     parser.add_argument("--node-stop", help="host:port or data directory of the Citus worker node to stop")
     parser.add_argument("--node-down", type=float, default=7.0, help="seconds the node stays stopped")
+    parser.add_argument(
+        "--no-node-stop", action="store_true", help="stop no node (with --add-node: a rebalance only)"
+    )
+    parser.add_argument(
+        "--add-node",
+        help="host:port of a running Citus node not yet in the cluster: added and rebalanced onto half-way in,"
+        " drained and removed again at the end",
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds the deliveries are spread over")
     parser.add_argument("--wait", type=float, default=60.0, help="most seconds to wait for terminal jobs")
     parser.add_argument("--lease-ttl", type=float, default=3.0, help="the effect kind's lease, in seconds")
@@ -315,10 +352,20 @@ def main() -> int:
         sender.start()
         # The schedule: kills spread over the sending, the node stopped once a third of the way in.
         events = [(args.seconds * (k + 1) / (args.kills + 1), f"kill {k}") for k in range(args.kills)]
-        events.append((args.seconds / 3, "node"))
-        node_was_down, killed = 0.0, set[int]()
+        if not args.no_node_stop:
+            events.append((args.seconds / 3, "node"))
+        if args.add_node:
+            events.append((args.seconds / 2, "rebalance"))
+        node_was_down, killed, added = 0.0, set[int](), False
         for at, what in sorted(events):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
+            if what == "rebalance":
+                took, placement = rebalance_onto(url, schema, args.add_node)
+                added = True
+                print(
+                    f"  {time.monotonic() - t0:5.1f} s added {args.add_node}, rebalanced in {took:.1f} s: {placement}"
+                )
+                continue
             if what == "node":
                 node_was_down = stop_node(data_dir, args.node_down)
                 print(f"  {time.monotonic() - t0:5.1f} s node {node} was down {node_was_down:.1f} s")
@@ -349,6 +396,9 @@ def main() -> int:
             proc.stop()
         with psycopg.connect(url, autocommit=True) as c:
             c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
+        if args.add_node and added:
+            print(f"draining {args.add_node} and removing it from the cluster (as it was before the run)")
+            remove_node(url, args.add_node)
 
     effects: dict[tuple[str, str], str | None] = found["effects"]
     charged: dict[str, int] = stats["captures_by_intent"]
@@ -390,7 +440,8 @@ def main() -> int:
         f" (acknowledged {len(sent.acknowledged)} of {len(orders)} orders; {time.monotonic() - started:.0f} s)"
     )
     ok = not lost and not double_n and not stuck and not uncharged and not sent.refused and not sent.gave_up
-    ok = ok and len(sent.acknowledged) == len(orders) and node_was_down > 0
+    ok = ok and len(sent.acknowledged) == len(orders) and (node_was_down > 0 or args.no_node_stop)
+    ok = ok and (added or not args.add_node)
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 
