@@ -188,10 +188,13 @@ def rebalance_onto(url: str, schema: str, node: str) -> tuple[float, dict[int, i
 
 
 def remove_node(url: str, node: str) -> None:
-    """Moves every shard off ``node`` and removes it: the cluster as it was before ``rebalance_onto``."""
+    """Moves every shard off ``node`` and removes it: the cluster as it was before ``rebalance_onto``. The moved
+    shards' old copies are deleted first (Citus defers that): removed with them still on it, the node could not be
+    added again (a later move onto it fails on "the orphaned shard … could not be cleaned up")."""
     host, port = node.rsplit(":", 1)
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("SELECT citus_drain_node(%s, %s, shard_transfer_mode => 'block_writes')", (host, int(port)))
+        c.execute("CALL citus_cleanup_orphaned_resources()")
         c.execute("SELECT citus_remove_node(%s, %s)", (host, int(port)))
 
 
