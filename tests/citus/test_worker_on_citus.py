@@ -128,6 +128,9 @@ ROUTED_IN_STEPS = {
         "error": None,
     },
     "step_start_if_leased": {"name": "a", "idempotency_key": "k"},
+    # The maintenance services' statements for one tenant (ledger.rescuer, ledger.waker).
+    "job_rescue_expired_batch": {"limit": 10, "poison_threshold": 3, "kinds": [], "poison_thresholds": []},
+    "job_wake_stale_pending": {"limit": 10, "pending_ttl": 900.0, "kinds": [], "pending_ttls": []},
 }
 FETCH = {"hooked": [], "owner": "w", "kinds": ["charge"], "ttls": [30.0], "limit": 5, "scan_limit": 1000}
 
