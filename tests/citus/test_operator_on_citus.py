@@ -60,7 +60,7 @@ async def test_cancel_a_pending_job_and_flag_a_running_one(conn: db.Conn) -> Non
     assert job is not None and job["cancel_requested"]
     refused = await jobs.cancel(conn, pending, by="ops")
     assert isinstance(refused, Refused) and refused.code == RefusalCode.NOT_CANCELLABLE
-    missing = await jobs.cancel(conn, 1, by="ops")
+    missing = await jobs.cancel(conn, -1, by="ops")  # no job has a negative id
     assert isinstance(missing, Refused) and missing.code == RefusalCode.NOT_FOUND
 
 
