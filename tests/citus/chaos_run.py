@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.citus.ledger import distributed_ledger
+from tests.citus.ledger import distributed_ledger, rebalance_onto, remove_node
 from tests.e2e.conftest import SECRET, event, headers
 from tests.e2e.processes import Process, free_port
 
@@ -168,34 +168,6 @@ def stop_node(data_dir: Path, down: float) -> float:
     time.sleep(down)
     pg_ctl(data_dir, "-l", f"{data_dir}.log", "-w", "start")
     return time.monotonic() - stopped
-
-
-def rebalance_onto(url: str, schema: str, node: str) -> tuple[float, dict[int, int]]:
-    """Adds ``node`` to the cluster and rebalances (copying shards, writes to a moving shard blocked: cluster.sh's
-    nodes have no logical replication), while the run goes on; the seconds it took and effects' shards per node."""
-    host, port = node.rsplit(":", 1)
-    started = time.monotonic()
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("SELECT citus_add_node(%s, %s)", (host, int(port)))
-        c.execute("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
-        c.execute("SELECT citus_rebalance_wait()")
-        took = time.monotonic() - started
-        placement = c.execute(
-            "SELECT nodeport, count(*) FROM citus_shards WHERE table_name = %s::regclass GROUP BY 1 ORDER BY 1",
-            (f'"{schema}".effects',),
-        ).fetchall()
-    return took, {int(p): int(n) for p, n in placement}
-
-
-def remove_node(url: str, node: str) -> None:
-    """Moves every shard off ``node`` and removes it: the cluster as it was before ``rebalance_onto``. The moved
-    shards' old copies are deleted first (Citus defers that): removed with them still on it, the node could not be
-    added again (a later move onto it fails on "the orphaned shard … could not be cleaned up")."""
-    host, port = node.rsplit(":", 1)
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("SELECT citus_drain_node(%s, %s, shard_transfer_mode => 'block_writes')", (host, int(port)))
-        c.execute("CALL citus_cleanup_orphaned_resources()")
-        c.execute("SELECT citus_remove_node(%s, %s)", (host, int(port)))
 
 
 def jobs_by_state(url: str, schema: str) -> dict[str, int]:

@@ -3,6 +3,7 @@ deploy/citus/distribute.sql (deploy/README.md, "Past one Postgres"). Shared by t
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psycopg
@@ -21,3 +22,31 @@ async def distributed_ledger(url: str, schema: str) -> None:
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
         c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+
+
+def rebalance_onto(url: str, schema: str, node: str) -> tuple[float, dict[int, int]]:
+    """Adds ``node`` to the cluster and rebalances (copying shards, writes to a moving shard blocked: cluster.sh's
+    nodes have no logical replication), while the run goes on; the seconds it took and effects' shards per node."""
+    host, port = node.rsplit(":", 1)
+    started = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT citus_add_node(%s, %s)", (host, int(port)))
+        c.execute("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
+        c.execute("SELECT citus_rebalance_wait()")
+        took = time.monotonic() - started
+        placement = c.execute(
+            "SELECT nodeport, count(*) FROM citus_shards WHERE table_name = %s::regclass GROUP BY 1 ORDER BY 1",
+            (f'"{schema}".effects',),
+        ).fetchall()
+    return took, {int(p): int(n) for p, n in placement}
+
+
+def remove_node(url: str, node: str) -> None:
+    """Moves every shard off ``node`` and removes it: the cluster as it was before ``rebalance_onto``. The moved
+    shards' old copies are deleted first (Citus defers that): removed with them still on it, the node could not be
+    added again (a later move onto it fails on "the orphaned shard … could not be cleaned up")."""
+    host, port = node.rsplit(":", 1)
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT citus_drain_node(%s, %s, shard_transfer_mode => 'block_writes')", (host, int(port)))
+        c.execute("CALL citus_cleanup_orphaned_resources()")
+        c.execute("SELECT citus_remove_node(%s, %s)", (host, int(port)))
