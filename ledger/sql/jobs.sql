@@ -364,7 +364,8 @@ SELECT state::text AS state, terminal_reason, (SELECT n FROM woken) AS woken FRO
 WITH held AS (
     SELECT id, (SELECT coalesce(%(now)s, now())) AS now FROM jobs
     WHERE id = %(job_id)s AND state IN ('pending', 'running') AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-    FOR UPDATE
+    -- The lock an UPDATE of these columns takes (no key changes): a child row's foreign-key check does not wait.
+    FOR NO KEY UPDATE
 )
 UPDATE jobs j SET
     cancel_requested = true,

@@ -29,7 +29,9 @@ WITH policy AS (
     SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
 ),
 locked AS (
-    SELECT j.id AS job_id, j.effect_id
+    -- The outcome is read here, from the row as locked: a resolve (failed -> resolved) that committed after this
+    -- statement began is what the lock returns, where a second, plain read would see the statement's snapshot.
+    SELECT j.id AS job_id, j.effect_id, j.state::text AS outcome
     FROM jobs j JOIN effects e ON e.id = j.effect_id AND e.tenant = j.tenant LEFT JOIN policy p ON p.source = e.source
     WHERE j.finished_at IS NOT NULL AND NOT j.payload_purged
       AND j.finished_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
@@ -42,12 +44,12 @@ locked AS (
 -- batch of a thousand rows a planner may hash-join, which reads the whole of jobs and effects once per batch
 -- (PostgreSQL 18 did, at 10^5 jobs: tests/integration/test_query_plans.py). On Citus (12.1.9) the locked rows
 -- cannot be joined at all: the FOR UPDATE subplan's result is written in one copy format and read back in
--- another ("invalid input syntax for type bigint: PGCOPY"). So `due` reads each job's outcome again, by id, and
--- carries the clock as a column: Citus refuses now() inside an UPDATE's coalesce.
+-- another ("invalid input syntax for type bigint: PGCOPY"). So each effect's outcome comes as a pair of arrays
+-- in job order (`due`), and the clock as a column: Citus refuses now() inside an UPDATE's coalesce.
 due AS (
-    SELECT j.effect_id, j.state::text AS outcome, coalesce(%(now)s, now()) AS purged_at
-    FROM jobs j
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM locked)) AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+    SELECT d.effect_id, d.outcome, coalesce(%(now)s, now()) AS purged_at
+    FROM unnest(ARRAY(SELECT effect_id FROM locked ORDER BY job_id),
+                ARRAY(SELECT outcome FROM locked ORDER BY job_id)) AS d(effect_id, outcome)
 ),
 marked AS (
     UPDATE jobs j SET payload_purged = true
