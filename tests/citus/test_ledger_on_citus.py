@@ -63,6 +63,19 @@ async def rows(conn: db.Conn, query: str, *params: Any) -> list[dict[str, Any]]:
     return await (await conn.execute(query, params or None)).fetchall()  # type: ignore[arg-type]
 
 
+async def nodes_holding(conn: db.Conn, schema: str, tenants: list[str]) -> int:
+    """How many worker nodes hold the effects shards of ``tenants``."""
+    [row] = await rows(
+        conn,
+        "SELECT count(DISTINCT s.nodeport) AS nodes FROM effects e"
+        " JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column(%s::regclass, e.tenant)"
+        " WHERE e.tenant = ANY(%s)",
+        f'"{schema}".effects',
+        tenants,
+    )
+    return int(row["nodes"])
+
+
 async def test_the_ledger_is_distributed_by_tenant_and_colocated(conn: db.Conn, citus_schema: str) -> None:
     tables = await rows(
         conn,

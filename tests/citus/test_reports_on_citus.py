@@ -15,7 +15,7 @@ from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_delive
 from effectgate.ledger.report_spec import ReportQuery, run
 from effectgate.ledger.reports import BY_NAME
 
-from .test_ledger_on_citus import delivery, effect, rows
+from .test_ledger_on_citus import delivery, effect, nodes_holding, rows
 
 pytestmark = pytest.mark.anyio
 
@@ -50,15 +50,7 @@ async def test_duplicates_and_key_conflicts_are_reported_once_each_across_nodes(
             conn, [(delivery(tenant, k, amount=7), [effect(k)])], per_tenant=True
         )
         assert isinstance(other, Rejected)
-    [spread] = await rows(
-        conn,
-        "SELECT count(DISTINCT s.nodeport) AS nodes FROM effects e"
-        " JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column(%s::regclass, e.tenant)"
-        " WHERE e.tenant = ANY(%s)",
-        f'"{citus_schema}".effects',
-        names,
-    )
-    assert spread["nodes"] >= 2
+    assert await nodes_holding(conn, citus_schema, names) >= 2
 
     for sort in ("-last_seen", "first_seen", "-deliveries"):
         dup = [r for r in await every_page(conn, "duplicates", sort) if r["tenant"] in names]

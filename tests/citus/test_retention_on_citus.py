@@ -20,7 +20,7 @@ from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig
 from effectgate.ledger.retention import TENANT_STATEMENTS_PER_BATCH, RetentionConfig, RetentionKeeper
 from effectgate.ledger.vocabulary import JobState
 
-from .test_ledger_on_citus import delivery, explain, rows
+from .test_ledger_on_citus import delivery, explain, nodes_holding, rows
 
 pytestmark = pytest.mark.anyio
 
@@ -107,15 +107,7 @@ async def test_the_keeper_purges_every_tenants_expired_rows_on_every_node(
 ) -> None:
     names = tenants("keep")
     await fill(conn, names)
-    placed = await rows(
-        conn,
-        "SELECT count(DISTINCT s.nodeport) AS nodes FROM effects e"
-        " JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column(%s::regclass, e.tenant)"
-        " WHERE e.tenant = ANY(%s)",
-        f'"{citus_schema}".effects',
-        names,
-    )
-    assert placed[0]["nodes"] >= 2  # the keeper has more than one node to reach
+    assert await nodes_holding(conn, citus_schema, names) >= 2  # the keeper has more than one node to reach
     before = await held(conn, names)
     assert before["effects"] == 24 and before["payloads"] == 24 and before["rejects"] == 12
     now = await clock(conn)
