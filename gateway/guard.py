@@ -57,6 +57,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from . import metrics
 from .client_slots import ClientSlots
+from .one_write import OneWriteTransport
 from .penalty_box import PenaltyBox, raise_file_limit
 from .turns import TURN_INTERVAL, Turns
 
@@ -168,7 +169,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- the protocol interface ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # An answer's head and body, written by uvicorn in two calls, leave in one (gateway.one_write).
+        super().connection_made(OneWriteTransport(transport, self.loop))  # type: ignore[arg-type]
         self._arm(self.limits.header_timeout, "headers")
 
     def connection_lost(self, exc: Exception | None) -> None:
