@@ -57,7 +57,7 @@ async def claim_failed(
     if isinstance(exc, ClaimOverloaded):
         # Refused before queueing: this answer holds nothing, and costs no database work.
         metrics.delivery(name, "overloaded")
-        return _retry_later("overloaded", str(exc))
+        return retry_later("overloaded", str(exc))
     if isinstance(exc, ClaimTimeout):
         metrics.delivery(name, "claim_timeout")
         log.warning(
@@ -69,7 +69,7 @@ async def claim_failed(
                 "sqlstate": _sqlstate(exc),
             },
         )
-        return _retry_later("claim_timeout", str(exc))
+        return retry_later("claim_timeout", str(exc))
     if isinstance(exc, LedgerUnavailable):
         metrics.delivery(name, "ledger_unavailable")
         log.warning(
@@ -111,7 +111,8 @@ async def _ledger_error(pool: db.Pool, name: str, request_id: str, exc: LedgerEr
     return error_answer(500, "ledger_error", "the delivery could not be recorded; nothing was claimed")
 
 
-def _retry_later(code: str, detail: str) -> Answer:
+def retry_later(code: str, detail: str) -> Answer:
+    """A 503 ``code`` with ``Retry-After``: nothing was written, the sender should try again."""
     return error_answer(503, code, detail).header("retry-after", RETRY_AFTER)
 
 

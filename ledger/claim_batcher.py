@@ -114,6 +114,14 @@ class ClaimBatcher:
         self._active = 0
         self._per_tenant: bool | None = None
 
+    def check_room(self) -> None:
+        """Raise ``ClaimOverloaded`` when the queue is full, as ``claim`` would: ingress asks before it reads
+        a request's body, so a request the claim would refuse costs no read, verify or plan."""
+        if len(self._queue) - self._expired >= self._max_queue:
+            raise ClaimOverloaded(
+                f"{self._max_queue} claims are waiting in this process already; nothing was queued"
+            )
+
     async def claim(
         self, items: Sequence[tuple[Delivery, Sequence[EffectRequest]]]
     ) -> list[list[ClaimOutcome]]:
@@ -123,10 +131,7 @@ class ClaimBatcher:
         written in time, ``DeliveryRefused`` when Postgres refused this request's data, and
         ``LedgerUnavailable`` when the database was lost; in every case nothing of it was written.
         """
-        if len(self._queue) - self._expired >= self._max_queue:
-            raise ClaimOverloaded(
-                f"{self._max_queue} claims are waiting in this process already; nothing was queued"
-            )
+        self.check_room()
         keys = frozenset((d.tenant, e.effect_key) for d, effects in items for e in effects)
         loop = asyncio.get_running_loop()
         waiting = _Waiting(items, keys, loop.create_future())

@@ -163,3 +163,48 @@ async def test_a_connection_lost_mid_batch_is_503_without_the_drivers_words(
     ]
     [logged] = [r for r in caplog.records if r.getMessage() == "delivery.ledger_unavailable"]
     assert (logged.levelname, logged.sqlstate) == ("WARNING", "57P01")  # type: ignore[attr-defined]
+
+
+async def test_past_the_queue_bound_a_request_is_refused_before_its_body_is_verified(
+    db_url: str, admin: db.Conn
+) -> None:
+    # The shed comes before the read, the verify and the plan: a forged delivery gets the same 503 as a genuine
+    # one (not its 401), and nothing of either is recorded, not even as a signature failure.
+    text = config(claim_queue_max=1, claim_deadline=600, claim_lock_timeout=300, claim_statement_timeout=600)
+    app = create_app(parse(text, env=ENV), make_registry(), db_url)
+    first = stripe_event(order_id="1", event_id="evt_1")
+    queued_body = stripe_event(order_id="2", event_id="evt_2")
+    forged = stripe_event(order_id="3", event_id="evt_3")
+    genuine = stripe_event(order_id="4", event_id="evt_4")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            assert (await post(c, "stripe", first, stripe_headers(first))).status_code == 202
+            holder = await hold_row_lock(db_url, "order-paid:1")
+            try:
+                stalled = asyncio.create_task(post(c, "stripe", first, stripe_headers(first)))
+                await waiting_on_a_lock(admin)
+                queued = asyncio.create_task(post(c, "stripe", queued_body, stripe_headers(queued_body)))
+                batcher = app.state.batcher
+                for _ in range(1000):  # the queued request reaches the queue: it is full from then on
+                    await asyncio.sleep(0)
+                    if len(batcher._queue) == 1:
+                        break
+                assert len(batcher._queue) == 1
+                bad = {**stripe_headers(forged), "stripe-signature": "t=1,v1=" + "0" * 64}
+                refused_forged = await post(c, "stripe", forged, bad)
+                refused_genuine = await post(c, "stripe", genuine, stripe_headers(genuine))
+                assert not stalled.done() and not queued.done()
+            finally:
+                await holder.rollback()
+                await holder.close()
+            later = await asyncio.gather(stalled, queued)
+    for answer in (refused_forged, refused_genuine):
+        assert (answer.status_code, answer.json()["error"], answer.headers["retry-after"]) == (
+            503,
+            "overloaded",
+            "1",
+        )
+    assert [r.status_code for r in later] == [200, 202]
+    assert await rows(admin, "SELECT * FROM signature_failures") == []
+    assert await rows(admin, "SELECT * FROM deliveries WHERE event_id IN ('evt_3', 'evt_4')") == []

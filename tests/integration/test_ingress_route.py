@@ -63,6 +63,9 @@ async def test_a_delivery_under_a_root_path_takes_the_starlette_route_to_the_sam
 
 
 class _Exploding:
+    def check_room(self) -> None:
+        pass
+
     async def claim(self, items: Any) -> Any:
         raise RuntimeError("a bug in the claim path")
 
