@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: citus-check citus-chaos install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short soak soak-short up metrics-check deploy-check deploy-run
+.PHONY: citus-check citus-chaos install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short bench-overload bench-overload-short soak soak-short up metrics-check deploy-check deploy-run
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -91,7 +91,7 @@ bench-backlog-long:
 
 # The short one runs after bench-short, which installs the bench extra.
 bench-backlog-short:
-	$(PYTHON) -m tests.bench.backlog --small 200 --backlog 1500 --live-pool 5000 --drain-timeout 30
+	$(PYTHON) -m tests.bench.backlog --small 200 --small-runs 2 --backlog 1500 --live-pool 5000 --drain-timeout 30
 
 # Genuine deliveries quiet and under each flood (tests/bench/attack.py) against `serve --workers 2`, as ratios.
 bench-attack:
@@ -99,6 +99,13 @@ bench-attack:
 
 bench-attack-short:
 	$(PYTHON) -m tests.bench.attack --seconds 2
+
+# Past the claim queue's bound (tests/bench/overload.py): each 503's own latency over HTTP, and nothing written.
+bench-overload:
+	$(PYTHON) -m tests.bench.overload --seconds 8
+
+bench-overload-short:
+	$(PYTHON) -m tests.bench.overload --seconds 2
 
 # The shipped Prometheus alert rules: syntax, then behaviour on the series in alerts_test.yml. promtool is
 # Debian's `prometheus` package (apt-get install --no-install-recommends prometheus).
