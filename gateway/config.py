@@ -31,14 +31,15 @@ from .config_maintenance import read_maintenance, read_retention
 from .config_operator import (
     DashboardConfig,
     OperatorConfig,
+    OperatorToken,
     read_dashboard,
     read_metrics_token,
     read_operator,
+    read_operators,
 )
 from .config_sources import Source as Source  # re-exported: ingress takes it from here
 from .config_sources import read_sources
 from .effects_config import read_effects
-from .operator.auth import OperatorToken, read_operators
 from .secret_sources import ROLE_SECRETS, Role, SecretEnv
 from .settings_env import mention as env_mention
 from .settings_env import override as env_override

@@ -1,18 +1,25 @@
-"""``[operator]``, ``[dashboard]`` and ``[metrics]``: where the operator plane listens, its cookies and
-throttle, the dashboard's sessions, and the token ``/metrics`` asks for.
+"""``[[operators]]``, ``[operator]``, ``[dashboard]`` and ``[metrics]``: who may operate (token hashes and
+scopes), where the operator plane listens, its cookies and throttle, the dashboard's sessions, and the token
+``/metrics`` asks for.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import hmac
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .config_gateway import GatewayConfig
-from .operator.auth import MIN_TOKEN_LENGTH
 from .secret_sources import missing
 from .toml_reader import ConfigError as ConfigError
 from .toml_reader import TableReader
+
+SCOPES = ("view", "operate")
+MIN_TOKEN_LENGTH = 16
+_HEX_SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
+
 
 DEFAULT_SESSION_TTL = 8 * 3600.0
 DEFAULT_OPERATOR_HOST = "127.0.0.1"
@@ -121,3 +128,71 @@ def read_metrics_token(reader: TableReader, env: Mapping[str, str] | None) -> by
     token = _secret(reader, "token_env", env)
     reader.no_unknown_keys()
     return None if token is None else hashlib.sha256(token.encode("utf-8")).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorToken:
+    """One configured operator: a name for the audit log, the SHA-256 of its token, its scopes."""
+
+    name: str
+    token_sha256: bytes
+    scopes: frozenset[str]
+
+    def allows(self, scope: str) -> bool:
+        """Whether this operator may act in ``scope``; ``operate`` includes ``view``."""
+        return scope in self.scopes or (scope == "view" and "operate" in self.scopes)
+
+
+def read_operators(root: TableReader, env: Mapping[str, str]) -> tuple[OperatorToken, ...]:
+    """The ``[[operators]]`` tables of a configuration; each mistake is recorded on ``root``, naming
+    the file and the key, and the operator it belongs to is left out."""
+    items = root.get("operators", list, [])
+    operators: list[OperatorToken] = []
+    for index, item in enumerate(items):
+        where = f"operators[{index}]"
+        if not isinstance(item, dict):
+            root.problem(where, "must be a table ([[operators]])")
+            continue
+        operator = _read_operator(root.child(where, item), env, operators)
+        if operator is not None:
+            operators.append(operator)
+    return tuple(operators)
+
+
+def _read_operator(
+    table: TableReader, env: Mapping[str, str], earlier: Sequence[OperatorToken]
+) -> OperatorToken | None:
+    name = table.get("name", str, required=True)
+    if name is not None and not name.strip():
+        table.problem("name", "must not be empty")
+    elif name is not None and any(o.name == name for o in earlier):
+        table.problem("name", f"operator {name!r} is configured twice")
+    digest_hex = table.get("token_sha256", str)
+    token_env = table.get("token_env", str)
+    digest = None
+    if (digest_hex is None) == (token_env is None):
+        table.problem("token_sha256", "set exactly one of token_sha256 and token_env")
+    elif digest_hex is not None:
+        if not _HEX_SHA256.fullmatch(digest_hex.lower()):
+            table.problem("token_sha256", "must be 64 hexadecimal digits (the SHA-256 of the token)")
+        else:
+            digest = bytes.fromhex(digest_hex)
+    else:
+        token = env.get(token_env, "")
+        if not token:
+            table.problem("token_env", missing(token_env))
+        elif len(token) < MIN_TOKEN_LENGTH:
+            table.problem(
+                "token_env", f"the token in {token_env} is shorter than {MIN_TOKEN_LENGTH} characters"
+            )
+        else:
+            digest = hashlib.sha256(token.encode("utf-8")).digest()
+    if digest is not None and any(hmac.compare_digest(o.token_sha256, digest) for o in earlier):
+        table.problem("token_sha256" if digest_hex else "token_env", "two operators share one token")
+    scopes = table.get("scopes", list, required=True)
+    if scopes is not None and (not scopes or not all(isinstance(s, str) and s in SCOPES for s in scopes)):
+        table.problem("scopes", f"must be a non-empty list of {' and '.join(repr(s) for s in SCOPES)}")
+    table.no_unknown_keys()
+    if table.failed or name is None or digest is None or scopes is None:
+        return None
+    return OperatorToken(name, digest, frozenset(scopes))

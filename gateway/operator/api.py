@@ -50,8 +50,9 @@ from effectgate.ledger.reports import REPORTS, ReportSpec
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 
 from ..bodies import MAX_OPERATOR_BODY_BYTES, read_body
+from ..config_operator import OperatorToken
 from . import documents, openapi, reporting
-from .auth import AuthFailure, OperatorToken, authenticate
+from .auth import AuthFailure, authenticate
 from .params import (
     JOB_FILTER_PARAMETERS,
     PARAMETER_ERRORS,

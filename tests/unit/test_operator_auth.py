@@ -7,7 +7,8 @@ import hashlib
 import pytest
 
 from effectgate.gateway.config import ConfigError, parse
-from effectgate.gateway.operator.auth import AuthFailure, OperatorToken, authenticate, hash_token
+from effectgate.gateway.config_operator import OperatorToken
+from effectgate.gateway.operator.auth import AuthFailure, authenticate, hash_token
 
 SOURCE = """
 [sources.stripe]

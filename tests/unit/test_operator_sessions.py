@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from effectgate.gateway.config_operator import OperatorToken
 from effectgate.gateway.operator import sessions
-from effectgate.gateway.operator.auth import OperatorToken, hash_token
+from effectgate.gateway.operator.auth import hash_token
 
 ALICE = OperatorToken("alice", bytes.fromhex(hash_token("alice-token-0123456789")), frozenset({"view"}))
 BOB = OperatorToken("bob", bytes.fromhex(hash_token("bob-token-0123456789")), frozenset({"operate"}))

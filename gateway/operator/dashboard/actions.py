@@ -19,7 +19,7 @@ from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError
 from effectgate.ledger.vocabulary import JobState
 
-from ..auth import OperatorToken
+from ...config_operator import OperatorToken
 from ..params import PARAMETER_ERRORS, BadParameter, parse_id, parse_job_filter
 from .rendering import csrf_of, message, render
 from .signin import read_form, signed_in_operator, view

@@ -10,8 +10,8 @@ from starlette.responses import Response
 
 from effectgate.ledger import db, reports
 
+from ...config_operator import OperatorToken
 from .. import documents
-from ..auth import OperatorToken
 from ..params import parse_id, parse_name
 from .rendering import Cell, message, render
 from .signin import view

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from effectgate.ledger import db, reports, resolutions
 from effectgate.ledger.reports import AUTH_FAILURES, DELIVERY_OUTCOMES, DUPLICATES, KEY_CONFLICTS
 
-from ..auth import OperatorToken
+from ...config_operator import OperatorToken
 from ..params import parse_name, parse_window
 from .charts import chart
 from .rendering import cells, duration, form_fields, refresh_of, render, toolbar

@@ -23,8 +23,8 @@ from starlette.responses import HTMLResponse, Response
 from effectgate.ledger.report_spec import Column, ColumnType, FilterType, ReportSpec
 from effectgate.ledger.reports import AUTH_FAILURES, DUPLICATES, JOBS, KEY_CONFLICTS, REPORTS
 
+from ...config_operator import OperatorToken
 from .. import documents, reporting
-from ..auth import OperatorToken
 from ..params import BadParameter
 from ..sessions import SignedIn
 

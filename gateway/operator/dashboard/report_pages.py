@@ -16,8 +16,8 @@ from effectgate.ledger import db
 from effectgate.ledger.report_spec import ReportSpec
 from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS
 
+from ...config_operator import OperatorToken
 from .. import reporting
-from ..auth import OperatorToken
 from .rendering import Cell, cells, form_fields, refresh_of, render, toolbar
 from .signin import view
 

@@ -20,8 +20,9 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 
 from ...bodies import MAX_OPERATOR_BODY_BYTES, BodyTooLarge, read_body
+from ...config_operator import OperatorToken
 from .. import sessions
-from ..auth import OperatorToken, authenticate
+from ..auth import authenticate
 from ..params import PARAMETER_ERRORS
 from ..sessions import COOKIE, SignedIn
 from ..throttle import FailureThrottle, client_key, retry_after
