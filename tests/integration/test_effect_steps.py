@@ -121,7 +121,11 @@ async def test_a_step_name_used_twice_in_one_run_fails_the_job_as_a_bug(pool: db
 
 
 @pytest.mark.parametrize(
-    "result", [object(), {"amount": float("nan")}, {"note": "nul\x00inside"}, ["\ud800"]], ids=repr
+    "result",
+    [object(), {"amount": float("nan")}, {"note": "nul\x00inside"}, ["\ud800"]],
+    # Fixed ids, not repr: an object()'s repr names its address, which differs between the suite's
+    # parallel workers, and they must collect the same tests.
+    ids=["object", "nan", "nul", "lone-surrogate"],
 )
 async def test_a_result_the_ledger_cannot_record_fails_unrecoverably_without_a_second_call(
     pool: db.Pool, result: object
