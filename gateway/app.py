@@ -19,8 +19,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from effectgate.handlers import tracing
-from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
+from effectgate.handlers.worker.maintenance import reconcile_forever
 from effectgate.ledger import claim_batcher, db
 from effectgate.ledger.migrate import unapplied
 from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
@@ -29,17 +29,17 @@ from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
 from . import metrics
 from .bodies import BodyTooLarge
 from .config import Config, ConfigError
-from .handler_imports import identity_problems
-from .inbound import webhook_source
-from .ingress import deliver, error
+from .config.handler_imports import identity_problems
+from .edge.penalty_box import PenaltyBox
+from .ingress.inbound import webhook_source
+from .ingress.pipeline import deliver, error
+from .ingress.signature_failures import SignatureFailures
 from .operator import metrics as metrics_endpoint
 from .operator.api import ApiHeaders
 from .operator.dashboard.signin import form_too_large
 from .operator.routes import operator_routes
 from .operator.throttle import FailureThrottle
-from .penalty_box import PenaltyBox
 from .planes import PlaneGate
-from .signature_failures import SignatureFailures
 
 log = logging.getLogger("effectgate.gateway")
 

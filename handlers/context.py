@@ -11,9 +11,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from effectgate.ledger import db, jobs, steps
+from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost
-from effectgate.ledger.steps import RecordedStep
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import steps
+from effectgate.ledger.jobs.steps import RecordedStep
 from effectgate.ledger.storable import jsonb_problem
 from effectgate.ledger.vocabulary import StepStatus
 
@@ -26,8 +28,8 @@ if TYPE_CHECKING:
     import httpx
 
     from .downstream import DownstreamClient
-    from .payments import PaymentsClient
-    from .shipping import ShippingClient
+    from .downstream.payments import PaymentsClient
+    from .downstream.shipping import ShippingClient
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from effectgate.ledger.reconciler import ReconcileResult
+from effectgate.ledger.maintenance.scheduler import ReconcileResult
 from effectgate.ledger.vocabulary import JobState
 
 from .outcomes import SliceOutcome

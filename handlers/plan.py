@@ -1,7 +1,7 @@
 """The one place a verified event becomes effect requests: tenant, require, key, fingerprint, lock key,
 version.
 
-The ingress (``gateway/ingress.py``) and the replay of unmatched deliveries (``handlers/replay.py``) both
+The ingress (``gateway/ingress/pipeline.py``) and the replay of unmatched deliveries (``handlers/actions/replay.py``) both
 call ``plan_event``, so a delivery replayed later is claimed exactly as it would have been on arrival
 (same key, same fingerprint, same lock key), and its genuine retry is then a duplicate.
 

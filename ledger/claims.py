@@ -21,7 +21,7 @@ import psycopg
 
 from .db import Conn
 from .fingerprints import canonical_json
-from .jobs import distributed
+from .jobs.leases import distributed
 from .queries import Q
 from .vocabulary import DeliveryOutcome
 

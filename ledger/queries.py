@@ -48,7 +48,7 @@ def load(directory: Traversable = SQL_DIR) -> dict[str, str]:
 
 def without_cte(query: LiteralString, name: str) -> LiteralString:
     """``query`` with its CTE ``name`` (``, name AS (…)``, up to the matching parenthesis) cut out, for a
-    statement that one planner must be sent without one of its parts (Citus: ledger/jobs.py's routed fetch).
+    statement that one planner must be sent without one of its parts (Citus: ledger/jobs/leases.py's routed fetch).
     The CTE must not be referenced by the rest; ``ValueError`` if ``query`` has no such CTE."""
     start = re.search(rf",\s*{re.escape(name)} AS \(", query)
     if start is None:

@@ -1,7 +1,7 @@
 -- Time-partitioned history. deliveries, effect_rejects and signature_failures are append-only records of what
 -- arrived, read by time and forgotten by age: each becomes a table partitioned by range of its arrival time,
 -- so retention drops a whole partition (no DELETE, no vacuum) once all of it is past its window. The
--- partition keeper (ledger/partitions.py) creates partitions ahead of time and drops expired ones.
+-- partition keeper (ledger/maintenance/partitions.py) creates partitions ahead of time and drops expired ones.
 --
 -- Not partitioned, on purpose: effects (the claim's unique key must stay one global (tenant, effect_key)
 -- constraint, which a time partition key would break), jobs (live state, updated in place), steps (their

@@ -37,10 +37,10 @@ from effectgate.ledger.errors import LedgerError, MigrationError
 
 from .. import embedded, logs
 from ..config import ConfigError
-from ..send import SendError
 from . import database
 from .common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, StartFailure, UsageError, terminate
 from .parser import build_parser
+from .sending import SendError
 
 __all__ = ["build_parser", "main"]
 

@@ -17,11 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from .. import settings_doc, settings_schema, settings_show
 from ..config import DEFAULT_CONFIG_FILE, ConfigError, load
-from ..handler_imports import import_handlers
-from ..secret_sources import Role
-from ..settings_env import override
+from ..config import reference as settings_doc
+from ..config import schema as settings_schema
+from ..config import show as settings_show
+from ..config.env import override
+from ..config.handler_imports import import_handlers
+from ..config.secrets import Role
 
 ROLES = ("all", "gateway", "worker")
 

@@ -16,8 +16,8 @@ from effectgate.ledger import db
 
 from .. import embedded
 from ..config import DEFAULT_STARTUP_WAIT, Config, ConfigError, load
-from ..handler_imports import import_handlers
-from ..secret_sources import Role
+from ..config.handler_imports import import_handlers
+from ..config.secrets import Role
 from .common import UsageError, config_path, log, signals_ignored
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import DEFAULT_CONFIG_FILE, DEFAULT_MIGRATION_WAIT, DEFAULT_STARTUP_WAIT
-from ..config_gateway import parse_forwarded_allow_ips
+from ..config.gateway import parse_forwarded_allow_ips
 
 
 def positive_int(text: str) -> int:

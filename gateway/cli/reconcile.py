@@ -8,8 +8,8 @@ import asyncio
 import json
 from typing import Any
 
-from effectgate.handlers.maintenance import make_reconciler
 from effectgate.handlers.registry import REGISTRY
+from effectgate.handlers.worker.maintenance import make_reconciler
 from effectgate.ledger import db
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import unapplied

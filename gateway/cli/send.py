@@ -1,5 +1,5 @@
 """``effectgate send`` and ``effectgate demo-delivery``: post a signed delivery to a running gateway, as a
-source's provider would (the signing itself is ``gateway/send.py``'s)."""
+source's provider would (the signing itself is ``gateway/cli/sending.py``'s)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import httpx
 
-from .. import demo, embedded, send
+from .. import embedded
 from ..config import DEFAULT_CONFIG_FILE, Config, load
-from ..examples import EXAMPLE_TYPES
+from ..examples import EXAMPLE_TYPES, demo
 from . import flags
+from . import sending as send
 from .common import EXIT_FAILURE, EXIT_OK, UsageError, config_path
 
 

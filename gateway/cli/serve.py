@@ -18,10 +18,11 @@ from typing import Any
 from effectgate.handlers import tracing
 from effectgate.handlers.registry import REGISTRY
 
-from .. import guard, logs
+from .. import logs
 from ..config import Config, load
-from ..config_operator import DEFAULT_OPERATOR_HOST
-from ..handler_imports import import_handlers
+from ..config.handler_imports import import_handlers
+from ..config.operator import DEFAULT_OPERATOR_HOST
+from ..edge import guard
 from . import database, flags, migrate
 from .common import EXIT_FAILURE, EXIT_OK, UsageError, check_port_free, log
 
@@ -36,8 +37,8 @@ def serve_app() -> Any:
     environment before uvicorn starts its processes, so every process builds the same app, imports the
     same handler modules and accepts the same sessions.
     """
-    from .. import serving
     from ..app import create_app
+    from ..edge import supervisor as serving
 
     serving.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
@@ -130,8 +131,8 @@ def _serve(
 ) -> None:
     import uvicorn
 
-    from .. import serving
     from ..app import create_app
+    from ..edge import supervisor as serving
 
     options: dict[str, Any] = {
         "host": host,

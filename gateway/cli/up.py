@@ -22,10 +22,11 @@ from typing import Any
 
 import httpx
 
-from .. import demo, embedded
+from .. import embedded
 from ..config import DEFAULT_CONFIG_FILE, Config, load
-from ..config_operator import DEFAULT_OPERATOR_HOST
-from ..handler_imports import import_handlers
+from ..config.handler_imports import import_handlers
+from ..config.operator import DEFAULT_OPERATOR_HOST
+from ..examples import demo
 from . import database, flags, migrate
 from .common import EXIT_FAILURE, EXIT_OK, SUPERVISED_ENV, check_port_free
 
@@ -176,7 +177,7 @@ def _run_up(
 
 
 def cmd_fake_providers(args: argparse.Namespace) -> int:
-    from ..testing.fake_providers import serve
+    from ..fakes.providers import serve
 
     serve(args.host, args.port)
     return EXIT_OK

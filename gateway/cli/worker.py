@@ -22,14 +22,15 @@ import httpx
 from effectgate.handlers import tracing
 from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import clients as downstream_clients
-from effectgate.handlers.payments import PaymentsClient
+from effectgate.handlers.downstream.payments import PaymentsClient
+from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.registry import REGISTRY
-from effectgate.handlers.shipping import ShippingClient
-from effectgate.handlers.worker import Worker, worker_pool_max
+from effectgate.handlers.worker.runtime import Worker, worker_pool_max
 from effectgate.ledger import db
 
-from .. import guard, metrics
+from .. import metrics
 from ..config import Config, ConfigError
+from ..edge import guard
 from ..operator import metrics as metrics_endpoint
 from . import database, flags, migrate
 from .common import EXIT_OK, SUPERVISED_ENV, StartFailure

@@ -40,17 +40,18 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from effectgate.handlers import bulk as bulk_actions
-from effectgate.handlers import control
-from effectgate.ledger import bulk as ledger_bulk
-from effectgate.ledger import db, reports, resolutions
-from effectgate.ledger import jobs as ledger_jobs
+from effectgate.handlers.actions import bulk as bulk_actions
+from effectgate.handlers.actions import control
+from effectgate.ledger import db, reports
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
+from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.jobs import leases as ledger_jobs
+from effectgate.ledger.jobs import resolutions
 from effectgate.ledger.reports import REPORTS, ReportSpec
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 
 from ..bodies import MAX_OPERATOR_BODY_BYTES, read_body
-from ..config_operator import OperatorToken
+from ..config.operator import OperatorToken
 from . import documents, openapi, reporting
 from .auth import AuthFailure, authenticate
 from .params import (

@@ -19,7 +19,7 @@ import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from effectgate.gateway.config_operator import OperatorToken
+from effectgate.gateway.config.operator import OperatorToken
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from effectgate.ledger import reports, resolutions
+from effectgate.ledger import reports
+from effectgate.ledger.jobs import resolutions
 
 
 def _fields(spec: reports.ReportSpec) -> tuple[str, ...]:

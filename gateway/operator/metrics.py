@@ -23,7 +23,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from effectgate.gateway.metrics import CONTENT_TYPE, label_text, multiprocess_dir, render
-from effectgate.ledger import bulk, db, reports, retention
+from effectgate.ledger import db, reports
+from effectgate.ledger.jobs import filters as bulk
+from effectgate.ledger.maintenance import retention
 
 from .throttle import FailureThrottle, client_key, retry_after
 

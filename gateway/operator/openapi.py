@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from effectgate.ledger import reports
-from effectgate.ledger.report_spec import ReportSpec
+from effectgate.ledger.reports.spec import ReportSpec
 
 from ..bodies import MAX_OPERATOR_BODY_BYTES
 from . import reporting

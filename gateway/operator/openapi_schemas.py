@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from effectgate.ledger import reports
-from effectgate.ledger.report_spec import Column, ColumnType, ReportSpec
+from effectgate.ledger.reports.spec import Column, ColumnType, ReportSpec
 
 from . import documents, reporting
 

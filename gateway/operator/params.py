@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger.errors import InvalidParameter
-from effectgate.ledger.report_spec import MAX_LIMIT, MAX_NAME_LENGTH, ColumnType
+from effectgate.ledger.jobs import filters as ledger_bulk
 from effectgate.ledger.reports import JOB_STATES
+from effectgate.ledger.reports.spec import MAX_LIMIT, MAX_NAME_LENGTH, ColumnType
 
 MAX_CURSOR_LENGTH = 1000
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from effectgate.ledger import db
-from effectgate.ledger.report_spec import (
+from effectgate.ledger.reports.spec import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
     FilterType,

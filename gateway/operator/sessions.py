@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..config_operator import OperatorToken
+from ..config.operator import OperatorToken
 
 COOKIE = "effectgate_session"
 _VERSION = "v1"

@@ -95,7 +95,7 @@ leased AS (
     RETURNING j.id, j.effect_id, j.kind, j.tenant, j.attempt, j.max_attempts, j.lease_token, j.checkpoint,
               j.cancel_requested, j.lock_key, j.trace_parent
 ),
--- On Citus this CTE is cut out (ledger/jobs.py, _ROUTED_FETCH): an INSERT ... SELECT from a CTE makes Citus
+-- On Citus this CTE is cut out (ledger/jobs/leases.py, _ROUTED_FETCH): an INSERT ... SELECT from a CTE makes Citus
 -- plan every CTE as a subplan of its own, where without it the fetch is one router task; the attempts are then
 -- opened by job_attempt_open in the same transaction.
 attempt AS (

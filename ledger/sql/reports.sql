@@ -1,7 +1,7 @@
--- Operator reports. Every optional filter is `(%(x)s IS NULL OR col = %(x)s)`; ledger/reports.py runs these
+-- Operator reports. Every optional filter is `(%(x)s IS NULL OR col = %(x)s)`; ledger/reports/__init__.py runs these
 -- unprepared, so Postgres plans each with its actual values, folds away the unused filters and picks the
 -- index of the one that is set. Pagination is keyset on (sort columns, id): a page costs the same at any depth.
--- A paged report has one block with two holes that ledger/report_spec.py fills from the report's declared
+-- A paged report has one block with two holes that ledger/reports/spec.py fills from the report's declared
 -- sort columns (never from input): {after}, the keyset condition (TRUE on the first page), and {order}.
 
 -- name: effect_by_key

@@ -50,10 +50,10 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.jobs import filters as ledger_bulk
 
 from . import wrk as load
 from .common import drop_database, fresh_database, server_url

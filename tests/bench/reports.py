@@ -31,7 +31,7 @@ from psycopg import sql
 from effectgate.gateway.operator import reporting
 from effectgate.gateway.operator.params import parse_window
 from effectgate.ledger import db, reports
-from effectgate.ledger.report_spec import ReportSpec
+from effectgate.ledger.reports.spec import ReportSpec
 
 from .common import drop_database, fresh_database, server_url
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import EffectKind, Registry
-from effectgate.handlers.worker import Worker, WorkerConfig
+from effectgate.handlers.worker.runtime import Worker, WorkerConfig
 from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint

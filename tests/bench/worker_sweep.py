@@ -30,8 +30,8 @@ from typing import Any
 
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import EffectKind, Registry
-from effectgate.handlers.worker import Worker, WorkerConfig, worker_pool_max
-from effectgate.handlers.worker_config import DEFAULT_POLL_INTERVAL
+from effectgate.handlers.worker.config import DEFAULT_POLL_INTERVAL
+from effectgate.handlers.worker.runtime import Worker, WorkerConfig, worker_pool_max
 from effectgate.ledger import db
 
 from .common import drop_database, fresh_database, server_url

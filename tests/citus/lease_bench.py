@@ -35,9 +35,10 @@ from typing import Any, cast
 
 import psycopg
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries, routed
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.queries import Q
 from effectgate.ledger.vocabulary import JobState
 

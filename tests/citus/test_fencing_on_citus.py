@@ -8,13 +8,15 @@ from collections import Counter
 
 import pytest
 
-from effectgate.ledger import db, jobs, steps
+from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_deliveries
 from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
-from effectgate.ledger.job_finishes import Finish, finish_many
-from effectgate.ledger.rescuer import LeaseRescuer
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import steps
+from effectgate.ledger.jobs.finishes import Finish, finish_many
+from effectgate.ledger.maintenance.rescuer import LeaseRescuer
+from effectgate.ledger.maintenance.waker import PendingWaker, WakerConfig
 from effectgate.ledger.vocabulary import JobState, StepStatus
-from effectgate.ledger.waker import PendingWaker, WakerConfig
 
 from .test_ledger_on_citus import delivery, rows
 

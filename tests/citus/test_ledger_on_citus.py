@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -24,6 +24,7 @@ from effectgate.ledger.claims import (
     claim_delivery,
 )
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.queries import Q
 
 pytestmark = pytest.mark.anyio

@@ -12,11 +12,12 @@ import uuid
 
 import pytest
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_deliveries
-from effectgate.ledger.job_admin import Refused
-from effectgate.ledger.job_finishes import Finish, finish_many
-from effectgate.ledger.resolutions import Resolved, resolve
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs.admin import Refused
+from effectgate.ledger.jobs.finishes import Finish, finish_many
+from effectgate.ledger.jobs.resolutions import Resolved, resolve
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 
 from .test_ledger_on_citus import delivery, explain

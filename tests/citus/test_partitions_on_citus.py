@@ -11,8 +11,8 @@ import pytest
 
 from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, claim_deliveries
-from effectgate.ledger.partitions import PartitionConfig, PartitionKeeper
-from effectgate.ledger.retention import RetentionConfig
+from effectgate.ledger.maintenance.partitions import PartitionConfig, PartitionKeeper
+from effectgate.ledger.maintenance.retention import RetentionConfig
 
 from .test_ledger_on_citus import delivery, effect, rows
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db, views
+from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries
-from effectgate.ledger.report_spec import ReportQuery, run
-from effectgate.ledger.reports import BY_NAME
+from effectgate.ledger.reports import BY_NAME, views
+from effectgate.ledger.reports.spec import ReportQuery, run
 
 from .test_ledger_on_citus import delivery, effect, nodes_holding, rows
 

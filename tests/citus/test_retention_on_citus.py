@@ -13,11 +13,16 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Duplicate, EffectRequest, Rejected, claim_deliveries
-from effectgate.ledger.job_finishes import Finish, finish_many
-from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig
-from effectgate.ledger.retention import TENANT_STATEMENTS_PER_BATCH, RetentionConfig, RetentionKeeper
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs.finishes import Finish, finish_many
+from effectgate.ledger.maintenance.retention import (
+    TENANT_STATEMENTS_PER_BATCH,
+    RetentionConfig,
+    RetentionKeeper,
+)
+from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
 from effectgate.ledger.vocabulary import JobState
 
 from .test_ledger_on_citus import delivery, explain, nodes_holding, rows

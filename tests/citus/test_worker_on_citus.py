@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import EffectContext, EffectKind, Event, Registry
-from effectgate.handlers.worker import Worker, WorkerConfig
-from effectgate.ledger import db, jobs
+from effectgate.handlers.worker.runtime import Worker, WorkerConfig
+from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
-from effectgate.ledger.reconciler import ReconcilerConfig
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 
 from .test_ledger_on_citus import delivery, explain
 

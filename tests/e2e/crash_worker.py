@@ -15,7 +15,7 @@ from pathlib import Path
 
 from effectgate.handlers import EffectContext, Event, Registry
 from effectgate.handlers.registry import EffectKind
-from effectgate.handlers.worker import Worker, WorkerConfig
+from effectgate.handlers.worker.runtime import Worker, WorkerConfig
 from effectgate.ledger import db
 
 KIND = "crash.count"

@@ -18,10 +18,10 @@ STARTUP_SECONDS = 30.0
 
 @contextmanager
 def serving(module: str, log_dir: Path, *, ready_path: str = "/_fake/stats") -> Iterator[str]:
-    """Serve `effectgate.gateway.testing.<module>.serve` on a free port; yield its base URL."""
+    """Serve `effectgate.gateway.fakes.<module>.serve` on a free port; yield its base URL."""
     port = free_port()
     log_path = log_dir / f"{module}.log"
-    code = f"from effectgate.gateway.testing.{module} import serve; serve('127.0.0.1', {port})"
+    code = f"from effectgate.gateway.fakes.{module} import serve; serve('127.0.0.1', {port})"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from effectgate.ledger import jobs
-from effectgate.ledger.reconciler import Reconciler
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.e2e import crash_worker
 from tests.integration.jobs_fixtures import claim, connected, job, later
 

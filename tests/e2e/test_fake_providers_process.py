@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.downstream.payments import PaymentsClient
+from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.errors import TransientError
-from effectgate.handlers.payments import PaymentsClient
-from effectgate.handlers.shipping import ShippingClient
 
 pytestmark = pytest.mark.anyio
 
@@ -45,7 +45,7 @@ def free_port() -> int:
 def fake_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("fake_providers") / "server.log"
-    code = f"from effectgate.gateway.testing.fake_providers import serve; serve('127.0.0.1', {port})"
+    code = f"from effectgate.gateway.fakes.providers import serve; serve('127.0.0.1', {port})"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT

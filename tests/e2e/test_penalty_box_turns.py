@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from effectgate.gateway.turns import TURN_INTERVAL
+from effectgate.gateway.edge.turns import TURN_INTERVAL
 
 from .test_penalty_box import Gateway, forged, genuine, serving
 

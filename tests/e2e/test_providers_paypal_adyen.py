@@ -20,7 +20,8 @@ from effectgate.handlers.downstream import DownstreamClient, DownstreamConfig
 from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.adyen import capture_payment
 from effectgate.handlers.providers.paypal import capture_authorization
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
+from effectgate.ledger.jobs import leases as jobs
 from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry
 
 from .fake_servers import serving
@@ -36,7 +37,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def fake_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with serving("fake_paypal_adyen", tmp_path_factory.mktemp("fake_paypal_adyen")) as url:
+    with serving("paypal_adyen", tmp_path_factory.mktemp("fake_paypal_adyen")) as url:
         yield url
 
 

@@ -21,7 +21,8 @@ from effectgate.handlers.downstream import DownstreamClient, DownstreamConfig
 from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.easypost import buy_label, easypost_client
 from effectgate.handlers.providers.shopify import fulfil_order
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
+from effectgate.ledger.jobs import leases as jobs
 from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry
 
 from .fake_servers import serving
@@ -40,13 +41,13 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def easypost_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with serving("fake_easypost", tmp_path_factory.mktemp("fake_easypost")) as url:
+    with serving("easypost", tmp_path_factory.mktemp("fake_easypost")) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
 def shopify_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with serving("fake_shopify", tmp_path_factory.mktemp("fake_shopify")) as url:
+    with serving("shopify", tmp_path_factory.mktemp("fake_shopify")) as url:
         yield url
 
 

@@ -18,7 +18,8 @@ import stripe
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError, UnrecoverableError
 from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.stripe import StripeSteps, call_stripe, stripe_client
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
+from effectgate.ledger.jobs import leases as jobs
 from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry
 
 from .fake_servers import serving
@@ -34,7 +35,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def fake_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with serving("fake_providers", tmp_path_factory.mktemp("fake_stripe")) as url:
+    with serving("providers", tmp_path_factory.mktemp("fake_stripe")) as url:
         yield url
 
 

@@ -201,12 +201,12 @@ def shop(with_extras: Installed, db_url: str, tmp_path: Path) -> Iterator[Shop]:
     s = Shop(with_extras, project, db_url, logs)
     try:
         for name, module in (
-            ("stripe", "fake_providers"),
-            ("easypost", "fake_easypost"),
-            ("shopify", "fake_shopify"),
+            ("stripe", "providers"),
+            ("easypost", "easypost"),
+            ("shopify", "shopify"),
         ):
             port = free_port()
-            code = f"from effectgate.gateway.testing.{module} import serve; serve('127.0.0.1', {port})"
+            code = f"from effectgate.gateway.fakes.{module} import serve; serve('127.0.0.1', {port})"
             with (logs / f"fake_{name}.log").open("wb") as log:
                 s.procs.append(
                     subprocess.Popen(

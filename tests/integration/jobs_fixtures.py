@@ -18,11 +18,12 @@ from psycopg.conninfo import make_conninfo
 
 from effectgate.handlers.observe import WorkerObserver
 from effectgate.handlers.registry import EffectKind, Registry
-from effectgate.handlers.worker import Worker, WorkerConfig
-from effectgate.ledger import db, jobs
+from effectgate.handlers.worker.runtime import Worker, WorkerConfig
+from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.reconciler import ReconcilerConfig
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 
 # A fixed clock for ledger-level tests; worker tests run on the database's own clock.
 T0 = datetime(2031, 3, 4, 12, 0, tzinfo=UTC)

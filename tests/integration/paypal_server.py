@@ -14,7 +14,7 @@ from pathlib import Path
 
 import uvicorn
 
-from effectgate.gateway.testing.fake_paypal import FakePayPal, create_app
+from effectgate.gateway.fakes.paypal import FakePayPal, create_app
 from tests.unit.signatures.paypal_pki import Pki
 
 

@@ -10,9 +10,11 @@ import pytest
 
 from effectgate.gateway import cli
 from effectgate.gateway.operator import cli as operator_cli
-from effectgate.handlers import bulk as bulk_actions
+from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import bulk, db, jobs
+from effectgate.ledger import db
+from effectgate.ledger.jobs import filters as bulk
+from effectgate.ledger.jobs import leases as jobs
 from tests.integration.jobs_fixtures import (
     at,
     claim,

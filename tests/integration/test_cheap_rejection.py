@@ -17,9 +17,9 @@ from starlette.applications import Starlette
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
+from effectgate.gateway.edge.penalty_box import PenaltyBox, PenaltySettings
+from effectgate.gateway.ingress.signature_failures import SignatureFailures
 from effectgate.gateway.operator import reporting
-from effectgate.gateway.penalty_box import PenaltyBox, PenaltySettings
-from effectgate.gateway.signature_failures import SignatureFailures
 from effectgate.gateway.signatures._matching import DIAGNOSE_MAX_BYTES, REENCODED_HINT
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import Registry

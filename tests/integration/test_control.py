@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from effectgate.handlers import control
+from effectgate.handlers.actions import control
 from effectgate.handlers.event import Transition
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
+from effectgate.ledger.jobs import leases as jobs
 
 from .jobs_fixtures import claim, kind, registry
 

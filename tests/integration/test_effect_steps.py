@@ -8,7 +8,8 @@ import pytest
 
 from effectgate.handlers import EffectContext, Event, StepAlreadyRun, TerminalError, TransientError
 from effectgate.handlers.idempotency import idempotency_key
-from effectgate.ledger import db, jobs, reports
+from effectgate.ledger import db, reports
+from effectgate.ledger.jobs import leases as jobs
 
 from .jobs_fixtures import claim, kind, make_worker, pool, registry
 

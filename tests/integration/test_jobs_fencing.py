@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from psycopg import errors as pg_errors
 
-from effectgate.ledger import db, jobs, steps
+from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost
-from effectgate.ledger.reconciler import Reconciler
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import steps
+from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration.jobs_fixtures import (
     at,
     claim,

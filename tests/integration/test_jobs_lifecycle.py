@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db, jobs
-from effectgate.ledger.jobs import Refused
+from effectgate.ledger import db
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs.leases import Refused
 from tests.integration.jobs_fixtures import (
     at,
     claim,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.vocabulary import JobState
 
 from .jobs_fixtures import claim, later, pool

@@ -1,4 +1,4 @@
-"""Resolved by hand (ledger/resolutions.py): a failed or parked job closed without running it, its refusals,
+"""Resolved by hand (ledger/jobs/resolutions.py): a failed or parked job closed without running it, its refusals,
 its idempotence, and a resolve racing redrives and workers for the same job."""
 
 from __future__ import annotations
@@ -8,13 +8,15 @@ from typing import Any
 
 import pytest
 
-from effectgate.handlers import control
+from effectgate.handlers.actions import control
 from effectgate.handlers.event import Transition
-from effectgate.ledger import db, jobs, reports, resolutions
+from effectgate.ledger import db, reports
 from effectgate.ledger.errors import InvalidParameter
-from effectgate.ledger.jobs import Refused
-from effectgate.ledger.resolutions import Resolved
-from effectgate.ledger.retention import DAY, RetentionConfig, RetentionKeeper
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import resolutions
+from effectgate.ledger.jobs.leases import Refused
+from effectgate.ledger.jobs.resolutions import Resolved
+from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 from tests.integration.jobs_fixtures import (
     at,
     claim,

@@ -11,14 +11,15 @@ from datetime import datetime
 
 import pytest
 
-from effectgate.handlers.maintenance import reconcile_forever
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db, jobs
-from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig, service_lock_id
-from effectgate.ledger.rescuer import LeaseRescuer, Repaired, RescuerConfig
-from effectgate.ledger.retention import RetentionConfig
-from effectgate.ledger.sweeps import SweepConfig, SweepRunner
-from effectgate.ledger.waker import PendingWaker, WakerConfig
+from effectgate.handlers.worker.maintenance import reconcile_forever
+from effectgate.ledger import db
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.maintenance.rescuer import LeaseRescuer, Repaired, RescuerConfig
+from effectgate.ledger.maintenance.retention import RetentionConfig
+from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig, service_lock_id
+from effectgate.ledger.maintenance.sweeps import SweepConfig, SweepRunner
+from effectgate.ledger.maintenance.waker import PendingWaker, WakerConfig
 from tests.integration.jobs_fixtures import (
     at,
     claim,

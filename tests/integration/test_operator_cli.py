@@ -306,7 +306,7 @@ def test_ledger_retention_reports_windows_purges_and_tombstones(
     from datetime import UTC, datetime
 
     from effectgate.ledger import db
-    from effectgate.ledger.retention import DAY, RetentionConfig, RetentionKeeper
+    from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 
     async def purge() -> None:
         conn = await db.connect(own_ledger)

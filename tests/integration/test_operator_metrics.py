@@ -13,8 +13,9 @@ from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
 from effectgate.gateway.operator import metrics
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db, resolutions
-from effectgate.ledger.resolutions import Resolved
+from effectgate.ledger import db
+from effectgate.ledger.jobs import resolutions
+from effectgate.ledger.jobs.resolutions import Resolved
 from tests.prometheus import value
 
 from .test_reports_seed import seed
@@ -82,7 +83,7 @@ async def test_metrics_answer_without_the_ledger(db_url: str) -> None:
 async def test_metrics_count_what_retention_purged_per_table(db_url: str, conn: db.Conn) -> None:
     from datetime import UTC, datetime
 
-    from effectgate.ledger.retention import DAY, RetentionConfig, RetentionKeeper
+    from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 
     await seed(conn)
     # The seed's rows are from 2025: a pass "in 2032" with short windows purges every finished one.

@@ -17,8 +17,8 @@ from effectgate.handlers import EffectContext, Event
 from effectgate.handlers.registry import EffectKind, Registry
 from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted
+from effectgate.ledger.maintenance.scheduler import Reconciler
 from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate, script, status
-from effectgate.ledger.reconciler import Reconciler
 from effectgate.testing import TestLedger
 from tests.integration.before_0022 import statements_before_0022
 from tests.integration.test_reports_seed import seed

@@ -6,10 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from effectgate.ledger import db, retention
+from effectgate.ledger import db
 from effectgate.ledger.claims import record_signature_failure
-from effectgate.ledger.partitions import PartitionConfig, PartitionKeeper, floor_to
-from effectgate.ledger.retention import RetentionConfig, RetentionKeeper
+from effectgate.ledger.maintenance import retention
+from effectgate.ledger.maintenance.partitions import PartitionConfig, PartitionKeeper, floor_to
+from effectgate.ledger.maintenance.retention import RetentionConfig, RetentionKeeper
 from tests.integration.jobs_fixtures import (
     module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
     rolled_back_conn,  # noqa: F401   on one database per module)

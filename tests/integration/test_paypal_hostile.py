@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
-from effectgate.gateway.testing.fake_paypal import FakePayPal, SentTransmission
+from effectgate.gateway.fakes.paypal import FakePayPal, SentTransmission
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db

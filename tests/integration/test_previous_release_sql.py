@@ -18,11 +18,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, Rejected, claim_delivery
 from effectgate.ledger.fingerprints import canonical_json, fingerprint
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.maintenance.rescuer import LeaseRescuer, RescuerConfig
 from effectgate.ledger.queries import Q, parse
-from effectgate.ledger.rescuer import LeaseRescuer, RescuerConfig
 from tests.integration.before_0022 import BEFORE_0022
 
 pytestmark = pytest.mark.anyio

@@ -29,13 +29,16 @@ import pytest
 from psycopg import sql
 
 from effectgate.gateway.operator import reporting
-from effectgate.ledger import bulk, db, jobs, reports, resolutions
+from effectgate.ledger import db, reports
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.jobs import filters as bulk
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import resolutions
+from effectgate.ledger.maintenance.rescuer import LeaseRescuer
+from effectgate.ledger.maintenance.retention import RetentionConfig, RetentionKeeper
+from effectgate.ledger.maintenance.waker import PendingWaker
 from effectgate.ledger.queries import Q
-from effectgate.ledger.rescuer import LeaseRescuer
-from effectgate.ledger.retention import RetentionConfig, RetentionKeeper
-from effectgate.ledger.waker import PendingWaker
 from tests.bench.reports import FILL, REPORT_CASES
 from tests.conftest import database_url
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from effectgate.ledger import db, jobs
-from effectgate.ledger.reconciler import (
+from effectgate.ledger import db
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.maintenance.scheduler import (
     RECONCILER_LOCK_ID,
     KindPolicy,
     Reconciler,
@@ -155,7 +156,7 @@ RECONCILE_PROCESS = """
 import asyncio, json, os, sys, time
 from datetime import datetime
 from effectgate.ledger import db
-from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig
+from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
 
 async def main(url, now, go, ready):
     conn = await db.connect(url)

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from effectgate.handlers.actions.replay import replay_unmatched
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import Registry
-from effectgate.handlers.replay import replay_unmatched
 from effectgate.ledger import db
 from effectgate.ledger.claims import claim_delivery
-from effectgate.ledger.retention import DAY, RetentionConfig, RetentionKeeper
+from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 from tests.integration.jobs_fixtures import (
     module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
     rolled_back_conn,  # noqa: F401   on one database per module)
@@ -185,7 +185,7 @@ async def test_a_replayed_kind_with_fingerprint_fields_then_its_genuine_retry_is
     replay under those fields, so the provider's genuine retry of the same event afterwards is a duplicate
     (the replay used to claim it under the whole payload's fingerprint, and the retry was rejected)."""
     from effectgate.gateway.config import parse
-    from effectgate.gateway.ingress import _plan
+    from effectgate.gateway.ingress.pipeline import _plan
     from effectgate.gateway.signatures import Event as SignedEvent
     from effectgate.gateway.signatures import Verified
     from effectgate.ledger.claims import Delivery

@@ -12,8 +12,8 @@ import pytest
 from effectgate.gateway.operator import reporting
 from effectgate.gateway.operator.params import PARAMETER_ERRORS, BadParameter, parse_id
 from effectgate.ledger import db, reports
-from effectgate.ledger.report_spec import Page, ReportQuery, ReportSpec
 from effectgate.ledger.reports import InvalidParameter
+from effectgate.ledger.reports.spec import Page, ReportQuery, ReportSpec
 
 from .test_reports_seed import NOW, deliver, paid, seed, seeded_database
 

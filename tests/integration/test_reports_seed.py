@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from effectgate.ledger import db, jobs, steps
+from effectgate.ledger import db
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -24,9 +24,11 @@ from effectgate.ledger.claims import (
     record_signature_failure,
 )
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import steps
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
-# What the worker stores for a handler's exception (handlers/worker.py storable_error), abridged.
+# What the worker stores for a handler's exception (handlers/worker/runtime.py storable_error), abridged.
 TRACEBACK = """Traceback (most recent call last):
   File "/srv/app/effectgate/handlers/worker.py", line 312, in _run_slice
     await handler(ctx, event)

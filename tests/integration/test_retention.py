@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db, jobs, retention, steps
+from effectgate.ledger import db
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -20,8 +20,11 @@ from effectgate.ledger.claims import (
     record_signature_failure,
 )
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.reconciler import Reconciler, ReconcilerConfig
-from effectgate.ledger.retention import DAY, RetentionConfig, RetentionKeeper
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import steps
+from effectgate.ledger.maintenance import retention
+from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
+from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
 from tests.integration.jobs_fixtures import (
     module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
     rolled_back_conn,  # noqa: F401   on one database per module)

@@ -9,9 +9,10 @@ from datetime import timedelta
 
 import pytest
 
-from effectgate.ledger import db, retention
+from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Duplicate
-from effectgate.ledger.retention import DAY, RetentionConfig, RetentionKeeper
+from effectgate.ledger.maintenance import retention
+from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 from tests.integration import jobs_fixtures as jf
 from tests.integration.test_retention import day, deliver, effect, finished
 

@@ -17,8 +17,8 @@ from psycopg.conninfo import make_conninfo
 from effectgate.gateway import cli
 from effectgate.gateway.cli import migrate as migrate_cli
 from effectgate.ledger import db
-from effectgate.ledger.partitions import PartitionKeeper
-from effectgate.ledger.reconciler import Reconciler
+from effectgate.ledger.maintenance.partitions import PartitionKeeper
+from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration.test_own_schema import _pipeline
 
 pytestmark = pytest.mark.anyio

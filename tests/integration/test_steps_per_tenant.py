@@ -1,4 +1,4 @@
-"""A step's write in two router statements (``per_tenant``, the Citus path of ledger/steps.py) against the one
+"""A step's write in two router statements (``per_tenant``, the Citus path of ledger/jobs/steps.py) against the one
 statement one node sends: the same rows, the same refusals, for every case the fence and the marker have.
 
 The two paths are separate SQL texts, so this twin is what keeps them from drifting apart; the cluster tests
@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db, jobs, steps
+from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
-from effectgate.ledger.reconciler import Reconciler
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import steps
+from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration.jobs_fixtures import (
     at,
     claim,

@@ -11,7 +11,7 @@ import pytest
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
 from effectgate.handlers.registry import EffectKind, Registry
 from effectgate.ledger.claims import Accepted, Duplicate
-from effectgate.ledger.steps import RecordedStep
+from effectgate.ledger.jobs.steps import RecordedStep
 from effectgate.testing import MemoryContext, TestLedger, context_for, example_event, run_handler
 
 pytestmark = pytest.mark.anyio

@@ -20,16 +20,16 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
+from effectgate.gateway.fakes.providers import create_app as create_fake
 from effectgate.gateway.logs import JsonFormatter
-from effectgate.gateway.testing.fake_providers import create_app as create_fake
 from effectgate.handlers import EffectContext, Event, tracing
 from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.downstream.payments import PaymentsClient
+from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.examples.commerce import order_key
-from effectgate.handlers.payments import PaymentsClient
 from effectgate.handlers.registry import Registry
-from effectgate.handlers.shipping import ShippingClient
-from effectgate.handlers.worker import Worker
+from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 from tests.integration import jobs_fixtures as jf
 

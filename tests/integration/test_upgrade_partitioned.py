@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from effectgate.gateway.operator import reporting
-from effectgate.ledger import db, jobs, steps
+from effectgate.ledger import db
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -27,10 +27,12 @@ from effectgate.ledger.claims import (
     claim_delivery,
     record_signature_failure,
 )
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import steps
+from effectgate.ledger.maintenance.partitions import PartitionKeeper
+from effectgate.ledger.maintenance.scheduler import Reconciler
 from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate
-from effectgate.ledger.partitions import PartitionKeeper
 from effectgate.ledger.queries import parse
-from effectgate.ledger.reconciler import Reconciler
 from effectgate.ledger.reports import DUPLICATES, KEY_CONFLICTS
 from tests.integration.before_0022 import statements_before_0022
 from tests.integration.test_retention import delivery

@@ -13,9 +13,10 @@ import pytest
 from effectgate.gateway import metrics
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
 from effectgate.handlers.observe import WorkerObserver
-from effectgate.handlers.worker import reconcile_forever
-from effectgate.ledger import db, jobs
-from effectgate.ledger.reconciler import ReconcilerConfig
+from effectgate.handlers.worker.runtime import reconcile_forever
+from effectgate.ledger import db
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import claim, job, kind, later, make_worker, registry, wait_for
 from tests.prometheus import value

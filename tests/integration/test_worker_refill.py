@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import EffectContext, Event
-from effectgate.handlers import worker as worker_module
-from effectgate.ledger import db, jobs
+from effectgate.handlers.worker import runtime as worker_module
+from effectgate.ledger import db
+from effectgate.ledger.jobs import leases as jobs
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import claim, kind, make_worker, registry, wait_for
 

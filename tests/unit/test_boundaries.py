@@ -248,10 +248,10 @@ def test_every_folder_is_read() -> None:
     for must in (
         "effectgate",
         "effectgate.ledger.claims",
-        "effectgate.handlers.worker",
+        "effectgate.handlers.worker.runtime",
         "effectgate.gateway.cli",
         "effectgate.gateway.signatures.stripe",
-        "effectgate.gateway.testing.fake_providers",
+        "effectgate.gateway.fakes.providers",
         "effectgate.testing.context",
         "effectgate.testing.pytest_plugin",
     ):
@@ -259,7 +259,7 @@ def test_every_folder_is_read() -> None:
     graph = import_graph(modules)
     # Spot checks that imports of every form are seen: relative, absolute, inside a function, by name.
     assert "effectgate.ledger.db" in graph["effectgate.ledger.claims"]
-    assert "effectgate.gateway.testing.fake_providers" in graph["effectgate.gateway.cli.up"]  # in a function
+    assert "effectgate.gateway.fakes.providers" in graph["effectgate.gateway.cli.up"]  # in a function
     assert "effectgate.gateway.app" in graph["effectgate.gateway.cli.serve"]  # in a function
     assert "effectgate.handlers" in graph["effectgate"]  # importlib.import_module("effectgate.handlers")
     assert "effectgate.handlers.context" in graph["effectgate.handlers.effect_kind"]  # under TYPE_CHECKING

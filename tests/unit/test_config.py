@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from effectgate.gateway.config import ConfigError, load, parse
+from effectgate.gateway.config.handler_imports import app_dir, import_handlers
+from effectgate.gateway.edge.penalty_box import PenaltySettings
 from effectgate.gateway.examples import EXAMPLE_TYPES
-from effectgate.gateway.handler_imports import app_dir, import_handlers
-from effectgate.gateway.penalty_box import PenaltySettings
 from effectgate.handlers.registry import REGISTRY
-from effectgate.handlers.worker_config import DEFAULT_CONCURRENCY
+from effectgate.handlers.worker.config import DEFAULT_CONCURRENCY
 
 ENV = {"S1": "whsec_one", "S2": "whsec_two"}
 MINIMAL = """
@@ -431,7 +431,7 @@ def test_every_retention_mistake_is_reported_with_the_others_at_once() -> None:
 
 
 def test_tenants_overlap_when_two_sources_can_file_under_one_tenant() -> None:
-    from effectgate.gateway.handler_imports import tenants_overlap
+    from effectgate.gateway.config.handler_imports import tenants_overlap
 
     text = (
         MINIMAL.replace("[sources.stripe]", "[sources.a]")
@@ -449,7 +449,7 @@ def test_tenants_overlap_when_two_sources_can_file_under_one_tenant() -> None:
 
 
 def test_a_worker_without_webhook_secrets_still_knows_what_each_source_signs() -> None:
-    from effectgate.gateway.handler_imports import identity_problems, unsigned_fields
+    from effectgate.gateway.config.handler_imports import identity_problems, unsigned_fields
     from effectgate.handlers.registry import Registry
 
     text = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from effectgate.gateway.config import ConfigError, parse
-from effectgate.gateway.config_operator import parse_listen
+from effectgate.gateway.config.operator import parse_listen
 
 ENV = {"S1": "whsec_one"}
 MINIMAL = """

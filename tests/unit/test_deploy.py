@@ -23,8 +23,8 @@ import yaml
 
 from effectgate.gateway.cli import build_parser
 from effectgate.gateway.config import Config, parse
-from effectgate.gateway.secret_sources import ROLE_SECRETS, Role
-from effectgate.handlers.worker_config import DEFAULT_DRAIN_TIMEOUT
+from effectgate.gateway.config.secrets import ROLE_SECRETS, Role
+from effectgate.handlers.worker.config import DEFAULT_DRAIN_TIMEOUT
 from tests.container import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]

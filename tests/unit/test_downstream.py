@@ -13,9 +13,9 @@ import respx
 
 from effectgate.gateway import metrics
 from effectgate.handlers.downstream import DownstreamConfig, classify_response, send_idempotent
+from effectgate.handlers.downstream.payments import PaymentsClient
+from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
-from effectgate.handlers.payments import PaymentsClient
-from effectgate.handlers.shipping import ShippingClient
 from tests.prometheus import value
 
 pytestmark = pytest.mark.anyio

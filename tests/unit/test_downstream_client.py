@@ -15,7 +15,7 @@ from effectgate.handlers import EffectContext, Event
 from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import DownstreamClient, DownstreamConfig, clients
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
-from effectgate.ledger.jobs import Lease
+from effectgate.ledger.jobs.leases import Lease
 
 pytestmark = pytest.mark.anyio
 

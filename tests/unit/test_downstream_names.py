@@ -7,7 +7,7 @@ import inspect
 from typing import Any
 
 from effectgate.handlers import EffectContext, Event
-from effectgate.handlers.downstream_names import check_downstream_names
+from effectgate.handlers.downstream.names import check_downstream_names
 from effectgate.handlers.registry import EffectKind, Registry
 
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from effectgate.gateway.testing.fake_paypal import FakePayPal, SentTransmission, create_app
+from effectgate.gateway.fakes.paypal import FakePayPal, SentTransmission, create_app
 
 pytestmark = pytest.mark.anyio
 

@@ -13,11 +13,11 @@ import pytest
 from starlette.applications import Starlette
 from starlette.types import Message
 
-from effectgate.gateway.testing.fake_providers import FaultConfig, create_app
+from effectgate.gateway.fakes.providers import FaultConfig, create_app
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.downstream.payments import PaymentsClient
+from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
-from effectgate.handlers.payments import PaymentsClient
-from effectgate.handlers.shipping import ShippingClient
 
 pytestmark = pytest.mark.anyio
 

@@ -16,10 +16,10 @@ import respx
 import standardwebhooks
 
 from effectgate.gateway.config import ConfigError, load, parse
-from effectgate.gateway.handler_imports import import_handlers
+from effectgate.gateway.config.handler_imports import import_handlers
+from effectgate.handlers.downstream.forward import ForwardTarget, KeyTemplate, post_signed, register_declared
 from effectgate.handlers.errors import TerminalError, TransientError
 from effectgate.handlers.event import Event
-from effectgate.handlers.forward import ForwardTarget, KeyTemplate, post_signed, register_declared
 from effectgate.handlers.plan import PlanFailed, plan_event
 from effectgate.handlers.registry import REGISTRY, Registry
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from effectgate.gateway.config import ConfigError, parse
-from effectgate.handlers.forward import decode_secret
+from effectgate.handlers.downstream.forward import decode_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "forwarding.md").read_text()

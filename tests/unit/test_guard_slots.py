@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from effectgate.gateway.client_slots import ClientSlots
+from effectgate.gateway.edge.client_slots import ClientSlots
 
 
 class Waiter:

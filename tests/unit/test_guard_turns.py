@@ -10,9 +10,9 @@ from typing import Any, cast
 
 import pytest
 
-from effectgate.gateway.guard import GuardedHttpToolsProtocol, Limits
-from effectgate.gateway.penalty_box import PenaltyBox, PenaltySettings
-from effectgate.gateway.turns import Turns
+from effectgate.gateway.edge.guard import GuardedHttpToolsProtocol, Limits
+from effectgate.gateway.edge.penalty_box import PenaltyBox, PenaltySettings
+from effectgate.gateway.edge.turns import Turns
 
 
 class Waiting:

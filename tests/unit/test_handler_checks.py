@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from effectgate.gateway.handler_checks import TYPE_SHAPES, pattern_can_match
+from effectgate.gateway.config.handler_checks import TYPE_SHAPES, pattern_can_match
 
 
 @pytest.mark.parametrize(

@@ -19,16 +19,18 @@ def imports(path: Path) -> set[str]:
 
 
 def test_the_gateway_app_runs_maintenance_without_importing_the_worker() -> None:
-    assert "effectgate.handlers.worker" not in imports(ROOT / "gateway" / "app.py")
-    assert "effectgate.handlers.maintenance" in imports(ROOT / "gateway" / "app.py")
+    assert "effectgate.handlers.worker.runtime" not in imports(ROOT / "gateway" / "app.py")
+    assert "effectgate.handlers.worker.maintenance" in imports(ROOT / "gateway" / "app.py")
 
 
 def test_the_worker_and_the_maintenance_wiring_import_nothing_of_the_gateway() -> None:
-    for name in ("worker.py", "maintenance.py"):
-        assert not {m for m in imports(ROOT / "handlers" / name) if m.startswith("effectgate.gateway")}
+    for name in ("runtime.py", "maintenance.py"):
+        assert not {
+            m for m in imports(ROOT / "handlers" / "worker" / name) if m.startswith("effectgate.gateway")
+        }
 
 
 def test_the_maintenance_services_import_nothing_outside_the_ledger() -> None:
-    for name in ("maintenance.py", "reconciler.py", "rescuer.py", "waker.py", "retention.py", "sweeps.py"):
-        project = {m for m in imports(ROOT / "ledger" / name) if m.startswith("effectgate")}
+    for name in ("service.py", "scheduler.py", "rescuer.py", "waker.py", "retention.py", "sweeps.py"):
+        project = {m for m in imports(ROOT / "ledger" / "maintenance" / name) if m.startswith("effectgate")}
         assert project == set(), name

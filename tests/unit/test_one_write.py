@@ -10,8 +10,8 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from effectgate.gateway.guard import GuardedHttpToolsProtocol
-from effectgate.gateway.one_write import OneWriteTransport
+from effectgate.gateway.edge.guard import GuardedHttpToolsProtocol
+from effectgate.gateway.edge.one_write import OneWriteTransport
 
 pytestmark = pytest.mark.anyio
 

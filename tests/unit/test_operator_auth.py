@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from effectgate.gateway.config import ConfigError, parse
-from effectgate.gateway.config_operator import OperatorToken
+from effectgate.gateway.config.operator import OperatorToken
 from effectgate.gateway.operator.auth import AuthFailure, authenticate, hash_token
 
 SOURCE = """

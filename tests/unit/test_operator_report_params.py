@@ -11,10 +11,11 @@ import pytest
 
 from effectgate.gateway.operator import params
 from effectgate.gateway.operator.params import BadParameter
-from effectgate.ledger import bulk as ledger_bulk
-from effectgate.ledger import reports, views
+from effectgate.ledger import reports
+from effectgate.ledger.jobs import filters as ledger_bulk
 from effectgate.ledger.payload_diffs import MAX_DIFF_ENTRIES, payload_diff
 from effectgate.ledger.queries import SQL_DIR, parse
+from effectgate.ledger.reports import views
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 

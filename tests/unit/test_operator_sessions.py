@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from effectgate.gateway.config_operator import OperatorToken
+from effectgate.gateway.config.operator import OperatorToken
 from effectgate.gateway.operator import sessions
 from effectgate.gateway.operator.auth import hash_token
 

@@ -11,8 +11,8 @@ import pytest
 import respx
 
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.downstream.payments import PaymentsClient
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
-from effectgate.handlers.payments import PaymentsClient
 
 pytestmark = pytest.mark.anyio
 

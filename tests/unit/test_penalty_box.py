@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from effectgate.gateway.penalty_box import PenaltyBox, PenaltySettings, derived_hold
+from effectgate.gateway.edge.penalty_box import PenaltyBox, PenaltySettings, derived_hold
 
 
 class Clock:
@@ -181,7 +181,7 @@ def test_the_file_limit_is_raised_to_the_hard_limit() -> None:
     # In a child: the soft limit lowered first, as a distribution's service manager would leave it.
     script = (
         "import resource\n"
-        "from effectgate.gateway.penalty_box import raise_file_limit, MAX_FILE_LIMIT\n"
+        "from effectgate.gateway.edge.penalty_box import raise_file_limit, MAX_FILE_LIMIT\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
         "got = raise_file_limit()\n"

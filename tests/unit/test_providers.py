@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from effectgate.gateway.providers import PROVIDERS
+from effectgate.gateway.config.providers import PROVIDERS
 from effectgate.gateway.signatures import SCHEMES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "providers.md"

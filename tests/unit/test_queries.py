@@ -61,7 +61,7 @@ def test_a_cte_is_cut_out_whole_and_only_it() -> None:
     assert without_cte(query, "b") == "WITH a AS (SELECT (1)), c AS (SELECT 3) SELECT * FROM c"
     with pytest.raises(ValueError, match="no CTE 'd'"):
         without_cte(query, "d")
-    # The routed fetch (ledger/jobs.py): the attempts insert goes, every other part stays.
+    # The routed fetch (ledger/jobs/leases.py): the attempts insert goes, every other part stays.
     fetch = Q["job_fetch_and_lease"]
     routed = without_cte(fetch, "attempt")
     assert "job_attempts" in fetch and "job_attempts" not in routed

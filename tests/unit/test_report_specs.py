@@ -13,8 +13,8 @@ from effectgate.gateway.operator import dashboard, params, reporting
 from effectgate.gateway.operator.dashboard import rendering
 from effectgate.gateway.operator.openapi import DOCUMENT
 from effectgate.ledger.queries import Q
-from effectgate.ledger.report_spec import ReportSpec, Sort, compose
 from effectgate.ledger.reports import REPORTS
+from effectgate.ledger.reports.spec import ReportSpec, Sort, compose
 
 SPECS = pytest.mark.parametrize("spec", REPORTS, ids=[s.name for s in REPORTS])
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from effectgate.gateway.config import ConfigError, parse
-from effectgate.gateway.config_sources import SecretsNotLoaded
-from effectgate.gateway.secret_sources import MAX_SECRET_BYTES, SecretEnv
+from effectgate.gateway.config.secrets import MAX_SECRET_BYTES, SecretEnv
+from effectgate.gateway.config.sources import SecretsNotLoaded
 
 CONFIG = """
 [sources.stripe]

@@ -8,9 +8,9 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from effectgate.gateway import send
+from effectgate.gateway.cli import sending as send
 from effectgate.gateway.config import Config, parse
-from effectgate.gateway.config_gateway import GatewayConfig
+from effectgate.gateway.config.gateway import GatewayConfig
 from effectgate.gateway.examples import EXAMPLE_TYPES, UnknownScheme, example
 from effectgate.gateway.signatures import body_event_id, standard_webhooks
 

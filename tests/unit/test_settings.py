@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from effectgate.gateway import config, settings, toml_reader
+from effectgate.gateway import config
+from effectgate.gateway.config import reader as toml_reader
+from effectgate.gateway.config import settings
 
 # Every table the parser reads, with one entry of each named table (NAME0) and of [[operators]].
 FULL = """
@@ -104,11 +106,13 @@ def test_every_key_the_parser_reads_is_declared_and_every_declared_key_is_read()
             continue
         read_keys.add(path)
     assert not undeclared, (
-        f"keys the parser reads that gateway/settings.py does not declare: {sorted(set(undeclared))}. Declare "
+        f"keys the parser reads that gateway/config/settings.py does not declare: {sorted(set(undeclared))}. Declare "
         "them there; for a new kind of table, add one such table to FULL above so its keys are checked too"
     )
     never_read = sorted(set(settings.BY_PATH) - read_keys)
-    assert not never_read, f"declared in gateway/settings.py but never read by the parser: {never_read}"
+    assert not never_read, (
+        f"declared in gateway/config/settings.py but never read by the parser: {never_read}"
+    )
 
 
 def test_declared_types_defaults_minimums_and_required_match_the_parser() -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from effectgate.gateway import settings, settings_doc
+from effectgate.gateway.config import reference as settings_doc
+from effectgate.gateway.config import settings
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

@@ -9,7 +9,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from effectgate.gateway import demo, settings_schema
+from effectgate.gateway.config import schema as settings_schema
+from effectgate.gateway.examples import demo
 
 from .test_settings import FULL, LEGACY
 

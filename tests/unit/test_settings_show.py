@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import tomllib
 
-from effectgate.gateway import config, settings_show
-from effectgate.gateway.settings_env import override
+from effectgate.gateway import config
+from effectgate.gateway.config import show as settings_show
+from effectgate.gateway.config.env import override
 
 from .test_settings import ENV, FULL, LEGACY
 

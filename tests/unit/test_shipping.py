@@ -11,8 +11,8 @@ import pytest
 import respx
 
 from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
-from effectgate.handlers.shipping import ShippingClient
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from effectgate.gateway.signature_failures import Diagnoser, SignatureFailures
+from effectgate.gateway.ingress.signature_failures import Diagnoser, SignatureFailures
 from effectgate.gateway.signatures import SignatureInvalid, SignatureMissing
 from effectgate.ledger import signature_failures
 from effectgate.ledger.signature_failures import FailureCounter

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from effectgate.gateway.config import ConfigError, parse
+from effectgate.handlers.downstream.forward import register_declared
 from effectgate.handlers.effect_kind import EffectKind, InvalidEffect
 from effectgate.handlers.event import Event
-from effectgate.handlers.forward import register_declared
 from effectgate.handlers.plan import PlanFailed, check_identity, plan_event
 from effectgate.handlers.registry import Registry
 

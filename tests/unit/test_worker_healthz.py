@@ -12,7 +12,7 @@ import pytest
 
 from effectgate.gateway.operator import metrics
 from effectgate.handlers.registry import Registry
-from effectgate.handlers.worker import HEALTHZ_STALE_AFTER, Worker, WorkerConfig
+from effectgate.handlers.worker.runtime import HEALTHZ_STALE_AFTER, Worker, WorkerConfig
 from effectgate.ledger import db
 
 pytestmark = pytest.mark.anyio

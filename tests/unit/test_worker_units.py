@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import EffectContext, Event, Registry, Services, TerminalError, UnrecoverableError
-from effectgate.handlers.worker import WorkerConfig, backoff_delay, error_record, make_reconciler
-from effectgate.ledger import jobs
+from effectgate.handlers.worker.runtime import WorkerConfig, backoff_delay, error_record, make_reconciler
 from effectgate.ledger.errors import LeaseLost
-from effectgate.ledger.reconciler import KindPolicy, ReconcilerConfig
-from effectgate.ledger.steps import RecordedStep
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs.steps import RecordedStep
+from effectgate.ledger.maintenance.scheduler import KindPolicy, ReconcilerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -8,10 +8,10 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
-from effectgate.handlers import bulk as bulk_actions
+from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.registry import REGISTRY
-from effectgate.ledger import bulk as ledger_bulk
 from effectgate.ledger import db
+from effectgate.ledger.jobs import filters as ledger_bulk
 from effectgate.ledger.vocabulary import JobState
 
 from ..params import JOB_FILTER_PARAMETERS, BadParameter, parse_job_filter

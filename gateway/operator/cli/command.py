@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 from effectgate.ledger import db
-from effectgate.ledger import jobs as ledger_jobs
+from effectgate.ledger.jobs import leases as ledger_jobs
 from effectgate.ledger.reports import ReportSpec
 from effectgate.ledger.vocabulary import RefusalCode
 

@@ -7,11 +7,12 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from effectgate.handlers import control
+from effectgate.handlers.actions import control
 from effectgate.handlers.registry import REGISTRY
-from effectgate.ledger import bulk as ledger_bulk
-from effectgate.ledger import db, reports, resolutions
-from effectgate.ledger import jobs as ledger_jobs
+from effectgate.ledger import db, reports
+from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.jobs import leases as ledger_jobs
+from effectgate.ledger.jobs import resolutions
 from effectgate.ledger.reports import JOBS
 from effectgate.ledger.vocabulary import JobState
 

@@ -8,10 +8,11 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
-from effectgate.handlers import replay
+from effectgate.handlers.actions import replay
 from effectgate.handlers.registry import REGISTRY
-from effectgate.ledger import bulk as ledger_bulk
-from effectgate.ledger import db, retention
+from effectgate.ledger import db
+from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.maintenance import retention
 from effectgate.ledger.reports import AUTH_FAILURES, KEY_CONFLICTS, REPORTS, ReportSpec
 
 from .. import documents, reporting
@@ -152,7 +153,7 @@ def run_replay(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
     import os
 
     from ...config import DEFAULT_CONFIG_FILE, ConfigError, load
-    from ...handler_imports import import_handlers, unsigned_fields
+    from ...config.handler_imports import import_handlers, unsigned_fields
 
     try:
         config = load(args.config or os.environ.get("EFFECTGATE_CONFIG") or DEFAULT_CONFIG_FILE)

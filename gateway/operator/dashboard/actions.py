@@ -12,14 +12,14 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from effectgate.handlers import bulk as bulk_actions
-from effectgate.handlers import control
+from effectgate.handlers.actions import bulk as bulk_actions
+from effectgate.handlers.actions import control
 from effectgate.ledger import db
-from effectgate.ledger import jobs as ledger_jobs
 from effectgate.ledger.errors import LedgerError
+from effectgate.ledger.jobs import leases as ledger_jobs
 from effectgate.ledger.vocabulary import JobState
 
-from ...config_operator import OperatorToken
+from ...config.operator import OperatorToken
 from ..params import PARAMETER_ERRORS, BadParameter, parse_id, parse_job_filter
 from .rendering import csrf_of, message, render
 from .signin import read_form, signed_in_operator, view

@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from effectgate.ledger import db, reports
 
-from ...config_operator import OperatorToken
+from ...config.operator import OperatorToken
 from .. import documents
 from ..params import parse_id, parse_name
 from .rendering import Cell, message, render

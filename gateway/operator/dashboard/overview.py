@@ -10,10 +10,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from effectgate.ledger import db, reports, resolutions
+from effectgate.ledger import db, reports
+from effectgate.ledger.jobs import resolutions
 from effectgate.ledger.reports import AUTH_FAILURES, DELIVERY_OUTCOMES, DUPLICATES, KEY_CONFLICTS
 
-from ...config_operator import OperatorToken
+from ...config.operator import OperatorToken
 from ..params import parse_name, parse_window
 from .charts import chart
 from .rendering import cells, duration, form_fields, refresh_of, render, toolbar

@@ -20,10 +20,10 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from effectgate.ledger.report_spec import Column, ColumnType, FilterType, ReportSpec
 from effectgate.ledger.reports import AUTH_FAILURES, DUPLICATES, JOBS, KEY_CONFLICTS, REPORTS
+from effectgate.ledger.reports.spec import Column, ColumnType, FilterType, ReportSpec
 
-from ...config_operator import OperatorToken
+from ...config.operator import OperatorToken
 from .. import documents, reporting
 from ..params import BadParameter
 from ..sessions import SignedIn

@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from effectgate.ledger import db
-from effectgate.ledger.report_spec import ReportSpec
 from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS
+from effectgate.ledger.reports.spec import ReportSpec
 
-from ...config_operator import OperatorToken
+from ...config.operator import OperatorToken
 from .. import reporting
 from .rendering import Cell, cells, form_fields, refresh_of, render, toolbar
 from .signin import view

@@ -20,7 +20,7 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 
 from ...bodies import MAX_OPERATOR_BODY_BYTES, BodyTooLarge, read_body
-from ...config_operator import OperatorToken
+from ...config.operator import OperatorToken
 from .. import sessions
 from ..auth import authenticate
 from ..params import PARAMETER_ERRORS

@@ -14,7 +14,7 @@ On a real throwaway ledger: ``pytest_plugins = ["effectgate.testing.pytest_plugi
 ``conftest.py`` gives the ``effectgate_ledger`` fixture (``TestLedger``): claim an event as the ingress
 does, then run its job once through the worker. The README's "Testing your handlers" walks through both.
 
-The fake payment and shipping servers (real HTTP servers) stay in ``effectgate.gateway.testing``.
+The fake payment and shipping servers (real HTTP servers) stay in ``effectgate.gateway.fakes``.
 """
 
 from effectgate.gateway.examples import EXAMPLE_TYPES

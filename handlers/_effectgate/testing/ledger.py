@@ -17,11 +17,13 @@ from effectgate.handlers.context import Services
 from effectgate.handlers.event import Event
 from effectgate.handlers.plan import plan_event
 from effectgate.handlers.registry import REGISTRY, Registry
-from effectgate.handlers.worker import Worker, WorkerConfig
-from effectgate.ledger import db, jobs, steps
+from effectgate.handlers.worker.runtime import Worker, WorkerConfig
+from effectgate.ledger import db
 from effectgate.ledger.claims import ClaimOutcome, Delivery, claim_delivery
 from effectgate.ledger.fingerprints import canonical_json, fingerprint
-from effectgate.ledger.steps import RecordedStep
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import steps
+from effectgate.ledger.jobs.steps import RecordedStep
 
 from .events import Handler, handler_name
 

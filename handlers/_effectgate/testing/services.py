@@ -11,8 +11,8 @@ import httpx
 
 from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import DownstreamClient, DownstreamConfig
-from effectgate.handlers.payments import PaymentsClient
-from effectgate.handlers.shipping import ShippingClient
+from effectgate.handlers.downstream.payments import PaymentsClient
+from effectgate.handlers.downstream.shipping import ShippingClient
 
 PAYMENTS_URL = "https://payments.effectgate.test"
 SHIPPING_URL = "https://shipping.effectgate.test"

@@ -1,0 +1,472 @@
+"""A fake payment and shipping provider that honours `Idempotency-Key` the way Stripe documents it.
+
+Tests and demos point `PaymentsClient` and `ShippingClient` at it. It keeps real effects (captures, refunds,
+shipments) apart from requests, so a test can assert that retries, reclaims and redrives produced exactly one
+effect each, and it can inject the failures that make idempotency matter: a 500 before the effect, a hang,
+and a connection dropped after the effect was performed.
+
+Idempotency, for POST requests carrying the header (keys are scoped to this app instance, as Stripe scopes
+them to an account):
+
+    first use of a key               → run the endpoint, store its answer
+    same key, same parameters        → the stored answer byte-for-byte, plus `Idempotent-Replayed: true`
+    same key, different parameters   → 400 idempotency_error
+    same key, first still running    → 409 idempotency_error / idempotency_key_in_use
+    parameters that fail validation  → the error, and the key stays unused (Stripe saves no result then)
+
+Stripe's endpoints: `POST /v1/payment_intents/{id}/capture` (an unknown intent is created `requires_capture`),
+`GET /v1/payment_intents/{id}`, `POST /v1/refunds` and `POST /v1/transfers`, form-encoded, answering Stripe's
+object and error shapes, so Stripe's own SDK can be pointed at the fake.
+
+Control endpoints: `POST /_fake/payment_intents` (an intent in a given status), `GET /_fake/stats`,
+`POST /_fake/reset`, `GET|POST /_fake/faults`, and `GET /_fake/requests`:
+the latest provider requests (method, path and the headers a test asserts on: `Idempotency-Key`,
+`traceparent`, `tracestate`), oldest first, at most `_RECORDED_REQUESTS` of them.
+
+The faults are `fake_faults.py`, the answers' shapes `fake_answers.py`. Why the rest stays one module over
+400 lines: `_FakeProviders` is one state behind one lock. The idempotency layer's claim (look up, then
+insert) and each endpoint's effect (check state, then change it) run under that lock on the same keys,
+intents and counters, and `/_fake/reset` clears them all at once; split by endpoint, that invariant
+would be spread over classes that must still share every field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .answers import (
+    Answer,
+    Invalid,
+    amount_param,
+    deliver,
+    error_body,
+    form_params,
+    json_answer,
+    metadata_of,
+    new_intent,
+    reply,
+    request_fingerprint,
+)
+from .faults import FaultConfig, FaultMode, sleep_unless_gone
+
+__all__ = ["FaultConfig", "FaultMode", "create_app", "serve"]
+
+# Stripe refuses longer keys; the fake does too, so a client that sends one fails here and not in production.
+_MAX_KEY_LENGTH = 255
+_INTENT_AMOUNT = 1000
+_RECORDED_REQUESTS = 1000
+_RECORDED_HEADERS = ("idempotency-key", "traceparent", "tracestate")
+_RATE_LIMIT_RETRY_AFTER = 7
+
+
+@dataclass(slots=True)
+class _KeyRecord:
+    fingerprint: str
+    answer: Answer | None = None  # None while the first request with the key is still running
+
+
+@dataclass(slots=True)
+class _Counters:
+    requests: int = 0
+    replays: int = 0
+    captures: int = 0
+    refunds: int = 0
+    transfers: int = 0
+    shipments: int = 0
+    double_capture_attempts: int = 0
+    requests_without_key: int = 0
+    captures_by_intent: dict[str, int] = field(default_factory=dict)
+    shipments_by_order: dict[str, int] = field(default_factory=dict)
+
+
+_Action = Callable[[Request, bytes], Answer]
+
+
+class _FakeProviders:
+    """All state of one fake: effects, stored idempotent answers, counters and faults."""
+
+    def __init__(self, faults: FaultConfig) -> None:
+        # One lock for all state. The sections it guards contain no await today, but the idempotency claim
+        # (look up, then insert) and each effect (check state, then change it) must stay atomic against
+        # interleaving requests if one is ever added.
+        self._lock = asyncio.Lock()
+        self._set_faults(faults)
+        self._clear()
+
+    def _clear(self) -> None:
+        self._keys: dict[str, _KeyRecord] = {}
+        self._intents: dict[str, dict[str, Any]] = {}
+        self._refunded: dict[str, int] = {}
+        self._transfers: dict[str, dict[str, Any]] = {}
+        self._shipments: dict[str, dict[str, Any]] = {}
+        self._counters = _Counters()
+        self._requests: deque[dict[str, Any]] = deque(maxlen=_RECORDED_REQUESTS)
+
+    def _set_faults(self, faults: FaultConfig) -> None:
+        self._faults = faults
+        self._rng = random.Random(faults.seed)
+
+    def _draw_fault(self, path: str) -> FaultMode:
+        faults = self._faults
+        if faults.mode == "none":
+            return "none"
+        if faults.paths and not any(path.startswith(prefix) for prefix in faults.paths):
+            return "none"
+        return faults.mode if self._rng.random() < faults.rate else "none"
+
+    # -- the provider endpoints -------------------------------------------------------------------
+
+    def endpoint(self, action: _Action, *, mutating: bool) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            return await self._serve(request, action, mutating=mutating)
+
+        return run
+
+    async def _serve(self, request: Request, action: _Action, *, mutating: bool) -> Response:
+        body = await request.body()
+        key = request.headers.get("idempotency-key") or None
+        if not mutating:
+            key = None  # Stripe ignores idempotency keys on GET: reading twice has no effect to guard
+        async with self._lock:
+            self._counters.requests += 1
+            self._requests.append(
+                {
+                    "method": request.method,
+                    "path": request.url.path,
+                    "headers": {h: request.headers[h] for h in _RECORDED_HEADERS if h in request.headers},
+                }
+            )
+            if mutating and key is None:
+                self._counters.requests_without_key += 1
+            fault = self._draw_fault(request.url.path)
+        if fault == "error_500":
+            # Injected in front of the idempotency layer, like a failing load balancer: nothing is stored,
+            # so a retry with the same key runs the endpoint for real.
+            return reply(500, error_body("api_error", "fake_fault", "Injected error_500 fault."))
+        if fault == "rate_limit":
+            response = reply(429, error_body("invalid_request_error", "rate_limit", "Too many requests."))
+            response.headers["Retry-After"] = str(_RATE_LIMIT_RETRY_AFTER)
+            return response
+        if key is not None and len(key) > _MAX_KEY_LENGTH:
+            return reply(
+                400, error_body("invalid_request_error", "idempotency_key_too_long", "Key too long.")
+            )
+
+        record: _KeyRecord | None = None
+        if key is not None:
+            fingerprint = request_fingerprint(request, body)
+            async with self._lock:
+                existing = self._keys.get(key)
+                if existing is None:
+                    record = self._keys[key] = _KeyRecord(fingerprint)
+            if existing is not None:
+                return await self._answer_again(request, existing, fingerprint, key, fault)
+
+        done = False
+        try:
+            if fault == "hang" and await sleep_unless_gone(request, self._faults.hang_seconds):
+                return reply(503, error_body("api_error", "client_disconnected", "The client went away."))
+            async with self._lock:
+                try:
+                    answer = action(request, body)
+                except Invalid as invalid:
+                    answer = invalid.answer
+                else:
+                    if record is not None:
+                        record.answer = answer
+                        done = True
+            if fault == "hang_after_effect":
+                await sleep_unless_gone(request, self._faults.hang_seconds)
+        finally:
+            # Abandoned (cancelled, disconnected, invalid, crashed): free the key so a retry can run, as
+            # Stripe does for requests whose endpoint never completed.
+            if record is not None and not done and key is not None:
+                with anyio.CancelScope(shield=True):
+                    async with self._lock:
+                        if self._keys.get(key) is record:
+                            del self._keys[key]
+        return deliver(answer, key, fault, replayed=False)
+
+    async def _answer_again(
+        self, request: Request, existing: _KeyRecord, fingerprint: str, key: str, fault: FaultMode
+    ) -> Response:
+        if existing.fingerprint != fingerprint:
+            message = (
+                "Keys for idempotent requests can only be used with the same parameters "
+                "they were first used with."
+            )
+            return reply(400, error_body("idempotency_error", None, message))
+        if existing.answer is None:
+            message = "There is currently another in-progress request using this Idempotent Key."
+            return reply(409, error_body("idempotency_error", "idempotency_key_in_use", message))
+        if fault == "hang" and await sleep_unless_gone(request, self._faults.hang_seconds):
+            return reply(503, error_body("api_error", "client_disconnected", "The client went away."))
+        async with self._lock:
+            self._counters.replays += 1
+        return deliver(existing.answer, key, fault, replayed=True)
+
+    def capture(self, request: Request, body: bytes) -> Answer:
+        intent_id = request.path_params["id"]
+        params = form_params(body)
+        intent = self._intents.get(intent_id)
+        if intent is None:
+            # Auto-created so demos and tests need no setup call.
+            intent = self._intents[intent_id] = new_intent(
+                intent_id, _INTENT_AMOUNT, "usd", "requires_capture"
+            )
+        if intent["status"] != "requires_capture":
+            # A capture of an already captured intent under a new key is the double effect the ledger
+            # exists to prevent; the count is what tests assert stays zero.
+            self._counters.double_capture_attempts += 1
+            message = (
+                f"This PaymentIntent's status is {intent['status']}, "
+                "but it must be requires_capture to be captured."
+            )
+            return json_answer(
+                400, error_body("invalid_request_error", "payment_intent_unexpected_state", message)
+            )
+        amount = amount_param(params, "amount_to_capture", default=intent["amount_capturable"])
+        if amount > intent["amount_capturable"]:
+            message = "The amount to capture is greater than the amount capturable."
+            return json_answer(400, error_body("invalid_request_error", "amount_too_large", message))
+        intent.update(
+            amount_capturable=0,
+            amount_received=amount,
+            latest_charge=f"ch_{secrets.token_hex(12)}",
+            status="succeeded",
+        )
+        self._counters.captures += 1
+        by_intent = self._counters.captures_by_intent
+        by_intent[intent_id] = by_intent.get(intent_id, 0) + 1
+        return json_answer(200, intent)
+
+    def refund(self, request: Request, body: bytes) -> Answer:
+        params = form_params(body)
+        intent_id = params.get("payment_intent")
+        if not intent_id:
+            message = "Missing required param: payment_intent."
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "parameter_missing", message)))
+        intent = self._intents.get(intent_id)
+        if intent is None:
+            message = f"No such payment_intent: '{intent_id}'"
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "resource_missing", message)))
+        if intent["status"] != "succeeded":
+            message = "This PaymentIntent has not been captured, so there is nothing to refund."
+            return json_answer(
+                400, error_body("invalid_request_error", "payment_intent_unexpected_state", message)
+            )
+        remaining = intent["amount_received"] - self._refunded.get(intent_id, 0)
+        if remaining <= 0:
+            message = f"Charge for PaymentIntent {intent_id} has already been refunded."
+            return json_answer(400, error_body("invalid_request_error", "charge_already_refunded", message))
+        amount = amount_param(params, "amount", default=remaining)
+        if amount > remaining:
+            message = f"Refund amount ({amount}) is greater than unrefunded amount on charge ({remaining})."
+            return json_answer(400, error_body("invalid_request_error", "amount_too_large", message))
+        self._refunded[intent_id] = self._refunded.get(intent_id, 0) + amount
+        self._counters.refunds += 1
+        refund = {
+            "id": f"re_{secrets.token_hex(12)}",
+            "object": "refund",
+            "amount": amount,
+            "currency": intent["currency"],
+            "payment_intent": intent_id,
+            "reason": params.get("reason"),
+            "status": "succeeded",
+        }
+        return json_answer(200, refund)
+
+    def transfer(self, request: Request, body: bytes) -> Answer:
+        params = form_params(body)
+        amount = amount_param(params, "amount", default=0)
+        for name in ("amount", "currency", "destination"):
+            if not params.get(name):
+                message = f"Missing required param: {name}."
+                raise Invalid(
+                    json_answer(400, error_body("invalid_request_error", "parameter_missing", message))
+                )
+        destination = params["destination"]
+        if not destination.startswith("acct_"):
+            message = f"No such destination: '{destination}'"
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "resource_missing", message)))
+        transfer_id = f"tr_{secrets.token_hex(12)}"
+        transfer = {
+            "id": transfer_id,
+            "object": "transfer",
+            "amount": amount,
+            "amount_reversed": 0,
+            "created": int(time.time()),
+            "currency": params["currency"].lower(),
+            "destination": destination,
+            "livemode": False,
+            "metadata": metadata_of(params),
+            "reversed": False,
+            "transfer_group": params.get("transfer_group"),
+        }
+        self._transfers[transfer_id] = transfer
+        self._counters.transfers += 1
+        return json_answer(200, transfer)
+
+    def get_intent(self, request: Request, body: bytes) -> Answer:
+        intent = self._intents.get(request.path_params["id"])
+        if intent is None:
+            message = f"No such payment_intent: '{request.path_params['id']}'"
+            return json_answer(404, error_body("invalid_request_error", "resource_missing", message))
+        return json_answer(200, intent)
+
+    def create_shipment(self, request: Request, body: bytes) -> Answer:
+        try:
+            params = json.loads(body)
+        except ValueError:
+            params = None
+        if not isinstance(params, dict):
+            message = "The request body must be a JSON object."
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "invalid_json", message)))
+        order_id = params.get("order_id")
+        address = params.get("address")
+        items = params.get("items")
+        service = params.get("service", "standard")
+        problem = None
+        if not isinstance(order_id, str) or not order_id:
+            problem = "order_id must be a non-empty string"
+        elif not isinstance(address, dict):
+            problem = "address must be an object"
+        elif not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+            problem = "items must be a non-empty list of objects"
+        elif not isinstance(service, str) or not service:
+            problem = "service must be a non-empty string"
+        if problem is not None or not isinstance(order_id, str):
+            raise Invalid(json_answer(400, error_body("invalid_request_error", "parameter_invalid", problem)))
+        shipment_id = f"shp_{secrets.token_hex(12)}"
+        shipment = {
+            "id": shipment_id,
+            "object": "shipment",
+            "order_id": order_id,
+            "service": service,
+            "status": "label_created",
+            "address": address,
+            "items": items,
+            "tracking_number": f"FK{secrets.randbelow(10**12):012d}",
+            "label_url": str(request.url_for("shipment_label", id=shipment_id)),
+        }
+        self._shipments[shipment_id] = shipment
+        self._counters.shipments += 1
+        by_order = self._counters.shipments_by_order
+        by_order[order_id] = by_order.get(order_id, 0) + 1
+        return json_answer(201, shipment)
+
+    def get_shipment(self, request: Request, body: bytes) -> Answer:
+        shipment = self._shipments.get(request.path_params["id"])
+        if shipment is None:
+            message = f"No such shipment: '{request.path_params['id']}'"
+            return json_answer(404, error_body("invalid_request_error", "resource_missing", message))
+        return json_answer(200, shipment)
+
+    async def shipment_label(self, request: Request) -> Response:
+        if request.path_params["id"] not in self._shipments:
+            raise HTTPException(404)
+        return Response(b"%PDF-1.4\n% effectgate fake label\n", media_type="application/pdf")
+
+    # -- the control endpoints --------------------------------------------------------------------
+
+    async def seed_intent(self, request: Request) -> Response:
+        """`POST /_fake/payment_intents` {id, amount, currency, status}: an intent as a test needs it."""
+        data = json.loads(await request.body() or b"{}")
+        status = data.get("status", "requires_capture")
+        if status not in ("requires_capture", "succeeded", "canceled", "requires_payment_method"):
+            return JSONResponse(
+                error_body("invalid_request_error", "invalid_status", status), status_code=400
+            )
+        amount = int(data.get("amount", _INTENT_AMOUNT))
+        intent = new_intent(str(data["id"]), amount, str(data.get("currency", "usd")), status)
+        async with self._lock:
+            self._intents[intent["id"]] = intent
+        return JSONResponse(intent)
+
+    async def stats(self, request: Request) -> Response:
+        async with self._lock:
+            return JSONResponse(asdict(self._counters))
+
+    async def requests(self, request: Request) -> Response:
+        async with self._lock:
+            return JSONResponse(list(self._requests))
+
+    async def reset(self, request: Request) -> Response:
+        async with self._lock:
+            self._clear()
+            self._set_faults(FaultConfig())
+        return JSONResponse({"reset": True})
+
+    async def faults(self, request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                faults = FaultConfig.from_json(json.loads(await request.body()))
+            except (ValueError, TypeError) as exc:
+                return JSONResponse(
+                    error_body("invalid_request_error", "invalid_faults", str(exc)), status_code=400
+                )
+            async with self._lock:
+                self._set_faults(faults)
+        return JSONResponse(asdict(self._faults))
+
+
+def create_app(*, faults: FaultConfig | None = None) -> Starlette:
+    """Build a fresh fake provider app; all its state lives in this instance, none in the module.
+
+    `faults` sets the fault injection from the start (default: none); `POST /_fake/faults` changes it and
+    `POST /_fake/reset` clears every effect, stored key, counter and fault.
+    """
+    fake = _FakeProviders(faults or FaultConfig())
+    routes = [
+        Route(
+            "/v1/payment_intents/{id}/capture",
+            fake.endpoint(fake.capture, mutating=True),
+            methods=["POST"],
+        ),
+        Route("/v1/payment_intents/{id}", fake.endpoint(fake.get_intent, mutating=False), methods=["GET"]),
+        Route("/v1/refunds", fake.endpoint(fake.refund, mutating=True), methods=["POST"]),
+        Route("/v1/transfers", fake.endpoint(fake.transfer, mutating=True), methods=["POST"]),
+        Route("/v1/shipments", fake.endpoint(fake.create_shipment, mutating=True), methods=["POST"]),
+        Route("/v1/shipments/{id}", fake.endpoint(fake.get_shipment, mutating=False), methods=["GET"]),
+        Route("/v1/shipments/{id}/label", fake.shipment_label, methods=["GET"], name="shipment_label"),
+        Route("/_fake/stats", fake.stats, methods=["GET"]),
+        Route("/_fake/payment_intents", fake.seed_intent, methods=["POST"]),
+        Route("/_fake/requests", fake.requests, methods=["GET"]),
+        Route("/_fake/reset", fake.reset, methods=["POST"]),
+        Route("/_fake/faults", fake.faults, methods=["GET", "POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+
+
+def serve(host: str, port: int) -> None:
+    """Run a fresh fake provider app with uvicorn on `host:port` until the process is stopped.
+
+    Graceful shutdown waits at most a second: a request held by a `hang` fault must not keep a stopping
+    test server alive for an hour.
+    """
+    import uvicorn  # only the serving path needs the server; tests use the app in-process
+
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=1)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    status = cast(HTTPException, exc).status_code
+    return JSONResponse(
+        error_body("invalid_request_error", "resource_missing" if status == 404 else f"http_{status}", None),
+        status_code=status,
+    )

@@ -1,0 +1,1 @@
+"""POST /webhooks/{source}: a delivery read, verified, planned, claimed and answered."""

@@ -1,0 +1,101 @@
+"""Bulk redrive, cancel and resolve: every job a filter matches, one at a time through the single-job actions.
+
+Each job goes through the same fenced statement as ``jobs redrive`` / ``jobs cancel`` / ``jobs resolve`` (a
+cancel or a resolution also runs its kind's ``on_transition``), so a bulk action refuses exactly what the single action would, and the summary
+counts the refusals by code. A dry run does all of it inside one transaction that is rolled back: what it
+reports is what the real run would do at that moment (wake-ups are sent at commit, so none leave).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from effectgate.ledger import db
+from effectgate.ledger.jobs import filters as bulk
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import resolutions
+
+from ..registry import Registry
+from . import control
+
+Action = Literal["redrive", "cancel", "resolve"]
+Progress = Callable[[int, int], None]
+
+
+@dataclass(slots=True)
+class BulkResult:
+    """What a bulk action did (or, dry, would do): jobs matched, done, refused by code."""
+
+    action: str
+    dry_run: bool
+    matched: list[int] = field(default_factory=list)
+    done: list[int] = field(default_factory=list)
+    refused: dict[str, list[int]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, object]:
+        """Counts, as the CLI and the API print them."""
+        return {
+            "action": self.action,
+            "dry_run": self.dry_run,
+            "matched": len(self.matched),
+            "done": len(self.done),
+            "refused": {code: len(ids) for code, ids in sorted(self.refused.items())},
+        }
+
+
+async def run(
+    conn: db.Conn,
+    registry: Registry,
+    action: Action,
+    where: bulk.JobFilter,
+    *,
+    by: str,
+    reason: str | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> BulkResult:
+    """Apply ``action`` to every job ``where`` matches; ``progress(done, total)`` after each job.
+
+    ``resolve`` needs a reason of its own (``InvalidParameter`` before anything is matched otherwise)."""
+    why = resolutions.check_reason(reason) if action == "resolve" else reason or "cancelled by operator"
+    result = BulkResult(action, dry_run)
+    result.matched = await bulk.match(conn, where)
+    if dry_run:
+        async with conn.transaction(force_rollback=True):
+            await _apply(conn, registry, action, result, by=by, reason=why, force=force, progress=progress)
+    else:
+        await _apply(conn, registry, action, result, by=by, reason=why, force=force, progress=progress)
+    return result
+
+
+async def _apply(
+    conn: db.Conn,
+    registry: Registry,
+    action: Action,
+    result: BulkResult,
+    *,
+    by: str,
+    reason: str,
+    force: bool,
+    progress: Progress | None,
+) -> None:
+    total = len(result.matched)
+    for n, job_id in enumerate(result.matched, 1):
+        refusal: jobs.Refused | None
+        if action == "redrive":
+            refusal = await jobs.redrive(conn, job_id, force=force)
+        elif action == "resolve":
+            resolved = await control.resolve(conn, registry, job_id, by=by, reason=reason)
+            refusal = resolved if isinstance(resolved, jobs.Refused) else None
+        else:
+            outcome = await control.cancel(conn, registry, job_id, by=by, reason=reason)
+            refusal = outcome if isinstance(outcome, jobs.Refused) else None
+        if refusal is None:
+            result.done.append(job_id)
+        else:
+            result.refused.setdefault(refusal.code, []).append(job_id)
+        if progress is not None:
+            progress(n, total)

@@ -1,0 +1,116 @@
+"""The worker's finish batcher: terminal transitions of the jobs that finish together, one commit per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from effectgate.ledger import db
+from effectgate.ledger.errors import LeaseLost, LedgerError
+from effectgate.ledger.jobs import leases as jobs
+
+from ..effect_kind import EffectKind
+from ..event import Transition
+
+log = logging.getLogger("effectgate.worker")
+
+
+@dataclass(slots=True)
+class _Finishing:
+    lease: jobs.Lease
+    kind: EffectKind
+    finish: jobs.Finish
+    future: asyncio.Future[jobs.Reached]
+
+
+class FinishBatcher:
+    """Terminal transitions of the jobs that finish together, written by one statement in one commit.
+
+    Each row is fenced by its own token: a stale one raises ``LeaseLost`` for its job alone. A kind's
+    ``on_transition`` runs in the batch's transaction, each in a savepoint, so a failing hook rolls
+    back its own writes and no one else's (the transition stands: a job left running is worse than a
+    user row that missed its mirror, which a sweep can repair). One batch is in flight at a time; the
+    next takes what queued meanwhile, so an idle worker's lone transition goes at once.
+    """
+
+    def __init__(self, pool: db.Pool, max_batch: int = 256) -> None:
+        self._pool = pool
+        self._max_batch = max_batch
+        # A ledger distributed by tenant: one statement per tenant (set by the worker's first fetch).
+        self.per_tenant = False
+        self._queue: list[_Finishing] = []
+        self.flusher: asyncio.Task[None] | None = None
+        # Set by a running worker: leases the next jobs in the batch's own transaction (Worker._refill).
+        self.refill: (
+            Callable[[db.Conn, list[int]], contextlib.AbstractAsyncContextManager[Callable[[], None] | None]]
+            | None
+        ) = None
+
+    async def finish(self, lease: jobs.Lease, kind: EffectKind, finish: jobs.Finish) -> jobs.Reached:
+        item = _Finishing(lease, kind, finish, asyncio.get_running_loop().create_future())
+        self._queue.append(item)
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.create_task(self._flush(), name="finishes")
+        return await item.future
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            try:
+                answers = await self._write(batch)
+            except BaseException as exc:
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for item, reached in zip(batch, answers, strict=True):
+                if item.future.done():
+                    continue
+                if reached is None:
+                    item.future.set_exception(LeaseLost(item.finish.job_id, item.finish.lease_token))
+                elif isinstance(reached, LedgerError):
+                    item.future.set_exception(reached)  # this job's alone: its batch-mates went through
+                else:
+                    item.future.set_result(reached)
+
+    async def _write(self, batch: list[_Finishing]) -> list[jobs.Reached | LedgerError | None]:
+        async with db.connection(self._pool) as conn, contextlib.AsyncExitStack() as refilled:
+            hooks = any(item.kind.on_transition is not None for item in batch)
+            if self.refill is None and not hooks:
+                # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
+                return await jobs.finish_many(
+                    conn, [item.finish for item in batch], per_tenant=self.per_tenant
+                )
+            start: Callable[[], None] | None = None
+            async with conn.transaction():
+                answers = await jobs.finish_many(
+                    conn, [item.finish for item in batch], per_tenant=self.per_tenant
+                )
+                for item, reached in zip(batch, answers, strict=True):
+                    hook = item.kind.on_transition
+                    if not isinstance(reached, jobs.Reached) or not reached.terminal or hook is None:
+                        continue
+                    transition = Transition(
+                        item.lease.job_id, item.lease.effect_key, reached.state, reached.reason
+                    )
+                    try:
+                        async with conn.transaction():
+                            await hook(conn, transition)
+                    except Exception as exc:
+                        log.error(
+                            "worker.transition_hook_failed",
+                            extra={"job_id": item.lease.job_id, "error": f"{type(exc).__name__}: {exc}"},
+                        )
+                if self.refill is not None:
+                    # Last in the transaction, so its row locks are held the shortest time.
+                    start = await refilled.enter_async_context(
+                        self.refill(conn, [item.lease.job_id for item in batch])
+                    )
+            if start is not None:
+                start()  # committed: the leases are ours
+            return answers

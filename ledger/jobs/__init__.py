@@ -1,0 +1,1 @@
+"""Jobs and their leases: fetch, fenced writes, finishes, steps, resolutions, the operator's reads and filters."""

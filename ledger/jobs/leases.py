@@ -1,0 +1,503 @@
+"""Jobs and their leases.
+
+A job is a row with a lease on it. ``fetch_and_lease`` hands due jobs to a worker, each under a new
+fencing token; every later write by that worker (heartbeat, checkpoint, step, terminal transition,
+its own fenced transaction) matches the job id *and* that token in its WHERE clause, so a worker
+whose lease was reclaimed changes nothing and gets ``LeaseLost``.
+
+Terminal transitions live in ``job_finishes`` and the operator's reads and actions in ``job_admin``;
+their names are re-exported here, where the worker, the operator plane and the tests have always asked
+for them (``jobs.finish``, ``jobs.Refused``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from psycopg import errors as pg_errors
+from psycopg.types.json import Jsonb
+
+from ..db import Conn
+from ..errors import LeaseBusy, LeaseLost
+from ..queries import Q, without_cte
+from ..storable import storable_record
+from ..vocabulary import JobState
+from .admin import AttemptRow, JobRow, Refused, attempts, cancel, distributed, get, redrive
+from .finishes import Finish, Reached, finish, finish_many
+
+__all__ = [
+    "FETCH_LOCK_KEY_RETRIES",
+    "FETCH_SCAN_LIMIT",
+    "FETCH_SUPERSEDED_ROUNDS",
+    "LOCK_KEY_INDEX",
+    "AttemptRow",
+    "Extended",
+    "Finish",
+    "JobRow",
+    "Lease",
+    "Reached",
+    "Refused",
+    "abandon_leases",
+    "attempts",
+    "cancel",
+    "distributed",
+    "extend_lease",
+    "extend_leases",
+    "fenced_transaction",
+    "fetch_and_lease",
+    "finish",
+    "finish_many",
+    "get",
+    "hand_back",
+    "listen",
+    "redrive",
+    "retry",
+    "save_checkpoint",
+    "tenants_due",
+]
+
+# The partial unique index that allows one running job per (tenant, lock key); migrations/0002.
+LOCK_KEY_INDEX = "jobs_lock_key_running_unique"
+# Two fetches racing for two jobs of one lock key: the loser's statement is refused by the index and
+# changed nothing, so it simply asks again (its next snapshot sees the winner as the holder).
+FETCH_LOCK_KEY_RETRIES = 3
+# A fetch that cancelled superseded jobs (migrations/0020) and leased fewer than asked asks again, this many
+# times at most: the newer jobs that superseded them are due, and their wake-ups may already be spent.
+FETCH_SUPERSEDED_ROUNDS = 4
+# How many due jobs of one kind a fetch reads at most, whatever it finds there. It only matters when the
+# head of a kind's queue is a long run of jobs whose lock keys running jobs hold (or that other fetches
+# hold right now): without it every fetch would walk that run, so a hot key with a backlog would make every
+# fetch cost the backlog again. 1,000 rows cost about a millisecond (docs/performance.md); the cost is that a
+# longer such run holds the rest of its kind back until its holders finish.
+FETCH_SCAN_LIMIT = 1_000
+
+# The fetch for one tenant on Citus: job_fetch_and_lease without its attempts CTE, which is one router task;
+# the attempts are opened by job_attempt_open in the same transaction (_fetch_routed).
+_ROUTED_FETCH = without_cte(Q["job_fetch_and_lease"], "attempt")
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A job leased to one worker under one fencing token, with what its handler needs."""
+
+    job_id: int
+    effect_id: int
+    kind: str
+    tenant: str
+    attempt: int
+    max_attempts: int
+    lease_token: int
+    checkpoint: Any
+    cancel_requested: bool
+    effect_key: str
+    source: str
+    event_id: str
+    event_type: str
+    payload: Any
+    lock_key: str | None = None
+    # Whether an earlier attempt recorded any step: a first attempt need not ask for them.
+    has_steps: bool = True
+    # The traceparent of the delivery span that claimed the job (None: tracing was off then).
+    trace_parent: str | None = None
+
+
+async def fetch_and_lease(
+    conn: Conn,
+    *,
+    owner: str,
+    kinds: Mapping[str, float],
+    limit: int,
+    now: datetime | None = None,
+    scan_limit: int = FETCH_SCAN_LIMIT,
+    hooked: Collection[str] = (),
+    to_supersede: list[int] | None = None,
+    per_tenant: bool = False,
+) -> list[Lease]:
+    """Lease up to ``limit`` due jobs to ``owner``; ``kinds`` maps each kind it runs to its lease TTL.
+
+    Each job is leased for its own kind's TTL: one short-TTL kind must not shorten the lease of a
+    long one, whose heartbeats come at a third of *its* TTL. A job whose lock key a running job holds
+    is left pending. Each kind's walk reads at most ``scan_limit`` due rows (never fewer than ``limit``),
+    so a fetch costs about ``limit`` index reads per kind at any backlog. A job older than the newest
+    version claimed for its object is cancelled as superseded instead of leased; of the ``hooked`` kinds
+    (those with an ``on_transition`` hook) it is left pending and its id appended to ``to_supersede``, for
+    the caller to cancel with the hook in the cancel's transaction.
+
+    ``per_tenant`` (a ledger distributed by tenant on Citus, ``distributed``): the one statement over every
+    tenant is a multi-shard ``FOR UPDATE``, which Citus refuses. Instead the tenants with the earliest due
+    jobs are read first (no lock), then each tenant's jobs are leased by the same statement restricted to
+    that tenant, which Citus routes to its shard: 1 + (tenants leased from) statements per fetch.
+    """
+    if not per_tenant:
+        return await _fetch_tenant(conn, owner, kinds, limit, now, scan_limit, hooked, to_supersede, None)
+    leases: list[Lease] = []
+    for tenant in await tenants_due(conn, kinds=kinds, limit=limit, now=now):
+        leases += await _fetch_tenant(
+            conn, owner, kinds, limit - len(leases), now, scan_limit, hooked, to_supersede, tenant
+        )
+        if len(leases) >= limit:
+            break
+    return leases
+
+
+async def tenants_due(
+    conn: Conn, *, kinds: Mapping[str, float], limit: int, now: datetime | None = None
+) -> list[str]:
+    """The tenants of the earliest ``limit`` due pending jobs of ``kinds``, earliest first; read without a
+    lock, so a tenant may have nothing left to lease by the time it is asked."""
+    rows = await (
+        await conn.execute(Q["job_tenants_due"], {"kinds": list(kinds), "limit": limit, "now": now})
+    ).fetchall()
+    return [row["tenant"] for row in rows]
+
+
+async def _fetch_tenant(
+    conn: Conn,
+    owner: str,
+    kinds: Mapping[str, float],
+    limit: int,
+    now: datetime | None,
+    scan_limit: int,
+    hooked: Collection[str],
+    to_supersede: list[int] | None,
+    tenant: str | None,
+) -> list[Lease]:
+    leases: list[Lease] = []
+    for _ in range(FETCH_SUPERSEDED_ROUNDS):
+        leased, superseded, hooked_ids = await _fetch_once(
+            conn, owner, kinds, limit - len(leases), now, scan_limit, list(hooked), tenant
+        )
+        leases += leased
+        if to_supersede is not None:
+            to_supersede.extend(i for i in hooked_ids if i not in to_supersede)
+        if not superseded or len(leases) >= limit:
+            break
+    return leases
+
+
+async def _fetch_routed(conn: Conn, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One tenant's fetch on Citus: the fetch without its attempts CTE (one router task), then each leased
+    job's attempt row (router inserts, pipelined), in one transaction on the tenant's node (or a savepoint in
+    the caller's)."""
+    async with conn.transaction():
+        rows = await (await conn.execute(_ROUTED_FETCH, params)).fetchall()
+        opened = [
+            {
+                "job_id": r["id"],
+                "tenant": r["tenant"],
+                "attempt": r["attempt"],
+                "lease_token": r["lease_token"],
+                "owner": params["owner"],
+                "now": params["now"],
+            }
+            for r in rows
+            if r["id"] is not None
+        ]
+        if opened:
+            async with conn.cursor() as cur:
+                await cur.executemany(Q["job_attempt_open"], opened)
+    return rows
+
+
+async def _fetch_once(
+    conn: Conn,
+    owner: str,
+    kinds: Mapping[str, float],
+    limit: int,
+    now: datetime | None,
+    scan_limit: int,
+    hooked: list[str],
+    tenant: str | None,
+) -> tuple[list[Lease], int, list[int]]:
+    params = {
+        "tenant": tenant,
+        "hooked": hooked,
+        "owner": owner,
+        "kinds": list(kinds),
+        "ttls": [float(ttl) for ttl in kinds.values()],
+        "limit": limit,
+        "scan_limit": max(scan_limit, limit),
+        "now": now,
+    }
+    for _ in range(FETCH_LOCK_KEY_RETRIES):
+        try:
+            if tenant is not None:
+                rows = await _fetch_routed(conn, params)
+            elif conn.info.transaction_status:
+                # Inside the caller's transaction: a savepoint, so a refused fetch does not abort it.
+                async with conn.transaction():
+                    rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()
+            else:
+                # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT trips.
+                rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()
+            break
+        except pg_errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != LOCK_KEY_INDEX:
+                raise
+    else:
+        return [], 0, []
+    superseded = rows[0]["superseded"] if rows else 0
+    hooked_ids: list[int] = (rows[0]["to_supersede"] or []) if rows else []
+    return (
+        [
+            Lease(
+                job_id=r["id"],
+                effect_id=r["effect_id"],
+                kind=r["kind"],
+                tenant=r["tenant"],
+                attempt=r["attempt"],
+                max_attempts=r["max_attempts"],
+                lease_token=r["lease_token"],
+                checkpoint=r["checkpoint"],
+                cancel_requested=r["cancel_requested"],
+                effect_key=r["effect_key"],
+                source=r["source"],
+                event_id=r["event_id"],
+                event_type=r["event_type"],
+                payload=r["payload"],
+                lock_key=r["lock_key"],
+                has_steps=r["has_steps"],
+                trace_parent=r["trace_parent"],
+            )
+            for r in rows
+            if r["id"] is not None
+        ],
+        superseded,
+        hooked_ids,
+    )
+
+
+def _fenced(job_id: int, lease_token: int, row: Any) -> Any:
+    if row is None:
+        raise LeaseLost(job_id, lease_token)
+    return row
+
+
+async def extend_lease(
+    conn: Conn, job_id: int, lease_token: int, *, ttl: float, now: datetime | None = None
+) -> bool:
+    """Heartbeat: extend the lease; returns whether a cancel was requested. Raises ``LeaseLost``, or
+    ``LeaseBusy`` when another transaction holds the job's row locked at that instant."""
+    beat = await extend_leases(conn, [(job_id, lease_token, ttl)], now=now)
+    if job_id in beat.busy:
+        raise LeaseBusy(job_id, lease_token)
+    if job_id not in beat.held:
+        raise LeaseLost(job_id, lease_token)
+    return beat.held[job_id]
+
+
+@dataclass(frozen=True, slots=True)
+class Extended:
+    """What one heartbeat did. ``held`` maps each extended lease's job id to whether a cancel was asked;
+    ``busy`` holds the jobs whose row another transaction had locked at that instant — not extended, not
+    lost: ask again shortly. A job in neither lost its lease."""
+
+    held: dict[int, bool]
+    busy: frozenset[int] = frozenset()
+
+    def lost(self, job_id: int) -> bool:
+        """Whether ``job_id``'s lease is gone: its token no longer holds the job."""
+        return job_id not in self.held and job_id not in self.busy
+
+
+async def extend_leases(
+    conn: Conn,
+    leases: Sequence[tuple[int, int, float]],
+    *,
+    now: datetime | None = None,
+    tenants: Sequence[str] | None = None,
+) -> Extended:
+    """Heartbeat for many leases, given as (job id, lease token, TTL), in one statement.
+
+    A row locked by another transaction is skipped rather than waited for (it comes back ``busy``), so
+    one slow fenced write cannot hold back the heartbeats of the other leases. A job missing from the
+    answer lost its lease (the write changed nothing for it, and only for it). With ``tenants`` (each
+    lease's, on a ledger distributed by tenant), one statement per tenant, each routed to its shard.
+    """
+    rows: list[Any] = []
+    for tenant, group in _by_tenant(leases, tenants):
+        rows += await (
+            await conn.execute(
+                Q["lease_extend_if_held"],
+                {
+                    "job_ids": [job_id for job_id, _, _ in group],
+                    "lease_tokens": [token for _, token, _ in group],
+                    "ttls": [float(ttl) for _, _, ttl in group],
+                    "now": now,
+                    "tenant": tenant,
+                },
+            )
+        ).fetchall()
+    return Extended(
+        {row["id"]: bool(row["cancel_requested"]) for row in rows if not row["busy"]},
+        frozenset(row["id"] for row in rows if row["busy"]),
+    )
+
+
+_T = TypeVar("_T")
+
+
+def _by_tenant(items: Sequence[_T], tenants: Sequence[str] | None) -> list[tuple[str | None, list[_T]]]:
+    """``items`` in one group for every tenant (``tenants`` None: one statement over all), else grouped by
+    their tenant, one statement each: Citus routes a statement to one shard only when it names one tenant."""
+    if not items:
+        return []
+    if tenants is None:
+        return [(None, list(items))]
+    groups: dict[str, list[_T]] = {}
+    for item, tenant in zip(items, tenants, strict=True):
+        groups.setdefault(tenant, []).append(item)
+    return list(groups.items())
+
+
+async def abandon_leases(
+    conn: Conn,
+    leases: Sequence[tuple[int, int]],
+    *,
+    now: datetime | None = None,
+    tenants: Sequence[str] | None = None,
+) -> list[int]:
+    """Give up many leases, given as (job id, lease token), in one statement: each expires now, where its
+    token still holds, and the reconciler hands the job on by its release rule at its next pass. Returns
+    the jobs whose lease was given up (one taken by someone else meanwhile is not among them). ``tenants``:
+    as ``extend_leases``."""
+    rows: list[Any] = []
+    for tenant, group in _by_tenant(leases, tenants):
+        rows += await (
+            await conn.execute(
+                Q["lease_abandon_if_held"],
+                {
+                    "job_ids": [job_id for job_id, _ in group],
+                    "lease_tokens": [token for _, token in group],
+                    "now": now,
+                    "tenant": tenant,
+                },
+            )
+        ).fetchall()
+    return sorted(row["id"] for row in rows)
+
+
+async def save_checkpoint(
+    conn: Conn,
+    job_id: int,
+    lease_token: int,
+    checkpoint: Any,
+    *,
+    now: datetime | None = None,
+    tenant: str | None = None,
+) -> None:
+    """Commit a resume point for the job. Raises ``LeaseLost``. The job's ``tenant``, where known, lets Citus
+    route the write to one shard (every fenced write below takes it)."""
+    row = await (
+        await conn.execute(
+            Q["checkpoint_save_if_leased"],
+            {
+                "job_id": job_id,
+                "lease_token": lease_token,
+                "checkpoint": Jsonb(checkpoint),
+                "now": now,
+                "tenant": tenant,
+            },
+        )
+    ).fetchone()
+    _fenced(job_id, lease_token, row)
+
+
+@asynccontextmanager
+async def fenced_transaction(
+    conn: Conn, job_id: int, lease_token: int, *, tenant: str | None = None
+) -> AsyncIterator[Conn]:
+    """A transaction that holds the job's row lock under the current token, or raises ``LeaseLost``.
+
+    Whatever the caller writes inside commits only together with proof that the lease was still held;
+    a reclaim waits for the row lock, so it cannot slip in between the check and the commit.
+    """
+    async with conn.transaction():
+        row = await (
+            await conn.execute(
+                Q["lease_hold_if_leased"], {"job_id": job_id, "lease_token": lease_token, "tenant": tenant}
+            )
+        ).fetchone()
+        _fenced(job_id, lease_token, row)
+        yield conn
+
+
+def _reached(job_id: int, lease_token: int, row: Any) -> Reached:
+    row = _fenced(job_id, lease_token, row)
+    return Reached(JobState(row["state"]), row["terminal_reason"])
+
+
+async def retry(
+    conn: Conn,
+    job_id: int,
+    lease_token: int,
+    *,
+    delay: float,
+    error: dict[str, Any],
+    now: datetime | None = None,
+    tenant: str | None = None,
+    per_tenant: bool = False,
+) -> Reached:
+    """Give the job back for another attempt after ``delay`` seconds, fenced; ``cancelled`` if a cancel
+    was asked meanwhile. The attempt's error is stored with it. Raises ``LeaseLost``.
+
+    A retry due at once wakes the workers of its kind. ``per_tenant`` (a ledger distributed by tenant,
+    ``distributed``): the statement runs on the tenant's worker node, where its NOTIFY is heard by nobody, so
+    the wake-up is sent again from this session (the coordinator)."""
+    row = await (
+        await conn.execute(
+            Q["job_retry_if_leased"],
+            {
+                "job_id": job_id,
+                "lease_token": lease_token,
+                "delay": float(delay),
+                "error": Jsonb(storable_record(error)),
+                "now": now,
+                "tenant": tenant,
+            },
+        )
+    ).fetchone()
+    reached = _reached(job_id, lease_token, row)
+    if per_tenant and delay <= 0 and reached.state == JobState.PENDING:
+        assert row is not None  # _reached raised LeaseLost otherwise
+        await conn.execute(Q["jobs_notify"], {"kinds": [row["kind"]]})
+    return reached
+
+
+async def hand_back(
+    conn: Conn,
+    job_id: int,
+    lease_token: int,
+    *,
+    poison_threshold: int,
+    by: str,
+    now: datetime | None = None,
+    tenant: str | None = None,
+) -> Reached:
+    """Hand the rest of the work back (slice budget spent or draining), fenced: re-queued at once, or
+    ``parked`` as poison after ``poison_threshold`` hand-backs in a row that committed nothing, or
+    ``cancelled`` if a cancel was asked. Raises ``LeaseLost``."""
+    row = await (
+        await conn.execute(
+            Q["job_hand_back_if_leased"],
+            {
+                "job_id": job_id,
+                "lease_token": lease_token,
+                "poison_threshold": poison_threshold,
+                "by": by,
+                "now": now,
+                "tenant": tenant,
+            },
+        )
+    ).fetchone()
+    return _reached(job_id, lease_token, row)
+
+
+async def listen(conn: Conn) -> None:
+    """Subscribe ``conn`` to job wake-ups (new, re-queued and redriven jobs); read them with
+    ``conn.notifies()``. The payload is the job's kind; a wake-up promises nothing but "fetch now"."""
+    await conn.execute(Q["job_notifications_listen"])

@@ -1,0 +1,102 @@
+"""Pending waker: due jobs that waited longer than their kind's ``pending_ttl`` get a fresh wake-up.
+
+A NOTIFY is best effort — a worker's LISTEN connection may have been down when it was sent — so a job
+due for longer than its TTL is woken again (a NOTIFY per kind, and ``updated_at`` marks the wake-up, so a
+job nobody can run is woken once per TTL, not on every tick).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ..db import Conn
+from ..jobs.leases import distributed
+from ..queries import Q
+
+DEFAULT_PENDING_TTL = 900.0
+DEFAULT_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class WakerConfig:
+    """How long a due job may wait before it is woken again, and how many one pass wakes."""
+
+    pending_ttl: float = DEFAULT_PENDING_TTL
+    batch: int = DEFAULT_BATCH
+
+    def __post_init__(self) -> None:
+        if not self.pending_ttl > 0:
+            raise ValueError("pending_ttl must be > 0 seconds")
+        if self.batch < 1:
+            raise ValueError("pending waker batch must be >= 1")
+
+
+@dataclass(slots=True)
+class WakeResult:
+    """How many due jobs one pass woke."""
+
+    woken: int = 0
+
+    @property
+    def changed(self) -> bool:
+        """Whether the pass did anything worth logging."""
+        return self.woken > 0
+
+
+class PendingWaker:
+    """Stale pending jobs → woken again; ``pending_ttls`` overrides the TTL per kind."""
+
+    name = "pending_waker"
+
+    def __init__(self, config: WakerConfig | None = None, *, pending_ttls: Mapping[str, float] | None = None):
+        self.config = config or WakerConfig()
+        self.pending_ttls = dict(pending_ttls or {})
+        self._per_tenant: bool | None = None  # jobs.distributed, asked at the first pass
+
+    async def run_once(self, conn: Conn, *, now: datetime | None = None) -> WakeResult:
+        """One pass: wake up to ``batch`` stale due jobs.
+
+        On a ledger distributed by tenant (Citus, ``jobs.distributed``, asked once), as the lease rescuer: the
+        tenants with jobs pending past the shortest TTL are read first, then each is woken by the statement
+        restricted to it, and the wake-ups are sent from this session."""
+        if self._per_tenant is None:
+            self._per_tenant = await distributed(conn)
+        if not self._per_tenant:
+            row = await self._wake(conn, now, self.config.batch, None)
+            return WakeResult(int(row["woken"]) if row else 0)
+        shortest = min([self.config.pending_ttl, *self.pending_ttls.values()])
+        tenants = await (
+            await conn.execute(
+                Q["job_tenants_stale_pending"],
+                {"now": now, "pending_ttl": shortest, "limit": self.config.batch},
+            )
+        ).fetchall()
+        woken, kinds = 0, set[str]()
+        for t in tenants:
+            if woken >= self.config.batch:
+                break
+            row = await self._wake(conn, now, self.config.batch - woken, t["tenant"])
+            if row:
+                woken += int(row["woken"])
+                kinds.update(row["kinds"])
+        if kinds:
+            await conn.execute(Q["jobs_notify"], {"kinds": sorted(kinds)})
+        return WakeResult(woken)
+
+    async def _wake(self, conn: Conn, now: datetime | None, limit: int, tenant: str | None) -> Any:
+        return await (
+            await conn.execute(
+                Q["job_wake_stale_pending"],
+                {
+                    "now": now,
+                    "kinds": list(self.pending_ttls),
+                    "pending_ttls": list(self.pending_ttls.values()),
+                    "pending_ttl": self.config.pending_ttl,
+                    "limit": limit,
+                    "tenant": tenant,
+                },
+            )
+        ).fetchone()
