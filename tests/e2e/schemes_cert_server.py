@@ -34,6 +34,10 @@ def serve_certificates(
     holder: list[CertServer] = []
 
     class Handler(BaseHTTPRequestHandler):
+        # A client that connects and never finishes its request (or its TLS handshake) holds only its own
+        # thread, and only this long.
+        timeout = 5
+
         def do_GET(self) -> None:
             holder[0].hits.append(self.path)
             body = files.get(self.path)
@@ -47,7 +51,9 @@ def serve_certificates(
             return None
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    # The handshake happens in the request's own thread, on its first read: done in accept(), one client
+    # that stalled mid-handshake held the serving loop, and shutdown() at the end of the block waited forever.
+    server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     holder.append(CertServer(server))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
