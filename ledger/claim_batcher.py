@@ -11,7 +11,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries, routed
+from . import topology
+from .claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries
 from .db import Pool, error_kind
 from .errors import ClaimOverloaded, ClaimTimeout, DeliveryRefused, LedgerError, LedgerUnavailable
 from .queries import Q
@@ -112,7 +113,6 @@ class ClaimBatcher:
         self._expired = 0  # expired requests still in the queue: they hold no room
         self._flushers: set[asyncio.Task[None]] = set()
         self._active = 0
-        self._per_tenant: bool | None = None
 
     def check_room(self) -> None:
         """Raise ``ClaimOverloaded`` when the queue is full, as ``claim`` would: ingress asks before it reads
@@ -236,17 +236,13 @@ class ClaimBatcher:
             self._active -= 1
 
     async def per_tenant(self) -> bool:
-        """Whether batches are claimed per tenant (``claims.routed``), asked once per process: a ledger is
-        distributed or not while it runs. A failed question is asked again by the next batch, which
-        meanwhile takes the statement, correct everywhere."""
-        if self._per_tenant is None:
-            try:
-                async with self._pool.connection() as conn:
-                    self._per_tenant = await routed(conn)
-            except Exception as exc:
-                log.warning("claims.routing_unknown", extra={"error": type(exc).__name__})
-                return False
-        return self._per_tenant
+        """Whether batches are claimed per tenant (``Topology.claims_routed``, kept once per pool). A failed
+        question is asked again by the next batch, which meanwhile takes the statement, correct everywhere."""
+        try:
+            return (await topology.of_pool(self._pool)).claims_routed
+        except Exception as exc:
+            log.warning("claims.routing_unknown", extra={"error": type(exc).__name__})
+            return False
 
     async def _write(self, batch: list[_Waiting]) -> None:
         per_tenant = await self.per_tenant()

@@ -21,7 +21,6 @@ import psycopg
 
 from .db import Conn
 from .fingerprints import canonical_json
-from .jobs.leases import distributed
 from .queries import Q
 from .vocabulary import DeliveryOutcome
 
@@ -172,24 +171,6 @@ async def claim_deliveries(
             outcome = Rejected(key, handler, row["effect_id"], row["held_fingerprint"])
         results[d][e] = outcome
     return [[o for o in per_delivery if o is not None] for per_delivery in results]
-
-
-async def routed(conn: Conn) -> bool:
-    """Whether claims here go per tenant (``claim_deliveries(per_tenant=True)``): ``jobs`` is distributed on
-    Citus and ``effect_claim_tenant_v1`` with it. A distributed ledger without the function (distribute.sql
-    of a release before 0023) claims through the coordinator, correctly, and says so."""
-    if not await distributed(conn):
-        return False
-    row = await (await conn.execute(Q["claim_tenant_distributed"])).fetchone()
-    if row is not None and row["distributed"]:
-        return True
-    log.warning(
-        "claims.not_routed",
-        extra={
-            "hint": "effect_claim_tenant_v1 is not distributed: run its line of deploy/citus/distribute.sql"
-        },
-    )
-    return False
 
 
 # One entry of a claim statement: (delivery index, effect index or -1 for an unmatched delivery).

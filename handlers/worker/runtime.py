@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from effectgate.ledger import db
+from effectgate.ledger import db, topology
 from effectgate.ledger.errors import LeaseLost, LedgerError
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
@@ -306,7 +306,7 @@ class Worker:
             to_supersede: list[int] = []
             async with db.connection(self.pool) as conn:
                 if self._per_tenant is None:
-                    self._per_tenant = await jobs.distributed(conn)
+                    self._per_tenant = (await topology.of(conn)).distributed
                     self._finishes.per_tenant = self._heartbeat.per_tenant = self._per_tenant
                 leases = await jobs.fetch_and_lease(
                     conn,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypedDict, cast
 
+from .. import topology
 from ..db import Conn
 from ..queries import Q
 from ..storable import storable_text
@@ -81,22 +82,12 @@ class Refused:
     detail: str
 
 
-async def distributed(conn: Conn) -> bool:
-    """Whether ``jobs`` is a Citus distributed table here: the worker then leases and batches per tenant, and
-    the operator's writes by id are sent to the job's tenant."""
-    row = await (await conn.execute(Q["jobs_distributed_citus"])).fetchone()
-    if row is None or not row["citus"]:
-        return False
-    row = await (await conn.execute(Q["jobs_distributed_table"])).fetchone()
-    return row is not None and bool(row["distributed"])
-
-
 async def routing(conn: Conn, job_id: int) -> tuple[bool, str | None]:
     """Where an operator's write to job ``job_id`` goes: ``(True, None)`` on one node, without a read; on a
     ledger distributed by tenant ``(True, its tenant)``, read by id (on every shard: the operator knows the id,
     not the tenant), or ``(False, None)`` when there is no such job. Citus refuses, or sends to every shard,
     a write that names no tenant."""
-    if not await distributed(conn):
+    if not (await topology.of(conn)).distributed:
         return True, None
     row = await (await conn.execute(Q["job_tenant_get"], {"job_id": job_id})).fetchone()
     return (False, None) if row is None else (True, row["tenant"])

@@ -26,7 +26,7 @@ from ..errors import LeaseBusy, LeaseLost
 from ..queries import Q, without_cte
 from ..storable import storable_record
 from ..vocabulary import JobState
-from .admin import AttemptRow, JobRow, Refused, attempts, cancel, distributed, get, redrive
+from .admin import AttemptRow, JobRow, Refused, attempts, cancel, get, redrive
 from .finishes import Finish, Reached, finish, finish_many
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "abandon_leases",
     "attempts",
     "cancel",
-    "distributed",
     "extend_lease",
     "extend_leases",
     "fenced_transaction",

@@ -53,7 +53,7 @@ async def record(
 ) -> None:
     """Record a step's outcome under the current lease. Raises ``LeaseLost`` or ``StepAlreadyRecorded``.
 
-    ``per_tenant`` (a ledger distributed by tenant, ``jobs.distributed``; ``tenant`` required): two router
+    ``per_tenant`` (a ledger distributed by tenant, ``topology``; ``tenant`` required): two router
     statements in one transaction on the tenant's node instead of one statement Citus would plan as
     subplans."""
     if per_tenant:

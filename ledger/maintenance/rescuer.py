@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from .. import topology
 from ..db import Conn
-from ..jobs.leases import distributed
 from ..queries import Q
 from ..vocabulary import JobState
 
@@ -83,21 +83,19 @@ class LeaseRescuer:
         self.config = config or RescuerConfig()
         self.poison_thresholds = dict(poison_thresholds or {})
         self.on_transition = on_transition
-        self._per_tenant: bool | None = None  # jobs.distributed, asked at the first pass
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RescueResult:
         """One batch of rescues, and the hooks of the terminal ones, in the caller's transaction (or one
         of its own on an autocommit connection).
 
-        On a ledger distributed by tenant (Citus, ``jobs.distributed``, asked once) the statement over every
+        On a ledger distributed by tenant (Citus, ``topology``) the statement over every
         tenant is a multi-shard ``FOR UPDATE``, which Citus refuses: the tenants of the earliest expired leases
         are read first (no lock), then each tenant's are rescued by the same statement restricted to it, up to
         ``batch`` in all, and the workers are woken from this session (a routed statement's NOTIFY fires on a
         worker node, where nobody listens)."""
         result = RescueResult()
-        if self._per_tenant is None:
-            self._per_tenant = await distributed(conn)
-        if not self._per_tenant:
+        per_tenant = (await topology.of(conn)).distributed
+        if not per_tenant:
             await self._rescue(conn, now, self.config.batch, None, result)
             return result
         tenants = await (

@@ -21,7 +21,7 @@ Each batch (``batch`` rows, ``DEFAULT_BATCH``) is a transaction of its own, and 
 ``report()`` say the same whichever process ran the pass, and no row lock a claim or a lease needs is held for
 longer than one batch (a whole pass in one transaction held them all until its end).
 
-On a ledger distributed by tenant (Citus, ``jobs.distributed``, asked once) a statement over every tenant is a
+On a ledger distributed by tenant (Citus, ``topology``) a statement over every tenant is a
 multi-shard ``FOR UPDATE``, which Citus refuses. There each statement's sibling ``<name>_tenants`` reads, without
 a lock, which tenants hold its oldest ``batch`` due rows; the statement then runs once per tenant (a batch, a
 transaction each), which Citus routes to that tenant's shard group, and the tenants are read again while a
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from .. import topology
 from ..db import Conn
-from ..jobs.leases import distributed
 from ..queries import Q
 
 DAY = 86400.0
@@ -142,7 +142,7 @@ class RetentionKeeper:
 
     def __init__(self, config: RetentionConfig | None = None) -> None:
         self.config = config or RetentionConfig()
-        self._per_tenant: bool | None = None  # jobs.distributed, asked at the first pass
+        self._per_tenant = False  # this pass's connection's topology.of(conn).distributed
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RetentionResult:
         """One pass over every window, oldest rows first. Each batch is a transaction of its own, committed
@@ -150,8 +150,7 @@ class RetentionKeeper:
         that batch only, never for the whole pass."""
         c = self.config
         result = RetentionResult(dict.fromkeys(PURGED, 0))
-        if self._per_tenant is None:
-            self._per_tenant = await distributed(conn)
+        self._per_tenant = (await topology.of(conn)).distributed
         limit = {"now": now, "limit": c.batch, "tenant": None}
         payload_policy = {
             **limit,

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from .. import topology
 from ..db import Conn
-from ..jobs.leases import distributed
 from ..queries import Q
 
 DEFAULT_PENDING_TTL = 900.0
@@ -54,17 +54,15 @@ class PendingWaker:
     def __init__(self, config: WakerConfig | None = None, *, pending_ttls: Mapping[str, float] | None = None):
         self.config = config or WakerConfig()
         self.pending_ttls = dict(pending_ttls or {})
-        self._per_tenant: bool | None = None  # jobs.distributed, asked at the first pass
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> WakeResult:
         """One pass: wake up to ``batch`` stale due jobs.
 
-        On a ledger distributed by tenant (Citus, ``jobs.distributed``, asked once), as the lease rescuer: the
+        On a ledger distributed by tenant (Citus, ``topology``), as the lease rescuer: the
         tenants with jobs pending past the shortest TTL are read first, then each is woken by the statement
         restricted to it, and the wake-ups are sent from this session."""
-        if self._per_tenant is None:
-            self._per_tenant = await distributed(conn)
-        if not self._per_tenant:
+        per_tenant = (await topology.of(conn)).distributed
+        if not per_tenant:
             row = await self._wake(conn, now, self.config.batch, None)
             return WakeResult(int(row["woken"]) if row else 0)
         shortest = min([self.config.pending_ttl, *self.pending_ttls.values()])

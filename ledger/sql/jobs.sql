@@ -137,7 +137,7 @@ GROUP BY tenant
 ORDER BY min(run_at), min(id);
 
 -- name: jobs_distributed_citus
--- Whether the Citus extension is installed here (the worker's choice of leasing, jobs.distributed).
+-- Whether the Citus extension is installed here (ledger/topology.py: how statements route).
 SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS citus;
 
 -- name: jobs_distributed_table

@@ -19,8 +19,8 @@ import statistics
 import time
 import uuid
 
-from effectgate.ledger import db
-from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries, routed
+from effectgate.ledger import db, topology
+from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
 
 from .ledger import distributed_ledger
@@ -67,7 +67,9 @@ async def main() -> None:
     await distributed_ledger(url, schema)
     conn = await db.connect(url, schema=schema)
     async with conn:
-        assert await routed(conn), "distribute.sql did not distribute the claim function"
+        assert (await topology.read(conn)).claims_routed, (
+            "distribute.sql did not distribute the claim function"
+        )
         rates: dict[str, list[float]] = {"statement": [], "per_tenant": []}
         try:
             for r in range(args.rounds):

@@ -35,8 +35,8 @@ from typing import Any, cast
 
 import psycopg
 
-from effectgate.ledger import db
-from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries, routed
+from effectgate.ledger import db, topology
+from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.queries import Q
@@ -247,7 +247,9 @@ async def main() -> None:
             await distributed_ledger(args.url, schema)
             conn = await db.connect(args.url, schema=schema)
             async with conn:
-                assert await routed(conn), "distribute.sql did not distribute the claim function"
+                assert (await topology.read(conn)).claims_routed, (
+                    "distribute.sql did not distribute the claim function"
+                )
             took = await fill(args.url, schema, args.jobs, n, args.clients)
             with psycopg.connect(args.url, autocommit=True) as c:
                 c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))

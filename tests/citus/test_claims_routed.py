@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, topology
 from effectgate.ledger.claim_batcher import ClaimBatcher
-from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries, routed
+from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries
 from effectgate.ledger.queries import Q
 
 from .test_ledger_on_citus import claim_params, delivery, effect, rows
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_the_claim_function_is_distributed_by_tenant_with_effects(conn: db.Conn) -> None:
-    assert await routed(conn)
+    assert (await topology.read(conn)).claims_routed
     [row] = await rows(
         conn,
         "SELECT o.distribution_argument_index AS arg, o.colocationid = p.colocationid AS colocated"
@@ -58,7 +58,7 @@ async def test_fifty_concurrent_routed_claims_of_one_key_make_exactly_one_effect
     async def one() -> Any:
         c = await db.connect(citus_url, schema=citus_schema)
         async with c:
-            assert await routed(c)
+            assert (await topology.read(c)).claims_routed
             ready[0] += 1
             if ready[0] == 50:
                 connected.set()

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, topology
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -226,8 +226,8 @@ async def test_the_claim_statement_is_not_a_router_plan_so_the_gateway_calls_the
 
 async def test_the_single_statement_fetch_is_refused_so_the_worker_leases_per_tenant(conn: db.Conn) -> None:
     """Over every tenant the fetch is a multi-shard FOR UPDATE, which Citus refuses: why the worker asks
-    ``jobs.distributed`` and then leases one tenant at a time (``per_tenant``)."""
-    assert await jobs.distributed(conn)
+    ``topology`` and then leases one tenant at a time (``per_tenant``)."""
+    assert (await topology.read(conn)).distributed
     with pytest.raises(psycopg.errors.FeatureNotSupported):
         await jobs.fetch_and_lease(conn, owner="w", kinds={"charge": 30.0}, limit=5)
     assert (

@@ -2,7 +2,7 @@
 
 Run by `make citus-check` against ``CITUS_URL`` (deploy/README.md, "Past one Postgres"). The worker is the
 production one, in process, on a pool whose connections go to the coordinator; it finds the ledger
-distributed (``jobs.distributed``) and leases one tenant at a time. Citus refuses a multi-shard
+distributed (``topology``) and leases one tenant at a time. Citus refuses a multi-shard
 ``FOR UPDATE`` outright, so a worker that sent one would fail its fetch rather than pass.
 """
 

@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import claims, db
-from effectgate.ledger.claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries, routed
+from effectgate.ledger import claims, db, topology
+from effectgate.ledger.claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
 
 pytestmark = pytest.mark.anyio
@@ -147,7 +147,7 @@ async def test_a_routed_claim_wakes_the_workers_of_its_kinds_once(conn: db.Conn,
 
 
 async def test_a_single_node_ledger_claims_with_the_statement(conn: db.Conn) -> None:
-    assert await routed(conn) is False
+    assert (await topology.read(conn)).claims_routed is False
 
 
 async def test_concurrent_routed_claims_of_one_key_accept_once(conn: db.Conn, db_url: str) -> None:

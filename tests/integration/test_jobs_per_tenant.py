@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, topology
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.vocabulary import JobState
@@ -22,7 +22,7 @@ __all__ = ["pool"]  # the fixture, imported for pytest
 
 async def test_one_node_is_not_distributed(pool: db.Pool) -> None:
     async with pool.connection() as conn:
-        assert await jobs.distributed(conn) is False
+        assert (await topology.read(conn)).distributed is False
 
 
 async def test_a_per_tenant_fetch_leases_the_earliest_due_jobs_of_every_tenant(pool: db.Pool) -> None:

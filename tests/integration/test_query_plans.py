@@ -391,7 +391,7 @@ async def test_the_waker_reads_nothing_of_a_backlog_not_yet_stale(conn: db.Conn)
     assert row is not None and row["first"] is not None
     before_any_is_stale = row["first"] + timedelta(seconds=60)
     plans = await plans_of(conn, lambda c: PendingWaker().run_once(c, now=before_any_is_stale), analyze=True)
-    # A new waker first asks whether the ledger is distributed (jobs.distributed, once): catalog reads.
+    # A new waker first asks whether the ledger is distributed (topology.read, once per connection): catalog reads.
     assert [name for name, _ in plans if not name.startswith("jobs_distributed")] == [
         "job_wake_stale_pending"
     ]
