@@ -13,14 +13,10 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from .effect_kind import EffectKind as EffectKind  # re-exported: the worker and tests take it from here
 from .effect_kind import (
-    DEFAULT_LEASE_TTL,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_ORPHAN_POLICY,
-    DEFAULT_SLICE_BUDGET,
-    UNSET,
     Handler,
     InvalidEffect,
     KeyFn,
@@ -32,7 +28,6 @@ from .effect_kind import (
     TransitionHook,
     VersionFn,
 )
-from .effect_kind import EffectKind as EffectKind  # re-exported: the worker and tests take it from here
 
 if TYPE_CHECKING:
     from effectgate.ledger.db import Conn
@@ -75,6 +70,31 @@ def _caller() -> str:
         if not relative.startswith(os.pardir):
             path = relative
     return f"{path}:{frame.f_lineno}"
+
+
+class EffectOptions(TypedDict, total=False):
+    """What ``effect()`` takes besides ``source`` and ``events``, declared once for both spellings (the
+    module's ``effect`` and ``Registry.effect``). Each option's default and meaning are ``EffectKind``'s field
+    of the same name; ``require`` is split there into ``require`` (a mapping) and ``require_fn`` (a
+    predicate), and ``name`` defaults to the handler's module and qualified name. A test keeps these names
+    and ``EffectKind``'s fields in step."""
+
+    key: KeyFn | None
+    name: str | None
+    orphan_policy: OrphanPolicy
+    max_attempts: int
+    lease_ttl: float
+    slice_budget: float
+    max_slice: float | None
+    pending_ttl: float | None
+    poison_threshold: int | None
+    lock_key: LockKeyFn | None
+    on_transition: TransitionHook | None
+    fingerprint: Sequence[str] | None
+    require: Require | None
+    trust_unsigned: bool
+    key_space: KeySpace | None
+    version: str | VersionFn | None
 
 
 def _split_require(require: Require | None) -> tuple[Mapping[str, Any] | None, RequireFn | None]:
@@ -123,26 +143,7 @@ class Registry:
         self._sweeps[sweep_id] = fn
 
     def effect(
-        self,
-        *,
-        source: str,
-        events: Iterable[str],
-        key: KeyFn | None = None,
-        name: str | None = None,
-        orphan_policy: OrphanPolicy = DEFAULT_ORPHAN_POLICY,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        slice_budget: float = DEFAULT_SLICE_BUDGET,
-        max_slice: float | None = UNSET,
-        pending_ttl: float | None = None,
-        poison_threshold: int | None = None,
-        lock_key: LockKeyFn | None = None,
-        on_transition: TransitionHook | None = None,
-        fingerprint: Sequence[str] | None = None,
-        require: Require | None = None,
-        trust_unsigned: bool = False,
-        key_space: KeySpace | None = None,
-        version: str | VersionFn | None = None,
+        self, *, source: str, events: Iterable[str], **options: Unpack[EffectOptions]
     ) -> Callable[[Handler], Handler]:
         """Decorator: register an async handler for ``events`` from ``source``.
 
@@ -150,7 +151,12 @@ class Registry:
         file and line of this call (see ``collecting``).
         """
         where = _caller()
-        require_map, require_fn = _split_require(require)
+        unknown = sorted(set(options) - set(EffectOptions.__annotations__))
+        if unknown:
+            raise TypeError(f"effect() got an unexpected keyword argument {unknown[0]!r}")
+        declared: dict[str, Any] = dict(options)
+        name = declared.pop("name", None)
+        declared["require"], declared["require_fn"] = _split_require(declared.pop("require", None))
 
         def register(fn: Handler) -> Handler:
             kind_name = name or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"
@@ -167,32 +173,9 @@ class Registry:
                     event_types = tuple(events)
                 except TypeError:
                     event_types = ()
-            settings: dict[str, Any] = {
-                "fingerprint": None if fingerprint is None else fingerprint,
-                "require": require_map,
-                "version": version,
-            }
             try:
                 kind = EffectKind(
-                    name=kind_name,
-                    source=source,
-                    events=event_types,
-                    fn=fn,
-                    key=key,
-                    orphan_policy=orphan_policy,
-                    max_attempts=max_attempts,
-                    lease_ttl=lease_ttl,
-                    slice_budget=slice_budget,
-                    max_slice=max_slice,
-                    pending_ttl=pending_ttl,
-                    poison_threshold=poison_threshold,
-                    lock_key=lock_key,
-                    on_transition=on_transition,
-                    require_fn=require_fn,
-                    trust_unsigned=trust_unsigned,
-                    key_space=key_space,
-                    defined_at=where,
-                    **settings,
+                    name=kind_name, source=source, events=event_types, fn=fn, defined_at=where, **declared
                 )
             except InvalidEffect as exc:
                 problems.extend(exc.problems)
@@ -237,25 +220,7 @@ REGISTRY = Registry()
 
 
 def effect(
-    *,
-    source: str,
-    events: Iterable[str],
-    key: KeyFn | None = None,
-    name: str | None = None,
-    orphan_policy: OrphanPolicy = DEFAULT_ORPHAN_POLICY,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    lease_ttl: float = DEFAULT_LEASE_TTL,
-    slice_budget: float = DEFAULT_SLICE_BUDGET,
-    max_slice: float | None = UNSET,
-    pending_ttl: float | None = None,
-    poison_threshold: int | None = None,
-    lock_key: LockKeyFn | None = None,
-    on_transition: TransitionHook | None = None,
-    fingerprint: Sequence[str] | None = None,
-    require: Require | None = None,
-    trust_unsigned: bool = False,
-    key_space: KeySpace | None = None,
-    version: str | VersionFn | None = None,
+    *, source: str, events: Iterable[str], **options: Unpack[EffectOptions]
 ) -> Callable[[Handler], Handler]:
     """Register an async effect handler in the process registry.
 
@@ -277,26 +242,7 @@ def effect(
     older than the newest claimed for its object is recorded ``superseded`` and never runs.
     Every other setting is described on ``EffectKind``; all are validated here, at registration.
     """
-    return REGISTRY.effect(
-        source=source,
-        events=events,
-        key=key,
-        name=name,
-        orphan_policy=orphan_policy,
-        max_attempts=max_attempts,
-        lease_ttl=lease_ttl,
-        slice_budget=slice_budget,
-        max_slice=max_slice,
-        pending_ttl=pending_ttl,
-        poison_threshold=poison_threshold,
-        lock_key=lock_key,
-        on_transition=on_transition,
-        fingerprint=fingerprint,
-        require=require,
-        trust_unsigned=trust_unsigned,
-        key_space=key_space,
-        version=version,
-    )
+    return REGISTRY.effect(source=source, events=events, **options)
 
 
 def register_sweep(sweep_id: str, fn: SweepFn) -> None:

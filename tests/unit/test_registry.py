@@ -248,3 +248,20 @@ def test_while_collecting_mistakes_are_recorded_and_the_rest_registered() -> Non
     assert (
         ok is not None and ok.defined_at is not None and ok.defined_at.startswith(os.path.relpath(__file__))
     )
+
+
+def test_effect_options_are_declared_once_as_effect_kind_fields() -> None:
+    # effect()'s options are one TypedDict; their defaults and meanings are EffectKind's fields. A field
+    # added to one and not the other fails here, not in a user's handler module.
+    from dataclasses import fields
+
+    from effectgate.handlers.registry import EffectOptions
+
+    kind_fields = {f.name for f in fields(EffectKind) if f.init}
+    set_by_effect = {"source", "events", "fn", "require_fn", "defined_at"}
+    assert set(EffectOptions.__annotations__) == kind_fields - set_by_effect
+
+
+def test_an_unknown_effect_option_is_refused_at_the_call_naming_it() -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lease_tll'"):
+        Registry().effect(source="s", events=["e"], lease_tll=5)  # type: ignore[call-arg]
