@@ -50,8 +50,11 @@ class Installed:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     base = tmp_path_factory.mktemp("wheel")
     dist = base / "dist"
+    # As a release builds it: the sdist, then the wheel from the unpacked sdist. A wheel built straight from
+    # the checkout takes setuptools' build/lib as it finds it, and after a module moved that still held the
+    # old module: the wheel carried both.
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(ROOT)],
+        [sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
         check=True,
         capture_output=True,
     )
