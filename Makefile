@@ -23,8 +23,11 @@ typecheck:
 	ln -s ../../../gateway ../../../handlers ../../../ledger ../../../migrations $(TYPECHECK_TREE)/
 	cd build/typecheck && $(PYTHON) -m mypy --config-file ../../pyproject.toml --strict -p effectgate
 
+# The suite on every core (pytest-xdist; TEST_WORKERS=0 runs it in this process), its 25 slowest tests
+# printed, so the budget in docs/development.md is read off every CI log.
+TEST_WORKERS ?= auto
 test:
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # Every declared lower bound must work: a fresh venv resolved with uv's lowest-direct strategy (each
 # direct dependency at the lowest version pyproject allows) runs the unit tests, and the end-to-end tests
