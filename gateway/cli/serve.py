@@ -22,7 +22,7 @@ from .. import logs
 from ..config import Config, load
 from ..config.handler_imports import import_handlers
 from ..config.operator import DEFAULT_OPERATOR_HOST
-from ..edge import guard
+from ..edge import client_slots, guard
 from . import database, flags, migrate
 from .common import EXIT_FAILURE, EXIT_OK, UsageError, check_port_free, log
 
@@ -63,7 +63,7 @@ def serve_app() -> Any:
         session_key=session_key,
         operator_port=int(operator_port) if operator_port else None,
     )
-    guard.configure(config.gateway.limits, app.state.penalty_box, config.gateway.client_slots())
+    guard.configure(config.gateway.limits, app.state.penalty_box, client_slots.per_process(config.gateway))
     return app
 
 
@@ -193,7 +193,9 @@ def _serve(
         return
     tracing.configure(config.tracing, role="gateway")
     app = create_app(config, REGISTRY, url, session_key=session_key, operator_port=operator_port)
-    protocol = guard.configure(config.gateway.limits, app.state.penalty_box, config.gateway.client_slots())
+    protocol = guard.configure(
+        config.gateway.limits, app.state.penalty_box, client_slots.per_process(config.gateway)
+    )
     # Server.run, not asyncio.run(server.serve()): only the former installs the uvloop event loop the
     # options ask for; the latter would silently run on the stdlib loop.
     server = uvicorn.Server(uvicorn.Config(app, http=protocol, **options))

@@ -30,6 +30,7 @@ from effectgate.ledger import db
 
 from .. import metrics
 from ..config import Config, ConfigError
+from ..config.gateway import Limits
 from ..edge import guard
 from ..operator import metrics as metrics_endpoint
 from . import database, flags, migrate
@@ -55,7 +56,7 @@ async def _serving_metrics(
     pool: db.Pool,
     sock: socket.socket | None,
     token_sha256: bytes | None = None,
-    limits: guard.Limits | None = None,
+    limits: Limits | None = None,
     health: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
 ) -> AsyncIterator[None]:
     """``GET /metrics`` (and ``GET /healthz`` from ``health``: the worker loop's state, no database) on
@@ -82,7 +83,7 @@ async def _serving_metrics(
             lifespan="off",
             log_config=None,
             access_log=False,
-            http=guard.configure(limits if limits is not None else guard.Limits()),
+            http=guard.configure(limits if limits is not None else Limits()),
         )
     )
     serving = asyncio.create_task(server.serve(sockets=[sock]))

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from effectgate.ledger import claim_batcher
 
-from ..edge import guard, penalty_box
-from ..edge.client_slots import DEFAULT_CLIENT_CONCURRENCY, ClientSlots
-from ..edge.penalty_box import PenaltySettings
 from .reader import ConfigError as ConfigError
 from .reader import TableReader
 
@@ -20,6 +17,68 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_POOL_MAX = 10
+
+
+# -- the edge's settings (gateway/edge/ is configured with these values; config imports nothing of it) --
+
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 30.0
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How long a client may take to send a request's head and body, and how large the head may be."""
+
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+
+    def __post_init__(self) -> None:
+        if self.header_timeout <= 0 or self.body_timeout <= 0 or self.max_header_bytes < 1:
+            raise ValueError("timeouts must be > 0 and max_header_bytes >= 1")
+
+
+DEFAULT_FAILURES = 50
+DEFAULT_WINDOW = 10.0
+DEFAULT_COOLING = 60.0
+DEFAULT_MAX_CLIENTS = 10_000
+DEFAULT_REPLAYS = 20
+DEFAULT_CLIENT_CONCURRENCY = 64
+Mode = Literal["one_at_a_time", "held"]
+MODES: tuple[Mode, ...] = ("one_at_a_time", "held")
+
+
+@dataclass(frozen=True, slots=True)
+class PenaltySettings:
+    """``[gateway.penalty_box]``: when a client is boxed, for how long, what it gets, and how many of its
+    connections wait at once."""
+
+    enabled: bool = True
+    failures: int = DEFAULT_FAILURES
+    window: float = DEFAULT_WINDOW
+    cooling: float = DEFAULT_COOLING
+    # None: ``derived_hold`` of the process's file limit.
+    hold: int | None = None
+    max_clients: int = DEFAULT_MAX_CLIENTS
+    # Repeats of one delivery (same client, source and body) within ``window`` that box a client; 0: never.
+    replays: int = DEFAULT_REPLAYS
+    mode: Mode = "one_at_a_time"
+
+    def __post_init__(self) -> None:
+        if (
+            self.failures < 1
+            or self.window <= 0
+            or self.cooling <= 0
+            or (self.hold is not None and self.hold < 0)
+            or self.max_clients < 1
+            or self.replays < 0
+        ):
+            raise ValueError(
+                "failures and max_clients must be >= 1, window and cooling > 0, hold and replays >= 0"
+            )
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +96,11 @@ class GatewayConfig:
     # None by default: a client that reaches the port directly must not be able to claim it came over
     # TLS (the dashboard cookie's Secure flag follows the scheme) or spoof its address in the logs.
     forwarded_allow_ips: tuple[str, ...] = ()
-    # Slow or lying clients are cut off (gateway.guard): the whole request head within header_timeout
+    # Slow or lying clients are cut off (gateway/edge/guard.py): the whole request head within header_timeout
     # seconds, the whole body within body_timeout seconds of it, a head of at most max_header_bytes.
-    header_timeout: float = guard.DEFAULT_HEADER_TIMEOUT
-    body_timeout: float = guard.DEFAULT_BODY_TIMEOUT
-    max_header_bytes: int = guard.DEFAULT_MAX_HEADER_BYTES
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     # The claim path's bounds (ledger.claim_batcher): waiting requests per process (past it: 503 overloaded),
     # seconds a request may wait to be taken into a batch, and the claim pool's lock and statement timeouts
     # (past any: 503 claim_timeout). Nothing is half-written in any case.
@@ -49,24 +108,18 @@ class GatewayConfig:
     claim_deadline: float = claim_batcher.DEFAULT_DEADLINE
     claim_lock_timeout: float = claim_batcher.DEFAULT_LOCK_TIMEOUT
     claim_statement_timeout: float = claim_batcher.DEFAULT_STATEMENT_TIMEOUT
-    # Requests in flight per client address and process (gateway.client_slots.ClientSlots); past it the
+    # Requests in flight per client address and process (gateway/edge/client_slots.py); past it the
     # client's next request waits unread for one of its own to finish. 0: no limit. Trusted proxies are not
     # limited.
     client_concurrency: int = DEFAULT_CLIENT_CONCURRENCY
     # [gateway.penalty_box]: a client that keeps failing authentication for a source is held off it
-    # (gateway.penalty_box).
+    # (gateway/edge/penalty_box.py).
     penalty_box: PenaltySettings = field(default_factory=PenaltySettings)
 
     @property
-    def limits(self) -> guard.Limits:
+    def limits(self) -> Limits:
         """The connection guard's limits."""
-        return guard.Limits(self.header_timeout, self.body_timeout, self.max_header_bytes)
-
-    def client_slots(self) -> ClientSlots | None:
-        """A process's per-client request slots (its own, so build one per process), or None for no limit."""
-        if not self.client_concurrency:
-            return None
-        return ClientSlots(self.client_concurrency, self.forwarded_allow_ips)
+        return Limits(self.header_timeout, self.body_timeout, self.max_header_bytes)
 
 
 def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
@@ -97,24 +150,24 @@ def parse_forwarded_allow_ips(values: list[Any] | tuple[Any, ...]) -> tuple[str,
 def _penalty_settings(box: TableReader) -> PenaltySettings:
     settings = PenaltySettings(
         enabled=box.get("enabled", bool, True),
-        failures=box.number("failures", penalty_box.DEFAULT_FAILURES, minimum=1, integer=True),
-        window=box.number("window", penalty_box.DEFAULT_WINDOW, minimum=0.001),
-        cooling=box.number("cooling", penalty_box.DEFAULT_COOLING, minimum=0.001),
+        failures=box.number("failures", DEFAULT_FAILURES, minimum=1, integer=True),
+        window=box.number("window", DEFAULT_WINDOW, minimum=0.001),
+        cooling=box.number("cooling", DEFAULT_COOLING, minimum=0.001),
         hold=_optional_hold(box),
-        max_clients=box.number("max_clients", penalty_box.DEFAULT_MAX_CLIENTS, minimum=1, integer=True),
-        replays=box.number("replays", penalty_box.DEFAULT_REPLAYS, minimum=0, integer=True),
+        max_clients=box.number("max_clients", DEFAULT_MAX_CLIENTS, minimum=1, integer=True),
+        replays=box.number("replays", DEFAULT_REPLAYS, minimum=0, integer=True),
         mode=_mode(box),
     )
     box.no_unknown_keys()
     return settings
 
 
-def _mode(box: TableReader) -> penalty_box.Mode:
+def _mode(box: TableReader) -> Mode:
     mode = box.get("mode", str, "one_at_a_time")
-    if mode not in penalty_box.MODES:
-        box.problem("mode", f"must be one of {', '.join(penalty_box.MODES)}, got {mode!r}")
+    if mode not in MODES:
+        box.problem("mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
         return "one_at_a_time"
-    return cast(penalty_box.Mode, mode)
+    return cast(Mode, mode)
 
 
 def _optional_hold(box: TableReader) -> int | None:
@@ -143,11 +196,9 @@ def read_gateway(gw: TableReader) -> GatewayConfig:
         pool_max=gw.number("pool_max", DEFAULT_POOL_MAX, minimum=1, integer=True),
         run_reconciler=gw.get("run_reconciler", bool, True),
         forwarded_allow_ips=_forwarded_allow_ips(gw),
-        header_timeout=gw.number("header_timeout", guard.DEFAULT_HEADER_TIMEOUT, minimum=0.001),
-        body_timeout=gw.number("body_timeout", guard.DEFAULT_BODY_TIMEOUT, minimum=0.001),
-        max_header_bytes=gw.number(
-            "max_header_bytes", guard.DEFAULT_MAX_HEADER_BYTES, minimum=1024, integer=True
-        ),
+        header_timeout=gw.number("header_timeout", DEFAULT_HEADER_TIMEOUT, minimum=0.001),
+        body_timeout=gw.number("body_timeout", DEFAULT_BODY_TIMEOUT, minimum=0.001),
+        max_header_bytes=gw.number("max_header_bytes", DEFAULT_MAX_HEADER_BYTES, minimum=1024, integer=True),
         claim_queue_max=gw.number(
             "claim_queue_max", claim_batcher.DEFAULT_MAX_QUEUE, minimum=1, integer=True
         ),

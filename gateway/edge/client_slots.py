@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from .. import metrics
+from ..config.gateway import GatewayConfig
 
 
 class Waiting(Protocol):
@@ -26,9 +27,6 @@ class Waiting(Protocol):
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
     def admit(self) -> None: ...
-
-
-DEFAULT_CLIENT_CONCURRENCY = 64
 
 
 class ClientSlots:
@@ -98,3 +96,10 @@ class ClientSlots:
                 break
         if waiting is not None and not waiting:
             del self._waiting[client]
+
+
+def per_process(gateway: GatewayConfig) -> ClientSlots | None:
+    """A process's per-client request slots (its own, so build one per process), or None for no limit."""
+    if not gateway.client_concurrency:
+        return None
+    return ClientSlots(gateway.client_concurrency, gateway.forwarded_allow_ips)

@@ -47,7 +47,6 @@ import asyncio
 import http
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -56,29 +55,13 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .. import metrics
+from ..config.gateway import Limits
 from .client_slots import ClientSlots
 from .one_write import OneWriteTransport
 from .penalty_box import PenaltyBox, raise_file_limit
 from .turns import TURN_INTERVAL, Turns
 
 log = logging.getLogger("effectgate.gateway")
-
-DEFAULT_HEADER_TIMEOUT = 10.0
-DEFAULT_BODY_TIMEOUT = 30.0
-DEFAULT_MAX_HEADER_BYTES = 16 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """How long a client may take to send a request's head and body, and how large the head may be."""
-
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT
-    body_timeout: float = DEFAULT_BODY_TIMEOUT
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-
-    def __post_init__(self) -> None:
-        if self.header_timeout <= 0 or self.body_timeout <= 0 or self.max_header_bytes < 1:
-            raise ValueError("timeouts must be > 0 and max_header_bytes >= 1")
 
 
 class _Refused(Exception):

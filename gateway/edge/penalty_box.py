@@ -59,12 +59,10 @@ import hashlib
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-DEFAULT_FAILURES = 50
-DEFAULT_WINDOW = 10.0
-DEFAULT_COOLING = 60.0
+from ..config.gateway import PenaltySettings
+
 # File descriptors a process keeps for everything but waiting connections of boxed clients: its pools,
 # listeners, logs and metric files, with room to spare.
 RESERVED_FILES = 256
@@ -75,40 +73,6 @@ RESERVED_FILES = 256
 MAX_DERIVED_HOLD = 2_048
 # Never raise the soft file limit past this, whatever the hard limit (some systems say "unlimited").
 MAX_FILE_LIMIT = 1 << 20
-DEFAULT_MAX_CLIENTS = 10_000
-DEFAULT_REPLAYS = 20
-
-
-@dataclass(frozen=True, slots=True)
-class PenaltySettings:
-    """``[gateway.penalty_box]``: when a client is boxed, for how long, what it gets, and how many of its
-    connections wait at once."""
-
-    enabled: bool = True
-    failures: int = DEFAULT_FAILURES
-    window: float = DEFAULT_WINDOW
-    cooling: float = DEFAULT_COOLING
-    # None: ``derived_hold`` of the process's file limit.
-    hold: int | None = None
-    max_clients: int = DEFAULT_MAX_CLIENTS
-    # Repeats of one delivery (same client, source and body) within ``window`` that box a client; 0: never.
-    replays: int = DEFAULT_REPLAYS
-    mode: Mode = "one_at_a_time"
-
-    def __post_init__(self) -> None:
-        if (
-            self.failures < 1
-            or self.window <= 0
-            or self.cooling <= 0
-            or (self.hold is not None and self.hold < 0)
-            or self.max_clients < 1
-            or self.replays < 0
-        ):
-            raise ValueError(
-                "failures and max_clients must be >= 1, window and cooling > 0, hold and replays >= 0"
-            )
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
 
 Key = tuple[str, str]
@@ -120,8 +84,6 @@ _V = TypeVar("_V")
 
 #: What ``PenaltyBox.replayed`` says of a delivery: served, or refused (and whether this one boxed its client).
 Replay = Literal["served", "boxed", "refused"]
-Mode = Literal["one_at_a_time", "held"]
-MODES: tuple[Mode, ...] = ("one_at_a_time", "held")
 
 
 def raise_file_limit() -> int:

@@ -17,7 +17,8 @@ from starlette.applications import Starlette
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
-from effectgate.gateway.edge.penalty_box import PenaltyBox, PenaltySettings
+from effectgate.gateway.config.gateway import PenaltySettings
+from effectgate.gateway.edge.penalty_box import PenaltyBox
 from effectgate.gateway.ingress.signature_failures import SignatureFailures
 from effectgate.gateway.operator import reporting
 from effectgate.gateway.signatures._matching import DIAGNOSE_MAX_BYTES, REENCODED_HINT

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from effectgate.gateway.config import ConfigError, load, parse
+from effectgate.gateway.config.gateway import PenaltySettings
 from effectgate.gateway.config.handler_imports import app_dir, import_handlers
-from effectgate.gateway.edge.penalty_box import PenaltySettings
+from effectgate.gateway.edge.client_slots import per_process
 from effectgate.gateway.examples import EXAMPLE_TYPES
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.config import DEFAULT_CONCURRENCY
@@ -493,12 +494,12 @@ def test_the_penalty_box_is_configured_under_gateway() -> None:
 
 def test_client_concurrency_builds_each_process_its_slots_trusted_proxies_exempt() -> None:
     defaults = parse(MINIMAL, env=ENV).gateway
-    slots = defaults.client_slots()
+    slots = per_process(defaults)
     assert slots is not None and slots.per_client == 64 and slots.limits("127.0.0.1")
-    assert defaults.client_slots() is not slots
-    assert parse(MINIMAL + "[gateway]\nclient_concurrency = 0\n", env=ENV).gateway.client_slots() is None
+    assert per_process(defaults) is not slots
+    assert per_process(parse(MINIMAL + "[gateway]\nclient_concurrency = 0\n", env=ENV).gateway) is None
     text = MINIMAL + '[gateway]\nclient_concurrency = 3\nforwarded_allow_ips = ["10.0.3.0/24"]\n'
-    proxied = parse(text, env=ENV).gateway.client_slots()
+    proxied = per_process(parse(text, env=ENV).gateway)
     assert proxied is not None and proxied.per_client == 3
     assert not proxied.limits("10.0.3.7") and proxied.limits("10.0.4.7")
     with pytest.raises(ConfigError, match=r"gateway\.client_concurrency: must be >= 0"):

@@ -10,8 +10,9 @@ from typing import Any, cast
 
 import pytest
 
-from effectgate.gateway.edge.guard import GuardedHttpToolsProtocol, Limits
-from effectgate.gateway.edge.penalty_box import PenaltyBox, PenaltySettings
+from effectgate.gateway.config.gateway import Limits, PenaltySettings
+from effectgate.gateway.edge.guard import GuardedHttpToolsProtocol
+from effectgate.gateway.edge.penalty_box import PenaltyBox
 from effectgate.gateway.edge.turns import Turns
 
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from effectgate.gateway.edge.penalty_box import PenaltyBox, PenaltySettings, derived_hold
+from effectgate.gateway.config.gateway import PenaltySettings
+from effectgate.gateway.edge.penalty_box import PenaltyBox, derived_hold
 
 
 class Clock:
