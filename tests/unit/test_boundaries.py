@@ -1,4 +1,6 @@
-"""The one-way rule, checked: gateway -> handlers -> ledger, signatures on their own, no import cycles.
+"""The one-way rule, checked: gateway -> handlers -> ledger, signatures on their own, no import cycles, and the
+gateway's rooms (LAYOUT.md): the edge imports only metrics and its [gateway] values, configuration nothing of what
+it configures, the fakes only the CLI and the kit, uvicorn's private modules only the edge.
 
 Every ``import`` and ``from … import`` of every module is read with ``ast`` — at module level, inside
 functions, under ``if TYPE_CHECKING:`` — plus ``importlib.import_module("…")`` with a literal name.
@@ -148,6 +150,82 @@ def layer_violations(graph: Mapping[str, set[str]]) -> list[str]:
     return found
 
 
+# The gateway's rooms (LAYOUT.md): (who, what of the project it may import, reason).
+ROOMS = [
+    (
+        "effectgate.gateway.edge",
+        ("effectgate.gateway.edge", "effectgate.gateway.metrics", "effectgate.gateway.config.gateway"),
+        "the edge imports only metrics, itself and the [gateway] values it is configured with",
+    ),
+]
+# (who, what it may not import, reason).
+FORBIDDEN = [
+    (
+        "effectgate.gateway.config",
+        (
+            "effectgate.gateway.edge",
+            "effectgate.gateway.ingress",
+            "effectgate.gateway.operator",
+            "effectgate.gateway.cli",
+        ),
+        "configuration is read before anything it configures, and knows none of it",
+    ),
+]
+# The fake providers serve `effectgate fake-providers` and the testing kit; production code never reaches them.
+FAKES = "effectgate.gateway.fakes"
+FAKES_IMPORTERS = ("effectgate.gateway.cli", "effectgate.testing", FAKES)
+# uvicorn's private parts (docs/adr/0009): only the edge reaches into them, inside a tested version range.
+UVICORN_PRIVATE = ("uvicorn.protocols", "uvicorn.supervisors")
+EDGE = "effectgate.gateway.edge"
+
+
+def room_violations(graph: Mapping[str, set[str]]) -> list[str]:
+    """Every edge that breaks a rule between the gateway's rooms, as ``a -> b: why``."""
+    found = []
+    for source, targets in sorted(graph.items()):
+        for who, allowed, why in ROOMS:
+            if _within(source, who):
+                found += [
+                    f"{source} -> {t}: {why}"
+                    for t in sorted(targets)
+                    if not any(_within(t, a) for a in allowed)
+                ]
+        for who, forbidden, why in FORBIDDEN:
+            if _within(source, who):
+                found += [
+                    f"{source} -> {t}: {why}"
+                    for t in sorted(targets)
+                    if any(_within(t, f) for f in forbidden)
+                ]
+        if not any(_within(source, a) for a in FAKES_IMPORTERS):
+            found += [
+                f"{source} -> {t}: only the CLI and the testing kit run the fakes"
+                for t in sorted(targets)
+                if _within(t, FAKES)
+            ]
+    return found
+
+
+def uvicorn_private_importers(modules: Mapping[str, Module]) -> list[str]:
+    """Modules that import uvicorn's private modules, anywhere in their source."""
+    found = []
+    for name, module in sorted(modules.items()):
+        for node in ast.walk(ast.parse(module.path.read_text(encoding="utf-8"))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [
+                f"{name} -> {n}"
+                for n in names
+                if any(n == p or n.startswith(p + ".") for p in UVICORN_PRIVATE)
+            ]
+    return found
+
+
 def kit_importers(graph: Mapping[str, set[str]]) -> list[str]:
     """Edges into the testing kit from outside it: the kit composes gateway, handlers and ledger (as the
     CLI does) for users' tests, so nothing that runs in production may depend on it."""
@@ -275,6 +353,21 @@ def test_nothing_of_the_project_imports_the_testing_kit() -> None:
     assert kit_importers(graph) == []
 
 
+def test_the_gateways_rooms_keep_their_rules() -> None:
+    graph = import_graph(project_modules())
+    assert "effectgate.gateway.metrics" in graph["effectgate.gateway.edge.guard"]
+    assert "effectgate.gateway.fakes.providers" in graph["effectgate.gateway.cli.up"]
+    assert room_violations(graph) == []
+
+
+def test_only_the_edge_imports_uvicorns_private_modules() -> None:
+    importers = uvicorn_private_importers(project_modules())
+    # The edge does reach into uvicorn (the guarded protocol, the supervisor), so the rule is not vacuous.
+    assert any(".supervisors" in i for i in importers)
+    assert any(".protocols" in i for i in importers)
+    assert [i for i in importers if not _within(i.split(" -> ")[0], EDGE)] == []
+
+
 def test_no_import_cycles() -> None:
     assert cycles(import_graph(project_modules())) == []
 
@@ -373,3 +466,67 @@ def test_the_checker_finds_asyncio_run_in_either_spelling(tmp_path: Path) -> Non
         },
     )
     assert asyncio_run_calls(modules) == ["effectgate.gateway.cli:2", "effectgate.gateway.other:1"]
+
+
+def test_the_checker_finds_the_edge_importing_past_its_values(tmp_path: Path) -> None:
+    modules = _tree(
+        tmp_path,
+        {
+            "gateway/edge/__init__.py": "",
+            "gateway/edge/guard.py": "from ..config.gateway import Limits\nfrom .. import metrics\nfrom ..ingress import deliver\n",
+            "gateway/config/__init__.py": "",
+            "gateway/config/gateway.py": "Limits = 1\n",
+            "gateway/metrics.py": "",
+            "gateway/ingress.py": "deliver = 1\n",
+        },
+    )
+    assert room_violations(import_graph(modules)) == [
+        "effectgate.gateway.edge.guard -> effectgate.gateway.ingress: "
+        "the edge imports only metrics, itself and the [gateway] values it is configured with"
+    ]
+
+
+def test_the_checker_finds_configuration_importing_what_it_configures(tmp_path: Path) -> None:
+    modules = _tree(
+        tmp_path,
+        {
+            "gateway/config/__init__.py": "def f():\n    from effectgate.gateway.operator.auth import X\n",
+            "gateway/operator/__init__.py": "",
+            "gateway/operator/auth.py": "X = 1\n",
+        },
+    )
+    assert room_violations(import_graph(modules)) == [
+        "effectgate.gateway.config -> effectgate.gateway.operator.auth: "
+        "configuration is read before anything it configures, and knows none of it"
+    ]
+
+
+def test_the_checker_finds_production_code_importing_the_fakes(tmp_path: Path) -> None:
+    modules = _tree(
+        tmp_path,
+        {
+            "gateway/fakes/__init__.py": "",
+            "gateway/fakes/providers.py": "",
+            "gateway/cli/__init__.py": "from ..fakes import providers\n",
+            "gateway/app.py": "from .fakes import providers\n",
+        },
+    )
+    assert room_violations(import_graph(modules)) == [
+        "effectgate.gateway.app -> effectgate.gateway.fakes.providers: only the CLI and the testing kit run the fakes"
+    ]
+
+
+def test_the_checker_finds_uvicorns_private_modules_outside_the_edge(tmp_path: Path) -> None:
+    modules = _tree(
+        tmp_path,
+        {
+            "gateway/edge/__init__.py": "from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol\n",
+            "gateway/app.py": "import uvicorn\nfrom uvicorn.supervisors import Multiprocess\n",
+            "gateway/serve.py": "def f():\n    import uvicorn.protocols.utils\n",
+        },
+    )
+    assert uvicorn_private_importers(modules) == [
+        "effectgate.gateway.app -> uvicorn.supervisors",
+        "effectgate.gateway.edge -> uvicorn.protocols.http.httptools_impl",
+        "effectgate.gateway.serve -> uvicorn.protocols.utils",
+    ]
