@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
 from effectgate.handlers.downstream import DEFAULT_IDEMPOTENCY_HEADER, DownstreamConfig
 
 from .reader import ConfigError as ConfigError
 from .reader import TableReader
-from .secrets import missing
-from .secrets import read_file as read_secret_file
+from .secrets import env_or_file
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -26,28 +24,7 @@ def _downstream(reader: TableReader, env: Mapping[str, str] | None) -> Downstrea
     if not reader.table:
         return None
     base_url = reader.get("base_url", str, required=True)
-    api_key_env = reader.get("api_key_env", str)
-    api_key_file = reader.get("api_key_file", str)
-    if "api_key" in reader.table:
-        reader.used.add("api_key")
-        reader.problem(
-            "api_key", "keys are never read from the configuration in clear; use api_key_env or api_key_file"
-        )
-    if api_key_env and api_key_file:
-        reader.problem("api_key_file", "set api_key_env or api_key_file, not both")
-    api_key = None
-    if api_key_env and env is not None:
-        api_key = env.get(api_key_env)
-        if not api_key:
-            reader.problem("api_key_env", missing(api_key_env))
-    elif api_key_file and env is not None:
-        file = Path(api_key_file)
-        if not file.is_absolute() and not reader.path.startswith("<"):
-            file = Path(reader.path).parent / file
-        try:
-            api_key = read_secret_file(file)
-        except ValueError as exc:
-            reader.problem("api_key_file", f"{file}: {exc}")
+    api_key = env_or_file(reader, env, "api_key", "keys")
     auth_scheme = reader.get("auth_scheme", str, "bearer")
     header = reader.get("idempotency_header", (str, bool), DEFAULT_IDEMPOTENCY_HEADER)
     idempotency_header: str | None = header if isinstance(header, str) else None
@@ -71,7 +48,7 @@ def _downstream(reader: TableReader, env: Mapping[str, str] | None) -> Downstrea
         # DownstreamConfig's messages begin with the field they are about.
         key = str(exc).split(" ", 1)[0]
         if key == "api_key":
-            key = "api_key_env" if api_key_env else "api_key_file"
+            key = "api_key_file" if "api_key_file" in reader.table else "api_key_env"
         reader.problem(key, str(exc))
         return None
     return config if env is not None else None

@@ -9,7 +9,6 @@ downstream credentials (the worker, and ``up``): the gateway computes keys and n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from effectgate.handlers.downstream.forward import (
@@ -23,8 +22,7 @@ from effectgate.handlers.downstream.forward import (
 from effectgate.handlers.effect_kind import DEFAULT_LEASE_TTL, DEFAULT_MAX_ATTEMPTS, DEFAULT_ORPHAN_POLICY
 
 from .reader import TableReader
-from .secrets import missing
-from .secrets import read_file as read_secret_file
+from .secrets import env_or_file
 
 _STATUS_CLASSES = {"3xx": range(300, 400), "4xx": range(400, 500), "5xx": range(500, 600)}
 
@@ -120,30 +118,9 @@ def _forward(reader: TableReader, env: Mapping[str, str] | None) -> ForwardTarge
     timeout = reader.number("timeout", DEFAULT_TIMEOUT, minimum=0.001)
     max_answer_bytes = reader.number("max_answer_bytes", DEFAULT_MAX_ANSWER_BYTES, minimum=1, integer=True)
     retry_statuses = _statuses(reader, "retry_statuses")
-    secret_env = reader.get("secret_env", str)
-    secret_file = reader.get("secret_file", str)
-    if "secret" in reader.table:
-        reader.used.add("secret")
-        reader.problem(
-            "secret", "secrets are never read from the configuration in clear; use secret_env or secret_file"
-        )
-    if secret_env and secret_file:
-        reader.problem("secret_file", "set secret_env or secret_file, not both")
-    elif not secret_env and not secret_file:
+    secret = env_or_file(reader, env, "secret", "secrets")
+    if not reader.table.get("secret_env") and not reader.table.get("secret_file"):
         reader.problem("secret_env", "is required (or secret_file): the forwarded request is signed with it")
-    secret = None
-    if secret_env and env is not None:
-        secret = env.get(secret_env)
-        if not secret:
-            reader.problem("secret_env", missing(secret_env))
-    elif secret_file and env is not None:
-        file = Path(secret_file)
-        if not file.is_absolute() and not reader.path.startswith("<"):
-            file = Path(reader.path).parent / file
-        try:
-            secret = read_secret_file(file)
-        except ValueError as exc:
-            reader.problem("secret_file", f"{file}: {exc}")
     reader.no_unknown_keys()
     if reader.failed:
         return None
@@ -159,7 +136,7 @@ def _forward(reader: TableReader, env: Mapping[str, str] | None) -> ForwardTarge
         # ForwardTarget's messages begin with the field they are about.
         field = str(exc).split(" ", 1)[0]
         if field == "secret":
-            field = "secret_env" if secret_env else "secret_file"
+            field = "secret_file" if "secret_file" in reader.table else "secret_env"
         reader.problem(field, str(exc))
         return None
 

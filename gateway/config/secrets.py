@@ -28,6 +28,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
+from .reader import TableReader
+
 MAX_SECRET_BYTES = 64 * 1024
 CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"
 
@@ -119,3 +121,37 @@ def read_file(path: Path) -> str:
     elif text.endswith("\n"):
         text = text[:-1]
     return text
+
+
+def env_or_file(reader: TableReader, env: Mapping[str, str] | None, key: str, what: str) -> str | None:
+    """The secret a table names by ``{key}_env`` (a variable, or ``NAME_FILE``, or
+    ``$CREDENTIALS_DIRECTORY/NAME``, as ``env`` resolves them) or by ``{key}_file`` (a path, relative to the
+    configuration file), never in clear under ``key`` (``what`` names such values in that message). Each
+    mistake is recorded on ``reader``, naming the key; with ``env`` None (a role without these credentials)
+    the keys are checked and nothing is read."""
+    name = reader.get(f"{key}_env", str)
+    file_name = reader.get(f"{key}_file", str)
+    if key in reader.table:
+        reader.used.add(key)
+        reader.problem(
+            key, f"{what} are never read from the configuration in clear; use {key}_env or {key}_file"
+        )
+    if name and file_name:
+        reader.problem(f"{key}_file", f"set {key}_env or {key}_file, not both")
+        return None
+    if env is None:
+        return None
+    if name:
+        value = env.get(name)
+        if not value:
+            reader.problem(f"{key}_env", missing(name))
+        return value or None
+    if file_name:
+        path = Path(file_name)
+        if not path.is_absolute() and not reader.path.startswith("<"):
+            path = Path(reader.path).parent / path
+        try:
+            return read_file(path)
+        except ValueError as exc:
+            reader.problem(f"{key}_file", f"{path}: {exc}")
+    return None
