@@ -31,8 +31,8 @@ from .bodies import BodyTooLarge
 from .config import Config, ConfigError
 from .config.handler_imports import identity_problems
 from .edge.penalty_box import PenaltyBox
+from .ingress import deliver, error
 from .ingress.inbound import webhook_source
-from .ingress.pipeline import deliver, error
 from .ingress.signature_failures import SignatureFailures
 from .operator import metrics as metrics_endpoint
 from .operator.api import ApiHeaders

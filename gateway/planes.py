@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .ingress.pipeline import error
+from .ingress import error
 
 PUBLIC_PREFIXES = ("/webhooks/",)
 PROBES = ("/healthz", "/readyz")

@@ -13,7 +13,6 @@ so the provider's own retry is safe.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from typing import Any
@@ -25,21 +24,18 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from effectgate.handlers import tracing
-from effectgate.handlers.event import Event as HandlerEvent
-from effectgate.handlers.plan import MAX_TENANT_LENGTH as MAX_TENANT_LENGTH  # re-exported
-from effectgate.handlers.plan import PlanFailed, TenantUnusable, plan_event
-from effectgate.handlers.registry import Registry
+from effectgate.handlers.plan import PlanFailed, TenantUnusable
 from effectgate.ledger import claim_batcher
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
 from effectgate.ledger.errors import ClaimOverloaded, LedgerError
-from effectgate.ledger.fingerprints import canonical_json
 from effectgate.ledger.storable import jsonb_problem
 
 from .. import metrics
 from ..bodies import BodyTooLarge, receive_body
 from ..config import Source
 from ..edge.penalty_box import PenaltyBox
-from ..signatures import ConfirmationUnavailable, Event, PayloadError, SignatureError, Verified
+from ..signatures import ConfirmationUnavailable, PayloadError, SignatureError, Verified
+from . import deliveries
 from .answers import Answer, error_answer, json_answer, text_answer
 from .claim_failures import claim_failed, retry_later
 from .inbound import Inbound, Refused
@@ -47,9 +43,6 @@ from .replay_memory import LedgerReplayMemory
 from .signature_failures import SignatureFailures
 
 log = logging.getLogger("effectgate.gateway")
-
-# The answer's outcome for an effect that matched the event type but whose ``require`` was not met.
-UNMET_REQUIREMENT = "unmet_requirement"
 
 
 def error(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
@@ -274,12 +267,12 @@ def _plan_delivery(
             metrics.delivery(name, "malformed_payload")
             raise Refused(error_answer(400, "malformed_payload", f"event {event.id!r}: {problem}"))
     try:
-        return _plan(source, inbound.state.registry, verified, inbound.request_id)
+        return deliveries.plan(source, inbound.state.registry, verified, inbound.request_id)
     except TenantUnusable as exc:
         # Nothing is claimed: an effect filed under a guessed tenant could collide with another's.
         metrics.delivery(name, exc.code)
         raise Refused(error_answer(400, exc.code, str(exc))) from None
-    except KeyFunctionFailed as exc:
+    except PlanFailed as exc:
         metrics.delivery(name, "effect_key_failed")
         raise Refused(error_answer(422, "effect_key_failed", str(exc))) from None
 
@@ -365,60 +358,6 @@ def _outcome_json(outcome: ClaimOutcome) -> dict[str, Any]:
     if isinstance(outcome, Accepted):
         item["job_id"] = outcome.job_id
     return item
-
-
-class KeyFunctionFailed(Exception):
-    """A handler's key function could not compute an effect key for this event."""
-
-
-def event_tenant(source: Source, event: Event) -> str:
-    """The tenant ``event`` belongs to: the source's static one, or an allowed string at ``tenant_from``."""
-    return source.tenant_rule.tenant_of(event.id, event.payload)
-
-
-def _plan(
-    source: Source, registry: Registry, verified: Verified, request_id: str
-) -> tuple[list[tuple[Delivery, list[EffectRequest]]], list[dict[str, Any]]]:
-    # The decisions (tenant, require, key, fingerprint, lock key) are handlers.plan's, shared with the
-    # replay; what is left here is the delivery record. Every event's tenant first: a batch with one
-    # unusable tenant is refused before any key is computed.
-    rule = source.tenant_rule
-    tenants = [rule.tenant_of(event.id, event.payload) for event in verified.events]
-    # The delivery span's (tracing on), stored on the jobs this delivery creates: their spans link to it.
-    trace_parent = tracing.current_traceparent()
-    planned = []
-    unmet: list[dict[str, Any]] = []
-    for event, tenant in zip(verified.events, tenants, strict=True):
-        handler_event = HandlerEvent(
-            source.name, event.id, event.type, event.payload, tenant, event.delivery_id, event.type_signed
-        )
-        try:
-            plan = plan_event(registry, handler_event)
-        except PlanFailed as exc:
-            raise KeyFunctionFailed(str(exc)) from exc
-        if plan.unmet:
-            # A signed body under a type it does not fit (a topic swap), or simply a case the effect skips.
-            log.info(
-                "delivery.requirement_unmet",
-                extra={"source": source.name, "request_id": request_id, "handlers": plan.unmet},
-            )
-            unmet.extend({"handler": kind, "outcome": UNMET_REQUIREMENT} for kind in plan.unmet)
-        # Serialised once: the canonical text is both what the fingerprint hashes and what is stored.
-        canonical = canonical_json(event.payload)
-        delivery = Delivery(
-            request_id=request_id,
-            tenant=tenant,
-            source=source.name,
-            event_id=event.id,
-            event_type=event.type,
-            payload=event.payload,
-            fingerprint=hashlib.sha256(canonical).hexdigest(),
-            secret_index=verified.secret_index,
-            payload_text=canonical.decode(),
-            trace_parent=trace_parent,
-        )
-        planned.append((delivery, plan.effects))
-    return planned, unmet
 
 
 _FAILED = "too many failed authentications from this client for this source; try again later"

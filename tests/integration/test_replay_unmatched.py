@@ -185,7 +185,7 @@ async def test_a_replayed_kind_with_fingerprint_fields_then_its_genuine_retry_is
     replay under those fields, so the provider's genuine retry of the same event afterwards is a duplicate
     (the replay used to claim it under the whole payload's fingerprint, and the retry was rejected)."""
     from effectgate.gateway.config import parse
-    from effectgate.gateway.ingress.pipeline import _plan
+    from effectgate.gateway.ingress.deliveries import plan
     from effectgate.gateway.signatures import Event as SignedEvent
     from effectgate.gateway.signatures import Verified
     from effectgate.ledger.claims import Delivery
@@ -205,7 +205,7 @@ async def test_a_replayed_kind_with_fingerprint_fields_then_its_genuine_retry_is
 
     config = parse('[sources.stripe]\nscheme = "stripe"\nsecrets = ["S"]\n', env={"S": "whsec_x"})
     verified = Verified(events=(SignedEvent("evt-fp1", "thing.happened", payload),), secret_index=0)
-    [(retry, effects)], unmet = _plan(config.sources["stripe"], reg, verified, "retry-1")
+    [(retry, effects)], unmet = plan(config.sources["stripe"], reg, verified, "retry-1")
     assert isinstance(retry, Delivery) and unmet == []
     [outcome] = await claim_delivery(conn, retry, effects, now=day(1))
     assert outcome.outcome == "duplicate"
