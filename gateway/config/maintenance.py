@@ -22,9 +22,9 @@ from effectgate.ledger.maintenance.scheduler import (
 from effectgate.ledger.maintenance.sweeps import SweepConfig
 from effectgate.ledger.maintenance.waker import WakerConfig
 
+from .providers import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .reader import ConfigError as ConfigError
 from .reader import TableReader
-from .retry_windows import DAY, HOUR, RETRY_WINDOWS, retry_window
 from .sources import Source
 
 

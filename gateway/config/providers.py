@@ -1,4 +1,6 @@
-"""What each provider does with an answer that is not 2xx, and so what a key conflict should answer.
+"""What each provider does that the configuration must follow: what it does with an answer that is not 2xx
+(and so what a key conflict should answer), and how long it keeps retrying a delivery (the floor of the
+dedupe window).
 
 A key conflict (an effect key already held by a different request) is recorded as a reject and never
 run; the answer only tells the sender. For most providers a non-2xx means "try again": they retry the
@@ -6,6 +8,12 @@ same event for hours or days and may disable the endpoint, which then loses ever
 So a source answers a conflict with 200 unless its provider neither retries nor disables (GitHub),
 where a 409 shows up, harmlessly, in the provider's delivery log. ``on_conflict`` overrides it per
 source. docs/providers.md carries the same table, with sources; a unit test keeps the two in step.
+
+A tombstone must outlive every automatic retry of its delivery, or a late retry would be claimed again as a
+new effect. ``config.maintenance`` refuses a dedupe window (``[retention] tombstones_days``) shorter than the
+window of any configured source's scheme. Sources and the dates they were read are in docs/providers.md;
+where a provider's figure is unknown, ``UNKNOWN`` (the longest known window, Adyen's 30 days) applies, and an
+operator who knows better states it per source (``[retention.sources.NAME] provider_retry_hours``).
 """
 
 from __future__ import annotations
@@ -81,3 +89,45 @@ def default_conflict_status(scheme: str) -> ConflictStatus:
     """The conflict answer for a source of ``scheme`` that does not set ``on_conflict``."""
     provider = PROVIDERS.get(scheme)
     return 200 if provider is None else provider.conflict_status
+
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+
+
+@dataclass(frozen=True, slots=True)
+class RetryWindow:
+    """The longest a provider retries (``seconds``; ``None`` when unknown) and what that figure rests on."""
+
+    seconds: float | None
+    basis: str
+
+
+UNKNOWN = 30 * DAY
+
+RETRY_WINDOWS: dict[str, RetryWindow] = {
+    "stripe": RetryWindow(3 * DAY, "live mode retries with backoff for up to 3 days"),
+    "shopify": RetryWindow(4 * HOUR, "8 tries over 4 hours (since September 2024; 48 hours before)"),
+    # Svix's schedule: at once, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h ≈ 27.6 h.
+    "standard-webhooks": RetryWindow(
+        28 * HOUR, "Svix: about 27 hours; an endpoint failing 5 days is disabled"
+    ),
+    # No automatic retry, but a delivery of the past 3 days can be redelivered by hand or through the API,
+    # and that redelivery must still be a duplicate.
+    "github": RetryWindow(3 * DAY, "no automatic retry; manual redelivery of the past 3 days"),
+    "slack": RetryWindow(1 * HOUR, "3 retries (at once, after 1 min, after 5 min); 1 hour kept as the floor"),
+    "twilio": RetryWindow(
+        1 * HOUR, "no delayed retries; connection-override retries (#rc, at most 5) within seconds"
+    ),
+    "adyen": RetryWindow(30 * DAY, "3 retries, then a retry queue for up to 30 days"),
+    "paypal": RetryWindow(None, "not confirmed from PayPal's documentation here; unknown"),
+    "hmac": RetryWindow(None, "generic scheme: depends on the sender; unknown"),
+}
+
+
+def retry_window(scheme: str) -> float:
+    """The dedupe floor for ``scheme``: its provider's retry window, or ``UNKNOWN`` when that is unknown."""
+    window = RETRY_WINDOWS.get(scheme)
+    if window is None or window.seconds is None:
+        return UNKNOWN
+    return window.seconds
