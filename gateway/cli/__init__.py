@@ -40,7 +40,7 @@ from ..config import ConfigError
 from . import database
 from .common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, StartFailure, UsageError, terminate
 from .parser import build_parser
-from .sending import SendError
+from .send import SendError
 
 __all__ = ["build_parser", "main"]
 

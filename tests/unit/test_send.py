@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from effectgate.gateway.cli import sending as send
+from effectgate.gateway.cli import send
 from effectgate.gateway.config import Config, parse
 from effectgate.gateway.config.gateway import GatewayConfig
 from effectgate.gateway.examples import EXAMPLE_TYPES, UnknownScheme, example
