@@ -14,6 +14,7 @@ from typing import Any
 
 from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError
+from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.jobs import leases as jobs
 
 from ..context import EffectContext
@@ -79,7 +80,7 @@ class Heartbeat:
                 beat.due = now + beat.kind.lease_ttl / 3
             try:
                 async with db.connection(self.pool) as conn:
-                    beat_result = await jobs.extend_leases(
+                    beat_result = await heartbeats.extend_leases(
                         conn,
                         [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due],
                         tenants=[b.lease.tenant for b in due] if self.per_tenant else None,

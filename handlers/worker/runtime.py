@@ -32,8 +32,8 @@ from typing import Any
 
 from effectgate.ledger import db, topology
 from effectgate.ledger.errors import LeaseLost, LedgerError
+from effectgate.ledger.jobs import heartbeats, steps
 from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.scheduler import ReconcileResult
 
 from .. import tracing
@@ -131,7 +131,7 @@ class Worker:
         """Begin draining: stop fetching, ask running slices to yield, and log what is draining until when.
 
         Called again while draining (a second SIGTERM or Ctrl-C), stop now: every running slice is fenced
-        off and cancelled, and its lease given up at once (``jobs.abandon_leases``), so the reconciler of
+        off and cancelled, and its lease given up at once (``heartbeats.abandon_leases``), so the reconciler of
         any process hands the job on by its orphan policy at its next tick instead of after the lease TTL.
         """
         if self._stopping.is_set():
@@ -242,7 +242,7 @@ class Worker:
             # that was in flight committed whole or not at all: only then is the lease given up.
             try:
                 async with db.connection(self.pool) as conn:
-                    given_up = await jobs.abandon_leases(
+                    given_up = await heartbeats.abandon_leases(
                         conn,
                         [(lease.job_id, lease.lease_token) for lease in leases],
                         tenants=[lease.tenant for lease in leases] if self._per_tenant else None,

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from effectgate.ledger import db
+from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.jobs import leases as jobs
 
 from .common import drop_database, fresh_database, percentile, server_url
@@ -65,20 +66,20 @@ async def run(url: str, sizes: list[int], rounds: int) -> None:
             }
 
             async def skip_locked(beats: list[tuple[int, int, float]] = beats) -> object:
-                return await jobs.extend_leases(conn, beats)
+                return await heartbeats.extend_leases(conn, beats)
 
             async def waiting(params: dict[str, list[float] | list[int]] = params) -> object:
                 return await (await conn.execute(WAITING_HEARTBEAT, params)).fetchall()
 
             async def per_lease(beats: list[tuple[int, int, float]] = beats) -> object:
-                return [await jobs.extend_leases(conn, [b]) for b in beats]
+                return [await heartbeats.extend_leases(conn, [b]) for b in beats]
 
             print(line("one statement, SKIP LOCKED", n, await timed(rounds, skip_locked)))
             print(line("one statement, waits for locks", n, await timed(rounds, waiting)))
             print(line("one statement per lease", n, await timed(max(1, rounds // 10), per_lease)))
             async with holder.transaction():
                 await holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (beats[0][0],))
-                answer = await jobs.extend_leases(conn, beats)
+                answer = await heartbeats.extend_leases(conn, beats)
                 assert answer.busy == {beats[0][0]}
                 print(line("SKIP LOCKED, one row locked", n, await timed(rounds, skip_locked)))
             # The waiting statement, with the same lock, would wait until the holder commits: not timed.

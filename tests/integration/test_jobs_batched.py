@@ -13,6 +13,7 @@ import pytest
 from effectgate.handlers import EffectContext, Event, Transition
 from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseBusy, LedgerError
+from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration import jobs_fixtures as jf
@@ -79,12 +80,12 @@ async def test_one_heartbeat_extends_every_held_lease_by_its_own_ttl(conn: db.Co
     a, b, c = await three_leased(conn)
     await jobs.cancel(conn, c.job_id, by="op")
     stale_token = b.lease_token + 7
-    held = await jobs.extend_leases(
+    held = await heartbeats.extend_leases(
         conn,
         [(a.job_id, a.lease_token, 30), (b.job_id, stale_token, 30), (c.job_id, c.lease_token, 5)],
         now=at(3),
     )
-    assert held == jobs.Extended({a.job_id: False, c.job_id: True})
+    assert held == heartbeats.Extended({a.job_id: False, c.job_id: True})
     assert held.lost(b.job_id)
     assert (await job(conn, a.job_id))["lease_expires_at"] == at(33)
     assert (await job(conn, b.job_id))["lease_expires_at"] == at(10)  # stale: unchanged
@@ -136,12 +137,12 @@ async def test_concurrent_finish_batches_and_heartbeats_of_shared_jobs_never_dea
         leases = await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 60}, limit=30)
     start = asyncio.Event()
 
-    async def beat(order: list[jobs.Lease]) -> jobs.Extended:
+    async def beat(order: list[jobs.Lease]) -> heartbeats.Extended:
         async with jf.connected(db_url) as c:
             await start.wait()
-            held = jobs.Extended({})
+            held = heartbeats.Extended({})
             for _ in range(20):
-                held = await jobs.extend_leases(c, [(x.job_id, x.lease_token, 60) for x in order])
+                held = await heartbeats.extend_leases(c, [(x.job_id, x.lease_token, 60) for x in order])
             return held
 
     async def finish(order: list[jobs.Lease]) -> list[Any]:
@@ -180,15 +181,15 @@ async def test_a_heartbeat_skips_a_locked_row_reports_it_busy_not_lost_and_exten
         await beat.execute("SET lock_timeout = '5s'")
         async with holder.transaction():
             await holder.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (locked.job_id,))
-            answer = await jobs.extend_leases(beat, beats, now=at(3))
+            answer = await heartbeats.extend_leases(beat, beats, now=at(3))
             assert answer.busy == {locked.job_id}
             assert answer.held == {x.job_id: False for x in leases if x is not locked}
             assert not answer.lost(locked.job_id)
             with pytest.raises(LeaseBusy):
-                await jobs.extend_lease(beat, locked.job_id, locked.lease_token, ttl=30, now=at(3))
+                await heartbeats.extend_lease(beat, locked.job_id, locked.lease_token, ttl=30, now=at(3))
             expiries = await lease_expiries(read)
             assert expiries == {x.job_id: at(10) if x is locked else at(33) for x in leases}
-        answer = await jobs.extend_leases(beat, beats, now=at(4))
+        answer = await heartbeats.extend_leases(beat, beats, now=at(4))
         assert (answer.held, answer.busy) == (dict.fromkeys(expiries, False), frozenset())
         assert (await lease_expiries(read))[locked.job_id] == at(34)
 
@@ -205,9 +206,9 @@ async def test_a_locked_row_whose_lease_the_locker_takes_is_busy_and_then_lost(d
             await holder.execute(
                 "UPDATE jobs SET lease_token = lease_token + 1 WHERE id = %s", (lease.job_id,)
             )
-            answer = await jobs.extend_leases(beat, beats, now=at(3))
+            answer = await heartbeats.extend_leases(beat, beats, now=at(3))
             assert (answer.held, answer.busy) == ({}, {lease.job_id})
-        answer = await jobs.extend_leases(beat, beats, now=at(4))
+        answer = await heartbeats.extend_leases(beat, beats, now=at(4))
         assert (answer.held, answer.busy, answer.lost(lease.job_id)) == ({}, frozenset(), True)
 
 

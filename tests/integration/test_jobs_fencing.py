@@ -11,8 +11,8 @@ from psycopg import errors as pg_errors
 
 from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.jobs import heartbeats, steps
 from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration.jobs_fixtures import (
     at,
@@ -74,7 +74,7 @@ async def test_a_stale_worker_changes_nothing_and_gets_lease_lost(conn: db.Conn)
 
     token = stale.lease_token
     writes = {
-        "heartbeat": jobs.extend_lease(conn, job_id, token, ttl=10, now=at(13)),
+        "heartbeat": heartbeats.extend_lease(conn, job_id, token, ttl=10, now=at(13)),
         "checkpoint": jobs.save_checkpoint(conn, job_id, token, {"at": "stale"}, now=at(13)),
         "step": steps.record(
             conn, job_id=job_id, lease_token=token, name="charge", idempotency_key="k", status="succeeded"

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from effectgate.ledger import db
+from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs.leases import Refused
 from tests.integration.jobs_fixtures import (
@@ -105,7 +106,7 @@ async def test_a_cancel_on_a_running_job_wins_over_every_ending(conn: db.Conn, e
     lease = await lease_one(conn, now=at(0))
     assert await jobs.cancel(conn, job_id, by="alice", now=at(1)) == "running"
     # The worker learns of it from its next heartbeat.
-    assert await jobs.extend_lease(conn, job_id, lease.lease_token, ttl=30, now=at(2)) is True
+    assert await heartbeats.extend_lease(conn, job_id, lease.lease_token, ttl=30, now=at(2)) is True
     token = lease.lease_token
     if ending == "retry":
         reached = await jobs.retry(conn, job_id, token, delay=0, error={"type": "X"}, now=at(3))

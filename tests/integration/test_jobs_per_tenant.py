@@ -11,6 +11,7 @@ import pytest
 
 from effectgate.ledger import db, topology
 from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.vocabulary import JobState
 
@@ -37,7 +38,7 @@ async def test_a_per_tenant_fetch_leases_the_earliest_due_jobs_of_every_tenant(p
         assert [lease.job_id for lease in leases] == [ids["a-1"], ids["a-2"], ids["b-1"], ids["b-2"]]
         assert {lease.tenant for lease in leases} == {"a", "b"}
 
-        beat = await jobs.extend_leases(
+        beat = await heartbeats.extend_leases(
             conn,
             [(lease.job_id, lease.lease_token, 30.0) for lease in leases],
             tenants=[lease.tenant for lease in leases],
@@ -62,7 +63,7 @@ async def test_a_per_tenant_fetch_leases_the_earliest_due_jobs_of_every_tenant(p
             JobState.SUCCEEDED,
             JobState.SUCCEEDED,
         ]
-        given_up = await jobs.abandon_leases(
+        given_up = await heartbeats.abandon_leases(
             conn, [(leases[1].job_id, leases[1].lease_token)], tenants=[leases[1].tenant]
         )
         assert given_up == [leases[1].job_id]

@@ -25,6 +25,7 @@ from hypothesis.stateful import (
 
 from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
 from tests.integration.jobs_fixtures import T0, claim
@@ -157,7 +158,7 @@ def _run_machine(runner: asyncio.Runner, conn: db.Conn) -> None:
         @rule(data=st.data())
         def heartbeat(self, data: st.DataObject) -> None:
             token = data.draw(st.sampled_from(self.model.tokens))
-            write = jobs.extend_lease(conn, self.job_id, token, ttl=TTL, now=self.now)
+            write = heartbeats.extend_lease(conn, self.job_id, token, ttl=TTL, now=self.now)
             if not self.model.holds(token):
                 return self.stale(token, write)
             assert self.run(write) == self.model.cancel_requested
