@@ -1,4 +1,5 @@
-"""ClientSlots' bookkeeping: per-client counts, who waits, who is admitted, and trusted proxies exempt."""
+"""ClientSlots' bookkeeping (gateway/edge/client_slots.py): per-client counts, who waits, who is admitted, and
+trusted proxies exempt. The guard's use of them, through a real uvicorn, is tests/unit/test_guard_slots.py."""
 
 from __future__ import annotations
 
