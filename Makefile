@@ -33,8 +33,9 @@ test:
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # Every declared lower bound must work: a fresh venv resolved with uv's lowest-direct strategy (each
-# direct dependency at the lowest version pyproject allows) runs the unit tests, and the end-to-end tests
-# of the two places that subclass uvicorn's private classes (the guarded protocol and the supervisor).
+# direct dependency at the lowest version pyproject allows) runs the unit tests (the guard's among them, on a
+# real uvicorn), and the end-to-end tests of the two places that subclass uvicorn's private classes (the
+# guarded protocol and the supervisor).
 test-lowest:
 	$(PYTHON) -m pip install -q uv
 	rm -rf build/lowest

@@ -35,10 +35,11 @@ event loop than that many requests, while other clients' requests go straight th
 The limits, the box and the slots are class attributes, set once per process by ``configure`` before the server
 starts (the ``serve --workers N`` children do it in their app factory, before the first connection).
 
-Around 470 lines, on purpose: what is left here is one class, uvicorn's protocol with the limits added,
+Around 480 lines, on purpose: what is left here is one class, uvicorn's protocol with the limits added,
 whose timer, parser callbacks and penalty-box waits share one connection's state and answer through one
 ``_refuse``. The bookkeeping across connections moved out: the slots (``client_slots``) and the turns
-(``turns``).
+(``turns``). What it uses of uvicorn's protocol and request cycle, which uvicorn does not promise to keep,
+is listed in ``uvicorn_private``, which it imports them from, with the uvicorn releases they are tested in.
 """
 
 from __future__ import annotations
@@ -50,16 +51,20 @@ import logging
 from typing import Any
 from urllib.parse import unquote
 
-import httptools
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from .. import metrics
 from ..config.gateway import Limits
 from .client_slots import ClientSlots
 from .one_write import OneWriteTransport
 from .penalty_box import PenaltyBox, raise_file_limit
 from .turns import TURN_INTERVAL, Turns
+from .uvicorn_private import (
+    HIGH_WATER_LIMIT,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+    cycle_of,
+    feed,
+    unset_keepalive,
+)
 
 log = logging.getLogger("effectgate.gateway")
 
@@ -177,7 +182,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         client, port = self.client
 
         async def in_turn(scope: Any, receive: Any, send: Any) -> None:
-            cycle = getattr(receive, "__self__", None)
+            cycle = cycle_of(receive)
             if not await self._wait_for_turn(cycle, box, turns, source):
                 return
             taken = self.loop.time()
@@ -202,7 +207,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
         return in_turn
 
-    async def _wait_for_turn(self, cycle: Any, box: PenaltyBox, turns: Turns, source: str) -> bool:
+    async def _wait_for_turn(
+        self, cycle: RequestResponseCycle | None, box: PenaltyBox, turns: Turns, source: str
+    ) -> bool:
         """Wait until this request's body is in (or fills uvicorn's buffer), then for its client's turn;
         False when the connection was lost or closed meanwhile (past ``hold`` waiting requests)."""
         # The body first, outside the turn: a body or trailer that drips holds only its own connection
@@ -339,7 +346,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # at most the header timeout (then 408), as a head that does not arrive would.
             self._queued = [data]
             self.transport.pause_reading()
-            self._unset_keepalive_if_required()
+            unset_keepalive(self)
             if self._deadline is None:
                 self._arm(self.limits.header_timeout, "headers")
             slots.wait(self.client[0], self)
@@ -349,17 +356,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _feed(self, data: bytes) -> None:
         if self._reading_head:
             self._head_bytes += len(data)
-        self._unset_keepalive_if_required()
         self._body_in_read = 0
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+        # uvicorn's parser loop (uvicorn_private.feed), with its answer to bytes that are not HTTP ours: a
+        # parser callback refuses a request by raising, which the parser reports as such bytes.
+        fed = feed(self, data)
+        if fed == "upgrade":
             return
-        except httptools.HttpParserError:
+        if fed == "invalid":
             if self._boxed_source is not None and self.box is not None:
                 self._hold_boxed(self.box, self._boxed_source)
             elif self._refusal is not None:

@@ -14,6 +14,9 @@ are done here:
   watches its parent's pid once a second. Without this, children of a killed supervisor keep the port,
   and a restarted ``serve`` fails with "address already in use". SIGTERM, not SIGKILL: the child drains
   the requests it holds, as on any other stop.
+
+uvicorn does not promise to keep its supervisor class: what this module uses of it is listed in
+``uvicorn_private``, with the uvicorn releases it is tested in.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from typing import Any
 
 from prometheus_client import multiprocess
 from uvicorn import Config
-from uvicorn.supervisors.multiprocess import Multiprocess
 
 from ..metrics import MULTIPROC_ENV
+from .uvicorn_private import Multiprocess
 
 log = logging.getLogger("effectgate.gateway")
 

@@ -1,233 +1,81 @@
-"""Turns' bookkeeping: a boxed client's one turn, passed to the newest waiter, never back to a free turn;
-and the guard's wait for it, bounded by ``hold``."""
+"""The guard's wait for a boxed client's turn (the penalty box's ``one_at_a_time`` mode), through a real uvicorn
+(tests/unit/real_uvicorn.py): at most ``hold`` requests wait, however many arrive in one pass of the loop, and
+one closed for want of room is closed unanswered, without uvicorn's 500. Turns' own bookkeeping (who gets
+the turn next) is test_turns.py."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterator
-from typing import Any, cast
+import logging
 
 import pytest
 
-from effectgate.gateway.config.gateway import Limits, PenaltySettings
-from effectgate.gateway.edge.guard import GuardedHttpToolsProtocol
+from effectgate.gateway.config.gateway import PenaltySettings
 from effectgate.gateway.edge.penalty_box import PenaltyBox
-from effectgate.gateway.edge.turns import Turns
+
+from .real_uvicorn import WITHIN, App, eventually, request, serving, status
+
+pytestmark = pytest.mark.anyio
+
+SOURCE = "/webhooks/s"
 
 
-class Waiting:
-    """Stands in for a connection whose request waits for its client's turn."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._turn_waiter: asyncio.Future[bool] = loop.create_future()
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
+def boxed(hold: int) -> PenaltyBox:
+    """A box in which 127.0.0.1 is held off source ``s``: its requests there take turns."""
+    box = PenaltyBox(PenaltySettings(failures=1, hold=hold))
+    assert box.failed("127.0.0.1", 0, "s")
+    return box
 
 
-def waiting(loop: asyncio.AbstractEventLoop, n: int) -> list[Any]:
-    return [Waiting(loop) for _ in range(n)]
-
-
-def served(requests: list[Any]) -> list[int]:
-    return [i for i, r in enumerate(requests) if r._turn_waiter.done() and r._turn_waiter.result()]
-
-
-def test_the_turn_passes_to_the_newest_waiter_and_is_never_free_meanwhile(
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    turns = Turns()
-    assert turns.take("a") and turns.take("b")
-    assert not turns.take("a")
-    requests = waiting(loop, 3)
-    for request in requests:
-        turns.wait("a", cast(GuardedHttpToolsProtocol, request))
-    assert turns.oldest("a") is requests[0]
-    turns.release("a")
-    # Newest first: the one that became ready last; the turn stays taken (handed over, not freed).
-    assert served(requests) == [2]
-    assert not turns.take("a")
-    turns.release("a")
-    assert served(requests) == [1, 2]
-    turns.forget("a", cast(GuardedHttpToolsProtocol, requests[0]))
-    turns.release("a")
-    # Nobody left waiting: free again. Client b's turn was never touched.
-    assert turns.take("a") and not turns.take("b")
-
-
-def test_a_waiter_whose_connection_was_lost_is_skipped(loop: asyncio.AbstractEventLoop) -> None:
-    turns = Turns()
-    turns.take("a")
-    requests = waiting(loop, 2)
-    for request in requests:
-        turns.wait("a", cast(GuardedHttpToolsProtocol, request))
-    requests[1]._turn_waiter.set_result(False)
-    turns.release("a")
-    assert served(requests) == [0]
-
-
-def test_a_request_that_became_ready_during_the_turn_waits_for_one_that_was_waiting_before(
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    # The flood's answered connection is back during every turn: newest at every hand-off, it would
-    # starve a genuine delivery that arrived a moment before it.
-    now = [0.0]
-    turns = Turns(clock=lambda: now[0])
-    assert turns.take("a")  # a flood request's turn, from 0.0
-    requests = old_flood, genuine, back, back_again = waiting(loop, 4)
-    for at, request in ((0.2, old_flood), (0.5, genuine), (0.7, back)):
-        now[0] = at
-        turns.wait("a", cast(GuardedHttpToolsProtocol, request))
-    now[0] = 1.0
-    turns.release("a")  # all three came during the turn: the newest
-    assert served(requests) == [2]
-    now[0] = 1.5
-    turns.wait("a", cast(GuardedHttpToolsProtocol, back_again))
-    now[0] = 2.0
-    turns.release("a")  # the one back during this turn is passed over for the genuine one, older
-    assert served(requests) == [1, 2]
-    now[0] = 3.0
-    turns.release("a")
-    assert served(requests) == [1, 2, 3]
-    turns.release("a")
-    assert served(requests) == [0, 1, 2, 3]
-
-
-def test_a_request_passed_over_by_a_flood_that_outgrows_its_turns_is_served_within_four_hand_offs(
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    # A flood that opens connections adds two requests every turn: newest first alone, there is always
-    # one newer than the genuine delivery that was waiting before it, and the genuine one never gets a turn.
-    now = [0.0]
-    turns = Turns(clock=lambda: now[0])
-    assert turns.take("nat")  # a flood request's turn
-    now[0] = 0.001
-    genuine = Waiting(loop)
-    turns.wait("nat", cast(GuardedHttpToolsProtocol, genuine))
-    for turn in range(1, 200):
-        for at in (0.003, 0.007):
-            now[0] = (turn - 1) * 0.01 + at
-            turns.wait("nat", cast(GuardedHttpToolsProtocol, Waiting(loop)))
-        now[0] = turn * 0.01
-        turns.release("nat")
-        if genuine._turn_waiter.done():
-            break
-    # Every fourth hand-off goes to the longest-waiting request: nothing waits ahead of it here.
-    assert genuine._turn_waiter.done() and turn <= 4
-
-
-def test_forgetting_a_waiter_does_not_scan_the_others(loop: asyncio.AbstractEventLoop) -> None:
-    # A flood closing and reopening its newest connections makes the loop forget one waiter each time:
-    # a scan of all waiters for each (about 1 ms at 16,384) would be the flood's hold on the loop. Newest
-    # first, 20,000 forgets cost 200 million steps scanned (tens of seconds), a few milliseconds unscanned.
-    turns = Turns()
-    turns.take("a")
-    requests = waiting(loop, 20_000)
-    for request in requests:
-        turns.wait("a", cast(GuardedHttpToolsProtocol, request))
-    started = time.perf_counter()
-    for request in reversed(requests[1:]):
-        turns.forget("a", cast(GuardedHttpToolsProtocol, request))
-    assert time.perf_counter() - started < 2.0
-    assert turns.oldest("a") is requests[0]
-
-
-class ClosingTransport:
-    """As asyncio's: ``close`` calls the protocol's ``connection_lost`` soon, not now."""
-
-    def __init__(self, protocol: WaitingConnection, loop: asyncio.AbstractEventLoop) -> None:
-        self.protocol, self.loop, self.closing = protocol, loop, False
-
-    def close(self) -> None:
-        if not self.closing:
-            self.closing = True
-            self.loop.call_soon(self.protocol.connection_lost, None)
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-
-class Cycle:
-    """What ``_wait_for_turn`` touches of uvicorn's request cycle: a request whose body is in."""
-
-    waiting_for_100_continue = False
-    more_body = False
-    disconnected = False
-    body = b""
-
-
-class WaitingConnection:
-    """The guard's connection, with only its turn-waiting parts (``GuardedHttpToolsProtocol``'s own)."""
-
-    limits = Limits()
-    _wait_for_turn = GuardedHttpToolsProtocol._wait_for_turn
-    _stop_waiting = GuardedHttpToolsProtocol._stop_waiting
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, box: PenaltyBox, turns: Turns) -> None:
-        self.loop, self.box, self.turns, self.client = loop, box, turns, ("10.0.0.1", 1)
-        self.transport = ClosingTransport(self, loop)
-        self._turn_waiter: asyncio.Future[bool] | None = None
-
-    def _arm(self, *args: Any) -> None: ...
-
-    def _disarm(self) -> None: ...
-
-    def _release_slot(self) -> None: ...
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        # GuardedHttpToolsProtocol.connection_lost's part for a waiting request.
-        self._stop_waiting()
-
-
-def test_hold_bounds_the_waiting_requests_of_a_burst_that_arrives_in_one_loop_pass() -> None:
+async def test_hold_bounds_the_waiting_requests_of_a_burst_that_arrives_in_one_loop_pass() -> None:
     # Past hold each new request closes its client's longest-waiting one, whose connection is lost only
     # in a later pass: every request of the same pass found the same oldest one, and held grew past hold
-    # by the burst (hold 4, 54 requests: 53 held).
-    async def burst() -> tuple[int, int, list[bool]]:
-        loop = asyncio.get_running_loop()
-        box = PenaltyBox(PenaltySettings(hold=4))
-        turns = Turns()
-        assert turns.take("10.0.0.1")  # a flood request in its turn
-        connections = [WaitingConnection(loop, box, turns) for _ in range(54)]
-        tasks = [asyncio.ensure_future(c._wait_for_turn(Cycle(), box, turns, "s")) for c in connections[:4]]
-        await asyncio.sleep(0)
-        assert box.held == 4
-        tasks += [asyncio.ensure_future(c._wait_for_turn(Cycle(), box, turns, "s")) for c in connections[4:]]
-        for _ in range(5):
-            await asyncio.sleep(0)
-        held, during = box.held, box.held
-        for _ in range(4):
-            turns.release("10.0.0.1")
-        _, pending = await asyncio.wait(tasks, timeout=5)
-        for task in pending:
-            task.cancel()
-        held = box.held
-        return during, held, [c.transport.closing for c in connections]
+    # by the burst (hold 4, 54 requests: 53 held, one closed).
+    app, box = App(), boxed(hold=4)
+    release = app.hold("turn")
+    async with serving(app, box=box) as server:
+        turn = await server.request("turn", SOURCE)
+        await app.arrived["turn"].wait()
+        early = []
+        for n in range(4):
+            early.append(await server.request(f"early{n}", SOURCE))
+            await eventually(lambda n=n: box.held == n + 1, f"request {n} waiting for the turn")
+        burst = [await server.connect() for _ in range(50)]
+        # Written with no await between: the server reads all fifty in one pass of the loop.
+        for n, client in enumerate(burst):
+            client.send(request(f"burst{n}", SOURCE))
+        answers = [asyncio.ensure_future(client.answer()) for client in [*early, *burst]]
+        await eventually(lambda: sum(a.done() for a in answers) == 50, "fifty requests closed")
+        assert box.held == 4, f"held {box.held} waiting requests with hold = 4"
+        # The four that waited before the burst were the oldest: they gave up their places first.
+        assert all(a.done() for a in answers[:4])
+        assert [a.result() for a in answers if a.done()] == [b""] * 50, "closed unanswered"
 
-    during, after, closed = asyncio.run(burst())
-    assert during == 4, f"held {during} waiting requests with hold = 4"
-    # The four newest wait (and were then served); every other was closed unanswered.
-    assert closed == [True] * 50 + [False] * 4
-    assert after == 0
+        # The turn passes on: the four that still wait are each read and answered.
+        release.set()
+        assert status(await turn.answer()) == 200
+        done, _ = await asyncio.wait(answers, timeout=WITHIN)
+        assert len(done) == 54
+        assert sorted(status(a.result()) for a in answers) == [0] * 50 + [200] * 4
+    assert len(app.seen) == 5 and box.held == 0
 
 
-def test_a_request_closed_for_want_of_room_is_not_answered_by_uvicorn() -> None:
-    # Hold full of another client's waiters and none of its own to give up: this request closes its own
-    # connection. Its cycle must say disconnected, or uvicorn logs "ASGI callable returned without
-    # starting response" at ERROR and writes a 500 to the closing socket.
-    async def full() -> tuple[bool, bool, int]:
-        loop = asyncio.get_running_loop()
-        box = PenaltyBox(PenaltySettings(hold=0))
-        turns = Turns()
-        assert turns.take("10.0.0.1")
-        connection, cycle = WaitingConnection(loop, box, turns), Cycle()
-        got = await connection._wait_for_turn(cycle, box, turns, "s")
-        return got, cycle.disconnected, box.held
-
-    got, disconnected, held = asyncio.run(full())
-    assert (got, disconnected, held) == (False, True, 0)
+async def test_a_request_closed_for_want_of_room_is_not_answered_by_uvicorn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Hold full (here 0) and none of its client's requests waiting to give up: this request closes its own
+    # connection. Its cycle must say disconnected, or uvicorn logs "ASGI callable returned without starting
+    # response" at ERROR and answers 500 (to the closing socket, where the bytes are dropped).
+    app, box = App(), boxed(hold=0)
+    release = app.hold("turn")
+    with caplog.at_level(logging.ERROR):
+        async with serving(app, box=box) as server:
+            turn = await server.request("turn", SOURCE)
+            await app.arrived["turn"].wait()
+            refused = await server.request("refused", SOURCE)
+            assert await refused.answer() == b""
+            assert box.held == 0
+            release.set()
+            assert status(await turn.answer()) == 200
+    assert app.seen == ["turn"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

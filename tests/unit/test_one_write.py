@@ -7,11 +7,11 @@ import socket
 from typing import Any
 
 import pytest
-import uvicorn
-from uvicorn.server import ServerState
 
 from effectgate.gateway.edge.guard import GuardedHttpToolsProtocol
 from effectgate.gateway.edge.one_write import OneWriteTransport
+
+from .real_uvicorn import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -119,28 +119,39 @@ async def test_over_a_real_socket_each_answer_arrives_whole_and_in_order(answers
         right.close()
 
 
+class Tapped:
+    """A connection's real transport, with what is written to it noted on the way."""
+
+    def __init__(self, transport: asyncio.Transport, writes: list[bytes]) -> None:
+        self._transport, self.writes = transport, writes
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 async def test_the_guarded_protocol_sends_an_answer_in_one_write() -> None:
-    # uvicorn's own cycle answering through the gateway's protocol: head and body reach the socket's
-    # transport as one write (without the wrapper, uvicorn writes them in two).
+    # uvicorn's own server and cycle answering through the gateway's protocol: head and body reach the
+    # socket's transport as one write (without the wrapper, uvicorn writes them in two), on a connection
+    # kept alive, so the write is the end of the loop's turn, not the close.
+    writes: list[bytes] = []
+
+    class TappedProtocol(GuardedHttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(Tapped(transport, writes))  # type: ignore[arg-type]
+
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()
         await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    config = uvicorn.Config(app, http="httptools", lifespan="off", log_config=None)
-    config.load()
-    protocol = GuardedHttpToolsProtocol(config=config, server_state=ServerState(), app_state={})
-    inner = Recording()
-    protocol.connection_made(inner)  # type: ignore[arg-type]
-    try:
-        assert isinstance(protocol.transport, OneWriteTransport)
-        protocol.data_received(b"POST /webhooks/x HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}")
-        for _ in range(20):  # the app's task, then the turn that sends what it wrote
-            await asyncio.sleep(0)
-            if inner.writes:
-                break
-        await asyncio.sleep(0)
-        assert len(inner.writes) == 1
-        assert inner.writes[0].startswith(b"HTTP/1.1 202 ") and inner.writes[0].endswith(b"\r\n\r\n{}")
-    finally:
-        protocol.connection_lost(None)
+    async with serving(app, protocol=TappedProtocol) as server:
+        client = await server.connect()
+        client.send(b"POST /webhooks/x HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}")
+        answer = await client.response()
+    assert len(writes) == 1
+    assert writes[0] == answer
+    assert answer.startswith(b"HTTP/1.1 202 ") and answer.endswith(b"\r\n\r\n{}")
