@@ -25,7 +25,8 @@ from effectgate.handlers.downstream import clients as downstream_clients
 from effectgate.handlers.downstream.payments import PaymentsClient
 from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.registry import REGISTRY
-from effectgate.handlers.worker.runtime import Worker, worker_pool_max
+from effectgate.handlers.worker.config import worker_pool_max
+from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 
 from .. import metrics

@@ -4,11 +4,13 @@ Every mistake is reported at start, all of them at once, naming the file, the ke
 (with a "did you mean" for a misspelt key); secrets are named by the environment variables that hold
 them and never read from the file itself.
 
-``parse`` reads the file section by section, and the sections live beside it: ``config_gateway``
-(``[gateway]``), ``config_sources``, ``config_downstreams``, ``config_maintenance`` (with
-``[retention]``), ``config_operator`` (``[operator]``, ``[dashboard]``, ``[metrics]``), ``effects_config``
-and ``operator.auth`` (``[[operators]]``). Importing the handler modules it names, and checking them
-against it, is ``handler_imports``.
+``parse`` reads the file section by section, and the sections live beside it, one module per table:
+``gateway`` (``[gateway]``), ``sources``, ``downstreams``, ``maintenance`` (with ``[retention]``),
+``operator`` (``[[operators]]``, ``[operator]``, ``[dashboard]``, ``[metrics]``) and ``effects``; the
+reader they share is ``reader``, the secrets' sources ``secrets``, what each provider does ``providers``,
+and every key's one declaration ``settings`` (with ``env``, ``schema``, ``reference`` and ``show`` made
+from it). Importing the handler modules it names, and checking them against it, is ``handler_imports``
+(with ``handler_checks``).
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ def parse(
     """Validate a configuration text; raises ``ConfigError`` naming the file and key of every mistake.
 
     Secrets are read from ``env`` (default: the process environment), from ``NAME_FILE`` or from
-    ``$CREDENTIALS_DIRECTORY`` (``gateway.secret_sources``), and only those ``role`` uses: a gateway
+    ``$CREDENTIALS_DIRECTORY`` (``config.secrets``), and only those ``role`` uses: a gateway
     reads no downstream API key and a worker no webhook secret, and neither is stopped by the other's
     missing secret.
     """

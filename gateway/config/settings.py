@@ -2,12 +2,12 @@
 
 ``SETTINGS`` names each key once — its table, type, default, bounds, whether it names a secret, which
 processes read it, and what it means. From it come the generated reference in ``docs/configuration.md``
-(``gateway.settings_doc``), the JSON Schema for editors (``gateway.settings_schema``), ``effectgate
-config show`` and the ``EFFECTGATE_<SECTION>__<KEY>`` environment overrides (``gateway.settings_env``).
+(``config.reference``), the JSON Schema for editors (``config.schema``), ``effectgate
+config show`` and the ``EFFECTGATE_<SECTION>__<KEY>`` environment overrides (``config.env``).
 
-The parser (``gateway.config`` and its ``config_*`` sections) still reads each table itself, with the
+The parser (``gateway.config`` and its section modules) still reads each table itself, with the
 cross-key rules a table of types cannot say. ``tests/unit/test_settings.py`` holds the two together: it
-watches every key the parser asks for (``toml_reader.reads``) and fails on one that is not declared
+watches every key the parser asks for (``reader.reads``) and fails on one that is not declared
 here, on one declared here that the parser never reads, and on a type, default or minimum that
 differs. A branch that adds a key to the parser therefore adds it here too, or its tests fail.
 
@@ -71,7 +71,7 @@ class Setting:
 
     @property
     def table(self) -> str:
-        """The table the key belongs to (``gateway.penalty_box``, ``sources.*``, ``operators[]``)."""
+        """The table the key belongs to (``edge.penalty_box``, ``sources.*``, ``operators[]``)."""
         return self.path.rpartition(".")[0]
 
     @property

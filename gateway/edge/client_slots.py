@@ -1,7 +1,7 @@
 """Each process's request slots, shared fairly between clients: the connection guard's ``ClientSlots``.
 
 A peer with ``client_concurrency`` requests in flight (head received, answer not yet complete) has its next
-request wait, unread, until one of its own finishes (``gateway.guard`` holds it); trusted proxies
+request wait, unread, until one of its own finishes (``edge.guard`` holds it); trusted proxies
 (``forwarded_allow_ips``) are not limited, since every client behind them shares their address.
 """
 

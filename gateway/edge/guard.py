@@ -16,8 +16,8 @@ uvicorn's, with three limits added per connection:
   parser buffers a trailer line whole before it reports it, so a trailer that drips for ever would
   otherwise grow the process until the body timeout.
 
-It also enforces the penalty box (``gateway.penalty_box``). In its ``one_at_a_time`` mode (the default) a
-boxed peer's new requests take turns (``gateway.turns``): one in flight per process, the others waiting unread
+It also enforces the penalty box (``edge.penalty_box``). In its ``one_at_a_time`` mode (the default) a
+boxed peer's new requests take turns (``edge.turns``): one in flight per process, the others waiting unread
 before a byte of them is parsed, each then read and answered as usual, so a genuine delivery from a
 boxed address still gets through while the flood behind it costs one request at a time. In ``held``
 mode a request from a peer boxed for the source its path names is refused once its head is parsed,
@@ -26,7 +26,7 @@ header timeout closes it without an answer (so a flood client waits rather than 
 most ``PenaltyBox.hold`` connections wait or are held at once per process; past that one is closed at
 once. ``configure`` raises the process's file limit first, and a derived ``hold`` follows it.
 
-And it shares each process's request slots fairly between clients (``gateway.client_slots``): a peer with
+And it shares each process's request slots fairly between clients (``edge.client_slots``): a peer with
 ``client_concurrency`` requests in flight (head received, answer not yet complete) has its next request
 wait, unread, until one of its own finishes, so one client's hundreds of connections take no more of the
 event loop than that many requests, while other clients' requests go straight through. Trusted proxies

@@ -10,7 +10,7 @@ So failures are counted per **client and source** (the client is the peer addres
 trusted proxy forwarded, as ``request.client`` has it). ``failures`` of them within ``window`` seconds
 put that pair in the box for ``cooling`` seconds. While it is boxed:
 
-- ``mode = "one_at_a_time"`` (the default): the connection guard (``gateway.guard``) serves that client's
+- ``mode = "one_at_a_time"`` (the default): the connection guard (``edge.guard``) serves that client's
   requests to that source **one at a time** per process. Each is read as any request is (its head and
   body under the usual limits and timeouts), then waits for the client's turn before the app sees it,
   and is answered like any other: a flood's bad signature gets its 401, its replay its 429, and a

@@ -1,6 +1,6 @@
 """Boxed clients served one request at a time per process: the penalty box's ``one_at_a_time`` turns.
 
-The connection guard (``gateway.guard``) makes a boxed client's request wait here, unread, for its
+The connection guard (``edge.guard``) makes a boxed client's request wait here, unread, for its
 client's turn, and gives the turn back when the request authenticates or is answered.
 """
 

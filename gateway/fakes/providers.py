@@ -23,7 +23,7 @@ Control endpoints: `POST /_fake/payment_intents` (an intent in a given status), 
 the latest provider requests (method, path and the headers a test asserts on: `Idempotency-Key`,
 `traceparent`, `tracestate`), oldest first, at most `_RECORDED_REQUESTS` of them.
 
-The faults are `fake_faults.py`, the answers' shapes `fake_answers.py`. Why the rest stays one module over
+The faults are `faults.py`, the answers' shapes `answers.py`. Why the rest stays one module over
 400 lines: `_FakeProviders` is one state behind one lock. The idempotency layer's claim (look up, then
 insert) and each endpoint's effect (check state, then change it) run under that lock on the same keys,
 intents and counters, and `/_fake/reset` clears them all at once; split by endpoint, that invariant

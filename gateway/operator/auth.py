@@ -9,7 +9,7 @@
 hashed and compared with every configured hash in constant time; the token itself is never stored,
 logged or echoed in an answer. Webhook ingress does not use any of this: it is authenticated by
 signatures only. The ``[[operators]]`` tables are read with the rest of the configuration
-(``config_operator.read_operators``); this module only checks what a request presents.
+(``config.operator.read_operators``); this module only checks what a request presents.
 """
 
 from __future__ import annotations

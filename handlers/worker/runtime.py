@@ -11,8 +11,8 @@ Around 480 lines, on purpose: what is left here is ``Worker``, one state machine
 tasks, their leases and contexts, the slots a refill offered, the fetch lock, the wake-up) that the run
 loop, a fetch, a finish batch's refill, a job's end and the drain all read and write. Split further, that
 state would be passed from module to module. What works beside it moved out: the settings
-(``worker_config``), the wake-up (``listen``), the heartbeat (``heartbeat``), a slice's end (``slices``),
-the recording of outcomes (``outcome_recorder``) and the finish batches (``finish_batcher``).
+(``config``), the wake-up (``listen``), the heartbeat (``heartbeat``), a slice's end (``slices``),
+the recording of outcomes (``recorder``) and the finish batches (``finishes``).
 """
 
 from __future__ import annotations
@@ -43,25 +43,15 @@ from ..event import Event
 from ..observe import WorkerObserver
 from ..outcomes import SliceOutcome
 from ..registry import Registry
-from .config import WorkerConfig, worker_pool_max
+from .config import WorkerConfig
 from .finishes import FinishBatcher
 from .heartbeat import Beat, Heartbeat
 from .listen import listen_for_jobs
 from .maintenance import make_reconciler, reconcile_forever
-from .recorder import OutcomeRecorder, backoff_delay, error_record
+from .recorder import OutcomeRecorder
 from .slices import Ended, await_slice, call, log_settled
 
-# Re-exported: they lived here before the maintenance loop moved to .maintenance, and the configuration
-# to .worker_config and the recording of outcomes to .outcome_recorder.
-__all__ = [
-    "Worker",
-    "WorkerConfig",
-    "backoff_delay",
-    "error_record",
-    "make_reconciler",
-    "reconcile_forever",
-    "worker_pool_max",
-]
+__all__ = ["HEALTHZ_STALE_AFTER", "Worker"]
 
 log = logging.getLogger("effectgate.worker")
 

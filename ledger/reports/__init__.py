@@ -1,6 +1,6 @@
 """Read-only views of the ledger for operators: the one code path the CLI, the HTTP API and the dashboard read.
 
-The listing reports are declared once each, as a ``ReportSpec`` (``report_spec.py``) over one SQL block:
+The listing reports are declared once each, as a ``ReportSpec`` (``spec.py``) over one SQL block:
 ``DUPLICATES``, ``KEY_CONFLICTS`` (with a field-level diff of the held and rejected payloads),
 ``AUTH_FAILURES`` and ``JOBS``; ``REPORTS`` lists them, and ``run`` runs any of them. Next to them,
 declared in ``views.py`` and re-exported here so every reader has one module to ask: ``effect_view`` (an

@@ -18,7 +18,8 @@ from psycopg.conninfo import make_conninfo
 
 from effectgate.handlers.observe import WorkerObserver
 from effectgate.handlers.registry import EffectKind, Registry
-from effectgate.handlers.worker.runtime import Worker, WorkerConfig
+from effectgate.handlers.worker.config import WorkerConfig
+from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint

@@ -13,7 +13,7 @@ import pytest
 from effectgate.gateway import metrics
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
 from effectgate.handlers.observe import WorkerObserver
-from effectgate.handlers.worker.runtime import reconcile_forever
+from effectgate.handlers.worker.maintenance import reconcile_forever
 from effectgate.ledger import db
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig

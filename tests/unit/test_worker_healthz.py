@@ -12,7 +12,8 @@ import pytest
 
 from effectgate.gateway.operator import metrics
 from effectgate.handlers.registry import Registry
-from effectgate.handlers.worker.runtime import HEALTHZ_STALE_AFTER, Worker, WorkerConfig
+from effectgate.handlers.worker.config import WorkerConfig
+from effectgate.handlers.worker.runtime import HEALTHZ_STALE_AFTER, Worker
 from effectgate.ledger import db
 
 pytestmark = pytest.mark.anyio

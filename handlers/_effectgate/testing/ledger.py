@@ -17,7 +17,8 @@ from effectgate.handlers.context import Services
 from effectgate.handlers.event import Event
 from effectgate.handlers.plan import plan_event
 from effectgate.handlers.registry import REGISTRY, Registry
-from effectgate.handlers.worker.runtime import Worker, WorkerConfig
+from effectgate.handlers.worker.config import WorkerConfig
+from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 from effectgate.ledger.claims import ClaimOutcome, Delivery, claim_delivery
 from effectgate.ledger.fingerprints import canonical_json, fingerprint
