@@ -79,6 +79,8 @@ class PlanFailed(Exception):
             f"{type(exc).__name__}: {exc}"
         )
         self.kind = kind
+        self.event_id = event_id
+        self.error = exc
 
 
 @dataclass(slots=True)
@@ -122,11 +124,12 @@ def plan_event(registry: Registry, event: Event) -> EventPlan:
 
 
 class TenantUnusable(Exception):
-    """The event names no usable or allowed tenant where the source's ``tenant_from`` points."""
+    """The event ``event_id`` names no usable or allowed tenant where the source's ``tenant_from`` points."""
 
-    def __init__(self, code: str, detail: str) -> None:
+    def __init__(self, code: str, event_id: str, detail: str) -> None:
         super().__init__(detail)
         self.code = code
+        self.event_id = event_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +155,12 @@ class TenantRule:
             tenant = self.tenant_from.resolve(payload)
         except PointerMissing:
             raise TenantUnusable(
-                "tenant_missing", f"event {event_id!r} has no tenant at {pointer!r} (tenant_from)"
+                "tenant_missing", event_id, f"event {event_id!r} has no tenant at {pointer!r} (tenant_from)"
             ) from None
         if not isinstance(tenant, str) or not tenant:
             raise TenantUnusable(
                 "tenant_missing",
+                event_id,
                 f"event {event_id!r}: the tenant at {pointer!r} must be a non-empty string, "
                 f"not {type(tenant).__name__}",
             )
@@ -165,12 +169,14 @@ class TenantRule:
         if len(tenant) > MAX_TENANT_LENGTH or not tenant.isprintable():
             raise TenantUnusable(
                 "tenant_invalid",
+                event_id,
                 f"event {event_id!r}: the tenant at {pointer!r} must be printable and at most "
                 f"{MAX_TENANT_LENGTH} characters",
             )
         if not self.allows(tenant):
             raise TenantUnusable(
                 "tenant_not_allowed",
+                event_id,
                 f"event {event_id!r}: tenant {tenant[:64]!r} at {pointer!r} is not one this source allows "
                 "(tenants / tenant_pattern)",
             )
