@@ -258,23 +258,50 @@ def _log_boxed(box: PenaltyBox, source: str, client: str, reason: str) -> None:
 def _plan_delivery(
     inbound: Inbound, source: Source, verified: Verified
 ) -> tuple[list[tuple[Delivery, list[EffectRequest]]], list[dict[str, Any]]]:
-    name = inbound.name
     for event in verified.events:
         # Authentic but unstorable (a NUL or a lone surrogate in a string): refused now with a 400, not
         # a 5xx on every one of the provider's retries.
         problem = jsonb_problem(event.payload)
         if problem is not None:
-            metrics.delivery(name, "malformed_payload")
-            raise Refused(error_answer(400, "malformed_payload", f"event {event.id!r}: {problem}"))
+            answer = error_answer(400, "malformed_payload", f"event {event.id!r}: {problem}")
+            raise _refused(inbound, verified, "malformed_payload", event.id, answer, detail=problem)
     try:
         return deliveries.plan(source, inbound.state.registry, verified, inbound.request_id)
     except TenantUnusable as exc:
-        # Nothing is claimed: an effect filed under a guessed tenant could collide with another's.
-        metrics.delivery(name, exc.code)
-        raise Refused(error_answer(400, exc.code, str(exc))) from None
+        # Nothing is claimed: an effect filed under a guessed tenant could collide with another's. The
+        # detail quotes the tenant, which is the sender's text: the answer carries it, the log does not.
+        answer = error_answer(400, exc.code, str(exc))
+        raise _refused(inbound, verified, exc.code, exc.event_id, answer) from None
     except PlanFailed as exc:
-        metrics.delivery(name, "effect_key_failed")
-        raise Refused(error_answer(422, "effect_key_failed", str(exc))) from None
+        answer = error_answer(422, "effect_key_failed", str(exc))
+        # A handler's exception can quote the payload at length: the log keeps enough to find the cause.
+        error = f"{type(exc.error).__name__}: {exc.error}"[:500]
+        raise _refused(
+            inbound, verified, "effect_key_failed", exc.event_id, answer, handler=exc.kind, error=error
+        ) from None
+
+
+def _refused(
+    inbound: Inbound, verified: Verified, reason: str, event_id: str, answer: Answer, **details: str
+) -> Refused:
+    # Genuine events the provider will retry, refused the same way each time until a handler or the
+    # configuration changes, then dropped by the provider for good: the counter says how many, the log line
+    # says which. Never the body: the event id finds it at the provider.
+    metrics.delivery(inbound.name, reason)
+    event_type = next((event.type for event in verified.events if event.id == event_id), None)
+    log.warning(
+        "delivery.refused",
+        extra={
+            "source": inbound.name,
+            "request_id": inbound.request_id,
+            "reason": reason,
+            "event_id": event_id,
+            "event_type": event_type,
+            "event_ids": [event.id for event in verified.events],
+            **details,
+        },
+    )
+    return Refused(answer)
 
 
 # -- claim -----------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -192,14 +193,36 @@ async def test_verified_but_malformed_payload_is_400(client: httpx.AsyncClient, 
     assert await rows(conn, "SELECT * FROM deliveries") == []
 
 
+def refusals(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == "delivery.refused"]
+
+
 async def test_a_key_function_that_fails_is_422_and_claims_nothing(
-    client: httpx.AsyncClient, conn: db.Conn
+    client: httpx.AsyncClient, conn: db.Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    body = json.dumps({"id": "evt_x", "type": "payment_intent.succeeded", "data": {"object": {}}}).encode()
-    r = await post(client, "stripe", body, stripe_headers(body))
+    body = json.dumps(
+        {"id": "evt_x", "type": "payment_intent.succeeded", "secret_note": "s3cr3t", "data": {"object": {}}}
+    ).encode()
+    r = await post(client, "stripe", body, {**stripe_headers(body), "x-request-id": "req-key"})
     assert (r.status_code, r.json()["error"]) == (422, "effect_key_failed")
     assert "stripe.fulfil" in r.json()["detail"]
     assert await rows(conn, "SELECT * FROM effects") == []
+    # Genuine, so the provider retries it until it gives up: an operator hears of it, with what to look for.
+    [logged] = refusals(caplog)
+    assert logged.levelname == "WARNING"
+    assert {key: getattr(logged, key) for key in ("source", "request_id", "reason", "event_id")} == {
+        "source": "stripe",
+        "request_id": "req-key",
+        "reason": "effect_key_failed",
+        "event_id": "evt_x",
+    }
+    assert (logged.event_type, logged.event_ids, logged.handler) == (  # type: ignore[attr-defined]
+        "payment_intent.succeeded",
+        ["evt_x"],
+        "stripe.fulfil",
+    )
+    assert logged.error == "KeyError: 'metadata'"  # type: ignore[attr-defined]
+    assert "s3cr3t" not in str(vars(logged)) and STRIPE_SECRET not in str(vars(logged))
 
 
 async def test_an_event_no_handler_wants_is_200_and_recorded_as_unmatched(
@@ -277,7 +300,7 @@ async def test_deliveries_and_failures_are_counted_in_the_metrics(client: httpx.
 
 @pytest.mark.parametrize("text", ["nul \\u0000 inside", "lone \\ud800 surrogate"])
 async def test_an_authentic_payload_postgres_cannot_store_is_400_and_leaves_nothing(
-    client: httpx.AsyncClient, conn: db.Conn, text: str
+    client: httpx.AsyncClient, conn: db.Conn, text: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     body = (
         '{"id": "evt_bad", "type": "payment_intent.succeeded", "note": "' + text + '", '
@@ -286,6 +309,13 @@ async def test_an_authentic_payload_postgres_cannot_store_is_400_and_leaves_noth
     r = await post(client, "stripe", body, stripe_headers(body))
     assert (r.status_code, r.json()["error"]) == (400, "malformed_payload")
     assert await rows(conn, "SELECT * FROM deliveries") == []
+    [logged] = refusals(caplog)
+    assert (logged.levelname, logged.reason, logged.event_id) == (  # type: ignore[attr-defined]
+        "WARNING",
+        "malformed_payload",
+        "evt_bad",
+    )
+    assert logged.event_type == "payment_intent.succeeded"  # type: ignore[attr-defined]
 
 
 async def test_health_and_readiness(client: httpx.AsyncClient) -> None:
@@ -367,7 +397,7 @@ async def test_the_tenant_comes_from_the_event_so_two_accounts_keep_one_order_id
     ],
 )
 async def test_an_event_without_a_usable_tenant_is_400_and_nothing_is_claimed(
-    client: httpx.AsyncClient, conn: db.Conn, account: object, code: str
+    client: httpx.AsyncClient, conn: db.Conn, account: object, code: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     body = connect_event(account)
     r = await post(client, "connect", body, stripe_headers(body))
@@ -376,6 +406,8 @@ async def test_an_event_without_a_usable_tenant_is_400_and_nothing_is_claimed(
     assert "/account" in r.json()["detail"]
     for table in ("effects", "jobs", "deliveries", "effect_rejects"):
         assert await rows(conn, f"SELECT * FROM {table}") == [], table
+    [logged] = refusals(caplog)
+    assert (logged.levelname, logged.reason, logged.event_id) == ("WARNING", code, "evt_c1")  # type: ignore[attr-defined]
 
 
 async def test_a_delivery_postgres_refuses_gets_its_own_400_and_its_batch_mates_are_claimed(
