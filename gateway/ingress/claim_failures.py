@@ -50,7 +50,14 @@ async def claim_failed(
         metrics.delivery(name, "delivery_refused")
         log.warning(
             "delivery.refused",
-            extra={"source": name, "request_id": request_id, "sqlstate": exc.sqlstate, "size": len(body)},
+            # The same line, with its reason, as a delivery the pipeline refuses before the claim.
+            extra={
+                "source": name,
+                "request_id": request_id,
+                "reason": "delivery_refused",
+                "sqlstate": exc.sqlstate,
+                "size": len(body),
+            },
         )
         await _record_refusal(pool, source, exc, planned, body)
         return error_answer(400, "delivery_refused", str(exc))

@@ -75,7 +75,11 @@ async def test_a_delivery_postgres_refuses_is_400_recorded_and_the_50_sent_with_
     assert long_type[:40] not in record["last_detail"]
     # The gateway says why, at warning, with the SQLSTATE: not a database outage.
     [logged] = [r for r in caplog.records if r.getMessage() == "delivery.refused"]
-    assert (logged.levelname, logged.sqlstate) == ("WARNING", "54000")  # type: ignore[attr-defined]
+    assert (logged.levelname, logged.reason, logged.sqlstate) == (  # type: ignore[attr-defined]
+        "WARNING",
+        "delivery_refused",
+        "54000",
+    )
 
 
 async def test_past_the_queue_bound_the_answer_is_503_overloaded_at_once(db_url: str, admin: db.Conn) -> None:
