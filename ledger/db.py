@@ -230,9 +230,17 @@ def _may_come_up(exc: psycopg.Error) -> bool:
     return any(refusal in text for refusal in _TRANSIENT_REFUSALS)
 
 
-async def connect(url: str, *, schema: str = DEFAULT_SCHEMA, **kwargs: Any) -> Conn:
-    """A single connection outside any pool (CLI commands, LISTEN), in autocommit, rows as dicts, its
-    ``search_path`` set to ``schema`` (``use_schema``).
+async def connect(
+    url: str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    lock_timeout: float | None = None,
+    statement_timeout: float | None = None,
+    **kwargs: Any,
+) -> Conn:
+    """A single connection outside any pool (CLI commands, LISTEN, readiness), in autocommit, rows as
+    dicts, its ``search_path`` set to ``schema`` (``use_schema``), and ``lock_timeout`` and
+    ``statement_timeout`` set as ``make_pool`` sets them on a pool's connections.
 
     A failure to connect is ``LedgerUnavailable`` whose message names host, port, database, user and
     the reason, never the password (it is for operators: the HTTP face never shows it).
@@ -247,7 +255,9 @@ async def connect(url: str, *, schema: str = DEFAULT_SCHEMA, **kwargs: Any) -> C
         raise LedgerUnavailable(f"cannot connect to Postgres at {where}: {_reason(exc, url)}") from exc
     try:
         async with translate_errors():
-            await use_schema(conn, schema)
+            await _configure(
+                conn, schema=schema, lock_timeout=lock_timeout, statement_timeout=statement_timeout
+            )
     except BaseException:
         await conn.close()
         raise
