@@ -22,7 +22,7 @@ from effectgate.handlers import tracing
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.maintenance import reconcile_forever
 from effectgate.ledger import claim_batcher, db
-from effectgate.ledger.migrate import unapplied
+from effectgate.ledger.readiness import ReadinessProbe
 from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
 from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
 
@@ -57,8 +57,7 @@ async def readyz(request: Request) -> Response:
     """The ledger database answers and every migration is applied, asked on the probe's own connection:
     a burst that takes every connection of the claim or operator pool leaves the gateway in rotation."""
     try:
-        async with db.connection(request.app.state.probe_pool) as conn:
-            todo = await unapplied(conn)
+        todo = await request.app.state.readiness.check()
     except Exception as exc:
         # The exception's text can name the database host and user: the log gets it, the answer not.
         log.warning("readyz.ledger_unavailable", extra={"error": f"{type(exc).__name__}: {exc}"})
@@ -161,18 +160,10 @@ def create_app(
         app.state.pool = pool
         # /readyz has a connection of its own, with short waits: readiness says whether the ledger answers,
         # not whether this process's pools are busy (all of them busy must not take every gateway out of
-        # rotation at once).
-        probe_pool = db.make_pool(
-            database_url,
-            min_size=1,
-            max_size=1,
-            timeout=min(pool_timeout, READYZ_TIMEOUT),
-            name="effectgate-readyz",
-            statement_timeout=READYZ_TIMEOUT,
-            schema=schema,
-        )
-        await probe_pool.open(wait=False)
-        app.state.probe_pool = probe_pool
+        # rotation at once). Not a pool: a pool's reconnect backoff kept readiness 503 for half a minute after
+        # the database was back (ledger/readiness.py).
+        readiness = ReadinessProbe(database_url, schema=schema, timeout=min(pool_timeout, READYZ_TIMEOUT))
+        app.state.readiness = readiness
         # The claim path has a pool of its own, so its lock and statement timeouts bound claims and nothing else
         # (reports and maintenance on the other pool may rightly run longer): one connection per batch in
         # flight, and one for the probe that finds a locked key.
@@ -227,7 +218,7 @@ def create_app(
             # Last: its final pass writes what the requests answered until now counted.
             stopping_flusher.set()
             await flushing
-            await probe_pool.close()
+            await readiness.close()
             await pool.close()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)
