@@ -15,9 +15,10 @@ stops that, in layers:
    which body — by SHA-256 — each id came with, for as long as its time can pass the window. The same id
    with another body is refused (``transmission_reused``); with the same body it is a normal delivery,
    which the ledger then answers as a duplicate.
-3. Optionally (``confirm = "fetch_event"``, recommended for money-moving effects, or ``"verify_api"``),
-   ``confirm`` asks PayPal's API about the event before anything is claimed (``paypal_api``). This also
-   covers a forged body that arrives before the genuine one.
+3. By default (``confirm = "fetch_event"``, or ``"verify_api"``), ``confirm`` asks PayPal's API about
+   the event before anything is claimed (``paypal_api``). This also covers a forged body that arrives
+   before the genuine one, which layers 1 and 2 cannot; ``confirm = "off"`` gives it up and must be
+   chosen explicitly.
 
 Why a ``prepare`` step. Verifying needs the certificate, and fetching it is network I/O; ``verify`` is
 synchronous and runs on the event loop. The gateway awaits ``prepare`` first: it checks the headers that
@@ -115,9 +116,10 @@ class PayPalScheme(SchemeBase):
     name or common name the certificate must carry (default ``messageverificationcerts.paypal.com``);
     ``fetch_ca_bundle``, the PEM file trusted for HTTPS to PayPal (certificate fetches and API calls;
     default: certifi's); ``fetch_timeout`` in seconds (default 5, for API calls too); ``cert_cache_size``
-    (default 16 URLs); ``confirm``, ``"off"`` (default), ``"fetch_event"`` or ``"verify_api"``, with
+    (default 16 URLs); ``confirm``, ``"fetch_event"`` (default), ``"verify_api"`` or ``"off"``, with
     ``api_base`` (default ``https://api-m.paypal.com``), ``client_id`` and ``client_secret`` (the
-    configuration file names environment variables for the last two). ``fetcher`` replaces the HTTPS
+    configuration file names environment variables for the last two); without the credentials
+    ``confirm = "off"`` must be said explicitly. ``fetcher`` replaces the HTTPS
     client for certificates (tests). The event id is the body's ``id`` and the type its ``event_type``."""
 
     name: ClassVar[str] = "paypal"
@@ -279,7 +281,17 @@ def _api(
     ca_bundle: str | None,
     timeout: float,
 ) -> PayPalApi | None:
-    if mode is None or mode == "off":
+    if mode is None:
+        if client_id is None and client_secret is None:
+            # The safe mode is the default, so a source without credentials must choose "off" in words.
+            raise SchemeConfigError(
+                'confirm: defaults to "fetch_event", which needs PayPal API credentials: set client_id_env '
+                'and client_secret_env in the source\'s options (recommended), or set confirm = "off" '
+                "and accept that a forged body sent under a genuine delivery's headers before the genuine "
+                "delivery arrives (headers seen in a proxy or APM log) is accepted and becomes an effect"
+            )
+        mode = "fetch_event"
+    if mode == "off":
         if client_id is not None or client_secret is not None or base is not None:
             raise SchemeConfigError(
                 "confirm: api_base, client_id and client_secret are only used with confirm = "

@@ -115,7 +115,7 @@ options = {{ url = "http://127.0.0.1:{port}/webhooks/twilio" }}
 [sources.paypal]
 scheme = "paypal"
 secrets = ["PAYPAL_WEBHOOK_ID"]
-options = {{ cert_url_bases = ["{cert_url_base}"], ca_bundle = "{ca_file}", fetch_ca_bundle = "{ca_file}" }}
+options = {{ cert_url_bases = ["{cert_url_base}"], ca_bundle = "{ca_file}", fetch_ca_bundle = "{ca_file}", confirm = "off" }}
 
 [sources.adyen]
 scheme = "adyen"

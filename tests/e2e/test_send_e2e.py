@@ -92,6 +92,7 @@ secrets = ["ADYEN_HMAC_KEY"]
 [sources.paypal]
 scheme = "paypal"
 secrets = ["PAYPAL_WEBHOOK_ID"]
+options = {{ confirm = "off" }}
 """
 
 

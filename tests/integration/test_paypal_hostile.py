@@ -1,7 +1,7 @@
 """PayPal deliveries from a hostile sender, through the whole gateway against a real ledger.
 
 The gateway fetches its certificate from the fake PayPal API over loopback HTTPS (a CA made here) and,
-where a source says ``confirm``, asks that API about each event. The attacks: a body forged to the CRC32
+unless a source says ``confirm = "off"``, asks that API about each event. The attacks: a body forged to the CRC32
 of a captured one (``crc_forge``), replayed under the captured signature; a 20-day-old transmission; a
 forged body that arrives before the genuine one; the same forged transmission raced against the genuine
 one; a PayPal API that is down; a certificate URL that cannot be fetched. Each is counted in the ledger.
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.anyio
 WEBHOOK_ID = "8PT597110X687430LKGECATA"
 CLIENT_ID, CLIENT_SECRET = "AeA1QIZXiflr1_-fake-client", "EGnHDxD_fake-secret"
 ENV = {"PAYPAL_WEBHOOK_ID": WEBHOOK_ID, "PAYPAL_CLIENT_ID": CLIENT_ID, "PAYPAL_CLIENT_SECRET": CLIENT_SECRET}
-SOURCES = ("paypal", "paypal_fetch", "paypal_verify", "paypal_unreachable")
+SOURCES = ("paypal", "paypal_default", "paypal_verify", "paypal_unreachable")
 CERT_NAME = "CERT-360caa42-fca2a594-a5cafa77"
 
 
@@ -93,12 +93,13 @@ def config_text(paypal: PayPal, ca_file: str) -> str:
 [sources.paypal]
 scheme = "paypal"
 secrets = ["PAYPAL_WEBHOOK_ID"]
-options = {{ {common} }}
+options = {{ {common}, confirm = "off" }}
 
-[sources.paypal_fetch]
+# No confirm: the default (fetch_event), as an operator who only gives the credentials gets it.
+[sources.paypal_default]
 scheme = "paypal"
 secrets = ["PAYPAL_WEBHOOK_ID"]
-options = {{ {common}, confirm = "fetch_event", {api} }}
+options = {{ {common}, {api} }}
 
 [sources.paypal_verify]
 scheme = "paypal"
@@ -108,7 +109,7 @@ options = {{ {common}, confirm = "verify_api", {api} }}
 [sources.paypal_unreachable]
 scheme = "paypal"
 secrets = ["PAYPAL_WEBHOOK_ID"]
-options = {{ {unreachable} }}
+options = {{ {unreachable}, confirm = "off" }}
 """
 
 
@@ -227,28 +228,44 @@ async def test_genuine_and_forged_racing_on_one_transmission_claim_one_of_them(
     )
 
 
-async def test_fetch_event_refuses_a_forgery_that_arrives_before_the_genuine_delivery(
+async def test_by_default_a_forgery_that_arrives_before_the_genuine_delivery_claims_nothing(
     client: httpx.AsyncClient, conn: db.Conn, paypal: PayPal
 ) -> None:
     body, headers = paypal.deliver(capture_event())
     calls = paypal.fake.calls["webhooks-events"]
     for forged in (forged_copy(body, "9999.00"), forged_copy(body, "123456.00")):
-        r = await client.post("/webhooks/paypal_fetch", content=forged, headers=headers)
+        r = await client.post("/webhooks/paypal_default", content=forged, headers=headers)
         assert (r.status_code, r.json().get("error")) == (401, "confirmation_failed"), r.text
     # Same event id, another amount: PayPal's stored event differs.
     document = json.loads(body)
     document["resource"]["amount"]["value"] = "9999.00"
     document["summary"] = document["summary"] + FILLER.decode()
     same_id = forge(json.dumps(document).encode(), zlib.crc32(body))
-    r = await client.post("/webhooks/paypal_fetch", content=same_id, headers=headers)
+    r = await client.post("/webhooks/paypal_default", content=same_id, headers=headers)
     assert (r.status_code, r.json().get("error")) == (401, "confirmation_failed")
     assert "resource" in r.json()["detail"]
     assert await effects(conn) == []
     # The forgeries were not remembered as the transmission's body: the genuine delivery still passes.
-    ok = await client.post("/webhooks/paypal_fetch", content=body, headers=headers)
+    ok = await client.post("/webhooks/paypal_default", content=body, headers=headers)
     assert ok.status_code == 202, ok.text
-    assert await effects(conn) == [f"paypal_fetch:{event_id(body)}:paypal_fetch.capture"]
-    assert paypal.fake.calls["webhooks-events"] == calls + 4
+    # PayPal's retry of it is a duplicate: the genuine delivery is claimed once.
+    again = await client.post("/webhooks/paypal_default", content=body, headers=headers)
+    assert again.status_code == 200, again.text
+    assert await effects(conn) == [f"paypal_default:{event_id(body)}:paypal_default.capture"]
+    assert paypal.fake.calls["webhooks-events"] == calls + 5
+
+
+async def test_with_confirm_off_a_forgery_that_arrives_first_is_claimed(
+    client: httpx.AsyncClient, conn: db.Conn, paypal: PayPal
+) -> None:
+    # The risk an operator accepts by writing confirm = "off": why it is not the default.
+    body, headers = paypal.deliver(capture_event())
+    forged = forged_copy(body, "9999.00")
+    r = await client.post("/webhooks/paypal", content=forged, headers=headers)
+    assert r.status_code == 202, r.text
+    genuine = await client.post("/webhooks/paypal", content=body, headers=headers)
+    assert (genuine.status_code, genuine.json().get("error")) == (401, "transmission_reused")
+    assert await effects(conn) == [f"paypal:{event_id(forged)}:paypal.capture"]
 
 
 async def test_verify_api_confirms_what_paypal_sent_and_refuses_what_it_did_not(
@@ -273,14 +290,14 @@ async def test_an_unavailable_paypal_api_is_a_503_that_claims_nothing_and_says_n
     body, headers = paypal.deliver(capture_event())
     paypal.fake.failing = True
     try:
-        r = await client.post("/webhooks/paypal_fetch", content=body, headers=headers)
+        r = await client.post("/webhooks/paypal_default", content=body, headers=headers)
     finally:
         paypal.fake.failing = False
     assert (r.status_code, r.json().get("error")) == (503, "confirmation_unavailable")
     assert "INTERNAL_SERVICE_ERROR" not in r.text and "500" not in r.text
     assert await effects(conn) == []
     # PayPal's retry, once the API is back, is claimed.
-    retry = await client.post("/webhooks/paypal_fetch", content=body, headers=headers)
+    retry = await client.post("/webhooks/paypal_default", content=body, headers=headers)
     assert retry.status_code == 202, retry.text
 
 

@@ -26,6 +26,23 @@ def test_confirmation_with_credentials_from_the_environment() -> None:
     assert config.sources["paypal"].scheme_name == "paypal"
 
 
+def test_without_credentials_the_file_must_say_confirm_off() -> None:
+    # fetch_event is the default: a source without credentials is refused at start, naming file and key.
+    with pytest.raises(ConfigError) as caught:
+        parse(source('cert_name = "messageverificationcerts.paypal.com"'), path="gw.toml", env=ENV)
+    message = str(caught.value)
+    assert "gw.toml" in message and "sources.paypal.scheme" in message
+    assert "set client_id_env and client_secret_env" in message and 'confirm = "off"' in message
+    assert "forged body" in message
+    config = parse(source('confirm = "off"'), env=ENV)
+    assert config.sources["paypal"].scheme_name == "paypal"
+
+
+def test_fetch_event_is_the_default_with_credentials() -> None:
+    config = parse(source('client_id_env = "PP_ID", client_secret_env = "PP_SECRET"'), env=ENV)
+    assert config.sources["paypal"].scheme_name == "paypal"
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -60,6 +60,7 @@ secrets = ["ADYEN"]
 [sources.paypal]
 scheme = "paypal"
 secrets = ["PAYPAL"]
+options = { confirm = "off" }
 """
 CONFIG: Config = parse(TOML, path="unit.toml", env=ENV)
 URL = "http://127.0.0.1:8000"

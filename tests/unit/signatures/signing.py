@@ -111,8 +111,12 @@ def paypal_headers(body: bytes, webhook_id: str = PAYPAL_WEBHOOK_ID, t: int = NO
 
 
 def paypal_options() -> dict[str, Any]:
-    """Trust the tests' CA and serve its chain from memory: no scheme built here reaches the network."""
-    return {"ca_bundle": PAYPAL_CA_FILE, "fetcher": MemoryFetcher({CERT_URL: PAYPAL_PKI.chain_pem})}
+    """Trust the tests' CA and serve its chain from memory, and ask no API: nothing here reaches the network."""
+    return {
+        "ca_bundle": PAYPAL_CA_FILE,
+        "fetcher": MemoryFetcher({CERT_URL: PAYPAL_PKI.chain_pem}),
+        "confirm": "off",
+    }
 
 
 def warm_paypal(scheme: Scheme) -> None:

@@ -60,6 +60,8 @@ def test_covers_of_says_what_the_built_scheme_says_without_its_secrets(name: str
     variants: list[dict[str, str]] = [{}]
     if name == "twilio":
         variants = [{"url": "https://example.test/hook"}]
+    if name == "paypal":
+        variants = [{"confirm": "off"}]
     if name == "hmac":
         variants = [
             {"header": "X-Sig", **extra} for extra in ({}, {"id_header": "X-Id", "type_header": "X-T"})

@@ -54,7 +54,9 @@ def make(
 ) -> tuple[Scheme, MemoryFetcher]:
     fetcher = fetcher or MemoryFetcher({CERT_URL: PAYPAL_PKI.chain_pem})
     scheme = build_scheme(
-        "paypal", list(secrets), options={"ca_bundle": PAYPAL_CA_FILE, "fetcher": fetcher, **options}
+        "paypal",
+        list(secrets),
+        options={"ca_bundle": PAYPAL_CA_FILE, "fetcher": fetcher, "confirm": "off", **options},
     )
     return scheme, fetcher
 
@@ -299,7 +301,7 @@ def test_a_slow_fetch_times_out() -> None:
     scheme = build_scheme(
         "paypal",
         [PAYPAL_WEBHOOK_ID],
-        options={"ca_bundle": PAYPAL_CA_FILE, "fetcher": slow, "fetch_timeout": 0.05},
+        options={"ca_bundle": PAYPAL_CA_FILE, "fetcher": slow, "fetch_timeout": 0.05, "confirm": "off"},
     )
     with pytest.raises(CertificateUntrusted, match="could not fetch") as caught:
         deliver(scheme, BODY, signed())
@@ -315,7 +317,9 @@ def test_a_fetcher_that_returns_nonsense_or_raises_anything_is_contained(
         return "a str, not bytes"
 
     scheme = build_scheme(
-        "paypal", [PAYPAL_WEBHOOK_ID], options={"ca_bundle": PAYPAL_CA_FILE, "fetcher": weird}
+        "paypal",
+        [PAYPAL_WEBHOOK_ID],
+        options={"ca_bundle": PAYPAL_CA_FILE, "fetcher": weird, "confirm": "off"},
     )
     with pytest.raises(CertificateUntrusted, match="could not fetch") as caught:
         deliver(scheme, BODY, signed(url=OTHER_URL))
@@ -389,7 +393,11 @@ def test_a_300_s_tolerance_by_default_and_a_configured_one_is_enforced() -> None
         "paypal",
         [PAYPAL_WEBHOOK_ID],
         tolerance=2 * 86_400,
-        options={"ca_bundle": PAYPAL_CA_FILE, "fetcher": MemoryFetcher({CERT_URL: PAYPAL_PKI.chain_pem})},
+        options={
+            "ca_bundle": PAYPAL_CA_FILE,
+            "fetcher": MemoryFetcher({CERT_URL: PAYPAL_PKI.chain_pem}),
+            "confirm": "off",
+        },
     )
     assert deliver(lenient, BODY, old).secret_index == 0
     with pytest.raises(SignatureMalformed, match="PAYPAL-TRANSMISSION-TIME: not an ISO 8601 time"):
@@ -422,7 +430,10 @@ def test_an_authentic_body_without_an_event_type_is_a_payload_error() -> None:
         ({"confirm": "yes"}, r"^confirm: expected one of off, verify_api, fetch_event"),
         ({"confirm": "fetch_event"}, r"^client_id: required with confirm = 'fetch_event'"),
         ({"confirm": "verify_api", "client_id": "x"}, r"^client_secret: required"),
-        ({"client_id": "x", "client_secret": "y"}, r"^confirm: api_base, client_id and client_secret"),
+        (
+            {"confirm": "off", "client_id": "x", "client_secret": "y"},
+            r"^confirm: api_base, client_id and client_secret",
+        ),
         (
             {"confirm": "fetch_event", "client_id": "x", "client_secret": "y", "api_base": "http://x"},
             r"^api_base: expected an https URL",
@@ -454,14 +465,26 @@ def test_configuration_mistakes_are_refused_at_construction(options: dict[str, A
 def test_tolerance_must_be_positive(tolerance: int) -> None:
     with pytest.raises(SchemeConfigError, match=r"^tolerance"):
         build_scheme(
-            "paypal", [PAYPAL_WEBHOOK_ID], tolerance=tolerance, options={"ca_bundle": PAYPAL_CA_FILE}
+            "paypal",
+            [PAYPAL_WEBHOOK_ID],
+            tolerance=tolerance,
+            options={"ca_bundle": PAYPAL_CA_FILE, "confirm": "off"},
         )
 
 
 def test_defaults_build_with_public_roots_and_no_network() -> None:
-    # certifi's bundle and the real HTTPS fetcher; building must not fetch anything.
-    scheme = build_scheme("paypal", [PAYPAL_WEBHOOK_ID])
+    # certifi's bundle and the real HTTPS fetcher; building must not fetch anything, nor ask for a token.
+    scheme = build_scheme(
+        "paypal", [PAYPAL_WEBHOOK_ID], options={"client_id": "client-id", "client_secret": "secret"}
+    )
     assert repr(scheme) == "<PayPalScheme scheme='paypal'>"
+
+
+def test_without_credentials_confirm_off_must_be_chosen_explicitly() -> None:
+    # fetch_event is the default: without PayPal API credentials, "off" and its risk are named.
+    with pytest.raises(SchemeConfigError, match=r'^confirm: defaults to "fetch_event".*confirm = "off"'):
+        build_scheme("paypal", [PAYPAL_WEBHOOK_ID])
+    assert build_scheme("paypal", [PAYPAL_WEBHOOK_ID], options={"confirm": "off"}) is not None
 
 
 @settings(max_examples=100, deadline=None, database=None)
