@@ -188,7 +188,8 @@ async def _verify(inbound: Inbound, source: Source, body: bytes) -> Verified:
     name, headers = inbound.name, inbound.headers
     # A scheme whose verification needs I/O (PayPal's certificate) does it here, off the synchronous
     # verify; it never raises for a bad request, so the checks and their answers stay in verify.
-    await source.scheme.prepare(body, headers)
+    # Its fetches are charged to the client the edge limits count: the sender is not authenticated yet.
+    await source.scheme.prepare(body, headers, client=inbound.client[0] if inbound.client else None)
     try:
         with tracing.span(
             "effectgate.verify", {"effectgate.source": name, "effectgate.scheme": source.scheme_name}

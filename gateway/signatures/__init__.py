@@ -7,6 +7,7 @@ Imports nothing else of the project. The gateway builds one scheme per configure
 
 from .base import (
     BODY_ID_PREFIX,
+    CertificateFetchLimited,
     CertificateUntrusted,
     ConfirmationFailed,
     ConfirmationUnavailable,
@@ -35,6 +36,7 @@ from .registry import SCHEMES, build_scheme, covers_of
 __all__ = [
     "BODY_ID_PREFIX",
     "SCHEMES",
+    "CertificateFetchLimited",
     "CertificateUntrusted",
     "ConfirmationFailed",
     "ConfirmationUnavailable",

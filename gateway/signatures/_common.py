@@ -63,7 +63,9 @@ class SchemeBase:
         clock = time.time() if now is None else now
         return self._verify(body, lower_headers(headers), clock)
 
-    async def prepare(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> None:
+    async def prepare(
+        self, body: bytes, headers: Mapping[str, str], *, now: float | None = None, client: str | None = None
+    ) -> None:
         """Nothing to fetch: verification needs only the configured secrets. See ``Scheme.prepare``."""
         return None
 

@@ -12,6 +12,7 @@ request it says with one of these exceptions; nothing else escapes ``verify``::
     │   ├── TimestampOutOfTolerance       timestamp_out_of_tolerance
     │   ├── UnsupportedSignatureVersion   signature_version_unsupported
     │   ├── CertificateUntrusted          certificate_untrusted
+    │   │   └── CertificateFetchLimited   certificate_fetch_limited
     │   ├── TransmissionReused            transmission_reused
     │   └── ConfirmationFailed            confirmation_failed
     ├── PayloadError                      malformed_payload               400
@@ -178,6 +179,16 @@ class CertificateUntrusted(SignatureError):
     code: ClassVar[str] = "certificate_untrusted"
 
 
+class CertificateFetchLimited(CertificateUntrusted):
+    """The certificate was not fetched: too many fetches for unauthenticated requests; try again later.
+
+    The request named a certificate the gateway has not cached, and its client (or all clients together)
+    caused as many certificate fetches as the gateway allows for a while, or as many are in flight.
+    """
+
+    code: ClassVar[str] = "certificate_fetch_limited"
+
+
 class TransmissionReused(SignatureError):
     """The signed transmission id was already delivered with another body.
 
@@ -301,7 +312,9 @@ class Scheme(Protocol):
     ``prepare`` is awaited by the gateway before ``verify`` with the same request. It is where a scheme
     does I/O that verification depends on (PayPal fetches and validates its signing certificate), so
     ``verify`` itself stays synchronous, pure and cheap. It never raises for a bad request: whatever it
-    could not do, ``verify`` reports as a typed error. For most schemes it does nothing.
+    could not do, ``verify`` reports as a typed error. ``client`` is the address the request came from, as
+    the edge limits count it (None when the server gave none): what a scheme's fetches on behalf of
+    unauthenticated requests are charged to. For most schemes it does nothing.
 
     ``confirm`` is awaited by the gateway after ``verify`` succeeded, with what it returned; so only an
     authenticated delivery can cause its I/O. It raises a ``SignatureError`` (401) when the delivery
@@ -313,7 +326,9 @@ class Scheme(Protocol):
     name: ClassVar[str]
     covers: Covers
 
-    async def prepare(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> None:
+    async def prepare(
+        self, body: bytes, headers: Mapping[str, str], *, now: float | None = None, client: str | None = None
+    ) -> None:
         """Do the I/O ``verify`` will need for this request, if any; never raises for a bad request."""
         ...
 

@@ -24,7 +24,8 @@ Why a ``prepare`` step. Verifying needs the certificate, and fetching it is netw
 synchronous and runs on the event loop. The gateway awaits ``prepare`` first: it checks the headers that
 cost nothing to check (present, well-formed, in time, an allowed URL), then fetches and validates the
 certificate once per URL (``fetcher`` is injectable, so tests serve certificates from memory or
-loopback). ``verify`` stays pure and cheap, reading only the cache. ``confirm`` runs only after a valid
+loopback), charging each fetch it starts to the request's client and to all clients (``_fetch_budget``:
+the sender is not authenticated yet). ``verify`` stays pure and cheap, reading only the cache. ``confirm`` runs only after a valid
 signature, so an unauthenticated sender cannot make the gateway touch the ledger or PayPal's API.
 """
 
@@ -36,7 +37,7 @@ import hashlib
 import math
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import ClassVar
 
@@ -120,7 +121,8 @@ class PayPalScheme(SchemeBase):
     ``api_base`` (default ``https://api-m.paypal.com``), ``client_id`` and ``client_secret`` (the
     configuration file names environment variables for the last two); without the credentials
     ``confirm = "off"`` must be said explicitly. ``fetcher`` replaces the HTTPS
-    client for certificates (tests). The event id is the body's ``id`` and the type its ``event_type``."""
+    client for certificates and ``clock`` the wall clock (``time.time``) where no ``now`` is given (tests;
+    neither can be set from a file). The event id is the body's ``id`` and the type its ``event_type``."""
 
     name: ClassVar[str] = "paypal"
     covers = Covers(body=False, timestamp=True, id=True, type=True)
@@ -141,12 +143,16 @@ class PayPalScheme(SchemeBase):
         client_id: str | None = None,
         client_secret: str | None = None,
         fetcher: Fetcher | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._webhook_ids = secret_strings(secrets)
         self._tolerance = resolve_tolerance(tolerance)
         timeout = _positive_number("fetch_timeout", fetch_timeout, DEFAULT_FETCH_TIMEOUT)
         if fetcher is not None and not callable(fetcher):
             raise SchemeConfigError("fetcher: expected an async callable (it cannot be set from a file)")
+        if clock is not None and not callable(clock):
+            raise SchemeConfigError("clock: expected a callable (it cannot be set from a file)")
+        self._clock = clock or time.time
         if fetch_ca_bundle is not None:
             read_pem_bundle("fetch_ca_bundle", fetch_ca_bundle)
         self._certs = CertificateStore(
@@ -159,14 +165,17 @@ class PayPalScheme(SchemeBase):
         )
         self._api = _api(confirm, api_base, client_id, client_secret, fetch_ca_bundle, timeout)
 
-    async def prepare(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> None:
+    async def prepare(
+        self, body: bytes, headers: Mapping[str, str], *, now: float | None = None, client: str | None = None
+    ) -> None:
         """Fetch, validate and cache the certificate ``PAYPAL-CERT-URL`` names, unless it is cached.
 
         Only for a request whose cheap headers pass (all present, a supported algorithm, a signature of
         an RSA size, a transmission time in the window, an allowed URL): anything else costs no fetch.
-        Never raises for a bad request; ``verify`` reports what is wrong, a failed fetch included.
+        A fetch it starts is charged to ``client`` and to all clients; past either budget, none is started.
+        Never raises for a bad request; ``verify`` reports what is wrong, a failed or refused fetch included.
         """
-        clock = time.time() if now is None else now
+        clock = self._clock() if now is None else now
         if not math.isfinite(clock):
             return
         lowered = lower_headers(headers)
@@ -174,7 +183,11 @@ class PayPalScheme(SchemeBase):
             url = self._check_headers(lowered, clock)
         except SignatureError:
             return
-        await self._certs.load(url, clock)
+        await self._certs.load(url, clock, client)
+
+    def verify(self, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> Verified:
+        """Authenticate one delivery and extract its events; see ``Scheme.verify``."""
+        return super().verify(body, headers, now=self._clock() if now is None else now)
 
     def _sign(self, request: SigningRequest) -> tuple[bytes, Headers]:
         raise SigningError(

@@ -10,7 +10,11 @@ signature is checked, and the signature cannot be checked before the certificate
   message-signing subject: a URL alone proves nothing.
 - One fetch per URL at a time: concurrent deliveries naming one URL share its in-flight fetch (never one
   lock for all URLs, so a slow URL delays nobody else), at most ``MAX_INFLIGHT_FETCHES`` URLs are fetched
-  at once, and a failed URL is not fetched again for ``FAILURE_TTL`` seconds.
+  at once, and a failed URL is not fetched again for ``FAILURE_TTL`` seconds (the last ``MAX_FAILED_URLS``
+  failures are kept, apart from the certificates, so a flood of failing URLs evicts neither).
+- Every fetch a request starts is paid from its client's budget and from all clients' (``_fetch_budget``):
+  past either, the request is refused ``certificate_fetch_limited`` without a fetch, as it is past
+  ``MAX_INFLIGHT_FETCHES``.
 - A failure's detail for the sender is a fixed sentence; what went wrong (the exception, the chain
   error) goes to the log, never into an answer.
 """
@@ -39,7 +43,8 @@ from cryptography.x509.verification import ExtensionPolicy, PolicyBuilder, Store
 from cryptography.x509.verification import VerificationError as ChainError
 
 from ._common import https_url_parts
-from .base import CertificateUntrusted, SchemeConfigError
+from ._fetch_budget import FetchBudget, Refusal
+from .base import CertificateFetchLimited, CertificateUntrusted, SchemeConfigError
 
 log = logging.getLogger("effectgate.gateway.paypal")
 
@@ -64,8 +69,11 @@ DEFAULT_CERT_CACHE_SIZE = 16
 FAILURE_TTL = 30.0
 # Distinct URLs fetched at once. PayPal signs with a handful of long-lived certificates, so more than a few
 # fresh URLs at once means someone names URLs of their own; past this, no fetch is started (the delivery
-# is answered certificate_untrusted and PayPal's retry finds the certificate cached or fetchable).
+# is answered certificate_fetch_limited and PayPal's retry finds the certificate cached or fetchable).
 MAX_INFLIGHT_FETCHES = 4
+# Failed URLs remembered (a few hundred bytes each). The fetch budget lets at most about 30 a minute fail
+# per source, so within FAILURE_TTL this is never reached, and a failure is forgotten only when it expires.
+MAX_FAILED_URLS = 1_024
 # A PEM chain of three RSA certificates is about 6 KB; anything far larger is not a certificate.
 MAX_CERT_BYTES = 64 * 1024
 
@@ -82,6 +90,14 @@ UNTRUSTED_CHAIN = (
     "the signing certificate does not chain to a trusted authority, or is expired or not yet valid "
     "(the gateway log has the reason)"
 )
+LIMITED = {
+    "client": "the signing certificate was not fetched: this client caused too many certificate fetches "
+    "for unverified requests; try again later",
+    "all": "the signing certificate was not fetched: too many certificate fetches for unverified requests "
+    "from all clients; try again later",
+    "in_flight": "the signing certificate was not fetched: too many certificate fetches in flight; "
+    "try again later",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +126,7 @@ class CertificateStore:
         timeout: float,
         cache_size: int | None,
         fetcher: Fetcher,
+        budget: FetchBudget | None = None,
     ) -> None:
         self._bases = url_bases("cert_url_bases", DEFAULT_CERT_URL_BASES if bases is None else bases)
         self._store = Store(read_pem_bundle("ca_bundle", ca_bundle))
@@ -125,6 +142,9 @@ class CertificateStore:
         self._trusted: OrderedDict[str, _Trusted] = OrderedDict()
         self._failed: OrderedDict[str, _Failed] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._budget = budget if budget is not None else FetchBudget()
+        # URL -> why the last request naming it started no fetch; read by key() right after load() returned.
+        self._limited: OrderedDict[str, str] = OrderedDict()
 
     def check_url(self, url: str) -> None:
         """Refuse a URL that is not a certificate under one of the configured bases."""
@@ -142,14 +162,19 @@ class CertificateStore:
             f"{_CERT_URL} is not a certificate URL of PayPal's (host and path must be one of cert_url_bases)"
         )
 
-    async def load(self, url: str, clock: float) -> None:
-        """Fetch, check and cache the certificate at ``url`` unless cached; share a fetch in flight."""
+    async def load(self, url: str, clock: float, client: str | None = None) -> None:
+        """Fetch, check and cache the certificate at ``url`` unless cached; share a fetch in flight.
+        A fetch started is charged to ``client``'s budget and everyone's; past either, none is started."""
         if self._cached(url, clock):
             return
         inflight = self._inflight.get(url)
         if inflight is None:
-            if len(self._inflight) >= MAX_INFLIGHT_FETCHES:
+            # Decided without an await, so the key() that follows this load() reads this decision.
+            limited = self._limit(client or "", clock)
+            if limited is not None:
+                _remember(self._limited, url, limited, MAX_FAILED_URLS)
                 return
+            self._limited.pop(url, None)
             inflight = asyncio.ensure_future(self._load(url, clock))
             self._inflight[url] = inflight
             inflight.add_done_callback(lambda done: self._forget(url, done))
@@ -161,6 +186,10 @@ class CertificateStore:
         trusted = self._trusted.get(url)
         if trusted is not None and trusted.not_before <= now < trusted.not_after:
             return trusted.key
+        limited = self._limited.get(url)
+        if limited is not None:
+            # No fetch started since this was decided (starting one forgets it): the current answer.
+            raise CertificateFetchLimited(limited)
         failed = self._failed.get(url)
         if failed is not None:
             # load tried (again) and failed: its reason is more telling than a stale cache entry's.
@@ -168,10 +197,23 @@ class CertificateStore:
         if trusted is not None:
             state = "has expired" if now >= trusted.not_after else "is not valid yet"
             raise CertificateUntrusted(f"the signing certificate (or its chain) {state}")
-        raise CertificateUntrusted(
-            "the signing certificate has not been fetched (too many certificate fetches were in flight, or "
-            "prepare() did not run before verify())"
-        )
+        raise CertificateUntrusted("the signing certificate has not been fetched (prepare() did not run)")
+
+    def _limit(self, client: str, clock: float) -> str | None:
+        if len(self._inflight) >= MAX_INFLIGHT_FETCHES:
+            # Not charged: nothing is started, and the fetches in flight end within the fetch timeout.
+            return LIMITED["in_flight"]
+        refusal: Refusal | None = self._budget.take(client, clock)
+        if refusal is None:
+            return None
+        if refusal.first:
+            # Once per episode: the budget stays empty while the flood lasts, and each refusal is counted
+            # anyway (effectgate_verification_failures_total, reason certificate_fetch_limited).
+            log.warning(
+                "paypal.certificate_fetches_limited",
+                extra={"client": client[:100], "budget": refusal.budget},
+            )
+        return LIMITED[refusal.budget]
 
     def _forget(self, url: str, done: asyncio.Future[None]) -> None:
         if self._inflight.get(url) is done:
@@ -198,7 +240,7 @@ class CertificateStore:
             self._failed.pop(url, None)
             _remember(self._trusted, url, outcome, self._cache_size)
         else:
-            _remember(self._failed, url, outcome, self._cache_size)
+            _remember(self._failed, url, outcome, MAX_FAILED_URLS)
 
     async def _fetch_and_check(self, url: str, clock: float) -> _Trusted | _Failed:
         def failed(public: str, reason: str) -> _Failed:

@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from effectgate.gateway.signatures import (
+    CertificateFetchLimited,
     CertificateUntrusted,
     Event,
     PayloadError,
@@ -24,6 +25,7 @@ CODES = {
     TimestampOutOfTolerance: "timestamp_out_of_tolerance",
     UnsupportedSignatureVersion: "signature_version_unsupported",
     CertificateUntrusted: "certificate_untrusted",
+    CertificateFetchLimited: "certificate_fetch_limited",
 }
 
 

@@ -3,6 +3,7 @@ import effectgate.gateway.signatures as signatures
 DOCUMENTED = [
     "BODY_ID_PREFIX",
     "SCHEMES",
+    "CertificateFetchLimited",
     "CertificateUntrusted",
     "ConfirmationFailed",
     "ConfirmationUnavailable",

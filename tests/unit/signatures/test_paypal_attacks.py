@@ -13,7 +13,13 @@ import zlib
 
 import pytest
 
-from effectgate.gateway.signatures import CertificateUntrusted, Scheme, TransmissionReused, Verified
+from effectgate.gateway.signatures import (
+    CertificateFetchLimited,
+    CertificateUntrusted,
+    Scheme,
+    TransmissionReused,
+    Verified,
+)
 from effectgate.gateway.signatures.paypal import MAX_INFLIGHT_FETCHES
 
 from .crc_forge import FILLER, forge
@@ -177,6 +183,9 @@ def test_fresh_urls_beyond_the_in_flight_bound_are_not_fetched() -> None:
 
     asyncio.run(run())
     assert calls == urls[:MAX_INFLIGHT_FETCHES]
+    headers = PAYPAL_PKI.headers(GENUINE, webhook_id=PAYPAL_WEBHOOK_ID, time=iso(NOW), url=urls[-1])
+    with pytest.raises(CertificateFetchLimited, match="too many certificate fetches in flight"):
+        scheme.verify(GENUINE, headers, now=NOW)
 
 
 @pytest.mark.parametrize(
