@@ -31,7 +31,8 @@ WORKER_OWN_CONNECTIONS = 4
 class WorkerConfig:
     """How a worker runs: concurrency, wake-ups, drain, retry backoff, reconciler.
 
-    ``backoff_base=0`` turns retry waits off (the one switch tests use); retries then run at once.
+    ``backoff_base=0`` turns retry waits off (the one switch tests use), the kinds' own too; retries then
+    run at once. Otherwise a kind may set its own ``backoff_base`` / ``backoff_cap`` (``worker.backoff``).
     """
 
     concurrency: int = DEFAULT_CONCURRENCY
