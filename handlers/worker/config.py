@@ -20,8 +20,12 @@ DEFAULT_CONCURRENCY = 16
 # its finish batch's refill already offered that slot to a fetch).
 DEFAULT_POLL_INTERVAL = 2.0
 DEFAULT_DRAIN_TIMEOUT = 30.0
+# Retry waits double from 1 s up to an hour: a blip is retried within seconds, and once an outage has lasted
+# an hour the job asks again hourly, so it runs within the hour of the downstream's return. With
+# effect_kind.DEFAULT_MAX_ATTEMPTS (60) that is 24-48 h of retries before an effect fails for good
+# (handlers.worker.backoff.RetrySchedule; `effectgate config show` prints it).
 DEFAULT_BACKOFF_BASE = 1.0
-DEFAULT_BACKOFF_CAP = 600.0
+DEFAULT_BACKOFF_CAP = 3600.0
 # The worker's own statements (fetch, heartbeat, finish batch, reconciler tick) each hold at most one pooled
 # connection at a time.
 WORKER_OWN_CONNECTIONS = 4

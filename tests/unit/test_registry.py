@@ -30,7 +30,7 @@ def test_every_setting_has_its_documented_default() -> None:
     kind = make()
     assert (kind.orphan_policy, kind.max_attempts, kind.lease_ttl, kind.slice_budget) == (
         "park",
-        8,
+        60,
         60.0,
         300.0,
     )
