@@ -32,7 +32,11 @@ KeySpace = Literal["source", "shared"]
 
 # Every per-kind setting's default, in one place. ``pending_ttl`` and ``poison_threshold`` default to
 # ``None``: the process's reconciler settings (``ledger.reconciler.DEFAULT_*``, or the configuration file).
-DEFAULT_MAX_ATTEMPTS = 8
+# With the worker's default backoff (handlers.worker.config: base 1 s, cap 1 h) 60 attempts retry an effect
+# for 24 h at the least (every jitter draw at its low end) and 48 h at the most before it fails for good:
+# a downstream outage of hours is outlasted, as providers outlast ours (Stripe retries for 3 days).
+# handlers.worker.backoff.RetrySchedule computes it; tests/unit/test_backoff.py holds it to 24 h.
+DEFAULT_MAX_ATTEMPTS = 60
 DEFAULT_ORPHAN_POLICY: OrphanPolicy = "park"
 DEFAULT_LEASE_TTL = 60.0
 DEFAULT_SLICE_BUDGET = 300.0
@@ -75,7 +79,9 @@ class EffectKind:
     ``lease_ttl``: how long a lease lives without a heartbeat (heartbeats come at a third of it).
     ``slice_budget``: when ``ctx.should_yield()`` turns true. ``max_slice``: the hard deadline on one
     slice (default 3 x budget, never below 2 x budget, ``None`` disables it). ``max_attempts``: attempts
-    before a retried failure ends ``failed``. ``orphan_policy``: what the reconciler does with a job whose
+    before a retried failure ends ``failed``. ``backoff_base`` / ``backoff_cap``: this kind's retry waits,
+    seconds (``None``: the worker's ``[worker]`` settings; a worker ``backoff_base`` of 0 still turns them
+    off, ``handlers.worker.backoff``). ``orphan_policy``: what the reconciler does with a job whose
     lease expired (``redrive`` or ``park``). ``pending_ttl`` / ``poison_threshold``: how long a due job
     may wait before it is woken again, and how many releases without a commit make it poison (``None``:
     the reconciler's settings). ``lock_key(event)``: at most one running job per (tenant, lock key).
@@ -104,6 +110,8 @@ class EffectKind:
     key: KeyFn | None = None
     orphan_policy: OrphanPolicy = DEFAULT_ORPHAN_POLICY
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff_base: float | None = None
+    backoff_cap: float | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
     slice_budget: float = DEFAULT_SLICE_BUDGET
     max_slice: float | None = field(default=UNSET)
@@ -184,6 +192,23 @@ class EffectKind:
                 f"effect {self.name!r}: orphan_policy must be 'redrive' or 'park', got {self.orphan_policy!r}"
             )
         check(positive_int(self.name, "max_attempts", self.max_attempts))
+        backoff_problems = [
+            positive_seconds(self.name, setting, getattr(self, setting))
+            for setting in ("backoff_base", "backoff_cap")
+            if getattr(self, setting) is not None
+        ]
+        for problem in backoff_problems:
+            check(problem)
+        if (
+            not any(backoff_problems)
+            and self.backoff_base is not None
+            and self.backoff_cap is not None
+            and self.backoff_cap < self.backoff_base
+        ):
+            problems.append(
+                f"effect {self.name!r}: backoff_cap must be >= backoff_base ({self.backoff_base:g} s), "
+                f"got {self.backoff_cap!r}"
+            )
         budget_problem = positive_seconds(self.name, "slice_budget", self.slice_budget)
         check(positive_seconds(self.name, "lease_ttl", self.lease_ttl))
         check(budget_problem)

@@ -83,6 +83,8 @@ class EffectOptions(TypedDict, total=False):
     name: str | None
     orphan_policy: OrphanPolicy
     max_attempts: int
+    backoff_base: float | None
+    backoff_cap: float | None
     lease_ttl: float
     slice_budget: float
     max_slice: float | None

@@ -2,7 +2,8 @@
 
 Everything comes from the settings declaration (``gateway.settings``): ``check`` runs the same loading
 and handler start-up checks as ``serve``/``worker`` for a role, without a database; ``show`` prints
-the file with the environment overrides and every default (secrets masked); ``schema`` the JSON Schema
+the file with the environment overrides and every default (secrets masked), and in TOML the retry schedules
+they give, the handler modules' kinds included; ``schema`` the JSON Schema
 for editors; ``reference`` the settings tables of docs/configuration.md.
 """
 
@@ -16,6 +17,8 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
+
+from effectgate.handlers.registry import REGISTRY
 
 from ..config import DEFAULT_CONFIG_FILE, ConfigError, load
 from ..config import reference as settings_doc
@@ -45,12 +48,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     path = _path(args)
     # Validated first, as the role would load it: a file that would not start is not shown as if it would.
-    load(path, role=cast(Role, args.role))
+    config = load(path, role=cast(Role, args.role))
     data, _ = override(tomllib.loads(Path(path).read_text(encoding="utf-8")), os.environ)
     effective = settings_show.build(data)
-    sys.stdout.write(
-        settings_show.as_json(effective) + "\n" if args.format == "json" else settings_show.as_toml(effective)
-    )
+    if args.format == "json":
+        sys.stdout.write(settings_show.as_json(effective) + "\n")
+        return 0
+    # The kinds' own retry budgets live in the handler modules too: imported as serve and worker do.
+    import_handlers(config, warn=False)
+    schedules = settings_show.retry_schedules(config.worker, REGISTRY.kinds())
+    sys.stdout.write(settings_show.as_toml(effective) + schedules)
     return 0
 
 

@@ -24,7 +24,13 @@ from pathlib import Path
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.downstream.forward import DeclaredEffect
 from effectgate.handlers.tracing import TracingConfig, TracingUnavailable, check_available
-from effectgate.handlers.worker.config import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVAL, WorkerConfig
+from effectgate.handlers.worker.config import (
+    DEFAULT_BACKOFF_BASE,
+    DEFAULT_BACKOFF_CAP,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_POLL_INTERVAL,
+    WorkerConfig,
+)
 from effectgate.ledger.db import DEFAULT_SCHEMA, check_schema_name
 
 from .downstreams import read_downstreams
@@ -176,8 +182,8 @@ def parse(
     reconciler = read_maintenance(root)
 
     wk = root.table_of("worker")
-    backoff_base = wk.number("backoff_base", 1.0, minimum=0)
-    backoff_cap = wk.number("backoff_cap", 600.0, minimum=0)
+    backoff_base = wk.number("backoff_base", DEFAULT_BACKOFF_BASE, minimum=0)
+    backoff_cap = wk.number("backoff_cap", DEFAULT_BACKOFF_CAP, minimum=0)
     if backoff_cap < backoff_base:
         wk.problem("backoff_cap", f"must be >= backoff_base ({backoff_base:g}), got {backoff_cap:g}")
         backoff_cap = backoff_base

@@ -70,6 +70,9 @@ def _effect(
     if orphan_policy not in ("redrive", "park"):
         reader.problem("orphan_policy", f"must be 'redrive' or 'park', got {orphan_policy!r}")
     lease_ttl = reader.number("lease_ttl", DEFAULT_LEASE_TTL, minimum=0.001)
+    # Unset: the worker's [worker] backoff_base / backoff_cap. EffectKind refuses a cap below the base.
+    backoff_base = reader.number("backoff_base", None, minimum=0.001)
+    backoff_cap = reader.number("backoff_cap", None, minimum=0.001)
     forward = _forward(reader.table_of("forward"), env)
     if "forward" not in reader.table:
         reader.missing.append("forward")
@@ -91,6 +94,8 @@ def _effect(
             max_attempts=max_attempts,
             orphan_policy=orphan_policy,
             lease_ttl=lease_ttl,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
         )
         # The registry's own checks (fingerprint pointers, lease settings), at start-up, not first delivery.
         declared.kind()

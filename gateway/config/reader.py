@@ -113,11 +113,13 @@ class TableReader:
             return default
         return value
 
-    def number(self, key: str, default: float, *, minimum: float, integer: bool = False) -> Any:
+    def number(self, key: str, default: float | None, *, minimum: float, integer: bool = False) -> Any:
         value = self.get(key, int if integer else (int, float), default)
         watching = _reads.get()
         if watching is not None:
             watching[-1].minimum = minimum
+        if value is None:  # optional, and not set: the default None means "inherit"
+            return None
         if value < minimum:
             self.problem(key, f"must be >= {minimum:g}, got {value!r}")
             return default

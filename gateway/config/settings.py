@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from effectgate.handlers.downstream.forward import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT
 from effectgate.handlers.effect_kind import DEFAULT_LEASE_TTL, DEFAULT_MAX_ATTEMPTS, DEFAULT_ORPHAN_POLICY
+from effectgate.handlers.worker.config import DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP
 
 # How a value is written in TOML:
 #   string, integer, number (integer or float), boolean, strings (a list of strings), table (free keys),
@@ -315,12 +316,17 @@ SETTINGS: tuple[Setting, ...] = (
         roles=_W,
     ),
     Setting(
-        "worker.backoff_base", "number", 1.0, "seconds of the first retry's backoff", minimum=0, roles=_W
+        "worker.backoff_base",
+        "number",
+        DEFAULT_BACKOFF_BASE,
+        "seconds of the first retry's backoff (0: no waits, for every kind)",
+        minimum=0,
+        roles=_W,
     ),
     Setting(
         "worker.backoff_cap",
         "number",
-        600.0,
+        DEFAULT_BACKOFF_CAP,
         "longest backoff, seconds (>= backoff_base)",
         minimum=0,
         roles=_W,
@@ -445,6 +451,22 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("redrive", "park"),
     ),
     Setting("effects.*.lease_ttl", "number", DEFAULT_LEASE_TTL, "seconds a lease lasts", minimum=0.001),
+    Setting(
+        "effects.*.backoff_base",
+        "number",
+        None,
+        "this effect's first retry backoff, seconds",
+        minimum=0.001,
+        default_text="[worker] backoff_base",
+    ),
+    Setting(
+        "effects.*.backoff_cap",
+        "number",
+        None,
+        "this effect's longest backoff, seconds (>= its backoff_base)",
+        minimum=0.001,
+        default_text="[worker] backoff_cap",
+    ),
     Setting("effects.*.forward.url", "string", REQUIRED, "the URL the signed event is POSTed to", roles=_W),
     Setting(
         "effects.*.forward.timeout", "number", DEFAULT_TIMEOUT, "seconds per request", minimum=0.001, roles=_W

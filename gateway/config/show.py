@@ -4,14 +4,22 @@ it, and every default, by the settings declaration; in TOML or JSON.
 The file never holds a secret — only the names of the variables or files that do — and those names are
 shown as they are. What could still carry one is masked: a password in a URL (``tracing.endpoint``,
 ``downstream.*.base_url``) and a scheme option whose name says key, secret, token or password.
+
+The TOML ends with the retry schedules those settings give (``retry_schedules``), as comments: a reader sees
+how long an effect is retried before it fails for good, and ``tomllib`` still reads back the same values.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from effectgate.handlers.effect_kind import DEFAULT_MAX_ATTEMPTS, EffectKind
+from effectgate.handlers.worker.backoff import RetrySchedule, kind_backoff
+from effectgate.handlers.worker.config import WorkerConfig
 
 from .settings import REQUIRED, SETTINGS, TABLES
 
@@ -99,6 +107,36 @@ def _prune(node: Any) -> Any:
     if isinstance(node, list):
         return [_prune(v) for v in node]
     return node
+
+
+def retry_schedules(worker: WorkerConfig, kinds: Iterable[EffectKind]) -> str:
+    """The waits after each failed attempt and their total, as TOML comments: for the worker's backoff at the
+    default ``max_attempts``, then for each kind (Python or ``[effects.*]``) that sets a budget of its own."""
+    lines = [
+        "",
+        "# Retry schedules: the wait after each failed attempt (drawn from [0.5, 1] x its ceiling), and the",
+        "# total before the last attempt fails the effect for good. A longer Retry-After lengthens a wait.",
+    ]
+
+    def block(title: str, base: float, cap: float, attempts: int) -> None:
+        lines.append(f"# {title}: backoff_base {base:g} s, backoff_cap {cap:g} s, max_attempts {attempts}")
+        lines.extend(f"#   {line}" for line in RetrySchedule(base, cap, attempts).describe())
+
+    block(
+        "[worker], for kinds that set none of their own",
+        worker.backoff_base,
+        worker.backoff_cap,
+        DEFAULT_MAX_ATTEMPTS,
+    )
+    for kind in sorted(kinds, key=lambda k: k.name):
+        if (
+            kind.max_attempts == DEFAULT_MAX_ATTEMPTS
+            and kind.backoff_base is None
+            and kind.backoff_cap is None
+        ):
+            continue
+        block(f"kind {kind.name}", *kind_backoff(kind, worker), kind.max_attempts)
+    return "\n".join(lines) + "\n"
 
 
 def as_json(config: dict[str, Any]) -> str:

@@ -225,6 +225,9 @@ class DeclaredEffect:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     orphan_policy: OrphanPolicy = DEFAULT_ORPHAN_POLICY
     lease_ttl: float = DEFAULT_LEASE_TTL
+    # None: the worker's [worker] backoff_base / backoff_cap.
+    backoff_base: float | None = None
+    backoff_cap: float | None = None
 
     def kind(self) -> EffectKind:
         """The registry kind of this effect: key and lock key from the templates, the handler forwards."""
@@ -242,6 +245,8 @@ class DeclaredEffect:
             max_attempts=self.max_attempts,
             orphan_policy=self.orphan_policy,
             lease_ttl=self.lease_ttl,
+            backoff_base=self.backoff_base,
+            backoff_cap=self.backoff_cap,
         )
 
 

@@ -20,8 +20,12 @@ DEFAULT_CONCURRENCY = 16
 # its finish batch's refill already offered that slot to a fetch).
 DEFAULT_POLL_INTERVAL = 2.0
 DEFAULT_DRAIN_TIMEOUT = 30.0
+# Retry waits double from 1 s up to an hour: a blip is retried within seconds, and once an outage has lasted
+# an hour the job asks again hourly, so it runs within the hour of the downstream's return. With
+# effect_kind.DEFAULT_MAX_ATTEMPTS (60) that is 24-48 h of retries before an effect fails for good
+# (handlers.worker.backoff.RetrySchedule; `effectgate config show` prints it).
 DEFAULT_BACKOFF_BASE = 1.0
-DEFAULT_BACKOFF_CAP = 600.0
+DEFAULT_BACKOFF_CAP = 3600.0
 # The worker's own statements (fetch, heartbeat, finish batch, reconciler tick) each hold at most one pooled
 # connection at a time.
 WORKER_OWN_CONNECTIONS = 4
@@ -31,7 +35,8 @@ WORKER_OWN_CONNECTIONS = 4
 class WorkerConfig:
     """How a worker runs: concurrency, wake-ups, drain, retry backoff, reconciler.
 
-    ``backoff_base=0`` turns retry waits off (the one switch tests use); retries then run at once.
+    ``backoff_base=0`` turns retry waits off (the one switch tests use), the kinds' own too; retries then
+    run at once. Otherwise a kind may set its own ``backoff_base`` / ``backoff_cap`` (``worker.backoff``).
     """
 
     concurrency: int = DEFAULT_CONCURRENCY

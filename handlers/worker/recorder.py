@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import traceback
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from effectgate.ledger import db
@@ -23,6 +23,7 @@ from ..errors import TerminalError, UnrecoverableError
 from ..event import Transition
 from ..observe import WorkerObserver
 from ..outcomes import SliceOutcome
+from .backoff import backoff_delay, kind_backoff
 from .config import WorkerConfig
 from .finishes import FinishBatcher
 from .slices import Ended
@@ -31,13 +32,6 @@ log = logging.getLogger("effectgate.worker")
 
 # Waits between tries of a terminal transition whose connection was lost (then one last try).
 TRANSITION_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
-
-
-def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Exponential backoff with jitter: a random delay in [0.5, 1] * min(cap, base * 2 ** (attempt - 1))."""
-    ceiling = min(cap, base * 2.0 ** max(0, attempt - 1))
-    draw = rng.random() if rng is not None else random.random()
-    return ceiling * (0.5 + 0.5 * draw)
 
 
 def error_record(exc: BaseException) -> dict[str, Any]:
@@ -83,7 +77,11 @@ class OutcomeRecorder:
         outcome: Ended,
         exc: BaseException | None,
         step: str | None = None,
+        *,
+        now: datetime | None = None,
     ) -> SliceOutcome:
+        """Record how the slice of ``lease`` ended. ``now`` moves the clock a retry is scheduled from
+        (``Worker.run_until_idle(now=…)``, tests); ``None`` is the database's."""
         job_id, token = lease.job_id, lease.lease_token
         if outcome is Ended.HANDED_BACK:
             threshold = kind.poison_threshold or self.config.reconciler.rescuer_config().poison_threshold
@@ -146,7 +144,7 @@ class OutcomeRecorder:
             else:
                 log.info("worker.finished", extra={"job_id": job_id, "state": reached.state})
             return SliceOutcome(reached.state)
-        delay = backoff_delay(lease.attempt, self.config.backoff_base, self.config.backoff_cap)
+        delay = backoff_delay(lease.attempt, *kind_backoff(kind, self.config))
         retry_after = getattr(exc, "retry_after", None)
         if isinstance(retry_after, int | float) and retry_after > delay:
             delay = float(retry_after)
@@ -159,6 +157,7 @@ class OutcomeRecorder:
                 token,
                 delay=delay,
                 error=error,
+                now=now,
                 tenant=lease.tenant,
                 per_tenant=self._finishes.per_tenant,
             ),

@@ -114,6 +114,9 @@ class Worker:
         self._notifies = 0
         # time.monotonic() of the run loop's last tick: what /healthz answers from (None: not running yet).
         self.last_tick: float | None = None
+        # The clock of a run_until_idle(now=…) (tests): what is due, and when a retry is due again. None: the
+        # database's.
+        self._now: datetime | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -306,6 +309,7 @@ class Worker:
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
                     per_tenant=self._per_tenant,
+                    now=self._now,
                 )
             self._start(leases)
         if to_supersede:
@@ -352,6 +356,7 @@ class Worker:
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
                     per_tenant=bool(self._per_tenant),
+                    now=self._now,
                 )
                 if to_supersede:
                     # Cancelled by the run loop's next fetch, outside this batch's transaction.
@@ -401,8 +406,19 @@ class Worker:
         else:
             self._wake.set()
 
-    async def run_until_idle(self, *, max_rounds: int = 1000) -> int:
-        """Run due jobs until none is left or running (tests, one-shot CLI use); returns jobs run."""
+    async def run_until_idle(self, *, max_rounds: int = 1000, now: datetime | None = None) -> int:
+        """Run due jobs until none is left or running (tests, one-shot CLI use); returns jobs run.
+
+        ``now`` moves the clock, as ``reconcile_once(now=…)`` does: the jobs due by then run, and a retry is
+        due again its backoff after it, so a test walks a day of retries without sleeping. Heartbeats and the
+        times a finish records stay on the database's clock; a clock moved forward only lengthens a lease."""
+        self._now = now
+        try:
+            return await self._run_until_idle(max_rounds)
+        finally:
+            self._now = None
+
+    async def _run_until_idle(self, max_rounds: int) -> int:
         total = 0
         for _ in range(max_rounds):
             started = await self.fetch_and_start(self.config.concurrency - len(self._running))
@@ -499,7 +515,7 @@ class Worker:
         if ctx.fenced_off:
             return SliceOutcome.LEASE_LOST
         step = ctx.step_of(exc) if exc is not None else None
-        return await self._recorder.record_outcome(lease, kind, outcome, exc, step)
+        return await self._recorder.record_outcome(lease, kind, outcome, exc, step, now=self._now)
 
 
 def _task_job(task: asyncio.Task[Any]) -> int:

@@ -133,6 +133,24 @@ def test_worker_reads_the_secret_and_every_mistake_is_named_by_file_and_key() ->
         parse(no_forward, path="eg.toml", env=ENV)
 
 
+def test_a_declared_effect_sets_its_own_retry_budget_and_a_cap_below_its_base_is_named() -> None:
+    own = CONFIG.replace(
+        'fingerprint = ["/data/amount"]',
+        'fingerprint = ["/data/amount"]\nmax_attempts = 30\nbackoff_base = 5\nbackoff_cap = 900',
+    )
+    kind = parse(own, path="eg.toml", env=ENV).effects[0].kind()
+    assert (kind.max_attempts, kind.backoff_base, kind.backoff_cap) == (30, 5, 900)
+    inherits = parse(CONFIG, path="eg.toml", env=ENV).effects[0].kind()
+    assert (inherits.backoff_base, inherits.backoff_cap) == (None, None)
+    with pytest.raises(ConfigError) as caught:
+        parse(own.replace("backoff_cap = 900", "backoff_cap = 1"), path="eg.toml", env=ENV)
+    assert "eg.toml: effects.order-paid: effect 'order-paid': backoff_cap must be >= backoff_base" in str(
+        caught.value
+    )
+    with pytest.raises(ConfigError, match=r"effects.order-paid.backoff_base: must be >= 0.001"):
+        parse(own.replace("backoff_base = 5", "backoff_base = 0"), path="eg.toml", env=ENV)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

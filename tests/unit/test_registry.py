@@ -30,11 +30,13 @@ def test_every_setting_has_its_documented_default() -> None:
     kind = make()
     assert (kind.orphan_policy, kind.max_attempts, kind.lease_ttl, kind.slice_budget) == (
         "park",
-        8,
+        60,
         60.0,
         300.0,
     )
     assert kind.max_slice == 900.0  # 3 x the budget
+    # None: the worker's [worker] backoff_base / backoff_cap apply.
+    assert (kind.backoff_base, kind.backoff_cap) == (None, None)
     # None: the process's reconciler settings apply (ledger.reconciler.DEFAULT_*, or the config file).
     assert (kind.pending_ttl, kind.poison_threshold, kind.lock_key, kind.on_transition) == (
         None,
@@ -111,6 +113,10 @@ def test_max_slice_defaults_to_three_budgets_and_may_not_go_below_two() -> None:
         ("max_attempts", 0),
         ("max_attempts", 1.5),
         ("max_attempts", True),
+        ("backoff_base", 0),
+        ("backoff_base", math.inf),
+        ("backoff_cap", -5),
+        ("backoff_cap", "1h"),
         ("poison_threshold", 0),
         ("orphan_policy", "retry"),
         ("lock_key", "order"),
@@ -121,6 +127,12 @@ def test_max_slice_defaults_to_three_budgets_and_may_not_go_below_two() -> None:
 def test_a_bad_setting_is_refused_at_registration(setting: str, value: Any) -> None:
     with pytest.raises(ValueError, match=setting):
         Registry().effect(source="stripe", events=["x"], name="k", **{setting: value})(handler)
+
+
+def test_a_kinds_backoff_cap_below_its_base_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"backoff_cap must be >= backoff_base \(60 s\), got 10"):
+        make(backoff_base=60, backoff_cap=10)
+    assert (make(backoff_base=60).backoff_base, make(backoff_cap=10).backoff_cap) == (60, 10)
 
 
 def test_a_kind_needs_a_name_a_source_events_and_a_function() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from typing import Any
 
 from effectgate.gateway import config
 from effectgate.gateway.config import show as settings_show
@@ -59,3 +60,34 @@ def test_secrets_are_masked() -> None:
     assert (
         'client_id_env = "PAYPAL_ID"' in text and 'secrets = ["S"]' in text
     )  # names of secrets, not secrets
+
+
+def test_the_retry_schedules_are_shown_as_comments_for_the_worker_and_each_kind_with_its_own() -> None:
+    from effectgate.handlers.effect_kind import EffectKind
+    from effectgate.handlers.worker.config import WorkerConfig
+
+    async def handler(ctx: object, ev: object) -> None:
+        return None
+
+    def kind(name: str, **settings: Any) -> EffectKind:
+        return EffectKind(name=name, source="s", events=("e",), fn=handler, **settings)
+
+    kinds = [kind("plain"), kind("refund", backoff_base=60, backoff_cap=7200, max_attempts=12)]
+    text = settings_show.retry_schedules(WorkerConfig(), kinds)
+    lines = text.splitlines()
+    assert (
+        "# [worker], for kinds that set none of their own: backoff_base 1 s, backoff_cap 3600 s, max_attempts 60"
+        in lines
+    )
+    assert "#   total before attempt 60 fails the job: 1d0h4m-2d0h8m" in lines
+    assert "# kind refund: backoff_base 60 s, backoff_cap 7200 s, max_attempts 12" in lines
+    assert "#   after attempts 8-11: 1h0m-2h0m each" in lines
+    assert "#   total before attempt 12 fails the job: 5h3m30s-10h7m" in lines
+    assert "plain" not in text  # the worker's schedule is its schedule
+    # Comments: the TOML still reads back to the same values.
+    shown = settings_show.build(tomllib.loads(FULL))
+    assert tomllib.loads(settings_show.as_toml(shown) + text) == shown
+    # The testing switch is shown as what it does.
+    off = settings_show.retry_schedules(WorkerConfig(backoff_base=0), kinds)
+    assert "#   59 retries at once (backoff_base = 0: waits off)" in off.splitlines()
+    assert "#   11 retries at once (backoff_base = 0: waits off)" in off.splitlines()

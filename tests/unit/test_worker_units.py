@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import EffectContext, Event, Registry, Services, TerminalError, UnrecoverableError
+from effectgate.handlers.worker.backoff import backoff_delay
 from effectgate.handlers.worker.config import WorkerConfig
 from effectgate.handlers.worker.maintenance import make_reconciler
-from effectgate.handlers.worker.recorder import backoff_delay, error_record
+from effectgate.handlers.worker.recorder import error_record
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs.steps import RecordedStep
