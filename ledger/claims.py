@@ -325,31 +325,3 @@ async def record_signature_failure(
             "now": now,
         },
     )
-
-
-REFUSED_REASON = "delivery_refused"
-
-
-async def record_refused_delivery(
-    conn: Conn,
-    *,
-    source: str,
-    sqlstate: str | None,
-    event_ids: Sequence[str],
-    size: int,
-    body_sha256: str,
-    now: datetime | None = None,
-) -> None:
-    """Count one authentic delivery Postgres refused to store, beside the failed verifications (reason
-    ``delivery_refused``, per source and minute, so a flood of them cannot grow the table): its size, body
-    hash, SQLSTATE and event ids (shortened: an over-long one may be why it was refused). Never the body."""
-    shown = ", ".join(repr(event_id[:80]) for event_id in event_ids[:5])
-    await record_signature_failure(
-        conn,
-        source=source,
-        reason=REFUSED_REASON,
-        size=size,
-        body_sha256=body_sha256,
-        detail=f"SQLSTATE {sqlstate or 'none (refused by the driver)'}; event {shown}",
-        now=now,
-    )

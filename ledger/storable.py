@@ -9,9 +9,59 @@ step result) — and error text, which must be stored whatever it contains, is m
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
-_MAX_DEPTH = 500
+#: The deepest nesting of a payload the ledger stores (docs/providers.md, "Payloads"); deeper is refused.
+MAX_DEPTH = 500
+_MAX_DEPTH = MAX_DEPTH
+#: What stands for a character Postgres cannot store (NUL, a lone surrogate) in a payload's stored copy.
+REPLACEMENT = "\ufffd"
+_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+
+
+class Unstorable(ValueError):
+    """A payload no rewriting of its text makes storable: nested too deeply, or not JSON at all."""
+
+
+def storable_payload(value: Any) -> tuple[Any, str | None]:
+    """A payload as the ledger stores and runs it: ``(value, None)`` when ``jsonb`` takes it as it is (nearly
+    always: one walk, no copy), else ``(copy, problem)`` with every NUL and lone surrogate in its text — keys
+    and values — replaced by U+FFFD, the character Unicode gives for what cannot be represented.
+    ``Unstorable`` when that is not enough (nested deeper than ``MAX_DEPTH``, a value that is not JSON)."""
+    problem = jsonb_problem(value)
+    if problem is None:
+        return value, None
+    copy = _replace_text(value)
+    left = jsonb_problem(copy)
+    if left is not None:
+        raise Unstorable(left)
+    return copy, problem
+
+
+def _replace_text(value: Any) -> Any:
+    # Iterative: a payload may be nested as deep as Python parses (about 1,000), past the recursion limit.
+    def text(item: Any) -> Any:
+        return _UNSTORABLE_CHARACTER.sub(REPLACEMENT, item) if isinstance(item, str) else item
+
+    if not isinstance(value, dict | list | tuple):
+        return text(value)
+    root: dict[Any, Any] | list[Any] = {} if isinstance(value, dict) else []
+    stack: list[tuple[Any, dict[Any, Any] | list[Any]]] = [(value, root)]
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, item in items:
+            if isinstance(item, dict | list | tuple):
+                child: Any = {} if isinstance(item, dict) else []
+                stack.append((item, child))
+            else:
+                child = text(item)
+            if isinstance(target, dict):
+                target[text(key)] = child
+            else:
+                target.append(child)
+    return root
 
 
 def jsonb_problem(value: Any) -> str | None:

@@ -39,6 +39,7 @@ class DeliveryOutcome(StrEnum):
     REJECTED = "rejected"  # another request under a held key: recorded, never run
     UNMATCHED = "unmatched"  # no handler asked for the event
     SUPERSEDED = "superseded"  # older than the newest version claimed for its object: recorded, never run
+    REFUSED = "refused"  # verified, but could not become effects: kept with its body, replayable
 
 
 class StepStatus(StrEnum):

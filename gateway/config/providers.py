@@ -23,6 +23,10 @@ from typing import Literal
 
 ConflictStatus = Literal[200, 409]
 CONFLICT_STATUSES: tuple[ConflictStatus, ...] = (200, 409)
+#: What a verified delivery that cannot become effects is answered (``on_refusal``): a 2xx with the refusal in
+#: the body once it is kept ("acknowledge"), or the refusal's own 4xx ("reject").
+RefusalAnswer = Literal["acknowledge", "reject"]
+REFUSAL_ANSWERS: tuple[RefusalAnswer, ...] = ("acknowledge", "reject")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,14 @@ PROVIDERS: dict[str, NonSuccessAnswer] = {
         200,
     ),
 }
+
+
+def default_refusal_answer(scheme: str) -> RefusalAnswer:
+    """The answer to a refused delivery of a source of ``scheme`` that does not set ``on_refusal``: the same
+    reasoning as a conflict's. A provider that retries a non-2xx for days, and may disable the endpoint, is
+    told "acknowledge" once the refused delivery is kept; one that neither retries nor disables (GitHub) is
+    answered the 4xx, which shows in its delivery log."""
+    return "reject" if default_conflict_status(scheme) == 409 else "acknowledge"
 
 
 def default_conflict_status(scheme: str) -> ConflictStatus:

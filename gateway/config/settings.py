@@ -386,6 +386,15 @@ SETTINGS: tuple[Setting, ...] = (
         roles=_G,
         default_text="the provider's (200 for an unknown scheme)",
     ),
+    Setting(
+        "sources.*.on_refusal",
+        "string",
+        None,
+        "answer to a verified delivery that cannot become effects, once kept: 200 with the refusal, or its 4xx",
+        choices=("acknowledge", "reject"),
+        roles=_G,
+        default_text='the provider\'s ("acknowledge"; "reject" for GitHub)',
+    ),
     Setting("sources.*.options", "table", None, "the scheme's own options (docs/providers.md)"),
     # [downstream.NAME]
     Setting("downstream.*.base_url", "string", REQUIRED, "the API's base URL", roles=_W),

@@ -13,7 +13,14 @@ from effectgate.handlers.plan import MAX_TENANT_LENGTH, TenantRule
 from effectgate.ledger.pointers import JsonPointer
 
 from ..signatures import SCHEMES, Covers, Scheme, SchemeConfigError, build_scheme, covers_of
-from .providers import CONFLICT_STATUSES, ConflictStatus, default_conflict_status
+from .providers import (
+    CONFLICT_STATUSES,
+    REFUSAL_ANSWERS,
+    ConflictStatus,
+    RefusalAnswer,
+    default_conflict_status,
+    default_refusal_answer,
+)
 from .reader import ConfigError as ConfigError
 from .reader import TableReader
 from .secrets import missing
@@ -57,6 +64,8 @@ class Source:
     # What the scheme signs, known in every role, including one that holds no webhook secrets (a worker);
     # None: ask the scheme.
     covers: Covers | None = None
+    # What a verified delivery that cannot become effects is answered once it is kept (gateway.ingress.refusals).
+    on_refusal: RefusalAnswer = "acknowledge"
 
     @property
     def tenant_rule(self) -> TenantRule:
@@ -104,6 +113,9 @@ def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Sou
     conflict_status = table.get("on_conflict", int, default_conflict_status(scheme_name or ""))
     if conflict_status not in CONFLICT_STATUSES:
         table.problem("on_conflict", f"must be 409 or 200, got {conflict_status}")
+    on_refusal = table.get("on_refusal", str, default_refusal_answer(scheme_name or ""))
+    if on_refusal not in REFUSAL_ANSWERS:
+        table.problem("on_refusal", f'must be "acknowledge" or "reject", got {on_refusal!r}')
     options = table.get("options", dict, {})
     if scheme_name == "paypal" and options and env is not None:
         # A role without webhook secrets holds PayPal's API credentials neither.
@@ -127,6 +139,7 @@ def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Sou
             tenants,
             tenant_pattern,
             covers_of(scheme_name, options),
+            cast(RefusalAnswer, on_refusal),
         )
     try:
         scheme = build_scheme(scheme_name, secrets, tolerance=tolerance, options=options)
@@ -144,6 +157,7 @@ def _source(name: str, table: TableReader, env: Mapping[str, str] | None) -> Sou
         tenants,
         tenant_pattern,
         scheme.covers,
+        cast(RefusalAnswer, on_refusal),
     )
 
 

@@ -1,23 +1,19 @@
 """What a delivery whose claim failed is answered, and what is logged and recorded beside it.
 
-Every answer here says nothing was claimed, so the provider's retry is safe: a 4xx for what this delivery
-holds (Postgres refused its values: ``delivery_refused``, and a row in the rejects report), a 503 with
-``Retry-After`` for a busy or unreachable ledger (``overloaded``, ``claim_timeout``, ``ledger_unavailable``,
-``migrations_pending``), and a 500 ``ledger_error`` for anything else. The driver's words (which can name
+Every answer here says nothing was claimed, so the provider's retry is safe: a 503 with ``Retry-After`` for a busy or unreachable ledger (``overloaded``, ``claim_timeout``, ``ledger_unavailable``,
+``migrations_pending``), and a 500 ``ledger_error`` for anything else. A delivery Postgres refused
+(``DeliveryRefused``) is not one of them: the pipeline keeps it as a refused delivery (``refusals``). The driver's words (which can name
 hosts, indexes, error classes) go to the log, never to the sender.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
-from effectgate.ledger import claims, db
-from effectgate.ledger.claims import Delivery, EffectRequest
+from effectgate.ledger import db
 from effectgate.ledger.errors import (
     ClaimOverloaded,
     ClaimTimeout,
-    DeliveryRefused,
     LedgerError,
     LedgerUnavailable,
 )
@@ -39,28 +35,9 @@ async def claim_failed(
     pool: db.Pool,
     source: Source,
     request_id: str,
-    planned: list[tuple[Delivery, list[EffectRequest]]],
-    body: bytes,
 ) -> Answer:
     """The answer to a delivery of ``source`` whose claim raised ``exc``; nothing of it was written."""
     name = source.name
-    if isinstance(exc, DeliveryRefused):
-        # Postgres refused what this delivery holds; the deliveries batched with it were claimed without it. A
-        # 4xx, not a 503 the provider would retry for days, and a row in the rejects report for the operator.
-        metrics.delivery(name, "delivery_refused")
-        log.warning(
-            "delivery.refused",
-            # The same line, with its reason, as a delivery the pipeline refuses before the claim.
-            extra={
-                "source": name,
-                "request_id": request_id,
-                "reason": "delivery_refused",
-                "sqlstate": exc.sqlstate,
-                "size": len(body),
-            },
-        )
-        await _record_refusal(pool, source, exc, planned, body)
-        return error_answer(400, "delivery_refused", str(exc))
     if isinstance(exc, ClaimOverloaded):
         # Refused before queueing: this answer holds nothing, and costs no database work.
         metrics.delivery(name, "overloaded")
@@ -146,25 +123,3 @@ def _sqlstate(exc: BaseException) -> str | None:
 def _cause(exc: BaseException) -> str:
     cause = exc.__cause__
     return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
-
-
-async def _record_refusal(
-    pool: db.Pool,
-    source: Source,
-    exc: DeliveryRefused,
-    planned: list[tuple[Delivery, list[EffectRequest]]],
-    body: bytes,
-) -> None:
-    # Best effort, like a signature failure's count: the 400 does not depend on it.
-    try:
-        async with db.connection(pool) as conn:
-            await claims.record_refused_delivery(
-                conn,
-                source=source.name,
-                sqlstate=exc.sqlstate,
-                event_ids=[d.event_id for d, _ in planned],
-                size=len(body),
-                body_sha256=hashlib.sha256(body).hexdigest(),
-            )
-    except Exception as record_exc:
-        log.warning("delivery_refusal.not_recorded", extra={"source": source.name, "error": str(record_exc)})

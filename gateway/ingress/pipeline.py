@@ -4,17 +4,20 @@ A raw ASGI route (``deliver``; ``gateway.app.Gateway`` sends deliveries to it pa
 pipeline of five steps (``_receive``): read, verify, plan, claim, answer. The request each step reads is
 ``gateway.inbound.Inbound``; a step that ends the request raises ``Refused`` with its answer.
 
-Order of checks: unknown source (404), body size (413, enforced while reading), signature (401),
-payload (400), the tenant when the source takes it from the event (400 ``tenant_missing`` /
-``tenant_invalid`` / ``tenant_not_allowed``), effect keys (422), then one transaction claiming every effect. The answer is sent
-only after that transaction committed; a failure before it answers 5xx and leaves nothing behind,
-so the provider's own retry is safe.
+Order of checks: unknown source (404), body size (413, enforced while reading), signature (401), then
+what a verified delivery holds: a payload past what the ledger stores, the tenant when the source takes it
+from the event (``tenant_missing`` / ``tenant_invalid`` / ``tenant_not_allowed``), effect keys
+(``effect_key_failed``), and what Postgres refuses in the claim (``delivery_refused``). Such a delivery is
+refused but kept, with its body and reason, and answered by the source's ``on_refusal`` (``refusals``).
+Otherwise one transaction claims every effect. The answer is sent only after that transaction committed;
+a failure before it answers 5xx and leaves nothing behind, so the provider's own retry is safe.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -27,8 +30,8 @@ from effectgate.handlers import tracing
 from effectgate.handlers.plan import PlanFailed, TenantUnusable
 from effectgate.ledger import claim_batcher
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, Rejected
-from effectgate.ledger.errors import ClaimOverloaded, LedgerError
-from effectgate.ledger.storable import jsonb_problem
+from effectgate.ledger.errors import ClaimOverloaded, DeliveryRefused, LedgerError
+from effectgate.ledger.storable import Unstorable, storable_payload
 
 from .. import metrics
 from ..bodies import BodyTooLarge, receive_body
@@ -39,6 +42,7 @@ from . import deliveries
 from .answers import Answer, error_answer, json_answer, text_answer
 from .claim_failures import claim_failed, retry_later
 from .inbound import Inbound, Refused
+from .refusals import Refusal, refuse
 from .replay_memory import LedgerReplayMemory
 from .signature_failures import SignatureFailures
 
@@ -131,10 +135,21 @@ async def _receive(inbound: Inbound) -> Answer:
         _admit_replay(inbound, body)
         if verified.challenge is not None:
             return json_answer(200, verified.challenge)
+        verified = _storable(inbound, verified)
         planned, unmet = _plan_delivery(inbound, source, verified)
-        outcomes = await _claim(inbound, source, planned, body)
+        outcomes = await _claim(inbound, source, verified, planned, body)
     except Refused as refused:
         return refused.answer
+    except _NotPlanned as not_planned:
+        # Verified, but it cannot become effects: kept, logged and answered by the source's policy.
+        return await refuse(
+            pool=inbound.state.pool,
+            source=source,
+            request_id=inbound.request_id,
+            verified=not_planned.verified,
+            body=body,
+            refusal=not_planned.refusal,
+        )
     return _answer(inbound, source, verified, planned, unmet, outcomes)
 
 
@@ -256,60 +271,68 @@ def _log_boxed(box: PenaltyBox, source: str, client: str, reason: str) -> None:
 # -- plan ------------------------------------------------------------------------------------------------
 
 
+class _NotPlanned(Exception):
+    """A verified delivery that cannot become effects (``refusals``), and the events as they were planned."""
+
+    def __init__(self, verified: Verified, refusal: Refusal) -> None:
+        super().__init__(refusal.reason)
+        self.verified = verified
+        self.refusal = refusal
+
+
+def _storable(inbound: Inbound, verified: Verified) -> Verified:
+    """``verified`` with each event's payload as the ledger stores it, planned and runs it: a NUL or a lone
+    surrogate in its text (user-entered text: a gift note, an address line) becomes U+FFFD, and the delivery is
+    claimed like any other; past what the ledger stores (``storable.MAX_DEPTH``), it is refused."""
+    events = []
+    rewritten = False
+    for event in verified.events:
+        try:
+            payload, problem = storable_payload(event.payload)
+        except Unstorable as exc:
+            refusal = Refusal(
+                "malformed_payload", 400, f"event {event.id!r}: {exc}", event.id, log_detail=str(exc)
+            )
+            raise _NotPlanned(verified, refusal) from None
+        if problem is not None:
+            log.info(
+                "delivery.payload_rewritten",
+                extra={
+                    "source": inbound.name,
+                    "request_id": inbound.request_id,
+                    "event_id": event.id,
+                    "detail": problem,
+                },
+            )
+            event = replace(event, payload=payload)
+            rewritten = True
+        events.append(event)
+    return replace(verified, events=tuple(events)) if rewritten else verified
+
+
 def _plan_delivery(
     inbound: Inbound, source: Source, verified: Verified
 ) -> tuple[list[tuple[Delivery, list[EffectRequest]]], list[dict[str, Any]]]:
-    for event in verified.events:
-        # Authentic but unstorable (a NUL or a lone surrogate in a string): refused now with a 400, not
-        # a 5xx on every one of the provider's retries.
-        problem = jsonb_problem(event.payload)
-        if problem is not None:
-            answer = error_answer(400, "malformed_payload", f"event {event.id!r}: {problem}")
-            raise _refused(inbound, verified, "malformed_payload", event.id, answer, detail=problem)
     try:
         return deliveries.plan(source, inbound.state.registry, verified, inbound.request_id)
     except TenantUnusable as exc:
         # Nothing is claimed: an effect filed under a guessed tenant could collide with another's. The
         # detail quotes the tenant, which is the sender's text: the answer carries it, the log does not.
-        answer = error_answer(400, exc.code, str(exc))
-        raise _refused(inbound, verified, exc.code, exc.event_id, answer) from None
+        raise _NotPlanned(verified, Refusal(exc.code, 400, str(exc), exc.event_id)) from None
     except PlanFailed as exc:
-        answer = error_answer(422, "effect_key_failed", str(exc))
-        # A handler's exception can quote the payload at length: the log keeps enough to find the cause.
-        error = f"{type(exc.error).__name__}: {exc.error}"[:500]
-        raise _refused(
-            inbound, verified, "effect_key_failed", exc.event_id, answer, handler=exc.kind, error=error
-        ) from None
-
-
-def _refused(
-    inbound: Inbound, verified: Verified, reason: str, event_id: str, answer: Answer, **details: str
-) -> Refused:
-    # Genuine events the provider will retry, refused the same way each time until a handler or the
-    # configuration changes, then dropped by the provider for good: the counter says how many, the log line
-    # says which. Never the body: the event id finds it at the provider.
-    metrics.delivery(inbound.name, reason)
-    event_type = next((event.type for event in verified.events if event.id == event_id), None)
-    log.warning(
-        "delivery.refused",
-        extra={
-            "source": inbound.name,
-            "request_id": inbound.request_id,
-            "reason": reason,
-            "event_id": event_id,
-            "event_type": event_type,
-            "event_ids": [event.id for event in verified.events],
-            **details,
-        },
-    )
-    return Refused(answer)
+        refusal = Refusal("effect_key_failed", 422, str(exc), exc.event_id, handler=exc.kind, error=exc.error)
+        raise _NotPlanned(verified, refusal) from None
 
 
 # -- claim -----------------------------------------------------------------------------------------------
 
 
 async def _claim(
-    inbound: Inbound, source: Source, planned: list[tuple[Delivery, list[EffectRequest]]], body: bytes
+    inbound: Inbound,
+    source: Source,
+    verified: Verified,
+    planned: list[tuple[Delivery, list[EffectRequest]]],
+    body: bytes,
 ) -> list[list[ClaimOutcome]]:
     batcher: claim_batcher.ClaimBatcher = inbound.state.batcher
     started = time.perf_counter()
@@ -321,14 +344,17 @@ async def _claim(
                 claimed = [o for per_event in outcomes for o in per_event]
                 span.set_attribute("effectgate.effect_keys", [o.effect_key for o in claimed])
                 span.set_attribute("effectgate.outcomes", [str(o.outcome) for o in claimed])
+    except DeliveryRefused as exc:
+        # Postgres refused what this delivery holds; the deliveries batched with it were claimed without it.
+        raise _NotPlanned(
+            verified, Refusal("delivery_refused", 400, str(exc), sqlstate=exc.sqlstate)
+        ) from None
     except LedgerError as exc:
         answer = await claim_failed(
             exc,
             pool=inbound.state.pool,
             source=source,
             request_id=inbound.request_id,
-            planned=planned,
-            body=body,
         )
         raise Refused(answer) from None
     metrics.claim_latency(time.perf_counter() - started)

@@ -24,6 +24,7 @@ def _fields(spec: reports.ReportSpec) -> tuple[str, ...]:
 # The report documents are built from the specs (``reporting.document``); these name their item fields.
 DUPLICATE_FIELDS = _fields(reports.DUPLICATES)
 CONFLICT_FIELDS = _fields(reports.KEY_CONFLICTS)
+REFUSED_FIELDS = _fields(reports.REFUSED_DELIVERIES)
 AUTH_MINUTE_FIELDS = _fields(reports.AUTH_FAILURES)
 JOB_FIELDS = _fields(reports.JOBS)
 JOB_DETAIL_FIELDS = (

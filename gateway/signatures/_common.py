@@ -349,18 +349,40 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _float(text: str) -> float | str:
+    # A number past a double's range (1e400) would read as infinity, which no JSON store holds and which is not
+    # what was sent: it reads as the text of the number, exactly as sent (docs/providers.md, "Payloads").
+    value = float(text)
+    return value if math.isfinite(value) else text
+
+
+def _int(text: str) -> int | str:
+    # Python refuses to read an integer of more than 4,300 digits (a guard against quadratic parsing): such a
+    # number reads as its text, exactly as sent, rather than failing a signed delivery.
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 # Made once: json.loads with an option builds a new decoder per call, and this runs on every delivery.
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_float, parse_int=_int)
+
+
+def decode_json(text: str) -> Any:
+    """The JSON document in ``text`` as every scheme reads a body: no NaN/Infinity, and a number Python cannot
+    hold as sent (past a double's range, or over 4,300 digits) as its text. ``ValueError`` (or
+    ``RecursionError``, nested past Python's limit) when it is not JSON."""
+    if text.startswith("\ufeff"):
+        # As json.loads refuses it (the decoder object alone would not).
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _DECODER.decode(text)
 
 
 def parse_json(body: bytes) -> Any:
     """The JSON document in ``body`` (strict UTF-8, no NaN/Infinity); PayloadError otherwise."""
     try:
-        text = body.decode("utf-8")
-        if text.startswith("\ufeff"):
-            # As json.loads refuses it (the decoder object alone would not).
-            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-        return _DECODER.decode(text)
+        return decode_json(body.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         # The decoder's message gives a position or a single byte, never the body, and helps whoever
         # debugs the sender.

@@ -24,6 +24,7 @@ from ._common import (
     SigningRequest,
     b64_hmac,
     decode_digest,
+    decode_json,
     require_text,
     secret_strings,
 )
@@ -147,7 +148,7 @@ def _refuse_constant(name: str) -> Any:
 
 def _items(body: bytes) -> list[dict[str, Any]]:
     try:
-        document = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+        document = decode_json(body.decode("utf-8"))
     except (ValueError, RecursionError):
         raise SignatureMalformed("body is not JSON, so it carries no Adyen notification to verify") from None
     return _document_items(document)

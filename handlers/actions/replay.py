@@ -1,24 +1,31 @@
-"""Replay of unmatched deliveries: events that arrived before any handler wanted them, claimed now.
+"""Replay of kept deliveries: unmatched ones (events that arrived before any handler wanted them) and refused
+ones (verified events that could not become effects: a key or tenant function raised, the tenant was not
+allowed, Postgres refused a value), claimed now.
 
 An unmatched delivery keeps its payload for the payload window. Once a handler for its event exists, a replay
 plans its effects exactly as the ingress does, with the same function (``plan.plan_event``: require, key,
 fingerprint and lock key), and claims them with the delivery's original tenant, event id and fingerprint — under the normal rules: a key
 claimed meanwhile is a duplicate (same payload) or a conflict (another payload), and replaying twice claims
-nothing twice. The original unmatched row stays as the record of what arrived.
+nothing twice. The original unmatched row stays as the record of what arrived. A refused row stays too, marked
+replayed (``refusal.replayed_at`` and the outcomes) once its effects are claimed; one that fails again stays
+as it was, to be replayed after the next fix. A refused event's tenant is read again by the source's rule
+(``tenant_of``, from the configuration): the refusal may have been that rule.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
-from effectgate.ledger import db
+from effectgate.ledger import db, refusals
 from effectgate.ledger.claims import Delivery, claim_delivery
 from effectgate.ledger.jobs import filters as bulk
 
 from ..event import Event
-from ..plan import PlanFailed, plan_event
+from ..plan import PlanFailed, TenantUnusable, plan_event
 from ..registry import Registry
 
 
@@ -29,6 +36,7 @@ class ReplayResult:
     deliveries: int = 0
     still_unmatched: int = 0
     key_failed: int = 0
+    tenant_unusable: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> dict[str, object]:
@@ -37,6 +45,7 @@ class ReplayResult:
             "deliveries": self.deliveries,
             "still_unmatched": self.still_unmatched,
             "key_failed": self.key_failed,
+            "tenant_unusable": self.tenant_unusable,
             "outcomes": dict(sorted(self.outcomes.items())),
         }
 
@@ -88,4 +97,67 @@ async def replay_unmatched(
         )
         for outcome in await claim_delivery(conn, delivery, effects, now=now):
             result.outcomes[outcome.outcome] += 1
+    return result
+
+
+async def replay_refused(
+    conn: db.Conn,
+    registry: Registry,
+    *,
+    source: str,
+    tenant_of: Callable[[str, Any], str],
+    since: datetime,
+    until: datetime | None = None,
+    limit: int = bulk.DEFAULT_LIMIT,
+    now: datetime | None = None,
+    unsigned_type_sources: frozenset[str] = frozenset(),
+) -> ReplayResult:
+    """Claim every kept refused delivery of ``source`` in [since, until) not replayed yet, planned as the ingress
+    plans it, with its tenant read again by ``tenant_of`` (the source's rule). A row whose effects are claimed is
+    marked replayed; one that still fails is counted (``key_failed``, ``tenant_unusable``) and left as it was."""
+    result = ReplayResult()
+    rows = await refusals.refused_for_replay(conn, source=source, since=since, until=until, limit=limit)
+    for row in rows:
+        result.deliveries += 1
+        try:
+            tenant = tenant_of(row["event_id"], row["payload"])
+        except TenantUnusable:
+            result.tenant_unusable += 1
+            continue
+        event = Event(
+            row["source"],
+            row["event_id"],
+            row["event_type"],
+            row["payload"],
+            tenant,
+            type_signed=row["source"] not in unsigned_type_sources,
+        )
+        try:
+            effects = plan_event(registry, event).effects
+        except PlanFailed:
+            result.key_failed += 1
+            continue
+        delivery = Delivery(
+            request_id=f"replay:{row['request_id']}"[:200],
+            tenant=tenant,
+            source=row["source"],
+            event_id=row["event_id"],
+            event_type=row["event_type"],
+            payload=row["payload"],
+            fingerprint=row["fingerprint"],
+            secret_index=row["secret_index"],
+        )
+        outcomes = await claim_delivery(conn, delivery, effects, now=now)
+        if not effects:
+            result.still_unmatched += 1
+        for outcome in outcomes:
+            result.outcomes[outcome.outcome] += 1
+        await refusals.mark_replayed(
+            conn,
+            row,
+            replayed_at=now or datetime.now(UTC),
+            outcomes=[
+                {"key": o.effect_key, "handler": o.handler, "outcome": str(o.outcome)} for o in outcomes
+            ],
+        )
     return result

@@ -48,6 +48,7 @@ __all__ = [
     "KEY_CONFLICTS",
     "MAX_LIMIT",
     "MAX_NAME_LENGTH",
+    "REFUSED_DELIVERIES",
     "REPORTS",
     "Activity",
     "EffectView",
@@ -73,6 +74,7 @@ T = ColumnType
 _SOURCE = Filter("source", FilterType.NAME, "Only this webhook source.")
 _TENANT = Filter("tenant", FilterType.NAME, "Only this tenant.")
 _EVENT_TYPE = Filter("event_type", FilterType.NAME, "Only this event type.")
+_EVENT_ID = Filter("event_id", FilterType.NAME, "Only this event id.")
 
 
 def _sorts(*named: tuple[str, tuple[LiteralString, ...], str]) -> tuple[Sort, ...]:
@@ -108,6 +110,12 @@ FIELDS: dict[str, Column] = {
         Column("bytes_total", T.INTEGER, "bytes"),
         Column("last_detail", T.TEXT, "last detail"),
         Column("hint", T.TEXT, "diagnosis", nullable=True),
+        Column("handler", T.TEXT, "handler", nullable=True),
+        Column("error", T.TEXT, "error", nullable=True),
+        Column("refusal_detail", T.TEXT, "detail", nullable=True),
+        Column("replayed_at", T.TIME, "replayed", nullable=True),
+        Column("body_bytes", T.INTEGER, "body bytes", nullable=True),
+        Column("replayable", T.BOOLEAN, "replayable"),
         Column("first_minute", T.TIME, "first minute"),
         Column("id", T.INTEGER, "id"),
         Column("kind", T.TEXT, "kind"),
@@ -133,6 +141,7 @@ FIELDS: dict[str, Column] = {
         Column("rejected", T.INTEGER, "rejected"),
         Column("unmatched", T.INTEGER, "unmatched"),
         Column("superseded", T.INTEGER, "superseded"),
+        Column("refused", T.INTEGER, "refused"),
         Column("duplicate_rate", T.NUMBER, "duplicate rate"),
         Column("reject_rate", T.NUMBER, "reject rate"),
     )
@@ -209,8 +218,7 @@ KEY_CONFLICTS = ReportSpec(
 AUTH_FAILURES = ReportSpec(
     name="auth_failures",
     title="Deliveries whose signature verification failed",
-    description="Totals by (source, reason) and counts per minute, newest first. Also authentic deliveries "
-    "Postgres refused to store (reason delivery_refused, with SQLSTATE and event id). Only metadata is kept "
+    description="Totals by (source, reason) and counts per minute, newest first. Only metadata is kept "
     "for these, never a body. The hint is a diagnosis made after the answer, sampled (a body re-encoded "
     "in transit); the counts reach the ledger within seconds of the answers.",
     query="report_auth_failures_per_minute",
@@ -259,7 +267,8 @@ DELIVERY_OUTCOMES = ReportSpec(
     title="Deliveries by outcome per source",
     description="Deliveries received in [since, until) (default: the last 24 hours) per source: how many "
     "were accepted, duplicates, rejected (key conflicts), matched no handler or were superseded (older than "
-    "the newest version claimed for their object, never run), and the duplicate and "
+    "the newest version claimed for their object, never run) or were refused (verified but could not become "
+    "effects: kept, replayable), and the duplicate and "
     "reject rates (of all deliveries). A delivery asking for several effects counts once per effect.",
     query="report_delivery_outcomes",
     filters=(_SOURCE, _TENANT),
@@ -268,9 +277,36 @@ DELIVERY_OUTCOMES = ReportSpec(
         ("source", ("source",), "by source name"),
     ),
     columns=_columns(
-        "source deliveries accepted duplicates rejected unmatched superseded duplicate_rate reject_rate"
+        "source deliveries accepted duplicates rejected unmatched superseded refused duplicate_rate reject_rate"
     ),
 )
 
-REPORTS: tuple[ReportSpec, ...] = (DUPLICATES, KEY_CONFLICTS, AUTH_FAILURES, JOBS, DELIVERY_OUTCOMES)
+REFUSED_DELIVERIES = ReportSpec(
+    name="refused_deliveries",
+    title="Verified deliveries that could not become effects",
+    description="Each event of a delivery whose signature was good but that was refused: a key, lock-key, "
+    "tenant or require function raised, its tenant was missing or not allowed, its payload was past what the "
+    "ledger stores, or Postgres refused a value. Kept with the raw body and the reason; `effectgate ledger "
+    "replay --refused` claims them once the cause is fixed, and marks them replayed.",
+    query="report_refused_deliveries",
+    filters=(_SOURCE, _TENANT, _EVENT_TYPE, _EVENT_ID),
+    sorts=_sorts(
+        ("-received", ("d.received_at", "d.id"), "newest first"),
+        ("received", ("d.received_at", "d.id"), "oldest first"),
+    ),
+    columns=_columns(
+        "received_at source tenant event_id event_type reason handler error refusal_detail replayed_at "
+        "body_bytes replayable"
+    ),
+    table=_names("received_at source event_id event_type reason handler error replayed_at"),
+)
+
+REPORTS: tuple[ReportSpec, ...] = (
+    DUPLICATES,
+    KEY_CONFLICTS,
+    AUTH_FAILURES,
+    REFUSED_DELIVERIES,
+    JOBS,
+    DELIVERY_OUTCOMES,
+)
 BY_NAME = by_name(REPORTS)

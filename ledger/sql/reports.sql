@@ -84,6 +84,22 @@ WHERE received_at >= %(since)s AND received_at < %(until)s
 GROUP BY source, event_type
 ORDER BY source, event_type;
 
+-- name: report_refused_deliveries
+-- Verified deliveries kept as refused (outcome 'refused'), one row per event, with why: one page.
+SELECT d.id, d.received_at, d.source, d.tenant, d.event_id, d.event_type, d.refusal->>'reason' AS reason,
+       d.refusal->>'handler' AS handler, d.refusal->>'error' AS error, d.refusal->>'detail' AS refusal_detail,
+       (d.refusal->>'replayed_at')::timestamptz AS replayed_at, octet_length(d.body) AS body_bytes,
+       d.payload IS NOT NULL AS replayable
+FROM deliveries d
+WHERE d.outcome = 'refused' AND d.received_at >= %(since)s AND d.received_at < %(until)s
+  AND (%(source)s::text IS NULL OR d.source = %(source)s)
+  AND (%(tenant)s::text IS NULL OR d.tenant = %(tenant)s)
+  AND (%(event_type)s::text IS NULL OR d.event_type = %(event_type)s)
+  AND (%(event_id)s::text IS NULL OR d.event_id = %(event_id)s)
+  AND {after}
+ORDER BY {order}
+LIMIT %(limit)s;
+
 -- name: report_auth_failures_by_reason
 -- Verification failures in the minutes of [since, until), by (source, reason), most first.
 SELECT source, reason, sum(count)::bigint AS count, sum(bytes_total)::bigint AS bytes_total,
@@ -130,6 +146,7 @@ SELECT * FROM (
            count(*) FILTER (WHERE outcome = 'rejected')::bigint AS rejected,
            count(*) FILTER (WHERE outcome = 'unmatched')::bigint AS unmatched,
            count(*) FILTER (WHERE outcome = 'superseded')::bigint AS superseded,
+           count(*) FILTER (WHERE outcome = 'refused')::bigint AS refused,
            (count(*) FILTER (WHERE outcome = 'duplicate'))::float8 / count(*) AS duplicate_rate,
            (count(*) FILTER (WHERE outcome = 'rejected'))::float8 / count(*) AS reject_rate
     FROM deliveries

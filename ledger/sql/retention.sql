@@ -104,7 +104,7 @@ due AS (
     LIMIT %(limit)s
     FOR UPDATE OF d SKIP LOCKED
 )
-UPDATE deliveries d SET payload = NULL FROM due
+UPDATE deliveries d SET payload = NULL, body = NULL FROM due
 WHERE d.id = due.id AND d.received_at = due.received_at AND (%(tenant)s::text IS NULL OR d.tenant = %(tenant)s);
 
 -- name: unmatched_seen_purge_expired

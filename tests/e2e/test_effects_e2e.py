@@ -100,13 +100,15 @@ def test_two_connected_accounts_with_the_same_order_id_are_two_effects_and_two_c
     assert keys[0]["idempotency_key"] != keys[1]["idempotency_key"]
 
 
-def test_a_connect_event_without_an_account_is_400_and_claims_nothing(stack: Stack) -> None:
+def test_a_connect_event_without_an_account_is_kept_acknowledged_and_claims_nothing(stack: Stack) -> None:
     answer = stack.deliver(event("6006", "evt_no_account"), source="connect")
-    assert answer.status_code == 400
-    assert answer.json()["error"] == "tenant_missing"
+    assert answer.status_code == 200
+    assert (answer.json()["error"], answer.json()["kept"]) == ("tenant_missing", True)
     with psycopg.connect(stack.db_url, row_factory=dict_row) as conn:
-        for table in ("effects", "deliveries", "jobs", "effect_rejects"):
+        for table in ("effects", "jobs", "effect_rejects"):
             assert conn.execute(f"SELECT count(*) AS n FROM {table}").fetchone() == {"n": 0}, table
+        kept = conn.execute("SELECT event_id, outcome, tenant FROM deliveries").fetchall()
+        assert kept == [{"event_id": "evt_no_account", "outcome": "refused", "tenant": ""}]
 
 
 def test_a_worker_killed_between_capture_and_its_record_captures_once(stack: Stack) -> None:

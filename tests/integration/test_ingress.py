@@ -32,6 +32,7 @@ max_body_bytes = 4096
 scheme = "stripe"
 secrets = ["STRIPE_SECRET"]
 on_conflict = 409
+on_refusal = "reject"
 
 [sources.lenient]
 scheme = "stripe"
@@ -197,24 +198,45 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage() == "delivery.refused"]
 
 
-async def test_a_key_function_that_fails_is_422_and_claims_nothing(
+async def refused_rows(conn: db.Conn) -> list[dict[str, Any]]:
+    return await rows(
+        conn,
+        "SELECT source, tenant, event_id, event_type, outcome, refusal, body, payload, effect_id "
+        "FROM deliveries WHERE outcome = 'refused' ORDER BY id",
+    )
+
+
+async def test_a_key_function_that_fails_is_422_under_reject_kept_and_claims_nothing(
     client: httpx.AsyncClient, conn: db.Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     body = json.dumps(
         {"id": "evt_x", "type": "payment_intent.succeeded", "secret_note": "s3cr3t", "data": {"object": {}}}
     ).encode()
     r = await post(client, "stripe", body, {**stripe_headers(body), "x-request-id": "req-key"})
-    assert (r.status_code, r.json()["error"]) == (422, "effect_key_failed")
+    assert (r.status_code, r.json()["error"], r.json()["kept"]) == (422, "effect_key_failed", True)
     assert "stripe.fulfil" in r.json()["detail"]
     assert await rows(conn, "SELECT * FROM effects") == []
+    # Kept, byte-exact, with why: the operator replays it once the handler is fixed.
+    [kept] = await refused_rows(conn)
+    assert kept["body"] == body and kept["payload"] == json.loads(body)
+    assert (kept["source"], kept["tenant"], kept["event_id"], kept["effect_id"]) == (
+        "stripe",
+        "default",
+        "evt_x",
+        None,
+    )
+    assert kept["refusal"]["reason"] == "effect_key_failed"
+    assert (kept["refusal"]["handler"], kept["refusal"]["error_type"]) == ("stripe.fulfil", "KeyError")
+    assert kept["refusal"]["error"] == "KeyError: 'metadata'"
     # Genuine, so the provider retries it until it gives up: an operator hears of it, with what to look for.
     [logged] = refusals(caplog)
     assert logged.levelname == "WARNING"
-    assert {key: getattr(logged, key) for key in ("source", "request_id", "reason", "event_id")} == {
+    assert {key: getattr(logged, key) for key in ("source", "request_id", "reason", "event_id", "kept")} == {
         "source": "stripe",
         "request_id": "req-key",
         "reason": "effect_key_failed",
         "event_id": "evt_x",
+        "kept": True,
     }
     assert (logged.event_type, logged.event_ids, logged.handler) == (  # type: ignore[attr-defined]
         "payment_intent.succeeded",
@@ -223,6 +245,36 @@ async def test_a_key_function_that_fails_is_422_and_claims_nothing(
     )
     assert logged.error == "KeyError: 'metadata'"  # type: ignore[attr-defined]
     assert "s3cr3t" not in str(vars(logged)) and STRIPE_SECRET not in str(vars(logged))
+
+
+async def test_a_key_function_that_fails_is_acknowledged_by_default_once_kept(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    # Stripe retries a non-2xx for three days, then may disable the endpoint and every other event with it.
+    body = json.dumps({"id": "evt_y", "type": "charge.succeeded", "data": {"object": {}}}).encode()
+    r = await post(client, "lenient", body, stripe_headers(body))
+    assert r.status_code == 200
+    assert (r.json()["error"], r.json()["kept"], r.json()["event_ids"]) == (
+        "effect_key_failed",
+        True,
+        ["evt_y"],
+    )
+    assert await rows(conn, "SELECT * FROM effects") == []
+    [kept] = await refused_rows(conn)
+    assert (kept["event_id"], kept["refusal"]["handler"], kept["body"]) == ("evt_y", "lenient.fulfil", body)
+
+
+async def test_a_refusal_that_cannot_be_kept_is_not_acknowledged(db_url: str) -> None:
+    # The ledger goes away between the claim's plan and the keeping: a 2xx would lose the only copy.
+    unreachable = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"
+    app = create_app(parse(CONFIG, env=ENV), make_registry(), unreachable, pool_timeout=1.0)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            body = json.dumps({"id": "evt_z", "type": "charge.succeeded", "data": {"object": {}}}).encode()
+            r = await post(c, "lenient", body, stripe_headers(body))
+    assert (r.status_code, r.json()["error"], r.headers["retry-after"]) == (503, "effect_key_failed", "1")
+    assert "not acknowledged" in r.json()["detail"]
 
 
 async def test_an_event_no_handler_wants_is_200_and_recorded_as_unmatched(
@@ -298,24 +350,71 @@ async def test_deliveries_and_failures_are_counted_in_the_metrics(client: httpx.
     assert grew("effectgate_verification_failures_total", source="stripe", reason="signature_missing") == 1
 
 
-@pytest.mark.parametrize("text", ["nul \\u0000 inside", "lone \\ud800 surrogate"])
-async def test_an_authentic_payload_postgres_cannot_store_is_400_and_leaves_nothing(
-    client: httpx.AsyncClient, conn: db.Conn, text: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("text", "stored"),
+    [("nul \\u0000 inside", "nul \ufffd inside"), ("lone \\ud800 surrogate", "lone \ufffd surrogate")],
+)
+async def test_an_authentic_payload_with_text_postgres_cannot_store_is_claimed_with_u_fffd(
+    client: httpx.AsyncClient, conn: db.Conn, text: str, stored: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # User-entered text (a gift note, an address line) the provider signed: claimed, not refused for days.
+    caplog.set_level(logging.INFO, "effectgate.gateway")
     body = (
-        '{"id": "evt_bad", "type": "payment_intent.succeeded", "note": "' + text + '", '
+        '{"id": "evt_odd", "type": "payment_intent.succeeded", "note": "' + text + '", '
         '"data": {"object": {"id": "pi_1", "metadata": {"order_id": "9"}}}}'
     ).encode()
     r = await post(client, "stripe", body, stripe_headers(body))
-    assert (r.status_code, r.json()["error"]) == (400, "malformed_payload")
-    assert await rows(conn, "SELECT * FROM deliveries") == []
-    [logged] = refusals(caplog)
-    assert (logged.levelname, logged.reason, logged.event_id) == (  # type: ignore[attr-defined]
-        "WARNING",
-        "malformed_payload",
-        "evt_bad",
-    )
-    assert logged.event_type == "payment_intent.succeeded"  # type: ignore[attr-defined]
+    assert r.status_code == 202, r.text
+    assert (await post(client, "stripe", body, stripe_headers(body))).status_code == 200  # a duplicate
+    [effect] = await rows(conn, "SELECT payload, delivery_count FROM effects WHERE handler = 'stripe.fulfil'")
+    assert (effect["payload"]["note"], effect["delivery_count"]) == (stored, 2)
+    assert await refused_rows(conn) == []
+    logged = [r for r in caplog.records if r.getMessage() == "delivery.payload_rewritten"]
+    assert [r.event_id for r in logged] == ["evt_odd", "evt_odd"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("number", "read_as"),
+    [("1e400", "1e400"), ("-1e400", "-1e400"), ("9" * 5000, "9" * 5000), ("12.5", 12.5), ("7", 7)],
+)
+async def test_a_number_past_what_python_holds_reads_as_its_text(
+    db_url: str, conn: db.Conn, number: str, read_as: object
+) -> None:
+    body = (
+        '{"id": "evt_num", "type": "payment_intent.succeeded", "amount": ' + number + ", "
+        '"data": {"object": {"id": "pi_1", "metadata": {"order_id": "9"}}}}'
+    ).encode()
+    config = parse(CONFIG.replace("max_body_bytes = 4096", "max_body_bytes = 65536"), env=ENV)
+    app = create_app(config, make_registry(), db_url)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            r = await post(client, "lenient", body, stripe_headers(body))
+    assert r.status_code == 202, r.text
+    [effect] = await rows(conn, "SELECT payload FROM effects")
+    assert effect["payload"]["amount"] == read_as
+
+
+async def test_a_payload_nested_past_the_documented_limit_is_refused_and_kept(
+    client: httpx.AsyncClient, conn: db.Conn
+) -> None:
+    from effectgate.ledger.storable import MAX_DEPTH
+
+    deep_ok = "[" * (MAX_DEPTH - 5) + "]" * (MAX_DEPTH - 5)
+    too_deep = "[" * (MAX_DEPTH + 5) + "]" * (MAX_DEPTH + 5)
+    for event_id, nested in (("evt_ok", deep_ok), ("evt_deep", too_deep)):
+        body = (
+            '{"id": "' + event_id + '", "type": "payment_intent.succeeded", "nested": ' + nested + ", "
+            '"data": {"object": {"id": "pi_1", "metadata": {"order_id": "' + event_id + '"}}}}'
+        ).encode()
+        r = await post(client, "lenient", body, stripe_headers(body))
+        if event_id == "evt_ok":
+            assert r.status_code == 202, r.text
+        else:
+            assert (r.status_code, r.json()["error"], r.json()["kept"]) == (200, "malformed_payload", True)
+            [kept] = await refused_rows(conn)
+            assert (kept["event_id"], kept["payload"], kept["body"]) == ("evt_deep", None, body)
+    assert [e["event_id"] for e in await rows(conn, "SELECT event_id FROM effects")] == ["evt_ok"]
 
 
 async def test_health_and_readiness(client: httpx.AsyncClient) -> None:
@@ -396,16 +495,24 @@ async def test_the_tenant_comes_from_the_event_so_two_accounts_keep_one_order_id
         ("acct_1x", "tenant_not_allowed"),
     ],
 )
-async def test_an_event_without_a_usable_tenant_is_400_and_nothing_is_claimed(
+async def test_an_event_without_a_usable_tenant_is_kept_and_nothing_is_claimed(
     client: httpx.AsyncClient, conn: db.Conn, account: object, code: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     body = connect_event(account)
     r = await post(client, "connect", body, stripe_headers(body))
-    assert r.status_code == 400
+    assert r.status_code == 200
     assert r.json()["error"] == code
     assert "/account" in r.json()["detail"]
-    for table in ("effects", "jobs", "deliveries", "effect_rejects"):
+    for table in ("effects", "jobs", "effect_rejects"):
         assert await rows(conn, f"SELECT * FROM {table}") == [], table
+    # Kept under no tenant: the replay reads it again by the source's rule, once that rule allows it.
+    [kept] = await refused_rows(conn)
+    assert (kept["tenant"], kept["event_id"], kept["refusal"]["reason"], kept["body"]) == (
+        "",
+        "evt_c1",
+        code,
+        body,
+    )
     [logged] = refusals(caplog)
     assert (logged.levelname, logged.reason, logged.event_id) == ("WARNING", code, "evt_c1")  # type: ignore[attr-defined]
 
@@ -430,7 +537,15 @@ async def test_a_delivery_postgres_refuses_gets_its_own_400_and_its_batch_mates_
             answers = await asyncio.gather(*(post(c, "stripe", b, stripe_headers(b)) for b in bodies))
     assert [r.status_code for r in answers] == [202] * 5 + [400] + [202] * 6
     assert answers[5].json()["error"] == "delivery_refused"
-    delivered = await rows(conn, "SELECT event_id, outcome FROM deliveries ORDER BY event_id")
+    [kept] = await refused_rows(conn)
+    assert (kept["event_id"], kept["refusal"]["reason"], kept["body"]) == (
+        "evt_bad",
+        "delivery_refused",
+        bodies[5],
+    )
+    delivered = await rows(
+        conn, "SELECT event_id, outcome FROM deliveries WHERE outcome <> 'refused' ORDER BY event_id"
+    )
     assert delivered == sorted(
         ({"event_id": f"evt_{n}", "outcome": "accepted"} for n in range(12) if n != 5),
         key=lambda r: r["event_id"],

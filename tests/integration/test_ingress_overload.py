@@ -5,7 +5,6 @@ immediate 503 ``overloaded`` with ``Retry-After``; a held key answers 503 ``clai
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,7 +36,7 @@ async def admin(db_url: str) -> AsyncIterator[db.Conn]:
         yield conn
 
 
-async def test_a_delivery_postgres_refuses_is_400_recorded_and_the_50_sent_with_it_are_claimed(
+async def test_a_delivery_postgres_refuses_is_400_kept_and_the_50_sent_with_it_are_claimed(
     db_url: str, admin: db.Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     # An authentic event whose type is over the btree row limit (the type is indexed with the effect): Postgres
@@ -60,19 +59,15 @@ async def test_a_delivery_postgres_refuses_is_400_recorded_and_the_50_sent_with_
     assert refused["error"] == "delivery_refused" and "54000" in refused["detail"]
     assert "index row" not in refused["detail"]
     assert len(await rows(admin, "SELECT * FROM jobs")) == 50
-    assert await rows(admin, "SELECT * FROM deliveries WHERE event_id = 'evt_poison'") == []
-    # Where an operator sees it: the rejects report's unauthenticated-and-refused counts, metadata only.
-    [record] = await rows(
+    # Where an operator sees it: kept as a refused delivery, its body byte-exact, with the SQLSTATE.
+    [kept] = await rows(
         admin,
-        "SELECT source, reason, count, bytes_total, last_body_sha256, last_detail FROM signature_failures",
+        "SELECT event_id, event_type, refusal, body, effect_id FROM deliveries WHERE outcome = 'refused'",
     )
-    assert (record["source"], record["reason"], record["count"]) == ("stripe", "delivery_refused", 1)
-    assert (record["bytes_total"], record["last_body_sha256"]) == (
-        len(poison),
-        hashlib.sha256(poison).hexdigest(),
-    )
-    assert "54000" in record["last_detail"] and "evt_poison" in record["last_detail"]
-    assert long_type[:40] not in record["last_detail"]
+    assert (kept["event_id"], kept["body"], kept["effect_id"]) == ("evt_poison", poison, None)
+    assert (kept["refusal"]["reason"], kept["refusal"]["sqlstate"]) == ("delivery_refused", "54000")
+    assert kept["event_type"] == long_type[:500]
+    assert await rows(admin, "SELECT * FROM signature_failures") == []
     # The gateway says why, at warning, with the SQLSTATE: not a database outage.
     [logged] = [r for r in caplog.records if r.getMessage() == "delivery.refused"]
     assert (logged.levelname, logged.reason, logged.sqlstate) == (  # type: ignore[attr-defined]

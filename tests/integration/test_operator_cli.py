@@ -21,6 +21,7 @@ from effectgate.gateway.operator import documents
 from effectgate.gateway.operator.cli import command
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger.claims import claim_delivery
+from effectgate.ledger.refusals import RefusedEvent, keep_refused
 
 from .jobs_fixtures import connected
 from .test_reports_seed import NOW, seeded_database
@@ -135,7 +136,7 @@ def test_rejects_show_conflicts_with_their_diff_and_auth_failures(
     assert "evt_forged" in out and "/data/object/amount: 1000 → 999" in out and "/coupon: added" in out
     assert "signature_invalid" in out and "signature_missing" in out
     code, out, _ = run(capsys, "ledger", "rejects", *WINDOW, "--format", "json")
-    assert set(json.loads(out)) == {"conflicts", "auth"}
+    assert set(json.loads(out)) == {"conflicts", "refused", "auth"}
     code, out, _ = run(capsys, "ledger", "rejects", *WINDOW, "--kind", "auth", "--format", "csv")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert [(r["source"], r["reason"], r["count"]) for r in rows] == [
@@ -396,6 +397,9 @@ def _prepare(
             return WINDOW, ["signature_invalid"]
         case ("ledger", "jobs"):
             return WINDOW, ["fulfil_order", "failed"]
+        case ("ledger", "refused-deliveries"):
+            asyncio.run(_refused(url))
+            return WINDOW, ["evt_refused_table", "effect_key_failed", "shop.capture", "KeyError: 'order_id'"]
         case ("ledger", "delivery-outcomes"):
             return WINDOW, ["DUPLICATES", "shopify  2           1         1"]
         case ("ledger", "rejects"):
@@ -455,6 +459,25 @@ async def _unmatched(url: str) -> None:
     async with connected(url) as conn:
         for n in range(2):
             await claim_delivery(conn, delivery(f"table{n}"), [])
+
+
+async def _refused(url: str) -> None:
+    async with connected(url) as conn:
+        await keep_refused(
+            conn,
+            request_id="req_refused_table",
+            source="stripe",
+            secret_index=0,
+            events=[RefusedEvent("evt_refused_table", "charge.succeeded", "default", '{"id": 1}', "f" * 64)],
+            refusal={
+                "reason": "effect_key_failed",
+                "handler": "shop.capture",
+                "error": "KeyError: 'order_id'",
+                "event_id": "evt_refused_table",
+            },
+            body=b'{"id": 1}',
+            now=NOW - timedelta(minutes=5),
+        )
 
 
 # Read from the parser: a command added without a case in _prepare fails its own parametrised test.

@@ -364,7 +364,7 @@ async def test_overview_puts_jobs_that_need_a_human_first_and_shows_rates(seeded
         )
         assert body.index("oldest due job waiting") < body.index("duplicate rate")
         # source, deliveries, accepted, duplicates, rejected, unmatched, superseded, the two rates.
-        assert "stripe 5 2 2 1 0 0 40.0 % 20.0 %" in body
+        assert "stripe 5 2 2 1 0 0 0 40.0 % 20.0 %" in body
         assert "superseded" in body
         # Relative times beside timestamps.
         assert re.search(r"2025-03-04 11:00:00 \d+ d \d+ h ago", body)
@@ -375,7 +375,10 @@ async def test_a_report_added_to_the_specs_has_a_page(seeded_url: str) -> None:
         page = await client.get(f"/ui/delivery-outcomes?{WINDOW}&sort=source")
         assert page.status_code == 200
         body = text(page.text)
-        assert "unmatched superseded duplicate rate" in body and "shopify 2 1 1 0 0 0 50.0 % 0.0 %" in body
+        assert (
+            "unmatched superseded refused duplicate rate" in body
+            and "shopify 2 1 1 0 0 0 0 50.0 % 0.0 %" in body
+        )
         assert body.index("shopify") < body.index("stripe 5")
         assert '<a href="/ui/delivery-outcomes">' in page.text
         assert (await client.get("/ui/delivery-outcomes?sort=amount")).status_code == 400

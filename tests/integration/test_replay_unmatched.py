@@ -140,6 +140,7 @@ def test_the_cli_replays_unmatched_deliveries_of_a_source(
         "deliveries": 2,
         "still_unmatched": 0,
         "key_failed": 0,
+        "tenant_unusable": 0,
         "outcomes": {"accepted": 2},
     }
     code, out, _ = run_cli(

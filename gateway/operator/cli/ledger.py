@@ -13,7 +13,7 @@ from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db
 from effectgate.ledger.jobs import filters as ledger_bulk
 from effectgate.ledger.maintenance import retention
-from effectgate.ledger.reports import AUTH_FAILURES, KEY_CONFLICTS, REPORTS, ReportSpec
+from effectgate.ledger.reports import AUTH_FAILURES, KEY_CONFLICTS, REFUSED_DELIVERIES, REPORTS, ReportSpec
 
 from .. import documents, reporting
 from ..params import BadParameter, parse_bulk_limit, parse_time
@@ -59,18 +59,27 @@ async def cmd_rejects(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> N
     kind = args.kind
     if kind == "all" and (args.format == "csv" or args.cursor):
         raise BadParameter(
-            "kind", "--format csv and --cursor need one kind of reject: --kind conflicts or --kind auth"
+            "kind",
+            "--format csv and --cursor need one kind of reject: --kind conflicts, --kind refused or --kind auth",
         )
     conflicts_only = [
-        p for p in raw_parameters(KEY_CONFLICTS, args) if p not in reporting.parameters(AUTH_FAILURES)
+        p for p in raw_parameters(REFUSED_DELIVERIES, args) if p not in reporting.parameters(AUTH_FAILURES)
     ]
+    if kind in ("conflicts", "auth") and getattr(args, "event_id", None) is not None:
+        raise BadParameter(
+            "event_id", "only refused deliveries are listed by event id: --kind refused or all"
+        )
     if kind == "auth" and conflicts_only:
         raise BadParameter(
             "kind",
             "authentication failures are kept per source and reason only: no "
             + ", ".join("--" + p.replace("_", "-") for p in conflicts_only),
         )
-    conflicts = auth = None
+    conflicts = auth = refused = None
+    if kind in ("all", "refused"):
+        refused = reporting.document(
+            await reporting.fetch(conn, REFUSED_DELIVERIES, raw_parameters(REFUSED_DELIVERIES, args))
+        )
     if kind in ("all", "conflicts"):
         conflicts = reporting.document(
             await reporting.fetch(conn, KEY_CONFLICTS, raw_parameters(KEY_CONFLICTS, args))
@@ -86,16 +95,43 @@ async def cmd_rejects(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> N
             if kind == "conflicts"
             else auth
             if kind == "auth"
-            else {"conflicts": conflicts, "auth": auth},
+            else refused
+            if kind == "refused"
+            else {"conflicts": conflicts, "refused": refused, "auth": auth},
         )
         return
     if args.format == "csv":
-        if conflicts is not None:
+        if refused is not None:
+            print_csv(out, refused["items"], documents.REFUSED_FIELDS)
+        elif conflicts is not None:
             print_csv(out, conflicts["items"], documents.CONFLICT_FIELDS)
         elif auth is not None:
             print_csv(out, auth["per_minute"], documents.AUTH_MINUTE_FIELDS)
         return
-    print_window(out, conflicts or auth or {})
+    print_window(out, conflicts or refused or auth or {})
+    if refused is not None:
+        print(
+            "refused deliveries (verified, could not become effects; kept: replay with "
+            "`effectgate ledger replay --refused`):",
+            file=out,
+        )
+        print_table(
+            out,
+            refused["items"],
+            [
+                ("RECEIVED", "received_at"),
+                ("SOURCE", "source"),
+                ("EVENT", "event_id"),
+                ("EVENT TYPE", "event_type"),
+                ("REASON", "reason"),
+                ("HANDLER", "handler"),
+                ("ERROR", "error"),
+                ("REPLAYED", "replayed_at"),
+            ],
+        )
+        print_more(out, refused)
+        if conflicts is not None:
+            print(file=out)
     if conflicts is not None:
         print("key conflicts (a different payload reused a held effect key; recorded, never run):", file=out)
         rows = [{**i, "changes": diff_summary(i["diff"], i["diff_truncated"])} for i in conflicts["items"]]
@@ -149,7 +185,8 @@ def _retention_config(args: argparse.Namespace) -> tuple[str | None, retention.R
 
 
 def run_replay(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
-    """``effectgate ledger replay --unmatched``: the handlers come from the configuration, read first."""
+    """``effectgate ledger replay --unmatched|--refused``: the handlers (and, for refused deliveries, the
+    source's tenant rule) come from the configuration, read first."""
     import os
 
     from ...config import DEFAULT_CONFIG_FILE, ConfigError, load
@@ -167,6 +204,7 @@ def run_replay(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
     args.unsigned_type_sources = frozenset(
         n for n, fields in unsigned_fields(config).items() if "type" in fields
     )
+    args.tenant_of = config.sources[args.source].tenant_rule.tenant_of
     return runner(cmd_replay, run_on_ledger)(args)
 
 
@@ -175,24 +213,30 @@ async def cmd_replay(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> No
     since = parse_time(args.since, "since", now=now)
     until = parse_time(args.until, "until", now=now)
     assert since is not None  # required by the parser
-    result = await replay.replay_unmatched(
-        conn,
-        REGISTRY,
-        source=args.source,
-        since=since,
-        until=until,
-        limit=parse_bulk_limit(args.limit),
-        unsigned_type_sources=getattr(args, "unsigned_type_sources", frozenset()),
-    )
+    common = {
+        "source": args.source,
+        "since": since,
+        "until": until,
+        "limit": parse_bulk_limit(args.limit),
+        "unsigned_type_sources": getattr(args, "unsigned_type_sources", frozenset()),
+    }
+    if args.refused:
+        result = await replay.replay_refused(conn, REGISTRY, tenant_of=args.tenant_of, **common)
+        what = "refused"
+    else:
+        result = await replay.replay_unmatched(conn, REGISTRY, **common)
+        what = "unmatched"
     if args.format == "json":
         print_json(out, result.summary())
         return
-    print(f"{result.deliveries} unmatched deliveries of {args.source} replayed", file=out)
+    print(f"{result.deliveries} {what} deliveries of {args.source} replayed", file=out)
     for outcome, n in sorted(result.outcomes.items()):
         print(f"  effects {outcome}: {n}", file=out)
     print(f"  still unmatched (no handler yet): {result.still_unmatched}", file=out)
     if result.key_failed:
         print(f"  key function failed: {result.key_failed}", file=out)
+    if result.tenant_unusable:
+        print(f"  tenant still unusable: {result.tenant_unusable}", file=out)
 
 
 def run_retention(args: argparse.Namespace, run_on_ledger: LedgerRunner) -> int:
@@ -270,10 +314,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
         report_flags(command, spec)
         command.set_defaults(func=runner(report_command(spec), run_on_ledger))
 
-    rej = reports_sub.add_parser("rejects", help="key conflicts and authentication failures", epilog=EPILOG)
-    report_flags(rej, KEY_CONFLICTS)
+    rej = reports_sub.add_parser(
+        "rejects", help="key conflicts, refused deliveries and authentication failures", epilog=EPILOG
+    )
+    report_flags(rej, REFUSED_DELIVERIES)
     rej.add_argument(
-        "--kind", choices=["all", "conflicts", "auth"], default="all", help="which rejects (default: all)"
+        "--kind",
+        choices=["all", "conflicts", "refused", "auth"],
+        default="all",
+        help="which rejects (default: all)",
     )
     rej.set_defaults(func=runner(cmd_rejects, run_on_ledger))
 
@@ -284,9 +333,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
     show.set_defaults(func=runner(effect.cmd_show, run_on_ledger))
 
     rep = reports_sub.add_parser(
-        "replay", help="claim kept unmatched deliveries as if they had just arrived", epilog=EPILOG
+        "replay", help="claim kept unmatched or refused deliveries as if they had just arrived", epilog=EPILOG
     )
-    rep.add_argument("--unmatched", action="store_true", required=True, help="replay unmatched deliveries")
+    which = rep.add_mutually_exclusive_group(required=True)
+    which.add_argument("--unmatched", action="store_true", help="replay unmatched deliveries")
+    which.add_argument(
+        "--refused",
+        action="store_true",
+        help="replay refused deliveries not replayed yet (after fixing the handler or the tenant rule)",
+    )
     rep.add_argument("--source", required=True, help="the webhook source whose deliveries to replay")
     rep.add_argument("--since", required=True, help="received since: ISO 8601 or 30m, 24h, 7d")
     rep.add_argument("--until", help="received before (default now)")

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from effectgate.ledger import db
-from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS
+from effectgate.ledger.reports import AUTH_FAILURES, JOBS, KEY_CONFLICTS, REFUSED_DELIVERIES
 from effectgate.ledger.reports.spec import ReportSpec
 
 from ...config.operator import OperatorToken
@@ -91,9 +91,12 @@ def report_page(spec: ReportSpec) -> Callable[[Request], Awaitable[Response]]:
 async def rejects(
     request: Request, conn: db.Conn, operator: OperatorToken, query: dict[str, str]
 ) -> Response:
-    """Key conflicts with their diffs, and authentication failures."""
+    """Key conflicts with their diffs, refused deliveries, and authentication failures."""
     refresh = refresh_of(query)
     document = await fetch_document(conn, KEY_CONFLICTS, query)
+    refused = await fetch_document(
+        conn, REFUSED_DELIVERIES, {k: v for k, v in query.items() if k != "cursor"}
+    )
     auth = await fetch_document(conn, AUTH_FAILURES, {k: v for k, v in query.items() if k != "cursor"})
     by_reason = AUTH_FAILURES.summary.columns if AUTH_FAILURES.summary else ()
     sections = [
@@ -103,6 +106,14 @@ async def rejects(
             document["items"],
             document["next_cursor"],
             "A different payload reused an effect key already held: recorded, never run.",
+        ),
+        Section(
+            "Refused deliveries",
+            cells(REFUSED_DELIVERIES.table_columns, REFUSED_DELIVERIES),
+            refused["items"],
+            note="Verified, but they could not become effects (a key or tenant function raised, a value "
+            "Postgres refuses): kept with their body; `effectgate ledger replay --refused` claims them once "
+            "the cause is fixed.",
         ),
         Section(
             "Authentication failures by reason",
