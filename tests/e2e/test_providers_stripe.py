@@ -20,8 +20,7 @@ from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.stripe import StripeSteps, call_stripe, stripe_client
 from effectgate.ledger import db
 from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.jobs import steps
-from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry
+from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry, run_job
 
 from .fake_servers import serving
 
@@ -173,17 +172,6 @@ async def test_a_connection_refused_is_transient() -> None:
 # -- what already happened counts as done --------------------------------------------------------------
 
 
-async def run_one(pool: db.Pool, key: str, handler: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run `handler` as one job; its row and its recorded steps (name → result or error)."""
-    async with pool.connection() as conn:
-        job_id = await claim(conn, key, max_attempts=3)
-    await make_worker(pool, registry(kind(handler))).run_until_idle()
-    async with pool.connection() as conn:
-        row = dict(await jobs.get(conn, job_id) or {})
-        recorded = await steps.for_effect(conn, row["effect_id"])
-    return row, {n: s.result if s.status == "succeeded" else s.error for n, s in recorded.items()}
-
-
 async def test_an_intent_captured_in_the_dashboard_is_the_captures_outcome(
     pool: db.Pool, fake: httpx.AsyncClient, client: stripe.StripeClient
 ) -> None:
@@ -199,7 +187,7 @@ async def test_an_intent_captured_in_the_dashboard_is_the_captures_outcome(
         captured = await steps_.capture(ctx, "pi_dash")
         assert captured["recovered"] == "already_captured"
 
-    row, recorded = await run_one(pool, "order:dash", handler)
+    row, recorded = await run_job(pool, "order:dash", handler)
     assert row["state"] == "succeeded" and row["attempt"] == 1
     result = recorded["capture"]
     assert (result["id"], result["status"], result["amount_received"]) == ("pi_dash", "succeeded", 1500)
@@ -219,7 +207,7 @@ async def test_a_canceled_intent_fails_the_capture_naming_its_state(
     async def handler(ctx: EffectContext, ev: Event) -> None:
         await steps_.capture(ctx, "pi_gone")
 
-    row, recorded = await run_one(pool, "order:gone", handler)
+    row, recorded = await run_job(pool, "order:gone", handler)
     assert row["state"] == "failed" and row["attempt"] == 1
     assert recorded["capture"]["code"] == "payment_intent_unexpected_state"
     assert "pi_gone is canceled, not captured" in recorded["capture"]["message"]
@@ -236,7 +224,7 @@ async def test_a_capture_elsewhere_for_another_amount_is_not_this_steps_capture(
     async def handler(ctx: EffectContext, ev: Event) -> None:
         await steps_.capture(ctx, "pi_part")
 
-    row, recorded = await run_one(pool, "order:part", handler)
+    row, recorded = await run_job(pool, "order:part", handler)
     assert row["state"] == "failed"
     assert "captured elsewhere for 500, not the 1500" in recorded["capture"]["message"]
 
@@ -257,7 +245,7 @@ async def test_a_charge_refunded_in_the_dashboard_is_the_refunds_outcome(
         refunded = await steps_.refund(ctx, payment_intent="pi_back")
         assert refunded["recovered"] == "already_refunded"
 
-    row, recorded = await run_one(pool, "order:back", handler)
+    row, recorded = await run_job(pool, "order:back", handler)
     assert row["state"] == "succeeded" and row["attempt"] == 1
     result = recorded["refund"]
     assert (result["id"], result["amount"], result["object"]) == (elsewhere["id"], 800, "refund")
@@ -278,7 +266,7 @@ async def test_a_canceled_intent_fails_the_refund_naming_its_state(
     async def handler(ctx: EffectContext, ev: Event) -> None:
         await steps_.refund(ctx, payment_intent="pi_void")
 
-    row, recorded = await run_one(pool, "order:void", handler)
+    row, recorded = await run_job(pool, "order:void", handler)
     assert row["state"] == "failed"
     assert recorded["refund"]["code"] == "charge_already_refunded"
     assert "pi_void is canceled, never captured" in recorded["refund"]["message"]
