@@ -23,8 +23,8 @@ the admin, by another app — is that it has no `OPEN` fulfillment order left: t
 and closed" (https://shopify.dev/docs/api/admin-graphql/latest/enums/FulfillmentOrderStatus). The step then
 reads the order's fulfillments and records a `SUCCESS` one — the one carrying its tracking number if there
 is one, else the latest — with `recovered: "already_fulfilled"`. A cancelled order (`cancelledAt` set),
-fulfillment orders in any other state (`CANCELLED`, `ON_HOLD`, `SCHEDULED`, …) or closed ones with no
-successful fulfillment are a `TerminalError` naming the state.
+fulfillment orders none of which is `CLOSED` or some of which are still `ON_HOLD`, `SCHEDULED`, … , or
+closed ones with no successful fulfillment are a `TerminalError` naming the state.
 
 GraphQL answers 200 for most failures; they are classified here: a top-level `THROTTLED` error is transient
 (Shopify's leaky bucket refills), other top-level errors and any `userErrors` are terminal.
@@ -132,7 +132,9 @@ async def fulfil_order(
         if order.get("cancelledAt"):
             message = f"{where} was cancelled at {order['cancelledAt']}, not fulfilled"
             raise TerminalError(message, code="order_cancelled")
-        if statuses != ["CLOSED"]:
+        # A cancelled fulfillment order beside a closed one is Shopify's replacement after a cancel: the
+        # closed one was fulfilled. Any other state (ON_HOLD, SCHEDULED, IN_PROGRESS, …) is not an ending.
+        if "CLOSED" not in statuses or not set(statuses) <= {"CLOSED", "CANCELLED"}:
             shown = ", ".join(statuses) or "none"
             message = f"{where} has no open fulfillment order (fulfillment orders: {shown})"
             raise TerminalError(message, code="nothing_open")
