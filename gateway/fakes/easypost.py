@@ -10,6 +10,10 @@ key, so a repeated call buys a second label.
 assigned stand in for the id (https://docs.easypost.com/docs/easypost-objects), which is what a step's
 `find` uses. Unknown: 404 `{"error": {"code": "NOT_FOUND", ...}}`. Requests need `Authorization: Bearer`.
 
+`POST /v2/shipments/{id}/refund` asks for a bought label's refund: the shipment answers with `refund_status:
+"submitted"` (EasyPost then moves it to `refunded` or `rejected`; the fake stays at `submitted` and models
+no refusal).
+
 Control endpoints: `GET /_fake/stats` (labels, shipments, labels per reference), `POST /_fake/reset`, and
 `POST /_fake/hold {"hold": true|false}`: while set, a create stores and buys its shipment and then does
 *not answer* until the client goes away or the hold is lifted — the window in which a worker has reached the
@@ -83,6 +87,7 @@ class _FakeEasyPost:
             "postage_label": None,
             "tracking_code": None,
             "tracker": None,
+            "refund_status": None,
             "messages": [],
         }
         if params.get("service") and params.get("carrier_accounts"):
@@ -116,6 +121,15 @@ class _FakeEasyPost:
             return _error(404, "NOT_FOUND", "The requested resource could not be found.")
         return JSONResponse(found)
 
+    async def refund(self, request: Request) -> Response:
+        if (refused := _unauthorised(request)) is not None:
+            return refused
+        found = self.shipments.get(request.path_params["id"])
+        if found is None:
+            return _error(404, "NOT_FOUND", "The requested resource could not be found.")
+        found["refund_status"] = "submitted"
+        return JSONResponse(found)
+
     async def stats(self, request: Request) -> Response:
         return JSONResponse(
             {
@@ -146,6 +160,7 @@ def create_app() -> Starlette:
         routes=[
             Route("/v2/shipments", fake.create, methods=["POST"]),
             Route("/v2/shipments/{id}", fake.retrieve, methods=["GET"]),
+            Route("/v2/shipments/{id}/refund", fake.refund, methods=["POST"]),
             Route("/_fake/stats", fake.stats, methods=["GET"]),
             Route("/_fake/hold", fake.set_hold, methods=["POST"]),
             Route("/_fake/reset", fake.reset, methods=["POST"]),

@@ -3,8 +3,13 @@
 PayPal (REST v2): `POST /v2/payments/authorizations/{id}/capture`. A request carrying a `PayPal-Request-Id`
 already used is answered with the result of the first request, not a second capture ("PayPal returns the
 latest status of the previous request that used that same header", https://developer.paypal.com/reference/
-guidelines/idempotency); without the header PayPal duplicates the request, and a second capture of a fully
-captured authorization is a 422 `AUTHORIZATION_ALREADY_CAPTURED`.
+guidelines/idempotency); without the header PayPal duplicates the request. An authorization is `CREATED` on
+first sight, `CAPTURED` after a capture and `VOIDED` after `POST /v2/payments/authorizations/{id}/void`
+(204); `GET /v2/payments/authorizations/{id}` shows it. As PayPal documents, a second capture of a captured
+authorization is a 422 `AUTHORIZATION_ALREADY_CAPTURED`
+(https://developer.paypal.com/api/payments/v2/errors/authorization_already_captured), a capture of a voided
+one a 422 `AUTHORIZATION_VOIDED` (…/errors/authorization_voided), and a void of a captured one a 422
+`PREVIOUSLY_CAPTURED` (…/errors/previously_captured).
 
 Adyen (Checkout v71): `POST /v71/payments/{pspReference}/captures` with `X-API-Key`. A request whose
 `Idempotency-Key` was used before is answered with the first request's answer
@@ -32,6 +37,7 @@ __all__ = ["create_app", "serve"]
 @dataclass
 class _State:
     answers: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
+    authorizations: dict[str, dict[str, Any]] = field(default_factory=dict)
     paypal_captures: dict[str, int] = field(default_factory=dict)
     adyen_captures: dict[str, int] = field(default_factory=dict)
     replays: int = 0
@@ -58,29 +64,43 @@ def create_app() -> Starlette:
             state.answers[(provider, key)] = (status, raw)
         return Response(raw, status_code=status, media_type="application/json")
 
-    async def paypal_capture(request: Request) -> Response:
-        if not request.headers.get("authorization", "").startswith("Bearer "):
-            return JSONResponse(
-                {"error": "invalid_client", "error_description": "Client Authentication failed"}, 401
-            )
-        key = request.headers.get("paypal-request-id")
-        if (again := replayed("paypal", key)) is not None:
-            return again
-        authorization = request.path_params["id"]
-        body = json.loads(await request.body() or b"{}")
-        if state.paypal_captures.get(authorization):
-            error = {
-                "name": "UNPROCESSABLE_ENTITY",
-                "message": "The requested action could not be performed, semantically incorrect, or failed business validation.",
-                "details": [
+    def authorization_of(request: Request) -> dict[str, Any]:
+        # Unknown authorizations exist on first sight, so tests and demos need no setup call.
+        auth_id = request.path_params["id"]
+        found = state.authorizations.get(auth_id)
+        if found is None:
+            found = state.authorizations[auth_id] = {
+                "id": auth_id,
+                "status": "CREATED",
+                "amount": {"currency_code": "USD", "value": "10.00"},
+                "links": [
                     {
-                        "issue": "AUTHORIZATION_ALREADY_CAPTURED",
-                        "description": "Authorization has been previously captured and hence cannot be captured again.",
+                        "rel": "self",
+                        "method": "GET",
+                        "href": f"{request.base_url}v2/payments/authorizations/{auth_id}",
                     }
                 ],
             }
-            return remember("paypal", key, 422, error)
-        state.paypal_captures[authorization] = state.paypal_captures.get(authorization, 0) + 1
+        return found
+
+    async def paypal_capture(request: Request) -> Response:
+        if (refused := _paypal_unauthorised(request)) is not None:
+            return refused
+        key = request.headers.get("paypal-request-id")
+        if (again := replayed("paypal", key)) is not None:
+            return again
+        authorization = authorization_of(request)
+        body = json.loads(await request.body() or b"{}")
+        if authorization["status"] == "CAPTURED":
+            issue = ("AUTHORIZATION_ALREADY_CAPTURED", "Authorization has already been captured.")
+            return remember("paypal", key, 422, _unprocessable(*issue))
+        if authorization["status"] == "VOIDED":
+            issue = ("AUTHORIZATION_VOIDED", "A voided authorization cannot be captured or reauthorized.")
+            return remember("paypal", key, 422, _unprocessable(*issue))
+        # A capture with final_capture false leaves the authorization open for more (PARTIALLY_CAPTURED).
+        final = body.get("final_capture", True) is not False
+        authorization["status"] = "CAPTURED" if final else "PARTIALLY_CAPTURED"
+        state.paypal_captures[authorization["id"]] = state.paypal_captures.get(authorization["id"], 0) + 1
         capture = {
             "id": secrets.token_hex(8).upper(),
             "status": "COMPLETED",
@@ -89,6 +109,40 @@ def create_app() -> Starlette:
             "links": [{"rel": "self", "method": "GET", "href": f"{request.base_url}v2/payments/captures/"}],
         }
         return remember("paypal", key, 201, capture)
+
+    async def paypal_void(request: Request) -> Response:
+        if (refused := _paypal_unauthorised(request)) is not None:
+            return refused
+        authorization = authorization_of(request)
+        if authorization["status"] == "CAPTURED":
+            issue = (
+                "PREVIOUSLY_CAPTURED",
+                "Authorization has been previously captured and hence cannot be voided.",
+            )
+            return JSONResponse(_unprocessable(*issue), 422)
+        if authorization["status"] == "VOIDED":
+            issue = (
+                "PREVIOUSLY_VOIDED",
+                "Authorization has been previously voided and hence cannot be voided again.",
+            )
+            return JSONResponse(_unprocessable(*issue), 422)
+        authorization["status"] = "VOIDED"
+        return Response(status_code=204)
+
+    async def paypal_authorization(request: Request) -> Response:
+        if (refused := _paypal_unauthorised(request)) is not None:
+            return refused
+        found = state.authorizations.get(request.path_params["id"])
+        if found is None:
+            error = {
+                "name": "RESOURCE_NOT_FOUND",
+                "message": "The specified resource does not exist.",
+                "details": [
+                    {"issue": "INVALID_RESOURCE_ID", "description": "Specified resource ID does not exist."}
+                ],
+            }
+            return JSONResponse(error, 404)
+        return JSONResponse(found)
 
     async def adyen_capture(request: Request) -> Response:
         if not request.headers.get("x-api-key"):
@@ -143,11 +197,36 @@ def create_app() -> Starlette:
     return Starlette(
         routes=[
             Route("/v2/payments/authorizations/{id}/capture", paypal_capture, methods=["POST"]),
+            Route("/v2/payments/authorizations/{id}/void", paypal_void, methods=["POST"]),
+            Route("/v2/payments/authorizations/{id}", paypal_authorization, methods=["GET"]),
             Route("/v71/payments/{psp}/captures", adyen_capture, methods=["POST"]),
             Route("/_fake/stats", stats, methods=["GET"]),
             Route("/_fake/reset", reset, methods=["POST"]),
         ]
     )
+
+
+def _paypal_unauthorised(request: Request) -> Response | None:
+    if request.headers.get("authorization", "").startswith("Bearer "):
+        return None
+    return JSONResponse({"error": "invalid_client", "error_description": "Client Authentication failed"}, 401)
+
+
+def _unprocessable(issue: str, description: str) -> dict[str, Any]:
+    """PayPal's 422: the class in `name`, what happened in `details[0].issue`."""
+    return {
+        "name": "UNPROCESSABLE_ENTITY",
+        "message": "The requested action could not be performed, semantically incorrect, or failed business validation.",
+        "debug_id": secrets.token_hex(6),
+        "details": [{"issue": issue, "description": description}],
+        "links": [
+            {
+                "href": f"https://developer.paypal.com/docs/api/payments/v2/#error-{issue}",
+                "rel": "information_link",
+                "method": "GET",
+            }
+        ],
+    }
 
 
 def serve(host: str, port: int) -> None:

@@ -15,8 +15,14 @@ them to an account):
     parameters that fail validation  → the error, and the key stays unused (Stripe saves no result then)
 
 Stripe's endpoints: `POST /v1/payment_intents/{id}/capture` (an unknown intent is created `requires_capture`),
-`GET /v1/payment_intents/{id}`, `POST /v1/refunds` and `POST /v1/transfers`, form-encoded, answering Stripe's
-object and error shapes, so Stripe's own SDK can be pointed at the fake.
+`POST /v1/payment_intents/{id}/cancel`, `GET /v1/payment_intents/{id}`, `POST /v1/refunds`,
+`GET /v1/refunds?payment_intent=…` and `POST /v1/transfers`, form-encoded, answering Stripe's object and
+error shapes, so Stripe's own SDK can be pointed at the fake. As Stripe documents: a capture of an intent
+that is not `requires_capture` is a 400 `payment_intent_unexpected_state`
+(https://docs.stripe.com/api/payment_intents/capture); a refund of a charge refunded in full is a 400
+`charge_already_refunded` (https://docs.stripe.com/error-codes); cancelling a `requires_capture` intent
+refunds its `amount_capturable` (https://docs.stripe.com/api/payment_intents/cancel), so its charge then
+counts as refunded.
 
 Control endpoints: `POST /_fake/payment_intents` (an intent in a given status), `GET /_fake/stats`,
 `POST /_fake/reset`, `GET|POST /_fake/faults`, and `GET /_fake/requests`:
@@ -112,6 +118,9 @@ class _FakeProviders:
         self._keys: dict[str, _KeyRecord] = {}
         self._intents: dict[str, dict[str, Any]] = {}
         self._refunded: dict[str, int] = {}
+        self._refunds: dict[str, list[dict[str, Any]]] = {}
+        # Intents cancelled while requires_capture: their authorization was released as a refund.
+        self._released: set[str] = set()
         self._transfers: dict[str, dict[str, Any]] = {}
         self._shipments: dict[str, dict[str, Any]] = {}
         self._counters = _Counters()
@@ -265,8 +274,11 @@ class _FakeProviders:
         if intent is None:
             message = f"No such payment_intent: '{intent_id}'"
             raise Invalid(json_answer(400, error_body("invalid_request_error", "resource_missing", message)))
+        if intent_id in self._released:
+            message = f"Charge for PaymentIntent {intent_id} has already been refunded."
+            return json_answer(400, error_body("invalid_request_error", "charge_already_refunded", message))
         if intent["status"] != "succeeded":
-            message = "This PaymentIntent has not been captured, so there is nothing to refund."
+            message = f"This PaymentIntent's status is {intent['status']}: it has not been captured."
             return json_answer(
                 400, error_body("invalid_request_error", "payment_intent_unexpected_state", message)
             )
@@ -288,8 +300,41 @@ class _FakeProviders:
             "payment_intent": intent_id,
             "reason": params.get("reason"),
             "status": "succeeded",
+            "created": int(time.time()),
         }
+        self._refunds.setdefault(intent_id, []).append(refund)
         return json_answer(200, refund)
+
+    def cancel(self, request: Request, body: bytes) -> Answer:
+        intent = self._intents.get(request.path_params["id"])
+        if intent is None:
+            message = f"No such payment_intent: '{request.path_params['id']}'"
+            raise Invalid(json_answer(404, error_body("invalid_request_error", "resource_missing", message)))
+        if intent["status"] not in ("requires_payment_method", "requires_capture"):
+            message = (
+                f"You cannot cancel this PaymentIntent because it has a status of {intent['status']}. "
+                "Only a PaymentIntent with one of the following statuses may be canceled: "
+                "requires_payment_method, requires_capture, requires_confirmation, requires_action, processing."
+            )
+            return json_answer(
+                400, error_body("invalid_request_error", "payment_intent_unexpected_state", message)
+            )
+        if intent["status"] == "requires_capture":
+            self._released.add(intent["id"])
+        reason = form_params(body).get("cancellation_reason")
+        intent.update(amount_capturable=0, status="canceled", cancellation_reason=reason)
+        return json_answer(200, intent)
+
+    def list_refunds(self, request: Request, body: bytes) -> Answer:
+        intent_id = request.query_params.get("payment_intent")
+        found = (
+            self._refunds.get(intent_id, [])
+            if intent_id
+            else [r for rs in self._refunds.values() for r in rs]
+        )
+        # Newest first, as Stripe lists.
+        data = sorted(found, key=lambda r: r["created"], reverse=True)
+        return json_answer(200, {"object": "list", "data": data, "has_more": False, "url": "/v1/refunds"})
 
     def transfer(self, request: Request, body: bytes) -> Answer:
         params = form_params(body)
@@ -438,8 +483,10 @@ def create_app(*, faults: FaultConfig | None = None) -> Starlette:
             fake.endpoint(fake.capture, mutating=True),
             methods=["POST"],
         ),
+        Route("/v1/payment_intents/{id}/cancel", fake.endpoint(fake.cancel, mutating=True), methods=["POST"]),
         Route("/v1/payment_intents/{id}", fake.endpoint(fake.get_intent, mutating=False), methods=["GET"]),
         Route("/v1/refunds", fake.endpoint(fake.refund, mutating=True), methods=["POST"]),
+        Route("/v1/refunds", fake.endpoint(fake.list_refunds, mutating=False), methods=["GET"]),
         Route("/v1/transfers", fake.endpoint(fake.transfer, mutating=True), methods=["POST"]),
         Route("/v1/shipments", fake.endpoint(fake.create_shipment, mutating=True), methods=["POST"]),
         Route("/v1/shipments/{id}", fake.endpoint(fake.get_shipment, mutating=False), methods=["GET"]),

@@ -12,7 +12,9 @@ call on an OPEN fulfillment order makes a fulfillment, and the order then CLOSED
 Control endpoints: `GET /_fake/stats` (fulfillments, per order), `POST /_fake/reset`, and
 `POST /_fake/hold {"hold": true|false}`: while set, `fulfillmentCreate` makes its fulfillment and then does
 not answer until the client goes away or the hold is lifted (the crash window, as in `fake_easypost`);
-`POST /_fake/outage {"outage": true|false}`: while set, every GraphQL request is answered 503.
+`POST /_fake/outage {"outage": true|false}`: while set, every GraphQL request is answered 503;
+`POST /_fake/orders/cancel {"id": gid}`: the order cancelled, as in the admin: `cancelledAt` set and no
+fulfillment order left `OPEN`.
 """
 
 from __future__ import annotations
@@ -62,7 +64,12 @@ class _FakeShopify:
         if order is None:
             fo = {"id": self._gid("FulfillmentOrder"), "status": "OPEN", "order": gid}
             self.fulfillment_orders[fo["id"]] = fo
-            order = self.orders[gid] = {"id": gid, "fulfillment_orders": [fo["id"]], "fulfillments": []}
+            order = self.orders[gid] = {
+                "id": gid,
+                "cancelledAt": None,
+                "fulfillment_orders": [fo["id"]],
+                "fulfillments": [],
+            }
         return order
 
     async def graphql(self, request: Request) -> Response:
@@ -89,9 +96,8 @@ class _FakeShopify:
         order = self._order(order_id)
         if re.search(r"\bfulfillmentOrders\b", query):
             nodes = [self.fulfillment_orders[f] for f in order["fulfillment_orders"]]
-            return _answer(
-                {"order": {"id": order_id, "fulfillmentOrders": {"nodes": [_fo(n) for n in nodes]}}}
-            )
+            found = {"id": order_id, "cancelledAt": order["cancelledAt"]}
+            return _answer({"order": {**found, "fulfillmentOrders": {"nodes": [_fo(n) for n in nodes]}}})
         if re.search(r"\bfulfillments\b", query):
             return _answer({"order": {"id": order_id, "fulfillments": order["fulfillments"]}})
         return JSONResponse({"errors": [{"message": "unsupported operation in the fake"}]}, status_code=200)
@@ -106,9 +112,8 @@ class _FakeShopify:
             if fo is None:
                 user_errors.append({"field": ["fulfillment"], "message": "Fulfillment order does not exist."})
             elif fo["status"] != "OPEN":
-                message = (
-                    f"Fulfillment order {fo['id'].rsplit('/', 1)[1]} has an unfulfillable status= closed."
-                )
+                number, status = fo["id"].rsplit("/", 1)[1], fo["status"].lower()
+                message = f"Fulfillment order {number} has an unfulfillable status= {status}."
                 user_errors.append({"field": ["fulfillment"], "message": message})
             else:
                 fos.append(fo)
@@ -161,6 +166,14 @@ class _FakeShopify:
         self.outage = bool((await request.json()).get("outage"))
         return JSONResponse({"outage": self.outage})
 
+    async def cancel_order(self, request: Request) -> Response:
+        order = self._order(str((await request.json()).get("id")))
+        order["cancelledAt"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for fo_id in order["fulfillment_orders"]:
+            if self.fulfillment_orders[fo_id]["status"] == "OPEN":
+                self.fulfillment_orders[fo_id]["status"] = "CLOSED"
+        return JSONResponse({"id": order["id"], "cancelledAt": order["cancelledAt"]})
+
     async def reset(self, request: Request) -> Response:
         self.released.set()
         self._clear()
@@ -176,6 +189,7 @@ def create_app() -> Starlette:
             Route("/_fake/stats", fake.stats, methods=["GET"]),
             Route("/_fake/hold", fake.set_hold, methods=["POST"]),
             Route("/_fake/outage", fake.set_outage, methods=["POST"]),
+            Route("/_fake/orders/cancel", fake.cancel_order, methods=["POST"]),
             Route("/_fake/reset", fake.reset, methods=["POST"]),
         ]
     )

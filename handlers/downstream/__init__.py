@@ -339,10 +339,17 @@ def _error_field(response: httpx.Response, name: str) -> str | None:
 
 
 def _provider_error(response: httpx.Response) -> tuple[str | None, str | None]:
-    """(code, message) from Stripe's `{"error": {...}}` or a flat `{"error": "...", "message": "..."}`."""
+    """(code, message) from Stripe's `{"error": {...}}`, PayPal's `{"name", "details": [{"issue",
+    "description"}]}` or a flat `{"error": "...", "message": "..."}`."""
     body = _error_body(response)
     error = body.get("error")
-    if isinstance(error, dict):
+    details = body.get("details")
+    detail = details[0] if isinstance(details, list) and details and isinstance(details[0], dict) else {}
+    if isinstance(detail.get("issue"), str):
+        # PayPal: the issue says what happened (AUTHORIZATION_ALREADY_CAPTURED), the name only its class
+        # (UNPROCESSABLE_ENTITY), and a step must be able to tell one issue from another.
+        code, message = detail["issue"], detail.get("description") or body.get("message")
+    elif isinstance(error, dict):
         code = error.get("code") or error.get("type")
         message = error.get("message")
     else:

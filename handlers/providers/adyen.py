@@ -3,8 +3,11 @@
 Adyen supports idempotency on POST requests through the `Idempotency-Key` header: a retry with the same key
 is answered with the first request's result instead of acting again
 (https://docs.adyen.com/development-resources/api-idempotency). A capture is answered 201 with
-`status: "received"`; Adyen reports its outcome later in a `CAPTURE` webhook. The client is a
-`[downstream.NAME]`:
+`status: "received"`; Adyen reports its outcome later in a `CAPTURE` webhook. So unlike the other providers'
+steps this one cannot recognise a payment captured already (`already_done`): Adyen documents no synchronous
+"already captured" answer and no API to read a payment's state; a capture that cannot happen fails in the
+webhook (`CAPTURE_FAILED`, https://docs.adyen.com/online-payments/capture/failure-reasons), which is where an
+effect must look. The client is a `[downstream.NAME]`:
 
     [downstream.adyen]
     base_url = "https://checkout-test.adyen.com/v71"

@@ -8,6 +8,13 @@ that finds the step started but unrecorded retrieves `/shipments/{key}` before b
 The label is bought in the create call itself ("one-call buy": `service` and `carrier_accounts` in the
 shipment), so there is no window in which a shipment exists unbought and a `find` would return it.
 
+What already happened counts as done (`already_done`). EasyPost has no "already bought" answer for a
+create — a second create buys a second label — so before buying, the step looks its reference up: a label
+bought already with the step's key as `reference` (by hand in EasyPost's dashboard while the job waited, by
+another process with the same key) is its outcome, recorded with `recovered: "already_bought"`. A label
+found refunded (`refund_status` `submitted` or `refunded`) is a `TerminalError` naming it: the step does not
+buy a label someone returned. One `GET /v2/shipments/{reference}` per label buys that.
+
 The SDK is synchronous (requests); each call runs in a worker thread, bounded by the client's `timeout`.
 Its errors become handler outcomes:
 
@@ -28,6 +35,7 @@ import anyio
 from effectgate.handlers.context import EffectContext
 from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.errors import HandlerError, TerminalError, TransientError
+from effectgate.handlers.providers.already_done import ALREADY_BOUGHT, recovered
 
 if TYPE_CHECKING:
     from easypost.easypost_client import EasyPostClient
@@ -39,6 +47,8 @@ T = TypeVar("T")
 
 # One SDK client per configured downstream and process (each holds a requests session).
 _CLIENTS: dict[tuple[str, DownstreamConfig], EasyPostClient] = {}
+# A label's refund_status once it is being or has been returned ("rejected" leaves it valid).
+_REFUNDED = ("submitted", "refunded")
 
 
 def _require_sdk() -> None:
@@ -93,12 +103,33 @@ async def buy_label(
 ) -> dict[str, Any]:
     """Buy one label per (effect, `step`) and return the shipment (`id`, `tracking_code`, `postage_label`).
 
-    The shipment's `reference` is the step's key; nothing else may be written there.
+    The shipment's `reference` is the step's key; nothing else may be written there. A label bought
+    already under that reference is returned, marked `recovered: "already_bought"`, instead of a second.
     """
     if not service or not carrier_accounts:
         raise ValueError("service and carrier_accounts are required: the label is bought in the create call")
 
+    async def by_reference(key: str) -> dict[str, Any] | None:
+        from easypost.errors.api.not_found_error import NotFoundError
+
+        try:
+            return _plain(await _call(partial(client.shipment.retrieve, key)))
+        except TerminalError as exc:
+            if isinstance(exc.__cause__, NotFoundError):
+                return None
+            raise
+
     async def create(key: str) -> dict[str, Any]:
+        existing = await by_reference(key)
+        if existing is not None and existing.get("postage_label"):
+            refund = existing.get("refund_status")
+            if refund in _REFUNDED:
+                message = (
+                    f"easypost: the label of shipment {existing.get('id')} (reference {key}) is refunded "
+                    f"(refund_status {refund}), not bought"
+                )
+                raise TerminalError(message, code="label_refunded")
+            return recovered(existing, ALREADY_BOUGHT)
         shipment = await _call(
             partial(
                 client.shipment.create,
@@ -114,16 +145,9 @@ async def buy_label(
         return _plain(shipment)
 
     async def find(key: str) -> dict[str, Any] | None:
-        from easypost.errors.api.not_found_error import NotFoundError
-
-        try:
-            shipment = await _call(partial(client.shipment.retrieve, key))
-        except TerminalError as exc:
-            if isinstance(exc.__cause__, NotFoundError):
-                return None
-            raise
+        shipment = await by_reference(key)
         # A shipment found by reference but never bought (created some other way) is not our label.
-        return _plain(shipment) if shipment.get("postage_label") else None
+        return shipment if shipment is not None and shipment.get("postage_label") else None
 
     return await ctx.step(step, create, find=find)
 

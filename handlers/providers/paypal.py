@@ -11,6 +11,12 @@ API. The client is a `[downstream.NAME]`:
     api_key_env = "PAYPAL_ACCESS_TOKEN"
     idempotency_header = "PayPal-Request-Id"
 
+What already happened counts as done (`already_done`): PayPal's documented answer to a second capture is a
+422 whose `details[0].issue` is `AUTHORIZATION_ALREADY_CAPTURED`
+(https://developer.paypal.com/api/payments/v2/errors/authorization_already_captured); the step then reads
+the authorization (`GET /v2/payments/authorizations/{id}`) and records it if it is `CAPTURED`.
+(`ORDER_ALREADY_CAPTURED` is the Orders API's answer to capturing an order; no step here captures orders.)
+
 `api_key` is sent as a bearer token: an OAuth access token, which PayPal issues for hours, not forever;
 refreshing it is not done here.
 """
@@ -22,6 +28,8 @@ from typing import Any
 
 from effectgate.handlers.context import EffectContext
 from effectgate.handlers.downstream import DownstreamClient
+from effectgate.handlers.errors import TerminalError
+from effectgate.handlers.providers.already_done import ALREADY_CAPTURED, recovered
 
 __all__ = ["IDEMPOTENCY_HEADER", "capture_authorization"]
 
@@ -42,6 +50,12 @@ async def capture_authorization(
 
     `amount` is PayPal's money object (`{"currency_code": "EUR", "value": "10.00"}`); without it the whole
     authorized amount is captured.
+
+    An authorization captured already (in PayPal's dashboard, or by this step's own call once PayPal no
+    longer remembers its `PayPal-Request-Id`) is refused with a 422 `AUTHORIZATION_ALREADY_CAPTURED`. The
+    step then shows the authorization: `CAPTURED` is its outcome — the *authorization*, not a capture, with
+    `recovered: "already_captured"`. Any other status is a `TerminalError` naming it; a voided
+    authorization is refused as `AUTHORIZATION_VOIDED`, a `TerminalError` with that code.
     """
     _check(paypal)
     if not _ID.fullmatch(authorization_id):
@@ -49,8 +63,22 @@ async def capture_authorization(
     body: dict[str, Any] = {"final_capture": final_capture}
     if amount is not None:
         body["amount"] = dict(amount)
-    path = f"/v2/payments/authorizations/{authorization_id}/capture"
-    return await ctx.step(step, lambda key: paypal.request("POST", path, json=body, idempotency_key=key))
+    path = f"/v2/payments/authorizations/{authorization_id}"
+
+    async def capture(key: str) -> dict[str, Any]:
+        try:
+            return await paypal.request("POST", f"{path}/capture", json=body, idempotency_key=key)
+        except TerminalError as refused:
+            if refused.code != "AUTHORIZATION_ALREADY_CAPTURED":
+                raise
+            authorization = await paypal.request("GET", path)
+            status = authorization.get("status")
+            if status != "CAPTURED":
+                message = f"paypal: authorization {authorization_id} is {status}, not captured in full"
+                raise TerminalError(message, code=refused.code) from refused
+            return recovered(authorization, ALREADY_CAPTURED)
+
+    return await ctx.step(step, capture)
 
 
 def _check(paypal: DownstreamClient) -> None:

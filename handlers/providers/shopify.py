@@ -18,6 +18,14 @@ The client is a `[downstream.NAME]` of the configuration reached by `ctx.downstr
     api_key_env = "SHOPIFY_ACCESS_TOKEN"
     idempotency_header = false
 
+What already happened counts as done (`already_done`). Shopify's answer to an order fulfilled already — in
+the admin, by another app — is that it has no `OPEN` fulfillment order left: they are `CLOSED`, "completed
+and closed" (https://shopify.dev/docs/api/admin-graphql/latest/enums/FulfillmentOrderStatus). The step then
+reads the order's fulfillments and records a `SUCCESS` one — the one carrying its tracking number if there
+is one, else the latest — with `recovered: "already_fulfilled"`. A cancelled order (`cancelledAt` set),
+fulfillment orders none of which is `CLOSED` or some of which are still `ON_HOLD`, `SCHEDULED`, … , or
+closed ones with no successful fulfillment are a `TerminalError` naming the state.
+
 GraphQL answers 200 for most failures; they are classified here: a top-level `THROTTLED` error is transient
 (Shopify's leaky bucket refills), other top-level errors and any `userErrors` are terminal.
 """
@@ -29,6 +37,7 @@ from typing import Any
 from effectgate.handlers.context import EffectContext
 from effectgate.handlers.downstream import DownstreamClient
 from effectgate.handlers.errors import TerminalError, TransientError
+from effectgate.handlers.providers.already_done import ALREADY_FULFILLED, recovered
 
 __all__ = ["fulfil_order", "graphql"]
 
@@ -36,7 +45,7 @@ _GRAPHQL_PATH = "/graphql.json"
 
 _OPEN_FULFILLMENT_ORDERS = """
 query OpenFulfillmentOrders($id: ID!) {
-  order(id: $id) { id fulfillmentOrders(first: 50) { nodes { id status } } }
+  order(id: $id) { id cancelledAt fulfillmentOrders(first: 50) { nodes { id status } } }
 }
 """
 
@@ -99,11 +108,10 @@ async def fulfil_order(
         order = data.get("order")
         if order is None:
             raise TerminalError(f"shopify: no order {order_id}", code="order_not_found")
-        open_ids = [n["id"] for n in order["fulfillmentOrders"]["nodes"] if n["status"] == "OPEN"]
+        nodes = order["fulfillmentOrders"]["nodes"]
+        open_ids = [n["id"] for n in nodes if n["status"] == "OPEN"]
         if not open_ids:
-            raise TerminalError(
-                f"shopify: order {order_id} has no open fulfillment order", code="nothing_open"
-            )
+            return await fulfilled_already(order, sorted({n["status"] for n in nodes}))
         tracking = {"number": tracking_number, "company": tracking_company, "url": tracking_url}
         fulfillment = {
             "lineItemsByFulfillmentOrder": [{"fulfillmentOrderId": i} for i in open_ids],
@@ -119,13 +127,36 @@ async def fulfil_order(
         result: dict[str, Any] = created["fulfillment"]
         return result
 
+    async def fulfilled_already(order: dict[str, Any], statuses: list[str]) -> dict[str, Any]:
+        where = f"shopify: order {order_id}"
+        if order.get("cancelledAt"):
+            message = f"{where} was cancelled at {order['cancelledAt']}, not fulfilled"
+            raise TerminalError(message, code="order_cancelled")
+        # A cancelled fulfillment order beside a closed one is Shopify's replacement after a cancel: the
+        # closed one was fulfilled. Any other state (ON_HOLD, SCHEDULED, IN_PROGRESS, …) is not an ending.
+        if "CLOSED" not in statuses or not set(statuses) <= {"CLOSED", "CANCELLED"}:
+            shown = ", ".join(statuses) or "none"
+            message = f"{where} has no open fulfillment order (fulfillment orders: {shown})"
+            raise TerminalError(message, code="nothing_open")
+        fulfilled = (await graphql(shopify, _ORDER_FULFILLMENTS, {"id": order_id})).get("order") or {}
+        done = [f for f in fulfilled.get("fulfillments") or [] if f.get("status") == "SUCCESS"]
+        if not done:
+            message = f"{where} has its fulfillment orders CLOSED but no successful fulfillment"
+            raise TerminalError(message, code="nothing_open")
+        ours = [f for f in done if tracking_number in _numbers(f)]
+        latest = max(ours or done, key=lambda f: str(f.get("createdAt") or ""))
+        return recovered(latest, ALREADY_FULFILLED)
+
     async def find(_key: str) -> dict[str, Any] | None:
         order = (await graphql(shopify, _ORDER_FULFILLMENTS, {"id": order_id})).get("order") or {}
         for fulfillment in order.get("fulfillments") or []:
-            numbers = {t.get("number") for t in fulfillment.get("trackingInfo") or []}
-            if tracking_number in numbers and fulfillment.get("status") != "CANCELLED":
+            if tracking_number in _numbers(fulfillment) and fulfillment.get("status") != "CANCELLED":
                 found: dict[str, Any] = fulfillment
                 return found
         return None
 
     return await ctx.step(step, create, find=find)
+
+
+def _numbers(fulfillment: dict[str, Any]) -> set[Any]:
+    return {t.get("number") for t in fulfillment.get("trackingInfo") or []}

@@ -11,6 +11,11 @@ request option), and turns Stripe's errors into the handler outcomes:
     AuthenticationError, PermissionError,
     any other StripeError                → TerminalError, code = Stripe's error code
 
+What already happened counts as done (`already_done`): a capture refused with
+`payment_intent_unexpected_state` and a refund refused with `charge_already_refunded` read the intent back,
+and an intent in the state the step wanted is its outcome, marked `recovered`. A transfer has no such state
+to read: a new transfer is a new object, so only the idempotency key guards it.
+
 Stripe keeps an idempotent answer for at least 24 hours and replays it, `Idempotent-Replayed: true`, to a
 request with the same key and parameters (https://docs.stripe.com/api/idempotent_requests). That is what
 makes the one crash window of a recorded step — the call reached Stripe, its record never committed — safe.
@@ -29,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from effectgate.handlers.context import EffectContext
 from effectgate.handlers.downstream import DownstreamConfig, retry_after_seconds
 from effectgate.handlers.errors import HandlerError, TerminalError, TransientError, UnrecoverableError
+from effectgate.handlers.providers.already_done import ALREADY_CAPTURED, ALREADY_REFUNDED, recovered
 
 if TYPE_CHECKING:
     import stripe
@@ -114,19 +120,30 @@ class StripeSteps:
     ) -> dict[str, Any]:
         """Capture a `requires_capture` payment intent, in full or for `amount_to_capture` minor units.
 
-        An intent in any other state is refused by Stripe (`payment_intent_unexpected_state`, a
-        `TerminalError`): capture on `payment_intent.amount_capturable_updated`, not on `.succeeded`.
+        An intent captured already — in the Dashboard, automatically, or by this step's own call once
+        Stripe's 24-hour idempotency window has passed — is refused by Stripe with
+        `payment_intent_unexpected_state`. The step then retrieves the intent: `succeeded` with
+        `amount_received` equal to the amount this step captures is its outcome, returned with
+        `recovered: "already_captured"`. Any other state (`canceled`, or captured for another amount) is a
+        `TerminalError` naming it.
         """
         params: dict[str, Any] = {}
         if amount_to_capture is not None:
             params["amount_to_capture"] = amount_to_capture
         service = self._client.v1.payment_intents
-        return await ctx.step(
-            step,
-            lambda key: call_stripe(
-                lambda: service.capture_async(payment_intent, params, _options(key))  # type: ignore[arg-type]
-            ),
-        )
+
+        async def capture(key: str) -> dict[str, Any]:
+            try:
+                return await call_stripe(
+                    lambda: service.capture_async(payment_intent, params, _options(key))  # type: ignore[arg-type]
+                )
+            except TerminalError as refused:
+                if refused.code != "payment_intent_unexpected_state":
+                    raise
+                intent = await call_stripe(lambda: service.retrieve_async(payment_intent, None, _READ))
+                return _captured_already(intent, amount_to_capture, refused)
+
+        return await ctx.step(step, capture)
 
     async def refund(
         self,
@@ -137,17 +154,36 @@ class StripeSteps:
         reason: str | None = None,
         step: str = "refund",
     ) -> dict[str, Any]:
-        """Refund a captured payment intent, in full or for `amount` minor units."""
+        """Refund a captured payment intent, in full or for `amount` minor units.
+
+        A charge refunded in full already (in the Dashboard, or by this step's own call once Stripe's
+        idempotency window has passed) is refused by Stripe with `charge_already_refunded`. The step then
+        reads the intent and its refunds: a `succeeded` intent whose refunds add up to `amount_received`
+        is its outcome — the latest refund, returned with `recovered: "already_refunded"`. A `canceled`
+        intent is refused the same way (cancelling releases the uncaptured amount as a refund) but was
+        never captured: a `TerminalError` naming the state.
+        """
         params: dict[str, Any] = {"payment_intent": payment_intent}
         if amount is not None:
             params["amount"] = amount
         if reason is not None:
             params["reason"] = reason
-        service = self._client.v1.refunds
-        return await ctx.step(
-            step,
-            lambda key: call_stripe(lambda: service.create_async(params, _options(key))),  # type: ignore[arg-type]
-        )
+        refunds = self._client.v1.refunds
+        intents = self._client.v1.payment_intents
+
+        async def refund(key: str) -> dict[str, Any]:
+            try:
+                return await call_stripe(lambda: refunds.create_async(params, _options(key)))  # type: ignore[arg-type]
+            except TerminalError as refused:
+                if refused.code != "charge_already_refunded":
+                    raise
+                intent = await call_stripe(lambda: intents.retrieve_async(payment_intent, None, _READ))
+                listed = await call_stripe(
+                    lambda: refunds.list_async({"payment_intent": payment_intent, "limit": 100}, _READ)
+                )
+                return _refunded_already(intent, listed.get("data") or [], refused)
+
+        return await ctx.step(step, refund)
 
     async def transfer(
         self,
@@ -206,6 +242,47 @@ def outcome_of(exc: stripe.StripeError) -> HandlerError:
 
 def _options(key: str) -> dict[str, Any]:
     return {"idempotency_key": key, "max_network_retries": 0}
+
+
+# Reads take no idempotency key; no SDK retries inside a step, as for every call here.
+_READ: Any = {"max_network_retries": 0}
+
+
+def _captured_already(
+    intent: dict[str, Any], amount_to_capture: int | None, refused: TerminalError
+) -> dict[str, Any]:
+    """The intent as the capture's outcome if it is captured for the amount the step captures; else the
+    `TerminalError` naming the state it is in."""
+    status, received = intent.get("status"), intent.get("amount_received")
+    wanted = amount_to_capture if amount_to_capture is not None else intent.get("amount")
+    where = f"stripe: payment intent {intent.get('id')}"
+    if status == "succeeded" and received == wanted:
+        return recovered(intent, ALREADY_CAPTURED)
+    if status == "succeeded":
+        message = f"{where} was captured elsewhere for {received}, not the {wanted} this step captures"
+    else:
+        message = f"{where} is {status}, not captured: it cannot be captured"
+    raise TerminalError(message, code=refused.code) from refused
+
+
+def _refunded_already(
+    intent: dict[str, Any], refunds: list[dict[str, Any]], refused: TerminalError
+) -> dict[str, Any]:
+    """The latest refund as the refund's outcome if the captured intent is refunded in full; else the
+    `TerminalError` naming the state it is in."""
+    status, received = intent.get("status"), intent.get("amount_received") or 0
+    where = f"stripe: payment intent {intent.get('id')}"
+    if status != "succeeded":
+        message = f"{where} is {status}, never captured: its authorization was released, nothing refunded"
+        raise TerminalError(message, code=refused.code) from refused
+    # A failed or canceled refund returned its money to the balance: it does not count as refunded.
+    counted = [r for r in refunds if r.get("status") in ("succeeded", "pending", "requires_action")]
+    total = sum(int(r.get("amount") or 0) for r in counted)
+    if not counted or total < received:
+        message = f"{where} has {total} of {received} refunded, yet Stripe calls its charge refunded"
+        raise TerminalError(message, code=refused.code) from refused
+    latest = max(counted, key=lambda r: int(r.get("created") or 0))
+    return recovered(latest, ALREADY_REFUNDED)
 
 
 def _retry_after(exc: stripe.StripeError) -> float | None:

@@ -22,7 +22,7 @@ from effectgate.handlers.providers.adyen import capture_payment
 from effectgate.handlers.providers.paypal import capture_authorization
 from effectgate.ledger import db
 from effectgate.ledger.jobs import leases as jobs
-from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry
+from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry, run_job
 
 from .fake_servers import serving
 
@@ -143,3 +143,43 @@ async def test_a_second_capture_under_another_key_is_refused_terminally(
     with pytest.raises(TerminalError):
         await paypal(http, fake_url).request("POST", path, json={}, idempotency_key="k-second")
     assert (await stats(http, fake_url))["paypal_captures"] == {"AUTH80": 1}
+
+
+async def test_an_authorization_captured_elsewhere_is_the_captures_outcome(
+    pool: db.Pool, http: httpx.AsyncClient, fake_url: str
+) -> None:
+    """Captured in PayPal's dashboard first (or by the step's own call once PayPal forgot its request id):
+    the step's capture is a 422 `AUTHORIZATION_ALREADY_CAPTURED`
+    (https://developer.paypal.com/api/payments/v2/errors/authorization_already_captured); the step shows
+    the authorization, finds it CAPTURED, and records it, marked."""
+    path = "/v2/payments/authorizations/AUTH90/capture"
+    await paypal(http, fake_url).request("POST", path, json={}, idempotency_key="dashboard")
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await capture_authorization(ctx, paypal(http, fake_url), "AUTH90")
+
+    row, recorded = await run_job(pool, "order:90", handler)
+    assert row["state"] == "succeeded" and row["attempt"] == 1
+    result = recorded["capture"]
+    assert (result["id"], result["status"], result["recovered"]) == ("AUTH90", "CAPTURED", "already_captured")
+    assert (await stats(http, fake_url))["paypal_captures"] == {"AUTH90": 1}
+
+
+async def test_a_voided_authorization_fails_the_capture_naming_its_state(
+    pool: db.Pool, http: httpx.AsyncClient, fake_url: str
+) -> None:
+    """Voided is terminal, but not captured: PayPal answers 422 `AUTHORIZATION_VOIDED`
+    (https://developer.paypal.com/api/payments/v2/errors/authorization_voided) and the job fails with it."""
+    voided = await http.post(
+        f"{fake_url}/v2/payments/authorizations/AUTH91/void", headers={"Authorization": "Bearer A21AA_token"}
+    )
+    assert voided.status_code == 204
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await capture_authorization(ctx, paypal(http, fake_url), "AUTH91")
+
+    row, recorded = await run_job(pool, "order:91", handler)
+    assert row["state"] == "failed" and row["attempt"] == 1
+    assert recorded["capture"]["code"] == "AUTHORIZATION_VOIDED"
+    assert "voided authorization cannot be captured" in recorded["capture"]["message"]
+    assert (await stats(http, fake_url))["paypal_captures"] == {}

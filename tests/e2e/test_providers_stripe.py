@@ -20,7 +20,7 @@ from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.stripe import StripeSteps, call_stripe, stripe_client
 from effectgate.ledger import db
 from effectgate.ledger.jobs import leases as jobs
-from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry
+from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry, run_job
 
 from .fake_servers import serving
 
@@ -167,3 +167,107 @@ async def test_a_connection_refused_is_transient() -> None:
     finally:
         await http.close_async()
     assert isinstance(raised.value.__cause__, stripe.APIConnectionError)
+
+
+# -- what already happened counts as done --------------------------------------------------------------
+
+
+async def test_an_intent_captured_in_the_dashboard_is_the_captures_outcome(
+    pool: db.Pool, fake: httpx.AsyncClient, client: stripe.StripeClient
+) -> None:
+    """Captured elsewhere first (the Dashboard, or the step's own call past Stripe's 24-hour key window):
+    Stripe refuses the step's capture with `payment_intent_unexpected_state`
+    (https://docs.stripe.com/api/payment_intents/capture); the step reads the intent back, finds it
+    `succeeded` for the whole amount, and records it as its outcome, marked."""
+    await fake.post("/_fake/payment_intents", json={"id": "pi_dash", "amount": 1500})
+    await capture_call(client, "pi_dash", "dashboard-key")  # the Dashboard's capture
+    steps_ = StripeSteps(client)
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        captured = await steps_.capture(ctx, "pi_dash")
+        assert captured["recovered"] == "already_captured"
+
+    row, recorded = await run_job(pool, "order:dash", handler)
+    assert row["state"] == "succeeded" and row["attempt"] == 1
+    result = recorded["capture"]
+    assert (result["id"], result["status"], result["amount_received"]) == ("pi_dash", "succeeded", 1500)
+    assert result["recovered"] == "already_captured"
+    counts = await stats(fake)
+    assert (counts["captures"], counts["captures_by_intent"]) == (1, {"pi_dash": 1})
+
+
+async def test_a_canceled_intent_fails_the_capture_naming_its_state(
+    pool: db.Pool, fake: httpx.AsyncClient, client: stripe.StripeClient
+) -> None:
+    """Canceled is terminal too, but not the state a capture wants: the job fails, the error says why."""
+    await fake.post("/_fake/payment_intents", json={"id": "pi_gone", "amount": 1500})
+    assert (await fake.post("/v1/payment_intents/pi_gone/cancel")).status_code == 200
+    steps_ = StripeSteps(client)
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await steps_.capture(ctx, "pi_gone")
+
+    row, recorded = await run_job(pool, "order:gone", handler)
+    assert row["state"] == "failed" and row["attempt"] == 1
+    assert recorded["capture"]["code"] == "payment_intent_unexpected_state"
+    assert "pi_gone is canceled, not captured" in recorded["capture"]["message"]
+    assert (await stats(fake))["captures"] == 0
+
+
+async def test_a_capture_elsewhere_for_another_amount_is_not_this_steps_capture(
+    pool: db.Pool, fake: httpx.AsyncClient, client: stripe.StripeClient
+) -> None:
+    await fake.post("/_fake/payment_intents", json={"id": "pi_part", "amount": 1500})
+    await capture_call(client, "pi_part", "dashboard-part", amount_to_capture=500)
+    steps_ = StripeSteps(client)
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await steps_.capture(ctx, "pi_part")
+
+    row, recorded = await run_job(pool, "order:part", handler)
+    assert row["state"] == "failed"
+    assert "captured elsewhere for 500, not the 1500" in recorded["capture"]["message"]
+
+
+async def test_a_charge_refunded_in_the_dashboard_is_the_refunds_outcome(
+    pool: db.Pool, fake: httpx.AsyncClient, client: stripe.StripeClient
+) -> None:
+    """Refunded in full elsewhere first: Stripe refuses the step's refund with `charge_already_refunded`
+    (https://docs.stripe.com/error-codes#charge-already-refunded); the step finds the captured intent's
+    refunds adding up to what was received and records the refund, marked."""
+    await fake.post("/_fake/payment_intents", json={"id": "pi_back", "amount": 800, "status": "succeeded"})
+    elsewhere = await call_stripe(
+        lambda: client.v1.refunds.create_async({"payment_intent": "pi_back"}, {"idempotency_key": "dash-r"})
+    )
+    steps_ = StripeSteps(client)
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        refunded = await steps_.refund(ctx, payment_intent="pi_back")
+        assert refunded["recovered"] == "already_refunded"
+
+    row, recorded = await run_job(pool, "order:back", handler)
+    assert row["state"] == "succeeded" and row["attempt"] == 1
+    result = recorded["refund"]
+    assert (result["id"], result["amount"], result["object"]) == (elsewhere["id"], 800, "refund")
+    assert result["recovered"] == "already_refunded"
+    assert (await stats(fake))["refunds"] == 1
+
+
+async def test_a_canceled_intent_fails_the_refund_naming_its_state(
+    pool: db.Pool, fake: httpx.AsyncClient, client: stripe.StripeClient
+) -> None:
+    """Cancelling a `requires_capture` intent refunds its capturable amount
+    (https://docs.stripe.com/api/payment_intents/cancel), so a refund is refused as
+    `charge_already_refunded` — but nothing was ever captured, so nothing this step wanted happened."""
+    await fake.post("/_fake/payment_intents", json={"id": "pi_void", "amount": 800})
+    assert (await fake.post("/v1/payment_intents/pi_void/cancel")).status_code == 200
+    steps_ = StripeSteps(client)
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await steps_.refund(ctx, payment_intent="pi_void")
+
+    row, recorded = await run_job(pool, "order:void", handler)
+    assert row["state"] == "failed"
+    assert recorded["refund"]["code"] == "charge_already_refunded"
+    assert "pi_void is canceled, never captured" in recorded["refund"]["message"]
+    assert (await stats(fake))["refunds"] == 0

@@ -24,6 +24,7 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 
 # A fixed clock for ledger-level tests; worker tests run on the database's own clock.
@@ -110,6 +111,18 @@ async def wait_state(conn: db.Conn, job_id: int, state: str, within: float = 5.0
 
     await wait_for(reached, within, f"job {job_id} to be {state}")
     return await job(conn, job_id)
+
+
+async def run_job(pool: db.Pool, key: str, handler: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Claim one effect for ``handler``, run a worker until idle; the job's row and its recorded steps
+    (name → the result of a succeeded step, the error record of a failed one)."""
+    async with pool.connection() as conn:
+        job_id = await claim(conn, key, max_attempts=3)
+    await make_worker(pool, registry(kind(handler))).run_until_idle()
+    async with pool.connection() as conn:
+        row = dict(await jobs.get(conn, job_id) or {})
+        recorded = await steps.for_effect(conn, row["effect_id"])
+    return row, {n: s.result if s.status == "succeeded" else s.error for n, s in recorded.items()}
 
 
 def kind(fn: Any, name: str = "k", **settings: Any) -> EffectKind:

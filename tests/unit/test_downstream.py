@@ -245,6 +245,26 @@ def test_a_2xx_json_object_is_returned() -> None:
     assert classify_response(httpx.Response(200, json={"ok": True})) == {"ok": True}
 
 
+def test_paypals_issue_is_the_code_of_a_terminal_error() -> None:
+    """PayPal names the class in `name` and what happened in `details[0].issue`
+    (https://developer.paypal.com/api/payments/v2/errors/authorization_already_captured): a step that
+    recognises an issue needs the issue."""
+    body = {
+        "name": "UNPROCESSABLE_ENTITY",
+        "message": "The requested action could not be performed.",
+        "details": [
+            {
+                "issue": "AUTHORIZATION_ALREADY_CAPTURED",
+                "description": "Authorization has already been captured.",
+            }
+        ],
+    }
+    with pytest.raises(TerminalError) as caught:
+        classify_response(httpx.Response(422, json=body))
+    assert caught.value.code == "AUTHORIZATION_ALREADY_CAPTURED"
+    assert "Authorization has already been captured." in str(caught.value)
+
+
 # -- observing calls ------------------------------------------------------------------------------
 
 

@@ -333,7 +333,7 @@ async def test_invalid_shipments_are_400_and_free_the_key(http: httpx.AsyncClien
 async def test_unknown_routes_answer_json(http: httpx.AsyncClient) -> None:
     missing = await http.get("/v1/nothing")
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "resource_missing")
-    assert (await http.get("/v1/refunds")).status_code == 405
+    assert (await http.get("/v1/transfers")).status_code == 405
 
 
 # -- faults, stats and reset ----------------------------------------------------------------------
