@@ -29,6 +29,7 @@ types), ``parser`` (the whole parser). ``python -m effectgate.gateway.cli`` runs
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -68,4 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"effectgate: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:
+        # The reader went away (`effectgate jobs list | head`): done, quietly, as git is. Standard output is
+        # pointed at /dev/null so the interpreter's flush at exit does not raise the same error again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK

@@ -156,3 +156,27 @@ def test_the_quick_start_up_command_runs_the_demo_on_an_embedded_postgres(tmp_pa
         log.close()
     assert code == 0, (tmp_path / "up.log").read_text()
     assert (tmp_path / "home" / "pgdata" / "PG_VERSION").exists()
+
+
+def _closed_reader(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # `effectgate … | head -0`: the reader is gone before the command writes its first line.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "effectgate.gateway.cli", *args],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+
+
+def test_a_closed_pipe_ends_a_command_quietly_with_exit_0(db_url: str) -> None:
+    for args in (("config", "reference"), ("migrate", "--status"), ("jobs", "list")):
+        done = _closed_reader(*args, env={"DATABASE_URL": db_url})
+        assert (done.returncode, done.stderr) == (0, ""), (args, done.stderr)

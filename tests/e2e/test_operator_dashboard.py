@@ -392,4 +392,4 @@ async def test_every_page_fits_a_1280_px_screen_and_is_photographed(
         "[...document.querySelectorAll('table')[0].rows].slice(1).map(r => [...r.cells].map(c => c.innerText))"
     )
     assert [r[0] for r in rates] == ["stripe", "shopify"]
-    assert rates[0][7].strip() == "42.9 %"  # duplicates / deliveries for stripe: 3 of 7 (after superseded)
+    assert rates[0][8].strip() == "42.9 %"  # duplicates / deliveries for stripe: 3 of 7 (after refused)

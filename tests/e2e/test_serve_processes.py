@@ -3,6 +3,7 @@ that die with a SIGKILLed parent, and slow, lying or vanishing clients cut off o
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -280,6 +281,16 @@ def test_a_client_that_leaves_mid_body_is_logged_at_info_without_a_traceback(ser
     [line] = [line for line in serve.process.log().splitlines() if "left-mid-body" in line]
     assert '"level": "info"' in line and '"event": "request.client_disconnected"' in line
     assert "Traceback" not in serve.process.log()
+
+
+def test_every_line_the_process_tree_writes_is_json(serve: Serve) -> None:
+    assert deliver(serve.url, 1).status_code in (200, 202)
+    serve.process.stop()
+    lines = [line for line in serve.process.log_path.read_text().splitlines() if line.strip()]
+    plain = [line for line in lines if not line.startswith("{")]
+    assert plain == [], plain
+    events = [json.loads(line)["event"] for line in lines]
+    assert any(e.startswith("Started server process") for e in events), events
 
 
 def test_a_chunked_trailer_that_drips_is_held_to_the_head_limit(serve: Serve) -> None:

@@ -4,6 +4,10 @@ on real Postgres (keys, answers, terminal errors, started markers), and the pyte
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,3 +112,33 @@ async def test_a_second_delivery_of_the_event_is_a_duplicate(effectgate_ledger: 
     assert [type(o) for o in await effectgate_ledger.deliver(ev, registry=reg)] == [Duplicate]
     with pytest.raises(LookupError, match="no handler named 'nope'"):
         await effectgate_ledger.run_job("nope", registry=reg)
+
+
+def test_the_plugins_database_names_take_the_configured_prefix(
+    effectgate_server_url: str, tmp_path: Path
+) -> None:
+    # A user's suite on a shared server whose naming rule is "shop_ci_*": the ini option, then the variable.
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["effectgate.testing.pytest_plugin"]\n')
+    (tmp_path / "pytest.ini").write_text("[pytest]\neffectgate_database_prefix = shop_ci\n")
+    (tmp_path / "test_user.py").write_text(
+        "from psycopg.conninfo import conninfo_to_dict\n"
+        "def test_named(effectgate_ledger, effectgate_template_db):\n"
+        "    import os\n"
+        "    expected = os.environ.get('EXPECTED')\n"
+        "    assert conninfo_to_dict(effectgate_ledger.url)['dbname'].startswith(expected + '_')\n"
+        "    assert effectgate_template_db.startswith(expected + '_tpl_')\n"
+    )
+    base = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    base["TEST_DATABASE_URL"] = effectgate_server_url
+
+    def run(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+            cwd=tmp_path,
+            env={**base, **env},
+            capture_output=True,
+            text=True,
+        )
+
+    assert run(EXPECTED="shop_ci").returncode == 0
+    assert run(EXPECTED="nightly", EFFECTGATE_TEST_DATABASE_PREFIX="nightly").returncode == 0

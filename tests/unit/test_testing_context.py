@@ -31,7 +31,7 @@ from effectgate.testing import (
     example_event,
     run_handler,
 )
-from effectgate.testing.pytest_plugin import NoTestDatabase, server_url
+from effectgate.testing.pytest_plugin import NoTestDatabase, database_prefix, server_url
 
 pytestmark = pytest.mark.anyio
 
@@ -322,3 +322,17 @@ def test_a_user_session_without_either_gets_the_message_not_a_traceback(tmp_path
     assert done.returncode == 1, done.stdout + done.stderr
     assert "set TEST_DATABASE_URL" in done.stdout and "effectgate[embedded]" in done.stdout, done.stdout
     assert "Traceback" not in done.stdout and "pytest_plugin.py" not in done.stdout, done.stdout
+
+
+def test_the_database_prefix_comes_from_the_variable_then_the_ini_option_and_must_be_a_plain_name() -> None:
+    assert database_prefix({}, None) == "effectgate_testing"
+    assert database_prefix({}, "shop_ci") == "shop_ci"
+    assert database_prefix({"EFFECTGATE_TEST_DATABASE_PREFIX": "nightly"}, "shop_ci") == "nightly"
+    for bad, origin in (
+        ("Bad-Name", "EFFECTGATE_TEST_DATABASE_PREFIX"),
+        ("x" * 48, "EFFECTGATE_TEST_DATABASE_PREFIX"),
+    ):
+        with pytest.raises(pytest.UsageError, match=f"{origin}: .* is not a database name prefix"):
+            database_prefix({"EFFECTGATE_TEST_DATABASE_PREFIX": bad}, None)
+    with pytest.raises(pytest.UsageError, match="effectgate_database_prefix: '1abc'"):
+        database_prefix({}, "1abc")

