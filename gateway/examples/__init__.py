@@ -88,9 +88,15 @@ def _stripe(event_type: str, event_id: str) -> Example:
             "payment_intent": f"pi_{_digest(event_id, 'intent')[:24]}",
             "metadata": {"order_id": order},
         }
-        if event_type == "charge.refunded":
-            obj.update(refunded=True, amount_refunded=4200)
-        elif event_type != "charge.succeeded":
+        if event_type == "charge.succeeded":
+            # The demo's payments use manual capture: Stripe reports the charge at the authorisation,
+            # not yet captured (https://docs.stripe.com/api/charges/object).
+            obj.update(captured=False, amount_captured=0)
+        elif event_type == "charge.captured":
+            obj.update(captured=True, amount_captured=4200)
+        elif event_type == "charge.refunded":
+            obj.update(captured=True, amount_captured=4200, refunded=True, amount_refunded=4200)
+        else:
             kind = event_type.split(".", 1)[0]
             obj = {
                 "id": f"{kind[:3]}_{_digest(event_id, kind)[:24]}",
@@ -309,6 +315,7 @@ EXAMPLE_TYPES: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "payment_intent.succeeded",
             "payment_intent.amount_capturable_updated",
             "charge.succeeded",
+            "charge.captured",
             "charge.refunded",
         ),
         "github": ("push", "issues.opened", "pull_request.opened"),

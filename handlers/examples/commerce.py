@@ -4,15 +4,25 @@ Stripe, manual capture (https://docs.stripe.com/payments/place-a-hold-on-a-payme
 customer authorises, the intent is ``requires_capture`` and Stripe sends
 ``payment_intent.amount_capturable_updated`` ("occurs when a PaymentIntent has funds to be captured",
 https://docs.stripe.com/api/events/types); that is when to capture. Stripe sends
-``payment_intent.succeeded`` only *after* the capture (or at once, with automatic capture), and that is
-when to ship. Capturing on ``payment_intent.succeeded`` would fail against real Stripe
-(``payment_intent_unexpected_state``: the intent is no longer ``requires_capture``) and nothing would ship.
+``payment_intent.succeeded`` (and ``charge.captured``) only *after* the capture, or at once with automatic
+capture, and that is when to ship. Capturing on ``payment_intent.succeeded`` would fail against real
+Stripe (``payment_intent_unexpected_state``: the intent is no longer ``requires_capture``) and nothing
+would ship. ``charge.succeeded`` is no signal to ship: with manual capture Stripe sends it at the
+*authorisation*, with ``captured: false``.
 
-So there are two effects per order, each with its own key: ``order-capture:{order}`` captures,
-``order-paid:{order}`` ships. With automatic capture only the second ever fires — the same handler serves
-both variants. ``payment_intent.succeeded`` and ``charge.succeeded`` for one payment are one logical effect:
-"the same request" is the amount and currency both events carry (``fingerprint``), so whichever arrives
-second is a duplicate, and an event for the same order with another amount is a conflict, never run.
+Each effect is keyed by the thing it acts on:
+
+- the capture acts on a PaymentIntent, so its key is ``capture:{payment intent}``. A customer whose card
+  was declined authorises again with a new PaymentIntent for the same order; that intent is captured as
+  its own effect. (Keyed per order, it would be a key conflict: rejected, never captured, and the hold
+  would lapse after seven days.)
+- the shipment acts on the order, so its key is ``order-paid:{order}``. ``payment_intent.succeeded``,
+  ``charge.captured`` and a captured ``charge.succeeded`` for one payment are one request: "the same
+  request" is the amount and currency they all carry (``fingerprint``), so whichever arrives second is a
+  duplicate. A second payment for an order that already shipped never ships again: a duplicate when it
+  has the same amount, a recorded key conflict when it has another.
+
+With automatic capture only ``order-paid`` ever fires — the same handler serves both variants.
 """
 
 from __future__ import annotations
@@ -28,8 +38,21 @@ def order_key(ev: Event) -> str:
 
 
 def capture_key(ev: Event) -> str:
-    """``order-capture:{order id}`` from the payment intent's metadata."""
-    return f"order-capture:{ev.payload['data']['object']['metadata']['order_id']}"
+    """``capture:{payment intent id}``: a capture acts on one PaymentIntent, and an order may have several
+    (a re-authorisation after a decline is a new intent)."""
+    return f"capture:{ev.payload['data']['object']['id']}"
+
+
+def captured(ev: Event) -> bool:
+    """Whether the event reports money taken: a succeeded intent, or a charge with ``captured: true``.
+
+    With manual capture Stripe sends ``charge.succeeded`` at the authorisation, ``captured: false``;
+    shipping on it would ship before the capture (https://docs.stripe.com/api/charges/object).
+    """
+    obj = ev.payload["data"]["object"]
+    if obj.get("object") == "payment_intent":
+        return bool(obj.get("status") == "succeeded")
+    return obj.get("captured") is True
 
 
 @effect(
@@ -40,12 +63,13 @@ def capture_key(ev: Event) -> str:
     # Only an intent that is waiting for its capture; the event also fires when the capturable amount
     # changes for other reasons.
     require={"/data/object/status": "requires_capture"},
+    # The intent is in the key; another capturable amount for the same intent is a conflict, never run.
     fingerprint=["/data/object/amount_capturable", "/data/object/currency"],
     # Safe: the capture is a recorded step with Stripe's idempotency key.
     orphan_policy="redrive",
 )
 async def capture_payment(ctx: EffectContext, ev: Event) -> dict[str, Any]:
-    """Capture the authorised payment once per order; Stripe then sends ``payment_intent.succeeded``."""
+    """Capture the authorised intent once; Stripe then sends ``payment_intent.succeeded``."""
     intent = ev.payload["data"]["object"]["id"]
     capture = await ctx.step(
         "capture", lambda key: ctx.payments.capture_payment_intent(intent, idempotency_key=key)
@@ -55,10 +79,13 @@ async def capture_payment(ctx: EffectContext, ev: Event) -> dict[str, Any]:
 
 @effect(
     source="stripe",
-    events=["payment_intent.succeeded", "charge.succeeded"],
+    events=["payment_intent.succeeded", "charge.captured", "charge.succeeded"],
     key=order_key,
     name="commerce.fulfil_order",
-    # Both event types carry these; the rest of the two payloads differ by design.
+    # Only once the money is taken: charge.succeeded at an authorisation (captured: false) is skipped.
+    require=captured,
+    # All three event types carry these (amount is what was authorised, also after a partial capture);
+    # the rest of the payloads differ by design.
     fingerprint=["/data/object/amount", "/data/object/currency"],
     # Safe: every side effect below goes through ctx.step with a downstream idempotency key.
     orphan_policy="redrive",
@@ -85,12 +112,16 @@ async def fulfil_order(ctx: EffectContext, ev: Event) -> dict[str, Any]:
 @effect(
     source="stripe",
     events=["charge.refunded"],
-    key=lambda ev: f"charge-refunded:{ev.payload['data']['object']['id']}",
+    # Stripe sends charge.refunded for every refund, partial ones included; the charge's running total
+    # tells them apart, so a second partial refund is recorded too instead of being a key conflict.
+    key=lambda ev: (
+        f"charge-refunded:{ev.payload['data']['object']['id']}:{ev.payload['data']['object']['amount_refunded']}"
+    ),
     name="commerce.record_refund",
     orphan_policy="redrive",
 )
 async def record_refund(ctx: EffectContext, ev: Event) -> None:
-    """Record the refund Stripe reports, once per charge, as a step of the ledger."""
+    """Record each refund Stripe reports on a charge, once, as a step of the ledger."""
     charge = ev.payload["data"]["object"]
 
     async def record(_key: str) -> dict[str, Any]:

@@ -139,18 +139,24 @@ def shopify_order(order: str) -> str:
 
 
 def intent_event(
-    order: str, event_type: str, *, amount: int = 1000, event_id: str | None = None
+    order: str,
+    event_type: str,
+    *,
+    amount: int = 1000,
+    event_id: str | None = None,
+    intent: str | None = None,
 ) -> dict[str, Any]:
-    """A Stripe event of a manual-capture intent of `order`, shaped like Stripe's."""
+    """A Stripe event of a manual-capture intent of `order` (`pi_{order}` unless `intent` says), shaped
+    like Stripe's."""
     captured = event_type == "payment_intent.succeeded"
     return {
-        "id": event_id or f"evt_{order}_{event_type.rsplit('.', 1)[1]}",
+        "id": event_id or f"evt_{intent or order}_{event_type.rsplit('.', 1)[1]}",
         "object": "event",
         "type": event_type,
         "created": int(time.time()),
         "data": {
             "object": {
-                "id": f"pi_{order}",
+                "id": intent or f"pi_{order}",
                 "object": "payment_intent",
                 "amount": amount,
                 "amount_capturable": 0 if captured else amount,
@@ -260,7 +266,7 @@ def test_duplicates_and_a_conflict_capture_label_and_fulfil_once(shop: Shop) -> 
     shop.worker("worker")
     capturable = intent_event("1001", "payment_intent.amount_capturable_updated")
     assert shop.send(capturable, times=8) == ["accepted"] + ["duplicate"] * 7
-    shop.wait_state("capture:1001", "succeeded")
+    shop.wait_state("capture:pi_1001", "succeeded")
     succeeded = intent_event("1001", "payment_intent.succeeded")
     assert shop.send(succeeded, times=8) == ["accepted"] + ["duplicate"] * 7
     # The capturable event again with another amount under a new id: the same order, another request.
@@ -268,7 +274,7 @@ def test_duplicates_and_a_conflict_capture_label_and_fulfil_once(shop: Shop) -> 
     other = intent_event(
         "1001", "payment_intent.amount_capturable_updated", amount=999, event_id="evt_1001_b"
     )
-    assert shop.send(other) == ["rejected"]
+    assert shop.send(other) == ["rejected"]  # the same intent (capture:pi_1001), another amount
     shop.wait_state("ship:1001", "succeeded")
     assert shop.send(succeeded) == ["duplicate"]
     assert shop.counts("1001") == (1, 1, 1)
@@ -282,7 +288,7 @@ def test_a_worker_killed_inside_each_call_still_captures_labels_and_fulfils_once
     shop.kill_inside(doomed, lambda: shop.stats("stripe")["captures"] == 1, "the capture to reach Stripe")
     shop.fake("stripe", "/_fake/faults", {"mode": "none"})
     rescuer = shop.worker("rescuer-capture")
-    assert shop.wait_state("capture:2002", "succeeded")["attempt"] == 2
+    assert shop.wait_state("capture:pi_2002", "succeeded")["attempt"] == 2
     rescuer.send_signal(signal.SIGTERM)
     rescuer.wait(timeout=30)
 
@@ -307,7 +313,7 @@ def test_a_worker_killed_inside_each_call_still_captures_labels_and_fulfils_once
 def test_a_redrive_after_the_fulfilment_failed_makes_no_second_label(shop: Shop) -> None:
     shop.worker("worker")
     shop.send(intent_event("3003", "payment_intent.amount_capturable_updated"))
-    shop.wait_state("capture:3003", "succeeded")
+    shop.wait_state("capture:pi_3003", "succeeded")
     shop.fake("shopify", "/_fake/outage", {"outage": True})
     shop.send(intent_event("3003", "payment_intent.succeeded"))
     job = shop.wait_state("ship:3003", "failed")  # two attempts, both 503: the label was bought once
@@ -323,3 +329,25 @@ def test_a_redrive_after_the_fulfilment_failed_makes_no_second_label(shop: Shop)
     assert redrive.returncode == 0, redrive.stdout + redrive.stderr
     shop.wait_state("ship:3003", "succeeded")
     assert shop.counts("3003") == (1, 1, 1)
+
+
+def test_a_reauthorisation_on_a_new_intent_is_captured_and_the_order_ships_once(shop: Shop) -> None:
+    """An authorisation can be gone before its capture (canceled or expired:
+    https://docs.stripe.com/payments/place-a-hold-on-a-payment-method), and the customer pays again on a
+    new PaymentIntent for the same order. The capture is keyed per intent, so the new one is captured
+    (keyed per order it was `rejected` and its hold lapsed); the shipment is keyed per order, so a second
+    intent's success for a shipped order is a key conflict, recorded and never shipped."""
+    shop.worker("worker")
+    shop.fake("stripe", "/_fake/payment_intents", {"id": "pi_4004_lapsed", "status": "canceled"})
+    lapsed = intent_event("4004", "payment_intent.amount_capturable_updated", intent="pi_4004_lapsed")
+    assert shop.send(lapsed) == ["accepted"]
+    shop.wait_state("capture:pi_4004_lapsed", "failed")  # Stripe refuses: payment_intent_unexpected_state
+
+    assert shop.send(intent_event("4004", "payment_intent.amount_capturable_updated")) == ["accepted"]
+    shop.wait_state("capture:pi_4004", "succeeded")
+    assert shop.send(intent_event("4004", "payment_intent.succeeded")) == ["accepted"]
+    shop.wait_state("ship:4004", "succeeded")
+    paid_twice = intent_event("4004", "payment_intent.succeeded", intent="pi_4004_twice")
+    assert shop.send(paid_twice) == ["rejected"]
+    assert shop.counts("4004") == (1, 1, 1)
+    assert shop.stats("stripe")["captures_by_intent"] == {"pi_4004": 1}

@@ -207,6 +207,49 @@ def test_the_examples_guard_their_unsigned_topics() -> None:
     assert check_identity(examples, {"github": frozenset({"type"}), "shopify": frozenset({"type"})}) == []
 
 
+def _stripe(event_type: str, **obj: Any) -> Event:
+    return Event("stripe", f"evt_{event_type}", event_type, {"type": event_type, "data": {"object": obj}})
+
+
+def test_the_stripe_recipe_captures_per_intent_and_ships_only_what_is_captured() -> None:
+    """A capture acts on a PaymentIntent: a second intent of one order (a re-authorisation) has a key of
+    its own. A shipment acts on the order, and only once the money is taken: ``charge.succeeded`` of a
+    manual capture (``captured: false``, https://docs.stripe.com/api/charges/object) does not ship."""
+    from effectgate.handlers.examples import commerce  # noqa: F401  (it registers on import)
+    from effectgate.handlers.registry import REGISTRY
+
+    capture = _only(REGISTRY, "commerce.capture_payment")
+    keys = []
+    for pi in ("pi_declined", "pi_again"):
+        intent = {
+            "id": pi,
+            "object": "payment_intent",
+            "status": "requires_capture",
+            "metadata": {"order_id": "7"},
+        }
+        planned = plan_event(capture, _stripe("payment_intent.amount_capturable_updated", **intent))
+        keys.append([r.effect_key for r in planned.effects])
+    assert keys == [["capture:pi_declined"], ["capture:pi_again"]]
+
+    ship = _only(REGISTRY, "commerce.fulfil_order")
+    charge = {"id": "ch_1", "object": "charge", "payment_intent": "pi_again", "metadata": {"order_id": "7"}}
+    assert plan_event(ship, _stripe("charge.succeeded", **charge, captured=False)).unmet == [
+        "commerce.fulfil_order"
+    ]
+    for shipped in (
+        _stripe("charge.succeeded", **charge, captured=True),  # automatic capture
+        _stripe("charge.captured", **charge, captured=True),
+        _stripe(
+            "payment_intent.succeeded",
+            id="pi_again",
+            object="payment_intent",
+            status="succeeded",
+            metadata={"order_id": "7"},
+        ),
+    ):
+        assert [r.effect_key for r in plan_event(ship, shipped).effects] == ["order-paid:7"]
+
+
 def test_a_source_key_space_keeps_two_sources_keys_apart() -> None:
     reg = Registry()
     for source in ("stripe", "partner"):

@@ -4,7 +4,15 @@ Stripe's order of events for a manual capture (https://docs.stripe.com/payments/
 the customer authorises, the intent becomes ``requires_capture`` and Stripe sends
 ``payment_intent.amount_capturable_updated``: capture then. After the capture Stripe sends
 ``payment_intent.succeeded``: ship then. With automatic capture only ``payment_intent.succeeded`` comes, and
-``ship`` below serves that variant unchanged.
+``ship`` below serves that variant unchanged. (``charge.succeeded`` is no signal to ship: with manual capture
+Stripe sends it at the authorisation, ``captured: false``.)
+
+Each key names what its effect acts on. A capture acts on a PaymentIntent: ``capture:{payment intent}``. A
+customer whose card is declined authorises again with a new intent for the same order, and that intent is
+captured as an effect of its own; keyed per order it would be a key conflict, never captured, and the hold
+would lapse. A shipment acts on the order: ``ship:{order}``. The intent is part of the shipment's
+fingerprint, so a second intent that succeeds for an order already shipped is a key conflict: recorded
+(``effectgate ledger rejects`` names both intents, one of which is money to give back), never shipped.
 
 The Stripe capture carries the step's key as Stripe's ``Idempotency-Key``. EasyPost and Shopify's
 ``fulfillmentCreate`` take no idempotency key, so those steps run with ``find=`` (inside ``buy_label`` and
@@ -26,7 +34,13 @@ from effectgate.handlers.providers.stripe import stripe_steps
 LEASE_TTL = float(os.environ.get("SHOP_LEASE_TTL", "60"))
 MAX_ATTEMPTS = int(os.environ.get("SHOP_MAX_ATTEMPTS", "8"))
 CARRIER_ACCOUNT = os.environ.get("SHOP_EASYPOST_CARRIER_ACCOUNT", "ca_demo")
-WAREHOUSE = {"name": "Shop Warehouse", "street1": "1 Dock Rd", "city": "Hamburg", "zip": "20457", "country": "DE"}
+WAREHOUSE = {
+    "name": "Shop Warehouse",
+    "street1": "1 Dock Rd",
+    "city": "Hamburg",
+    "zip": "20457",
+    "country": "DE",
+}
 
 
 def order_id(ev: Event) -> str:
@@ -37,16 +51,16 @@ def order_id(ev: Event) -> str:
 @effect(
     source="stripe",
     events=["payment_intent.amount_capturable_updated"],
-    key=lambda ev: f"capture:{order_id(ev)}",
+    key=lambda ev: f"capture:{ev.payload['data']['object']['id']}",
     name="shop.capture",
     require={"/data/object/status": "requires_capture"},
-    fingerprint=["/data/object/id", "/data/object/amount_capturable", "/data/object/currency"],
+    fingerprint=["/data/object/amount_capturable", "/data/object/currency"],
     orphan_policy="redrive",
     lease_ttl=LEASE_TTL,
     max_attempts=MAX_ATTEMPTS,
 )
 async def capture(ctx: EffectContext, ev: Event) -> dict[str, Any]:
-    """Capture the authorised amount once per order."""
+    """Capture the authorised amount once per PaymentIntent."""
     intent = ev.payload["data"]["object"]
     captured = await stripe_steps(ctx).capture(ctx, intent["id"])
     return {"payment_intent": captured["id"], "status": captured["status"]}

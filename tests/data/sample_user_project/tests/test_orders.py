@@ -1,6 +1,6 @@
 import httpx
 import pytest
-from shop.handlers import fulfil_order
+from shop.handlers import capture_payment, fulfil_order
 
 from effectgate import TerminalError
 from effectgate.testing import TestLedger, context_for, example_event, run_handler, services_over
@@ -24,23 +24,33 @@ class Provider:
 
 async def test_each_step_runs_once_with_a_stable_key() -> None:
     provider = Provider()
-    ev = example_event("stripe", "payment_intent.succeeded", event_id="evt_1", source="shop")
-    ctx = context_for(ev, fulfil_order, services=services_over(httpx.MockTransport(provider)))
-    await run_handler(ctx)
+    services = services_over(httpx.MockTransport(provider))
+    capturable = example_event(
+        "stripe", "payment_intent.amount_capturable_updated", event_id="evt_1", source="shop"
+    )
+    capture = context_for(capturable, capture_payment, services=services)
+    await run_handler(capture)
+    succeeded = example_event("stripe", "payment_intent.succeeded", event_id="evt_1", source="shop")
+    ship = context_for(succeeded, fulfil_order, services=services)
+    await run_handler(ship)
 
-    assert ctx.effect_key == "order:" + ev.payload["data"]["object"]["metadata"]["order_id"]
-    assert list(ctx.steps) == ["capture", "ship"]
-    assert [key for _, key in provider.sent] == [ctx.idempotency_key("capture"), ctx.idempotency_key("ship")]
+    intent = capturable.payload["data"]["object"]
+    assert capture.effect_key == "capture:" + intent["id"]
+    assert ship.effect_key == "order:" + intent["metadata"]["order_id"]
+    assert [key for _, key in provider.sent] == [
+        capture.idempotency_key("capture"),
+        ship.idempotency_key("ship"),
+    ]
 
-    again = ctx.rerun()  # a retry, a reclaimed lease or a redrive: recorded steps are replayed
+    again = capture.rerun()  # a retry, a reclaimed lease or a redrive: recorded steps are replayed
     await run_handler(again)
     assert again.calls == [] and len(provider.sent) == 2
 
 
 async def test_a_declined_card_fails_for_good() -> None:
     provider = Provider(decline=True)
-    ev = example_event("stripe", event_id="evt_2", source="shop")
-    ctx = context_for(ev, fulfil_order, services=services_over(httpx.MockTransport(provider)))
+    ev = example_event("stripe", "payment_intent.amount_capturable_updated", event_id="evt_2", source="shop")
+    ctx = context_for(ev, capture_payment, services=services_over(httpx.MockTransport(provider)))
     with pytest.raises(TerminalError) as failed:
         await run_handler(ctx)
     assert failed.value.code == "card_declined"
@@ -59,4 +69,4 @@ async def test_claimed_and_run_through_the_worker(effectgate_ledger: TestLedger)
 
     job = await effectgate_ledger.run_job(fulfil_order, services=services_over(httpx.MockTransport(provider)))
     assert job.state == "succeeded"
-    assert job.steps["ship"].idempotency_key == provider.sent[1][1]
+    assert job.steps["ship"].idempotency_key == provider.sent[0][1]
