@@ -8,6 +8,7 @@ compute effect keys) and by the worker (to run them) alike.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import os
 import sys
@@ -53,6 +54,11 @@ def _is_async(fn: object) -> bool:
 
 
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+
+
+def _did_you_mean(option: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(option, sorted(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _caller() -> str:
@@ -153,16 +159,21 @@ class Registry:
         file and line of this call (see ``collecting``).
         """
         where = _caller()
-        unknown = sorted(set(options) - set(EffectOptions.__annotations__))
-        if unknown:
-            raise TypeError(f"effect() got an unexpected keyword argument {unknown[0]!r}")
-        declared: dict[str, Any] = dict(options)
+        known = set(EffectOptions.__annotations__)
+        # Reported like every other mistake (at the user's line, collected at start-up), not as Python's
+        # TypeError from deep inside the decorator: the likely cause is a typo, so the known names are listed.
+        unknown = [
+            f"effect(): unknown option {option!r}{_did_you_mean(option, known)}; the options are "
+            + ", ".join(sorted(known))
+            for option in sorted(set(options) - known)
+        ]
+        declared: dict[str, Any] = {k: v for k, v in options.items() if k in known}
         name = declared.pop("name", None)
         declared["require"], declared["require_fn"] = _split_require(declared.pop("require", None))
 
         def register(fn: Handler) -> Handler:
             kind_name = name or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"
-            problems: list[str] = []
+            problems: list[str] = list(unknown)
             if callable(fn) and not _is_async(fn):
                 problems.append(
                     f"effect {kind_name!r}: the handler must be a coroutine function (async def), "

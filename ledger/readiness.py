@@ -24,7 +24,9 @@ class ReadinessProbe:
     ``LedgerUnavailable`` (or ``TimeoutError`` past ``timeout`` seconds, which bounds the whole check,
     connecting included). A connection found broken is closed and a new one made within the same check, so
     the first check after the database is back answers. Concurrent checks share the one in flight: at most
-    one connection attempt and one check run at a time, however many probes arrive.
+    one connection attempt and one check run at a time, however many probes arrive. Once a connection has found
+    the ledger migrated, each later check on it is one ``SELECT 1`` (migrations are not undone under a running
+    ledger); a new connection — after an outage, or a failover to another server — asks about migrations again.
     """
 
     def __init__(self, url: str, *, schema: str = db.DEFAULT_SCHEMA, timeout: float) -> None:
@@ -34,6 +36,8 @@ class ReadinessProbe:
         self._conn: db.Conn | None = None
         self._in_flight: asyncio.Future[list[str]] | None = None
         self._closed = False
+        # This connection found every migration applied: later checks on it only ask whether it answers.
+        self._migrated = False
 
     async def check(self) -> list[str]:
         """The migrations the ledger lacks (empty when ready); raises when it cannot be asked."""
@@ -58,7 +62,7 @@ class ReadinessProbe:
                 if self._conn is not None and not self._conn.closed:
                     try:
                         async with db.translate_errors():
-                            return await unapplied(self._conn)
+                            return await self._ask(self._conn)
                     except LedgerUnavailable:
                         # Kept from before an outage, its socket is dead though nothing said so until now: a
                         # new connection answers this probe, rather than a 503 and a wait for the next probe.
@@ -70,7 +74,7 @@ class ReadinessProbe:
                     application_name=APPLICATION_NAME,
                 )
                 async with db.translate_errors():
-                    return await unapplied(self._conn)
+                    return await self._ask(self._conn)
             except LedgerError as exc:
                 if isinstance(exc, LedgerUnavailable) or self._conn is None or self._conn.broken:
                     await self._discard()
@@ -80,7 +84,16 @@ class ReadinessProbe:
                 await self._discard()
                 raise
 
+    async def _ask(self, conn: db.Conn) -> list[str]:
+        if self._migrated:
+            await conn.execute("SELECT 1")
+            return []
+        pending = await unapplied(conn)
+        self._migrated = not pending
+        return pending
+
     async def _discard(self) -> None:
+        self._migrated = False
         conn, self._conn = self._conn, None
         if conn is not None:
             # Closing a dead socket does not wait on the server.

@@ -40,23 +40,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     if not result.owned:
         print("another process owns this reconciler pass; nothing done")
         return EXIT_OK
-    print(
-        json.dumps(
-            {
-                "redriven": result.redriven,
-                "parked": result.parked,
-                "cancelled": result.cancelled,
-                "woken": result.woken,
-                "sweeps": result.sweep_acted,
-                "sweep_errors": result.sweep_errors,
-                "partitions_created": result.partitions.created,
-                "partitions_dropped": result.partitions.dropped,
-                "purged": {what: n for what, n in result.retention.purged.items() if n},
-                "skipped": result.skipped,
-                "service_errors": result.service_errors,
-            }
-        )
-    )
+    print(json.dumps(result.summary()))
     return EXIT_OK
 
 

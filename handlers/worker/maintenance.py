@@ -81,7 +81,8 @@ async def reconcile_forever(
                 },
             )
         if _repaired_something(result):
-            log.info("reconciler.repaired", extra={"result": str(result)})
+            # JSON values, not the dataclass's repr: the log line is read by machines.
+            log.info("reconciler.repaired", extra={"result": result.summary()})
 
     await maintain_forever(
         pool,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from ..db import Conn
 from .partitions import PartitionConfig, PartitionKeeper, PartitionResult
@@ -130,6 +131,22 @@ class ReconcileResult:
     # Services another process ran this tick, and services that threw (name → error).
     skipped: list[str] = field(default_factory=list)
     service_errors: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """What the pass did, as JSON values: what ``effectgate reconcile`` prints and the worker logs."""
+        return {
+            "redriven": self.redriven,
+            "parked": self.parked,
+            "cancelled": self.cancelled,
+            "woken": self.woken,
+            "sweeps": self.sweep_acted,
+            "sweep_errors": self.sweep_errors,
+            "partitions_created": self.partitions.created,
+            "partitions_dropped": self.partitions.dropped,
+            "purged": {what: n for what, n in self.retention.purged.items() if n},
+            "skipped": self.skipped,
+            "service_errors": self.service_errors,
+        }
 
     @property
     def redriven(self) -> list[int]:

@@ -6,11 +6,13 @@ The clock is a parameter: a lease "expires" because the pass is told it is later
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from datetime import datetime
 
 import pytest
 
+from effectgate.gateway.logs import JsonFormatter
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.maintenance import reconcile_forever
 from effectgate.ledger import db
@@ -273,3 +275,7 @@ async def test_a_job_the_reconciler_parks_is_logged_at_error_with_its_kind_key_a
         "order:7",
         "orphaned: lease expired and orphan_policy is park",
     )
+    # The pass's own line is JSON all the way down: its result an object, not a Python repr inside a string.
+    [repaired] = [r for r in caplog.records if r.getMessage() == "reconciler.repaired"]
+    line = json.loads(JsonFormatter().format(repaired))
+    assert line["result"]["parked"] == [job_id] and line["result"]["redriven"] == []

@@ -45,6 +45,8 @@ class PgProxy:
         self.port = 0
         self.holding = False
         self.accepted: Counter[str] = Counter()
+        # Statements each application sent: a simple query ("Q") or an extended-protocol execute ("E").
+        self.statements: Counter[str] = Counter()
         self.open_now: Counter[str] = Counter()
         self.peak: Counter[str] = Counter()
         self._server: asyncio.Server | None = None
@@ -96,13 +98,29 @@ class PgProxy:
             up_reader, up_writer = await self._upstream()
             self._writers.add(up_writer)
             up_writer.write(struct.pack("!I", length) + startup)
-            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+            await asyncio.gather(self._count(name, reader, up_writer), _pump(up_reader, writer))
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
             if name is not None:
                 self.open_now[name] -= 1
             writer.close()
+
+    async def _count(self, name: str, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        # After the startup message every client message is a type byte and a length: forwarded whole, counted.
+        try:
+            while True:
+                head = await source.readexactly(5)
+                kind, length = head[:1], struct.unpack("!I", head[1:])[0]
+                rest = await source.readexactly(length - 4)
+                if kind in (b"Q", b"E"):
+                    self.statements[name] += 1
+                sink.write(head + rest)
+                await sink.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            sink.close()
 
 
 async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
@@ -181,3 +199,21 @@ async def test_concurrent_probes_in_an_outage_share_one_connection_attempt(
     await proxy.restore()
     assert await ready_within(client, 2.0) < 2.0
     assert proxy.peak[APPLICATION_NAME] == 1
+
+
+async def test_a_probe_on_a_migrated_ledger_sends_one_statement(
+    proxy: PgProxy, client: httpx.AsyncClient
+) -> None:
+    # Probed every few seconds by every kubelet and load balancer: one trivial statement each, not the
+    # migration check's several, once the connection has found the ledger migrated.
+    assert (await client.get("/readyz")).status_code == 200
+    before = proxy.statements[APPLICATION_NAME]
+    for _ in range(20):
+        assert (await client.get("/readyz")).status_code == 200
+    assert proxy.statements[APPLICATION_NAME] - before == 20
+    # A new connection (after an outage, perhaps to another server) asks about migrations again.
+    await proxy.cut()
+    assert (await client.get("/readyz")).status_code == 503
+    await proxy.restore()
+    await ready_within(client, 2.0)
+    assert proxy.statements[APPLICATION_NAME] - before > 21

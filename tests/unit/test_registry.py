@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -274,6 +275,30 @@ def test_effect_options_are_declared_once_as_effect_kind_fields() -> None:
     assert set(EffectOptions.__annotations__) == kind_fields - set_by_effect
 
 
-def test_an_unknown_effect_option_is_refused_at_the_call_naming_it() -> None:
-    with pytest.raises(TypeError, match="unexpected keyword argument 'lease_tll'"):
-        Registry().effect(source="s", events=["e"], lease_tll=5)  # type: ignore[call-arg]
+def test_an_unknown_effect_option_is_refused_at_the_users_line_naming_it_and_the_likely_one() -> None:
+    async def handler(ctx: object, ev: object) -> None:
+        return None
+
+    decorator = Registry().effect(source="s", events=["e"], lease_tll=5)  # type: ignore[call-arg]
+    with pytest.raises(InvalidEffect) as refused:
+        decorator(handler)
+    [problem] = refused.value.problems
+    assert problem.startswith(f"{Path(__file__).relative_to(Path.cwd())}:")
+    assert "unknown option 'lease_tll' (did you mean 'lease_ttl'?)" in problem
+    assert "max_attempts" in problem and "TypeError" not in problem
+
+
+def test_every_unknown_option_of_every_module_is_reported_at_once_at_start_up() -> None:
+    registry = Registry()
+
+    async def handler(ctx: object, ev: object) -> None:
+        return None
+
+    with registry.collecting() as mistakes:
+        registry.effect(source="s", events=["e"], name="a", retries=3)(handler)  # type: ignore[call-arg]
+        registry.effect(source="s", events=["e"], name="b", idempotent=True)(handler)  # type: ignore[call-arg]
+    assert [m.message.split(";")[0] for m in mistakes] == [
+        "effect(): unknown option 'retries'",
+        "effect(): unknown option 'idempotent'",
+    ]
+    assert registry.kinds() == []
