@@ -43,7 +43,7 @@ from tests.container import kustomize
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 WORK = ROOT / "build" / "deploy-run"
-IMAGE = "localhost/effectgate:0.2.0"
+IMAGE = "localhost/effectgate:0.3.0"
 DERIVED = "localhost/effectgate-ci-derived:0.1.0"
 PYTHON_BASE = "localhost/python:3.11-slim-bookworm"
 POSTGRES_BASE = "localhost/postgres:15-bookworm"

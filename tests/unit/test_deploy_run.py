@@ -65,8 +65,8 @@ def test_every_manifest_container_is_started_with_its_args() -> None:
     assert set(found) == {
         ("Deployment/effectgate-gateway", "gateway"),
         ("Deployment/effectgate-worker", "worker"),
-        ("Job/effectgate-migrate-v0-2-0", "migrate"),
+        ("Job/effectgate-migrate-v0-3-0", "migrate"),
     }
-    assert found[("Job/effectgate-migrate-v0-2-0", "migrate")] == ["migrate"]
+    assert found[("Job/effectgate-migrate-v0-3-0", "migrate")] == ["migrate"]
     assert "--no-migrate" in found[("Deployment/effectgate-gateway", "gateway")]
     assert {i["container"]["image"] for i in deploy_run.manifest_containers()} == {deploy_run.IMAGE}
