@@ -10,8 +10,10 @@ way ``migrate`` does, so applying it by hand leaves the database exactly as ``mi
 
 Everything lives in one schema (``schema``, default ``effectgate``; docs/adr/0019-own-schema.md): the
 runner creates it and puts it alone on the search_path, so the files stay unqualified. A ledger of a
-release before 0021 lives in ``public``: the runner reads its record there, applies any older file it
-lacks in ``public``, and 0021 moves everything into the schema.
+release before 0021 lives in ``public``: the runner recognises it by what only effectgate wrote there
+(``_legacy``), reads its record there, applies any older file it lacks in ``public``, and 0021 moves
+everything into the schema. Any other ``public.schema_migrations`` (Rails, golang-migrate, dbmate, Flyway)
+is never read or written.
 """
 
 from __future__ import annotations
@@ -67,10 +69,43 @@ def discover(directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
     return migrations
 
 
-async def _legacy(conn: Conn) -> bool:
-    # A ledger of a release before 0021: its record is in `public`, none in the schema on the search_path.
-    row = await (await conn.execute(Q["migrations_legacy_in_public"])).fetchone()
-    return row is not None and bool(row["legacy"])
+async def _legacy(conn: Conn, directory: Traversable) -> bool:
+    """Whether ``public`` holds effectgate's own ledger of a release before 0021, to be moved into the schema.
+
+    effectgate never touches a table it did not create, and Rails, golang-migrate, dbmate and Flyway all keep a
+    ``public.schema_migrations``, some with a ``checksum`` column. So a name or a column proves nothing; two
+    things only effectgate's own releases wrote do: a migration record of exactly effectgate's three columns
+    holding the first shipped file with its shipped checksum (a SHA-256 of effectgate's own text), and effects
+    and jobs with effectgate's columns and ``job_state`` type. Both: ours, moved by 0021. Neither: the
+    application's, left alone, and effectgate installs beside it. One without the other cannot be told apart
+    from a damaged ledger of ours, and installing a second, empty ledger beside it would run its effects
+    again; so that is refused. A marker could not serve: the releases whose ledgers need recognising wrote none.
+    """
+    row = await (await conn.execute(Q["migrations_public_ledger_shape"])).fetchone()
+    if row is None or not row["unmoved"] or not (row["record"] or row["tables"]):
+        return False
+    first = discover(directory)[:1]
+    record = False
+    if row["record"] and first:
+        params = {"name": first[0].name, "checksum": first[0].checksum}
+        found = await (await conn.execute(Q["migrations_public_ledger_first"], params)).fetchone()
+        record = found is not None and bool(found["ours"])
+    if record == bool(row["tables"]):
+        return record
+    found_part, missing = (
+        ("public.schema_migrations records effectgate's migrations", "effects and jobs of effectgate's shape")
+        if record
+        else (
+            "public holds effects and jobs of effectgate's shape",
+            f"a public.schema_migrations (name, checksum, applied_at) recording {first[0].name if first else 'them'}"
+            " with the checksum this version ships",
+        )
+    )
+    raise MigrationError(
+        f"{found_part} (an effectgate ledger of a release before 0021) but {missing} is missing; effectgate "
+        "neither moves nor installs beside what may be its own ledger (a second ledger would run its effects "
+        "again): restore it, or drop what is left of it in public"
+    )
 
 
 def _search_path_for(migration: Migration, schema: str, legacy: bool) -> list[str] | None:
@@ -84,7 +119,7 @@ def _search_path_for(migration: Migration, schema: str, legacy: bool) -> list[st
 
 async def pending(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
     """Migrations not yet applied to this database (raises if an applied one changed)."""
-    if await _legacy(conn):
+    if await _legacy(conn, directory):
         rows = await (await conn.execute(Q["migrations_applied_legacy"])).fetchall()
     else:
         present = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
@@ -115,9 +150,9 @@ async def pending(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[M
     return todo
 
 
-async def _applied_read_only(conn: Conn) -> dict[str, DictRow]:
+async def _applied_read_only(conn: Conn, directory: Traversable) -> dict[str, DictRow]:
     # The record where it is (the schema, or `public` before 0021), without creating it.
-    if await _legacy(conn):
+    if await _legacy(conn, directory):
         rows = await (await conn.execute(Q["migrations_applied_legacy"])).fetchall()
         return {r["name"]: r for r in rows}
     row = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
@@ -128,7 +163,7 @@ async def _applied_read_only(conn: Conn) -> dict[str, DictRow]:
 
 async def unapplied(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[str]:
     """Migrations this database lacks, or whose applied checksum differs, read-only (readiness checks)."""
-    applied = {name: r["checksum"] for name, r in (await _applied_read_only(conn)).items()}
+    applied = {name: r["checksum"] for name, r in (await _applied_read_only(conn, directory)).items()}
     problems = []
     for m in discover(directory):
         if m.name not in applied:
@@ -171,7 +206,7 @@ async def migrate(
             except psycopg.Error as exc:
                 raise MigrationError(f"cannot create schema {schema!r}: {exc}") from exc
         await use_schema(conn, schema)
-        legacy = await _legacy(conn)
+        legacy = await _legacy(conn, directory)
         applied: list[str] = []
         todo = await pending(conn, directory)
         if todo:
@@ -216,7 +251,7 @@ class MigrationState:
 async def status(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[MigrationState]:
     """Every migration this version ships and every one the database applied, in name order; read-only
     (it creates no migration table), so a runtime role without DDL rights can ask."""
-    applied = await _applied_read_only(conn)
+    applied = await _applied_read_only(conn, directory)
     states = []
     shipped = discover(directory)
     for m in shipped:
@@ -253,7 +288,7 @@ async def script(
     todo = await _pending_read_only(conn, directory)
     if not todo:
         return [], ""
-    legacy = await _legacy(conn)
+    legacy = await _legacy(conn, directory)
     applied = [s.name for s in await status(conn, directory) if not s.pending]
     previous: str | None = max(applied, default=None)
     cursor = psycopg.AsyncClientCursor(conn)

@@ -22,15 +22,29 @@ SELECT name, checksum FROM schema_migrations ORDER BY name;
 -- Records one applied migration, in the transaction that applied it.
 INSERT INTO schema_migrations (name, checksum) VALUES (%(name)s, %(checksum)s);
 
--- name: migrations_legacy_in_public
--- Whether this is a ledger of a release before 0021, all in `public`: no migration record in effectgate's schema
--- (the search_path), and public.schema_migrations is effectgate's own (Rails's and golang-migrate's have no
--- `checksum`). Read-only.
-SELECT to_regclass('schema_migrations') IS NULL
-       AND current_schema() IS DISTINCT FROM 'public'
-       AND EXISTS (SELECT FROM pg_attribute
-                   WHERE attrelid = to_regclass('public.schema_migrations') AND attname = 'checksum'
-                     AND NOT attisdropped) AS legacy;
+-- name: migrations_public_ledger_shape
+-- Whether `public` holds what a release before 0021 made there, from the catalog alone (a table there may be
+-- anyone's, with any columns; Rails, golang-migrate, dbmate and Flyway keep a schema_migrations of their own there).
+-- Asked only while effectgate's schema (the search_path) has no migration record. `record`: a schema_migrations of
+-- exactly effectgate's three columns, whose rows migrations_public_ledger_first then reads; `tables`: effects and
+-- jobs with columns and the job_state type only effectgate's 0001 makes. Read-only.
+SELECT to_regclass('schema_migrations') IS NULL AND current_schema() IS DISTINCT FROM 'public' AS unmoved,
+       coalesce((SELECT array_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) ORDER BY a.attname)
+                 FROM pg_attribute a
+                 WHERE a.attrelid = to_regclass('public.schema_migrations') AND a.attnum > 0 AND NOT a.attisdropped)
+                = ARRAY['applied_at timestamp with time zone', 'checksum text', 'name text'], false) AS record,
+       (SELECT count(*) FROM pg_attribute a
+        WHERE a.attrelid = to_regclass('public.effects') AND NOT a.attisdropped
+          AND a.attname IN ('tenant', 'effect_key', 'fingerprint')) = 3
+       AND (SELECT count(*) FROM pg_attribute a
+            WHERE a.attrelid = to_regclass('public.jobs') AND NOT a.attisdropped
+              AND (a.attname IN ('effect_id', 'lease_token', 'orphan_policy')
+                   OR (a.attname = 'state' AND a.atttypid = to_regtype('public.job_state')))) = 4 AS tables;
+
+-- name: migrations_public_ledger_first
+-- After migrations_public_ledger_shape found effectgate's columns: whether public.schema_migrations records effectgate's
+-- first file with the checksum effectgate ships (a SHA-256 of that file's text, which no other tool writes).
+SELECT EXISTS (SELECT FROM public.schema_migrations WHERE name = %(name)s AND checksum = %(checksum)s) AS ours;
 
 -- name: migrations_applied_legacy
 -- What a ledger of a release before 0021 has applied, and when, read where those releases kept it.
