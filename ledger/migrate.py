@@ -6,7 +6,8 @@ a file that changed after it was applied is refused, since the database no longe
 
 For a team whose own migration tool owns the schema: ``status`` says what is applied and what is
 pending (read-only), and ``script`` prints the pending files as one SQL script that records itself the
-way ``migrate`` does, so applying it by hand leaves the database exactly as ``migrate`` would.
+way ``migrate`` does and runs inside that tool's transaction, so applying it leaves the database exactly
+as ``migrate`` would.
 
 Everything lives in one schema (``schema``, default ``effectgate``; docs/adr/0019-own-schema.md): the
 runner creates it and puts it alone on the search_path, so the files stay unqualified. A ledger of a
@@ -277,40 +278,50 @@ async def script(
     """The names of the migrations this database lacks, and them as one SQL script; ([], "") when up to
     date.
 
-    Each file runs in its own transaction with its record in the migration table and under the lock
-    ``migrate`` takes, exactly as ``migrate`` applies it, so ``migrate --check`` finds the database up to
-    date after the script ran. A guard before each file refuses it if it is applied already or if the
-    file before it is not (a failed transaction in a client that runs on after errors).
-    The script opens by creating ``schema`` and setting the session's search_path to it, as ``migrate``
-    does; for a pre-0021 ledger in ``public`` it runs the older files there, as ``migrate`` would.
+    The script is for a team whose own tool applies it (Alembic's ``op.execute``, Flyway, golang-migrate,
+    ``psql -1``), inside that tool's one transaction: it holds no BEGIN or COMMIT; it takes the lock
+    ``migrate`` takes until that transaction ends; it creates ``schema`` only when it is missing (so an owner
+    of a pre-created schema needs no CREATE right on the database); each file runs with the search_path
+    ``migrate`` gives it, set for the transaction only, and the caller's search_path is given back at the end,
+    before the tool writes its own record. Each file is recorded, schema-qualified, in effectgate's migration
+    table as ``migrate`` records it, so ``migrate --check`` finds the database up to date afterwards. Guards
+    before each file refuse it outside one transaction, if it is applied already, or if the file before it
+    is not. For a pre-0021 ledger in ``public`` it runs the older files there, as ``migrate`` would.
     Raises ``MigrationError`` as ``pending`` does (an applied file changed, or a file numbered too low).
     """
     todo = await _pending_read_only(conn, directory)
     if not todo:
         return [], ""
+    if "$head$" in schema:
+        raise MigrationError(f"schema name {schema!r} cannot be printed inside the script's $head$ block")
     legacy = await _legacy(conn, directory)
     applied = [s.name for s in await status(conn, directory) if not s.pending]
     previous: str | None = max(applied, default=None)
     cursor = psycopg.AsyncClientCursor(conn)
-    head = sql.SQL(Q["migration_script_schema"]).format(schema=sql.Identifier(schema)).as_string(conn)
-    parts = [head.rstrip().rstrip(";") + ";\n"]
+    head = {"lock_id": MIGRATION_LOCK_ID, "schema": schema}
+    parts = [cursor.mogrify(Q["migration_script_head"], head) + ";\n"]
     for index, migration in enumerate(todo):
+        # Before the move (0021) a pre-0021 ledger's record is public's; 0021 moves it, and records itself there.
+        in_public = legacy and migration.name <= OWN_SCHEMA_MIGRATION
+        guarded = sql.Identifier("public" if in_public else schema, "schema_migrations")
+        recorded = sql.Identifier(
+            "public" if in_public and migration.name < OWN_SCHEMA_MIGRATION else schema, "schema_migrations"
+        )
         parts.append(f"-- {migration.name} (sha256 {migration.checksum})")
-        parts.append(cursor.mogrify(Q["migration_script_begin"], {"lock_id": MIGRATION_LOCK_ID}) + ";")
-        path = _search_path_for(migration, schema, legacy)
-        if path is not None:
-            parts.append(cursor.mogrify(Q["migration_search_path_set_local"], {"schemas": path}) + ";")
+        path = _search_path_for(migration, schema, legacy) or [schema]
+        search_path = {"name": migration.name, "schemas": path}
+        parts.append(cursor.mogrify(Q["migration_script_search_path"], search_path) + ";")
         if index == 0 and not legacy:
             parts.append(Q["migrations_table_ensure"] + ";")
-        guard = {"name": migration.name, "previous": previous}
-        parts.append(cursor.mogrify(Q["migration_script_guard"], guard) + ";")
+        guard = sql.SQL(Q["migration_script_guard"]).format(record=guarded)
+        parts.append(cursor.mogrify(guard, {"name": migration.name, "previous": previous}) + ";")
         text = migration.sql.rstrip()
         # A file whose last statement has no semicolon, or ends in a comment, must not swallow the record.
         parts.append(text if text.endswith(";") else text + "\n;")
-        record = {"name": migration.name, "checksum": migration.checksum}
-        parts.append(cursor.mogrify(Q["migration_record"], record) + ";")
-        parts.append(Q["migration_script_commit"] + ";\n")
+        record = sql.SQL(Q["migration_script_record"]).format(record=recorded)
+        parts.append(cursor.mogrify(record, {"name": migration.name, "checksum": migration.checksum}) + ";\n")
         previous = migration.name
+    parts.append(Q["migration_script_tail"] + ";\n")
     return [m.name for m in todo], "\n".join(parts)
 
 

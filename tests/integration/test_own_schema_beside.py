@@ -151,8 +151,9 @@ async def test_an_applications_schema_migrations_of_any_shape_is_left_alone_and_
     assert _cli(empty_db_url, "--status").returncode == 0
     printed = _cli(empty_db_url, "--print-sql")
     assert printed.returncode == 0, printed.stderr
-    # Nothing of it names the application's table (the move, 0021, finds nothing of its own to move).
+    # Guarded (twice) and recorded in effectgate's schema only (the move, 0021, finds nothing of its own to move).
     assert '"public"."schema_migrations"' not in printed.stdout
+    assert printed.stdout.count('"effectgate"."schema_migrations"') == 3 * len(EVERY_MIGRATION)
     applied = _cli(empty_db_url)
     assert (applied.returncode, applied.stdout.strip()) == (0, "applied: " + ", ".join(EVERY_MIGRATION)), (
         applied.stderr
