@@ -173,8 +173,22 @@ async def test_an_applications_schema_migrations_of_any_shape_is_left_alone_and_
     assert ours == (1,)
 
 
+@pytest.mark.parametrize(
+    ("damage", "found"),
+    [
+        (
+            "UPDATE schema_migrations SET checksum = 'edited' WHERE name = '0001_initial.sql'",
+            r"public holds effects and jobs of effectgate's shape \(.*\) but a public\.schema_migrations",
+        ),
+        (
+            "DROP TABLE jobs CASCADE",
+            r"public\.schema_migrations records effectgate's migrations \(.*\) but effects and jobs",
+        ),
+    ],
+    ids=["tables-without-record", "record-without-tables"],
+)
 async def test_what_may_be_a_damaged_ledger_of_effectgates_own_is_refused_not_doubled(
-    empty_db_url: str, tmp_path: Path
+    empty_db_url: str, tmp_path: Path, damage: str, found: str
 ) -> None:
     previous = tmp_path / "previous"
     previous.mkdir()
@@ -184,16 +198,15 @@ async def test_what_may_be_a_damaged_ledger_of_effectgates_own_is_refused_not_do
     old = await db.connect(empty_db_url, schema="public")
     async with old:
         await migrate(old, previous, schema="public")
-        # Its record no longer proves it is effectgate's, but its tables are effectgate's.
-        await old.execute("UPDATE schema_migrations SET checksum = 'edited' WHERE name = '0001_initial.sql'")
+        await old.execute(damage)  # type: ignore[arg-type]
     conn = await db.connect(empty_db_url)
     async with conn:
-        with pytest.raises(MigrationError, match=r"public holds effects and jobs of effectgate's shape"):
+        with pytest.raises(MigrationError, match=found):
             await status(conn)
         with pytest.raises(MigrationError, match=r"a second ledger would run its effects again"):
             await migrate(conn)
     with psycopg.connect(empty_db_url, autocommit=True) as c:
         left = c.execute(
-            "SELECT to_regclass('public.effects') IS NOT NULL, to_regclass('effectgate.schema_migrations')"
+            "SELECT to_regclass('public.schema_migrations') IS NOT NULL, to_regclass('effectgate.schema_migrations')"
         ).fetchone()
     assert left == (True, None)
