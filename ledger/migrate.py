@@ -6,12 +6,15 @@ a file that changed after it was applied is refused, since the database no longe
 
 For a team whose own migration tool owns the schema: ``status`` says what is applied and what is
 pending (read-only), and ``script`` prints the pending files as one SQL script that records itself the
-way ``migrate`` does, so applying it by hand leaves the database exactly as ``migrate`` would.
+way ``migrate`` does and runs inside that tool's transaction, so applying it leaves the database exactly
+as ``migrate`` would.
 
 Everything lives in one schema (``schema``, default ``effectgate``; docs/adr/0019-own-schema.md): the
 runner creates it and puts it alone on the search_path, so the files stay unqualified. A ledger of a
-release before 0021 lives in ``public``: the runner reads its record there, applies any older file it
-lacks in ``public``, and 0021 moves everything into the schema.
+release before 0021 lives in ``public``: the runner recognises it by what only effectgate wrote there
+(``_legacy``), reads its record there, applies any older file it lacks in ``public``, and 0021 moves
+everything into the schema. Any other ``public.schema_migrations`` (Rails, golang-migrate, dbmate, Flyway)
+is never read or written.
 """
 
 from __future__ import annotations
@@ -67,10 +70,43 @@ def discover(directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
     return migrations
 
 
-async def _legacy(conn: Conn) -> bool:
-    # A ledger of a release before 0021: its record is in `public`, none in the schema on the search_path.
-    row = await (await conn.execute(Q["migrations_legacy_in_public"])).fetchone()
-    return row is not None and bool(row["legacy"])
+async def _legacy(conn: Conn, directory: Traversable) -> bool:
+    """Whether ``public`` holds effectgate's own ledger of a release before 0021, to be moved into the schema.
+
+    effectgate never touches a table it did not create, and Rails, golang-migrate, dbmate and Flyway all keep a
+    ``public.schema_migrations``, some with a ``checksum`` column. So a name or a column proves nothing; two
+    things only effectgate's own releases wrote do: a migration record of exactly effectgate's three columns
+    holding the first shipped file with its shipped checksum (a SHA-256 of effectgate's own text), and effects
+    and jobs with effectgate's columns and ``job_state`` type. Both: ours, moved by 0021. Neither: the
+    application's, left alone, and effectgate installs beside it. One without the other cannot be told apart
+    from a damaged ledger of ours, and installing a second, empty ledger beside it would run its effects
+    again; so that is refused. A marker could not serve: the releases whose ledgers need recognising wrote none.
+    """
+    row = await (await conn.execute(Q["migrations_public_ledger_shape"])).fetchone()
+    if row is None or not row["unmoved"] or not (row["record"] or row["tables"]):
+        return False
+    first = discover(directory)[:1]
+    record = False
+    if row["record"] and first:
+        params = {"name": first[0].name, "checksum": first[0].checksum}
+        found = await (await conn.execute(Q["migrations_public_ledger_first"], params)).fetchone()
+        record = found is not None and bool(found["ours"])
+    if record == bool(row["tables"]):
+        return record
+    found_part, missing = (
+        ("public.schema_migrations records effectgate's migrations", "effects and jobs of effectgate's shape")
+        if record
+        else (
+            "public holds effects and jobs of effectgate's shape",
+            f"a public.schema_migrations (name, checksum, applied_at) recording {first[0].name if first else 'them'}"
+            " with the checksum this version ships",
+        )
+    )
+    raise MigrationError(
+        f"{found_part} (an effectgate ledger of a release before 0021) but {missing} is missing; effectgate "
+        "neither moves nor installs beside what may be its own ledger (a second ledger would run its effects "
+        "again): restore it, or drop what is left of it in public"
+    )
 
 
 def _search_path_for(migration: Migration, schema: str, legacy: bool) -> list[str] | None:
@@ -84,7 +120,7 @@ def _search_path_for(migration: Migration, schema: str, legacy: bool) -> list[st
 
 async def pending(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[Migration]:
     """Migrations not yet applied to this database (raises if an applied one changed)."""
-    if await _legacy(conn):
+    if await _legacy(conn, directory):
         rows = await (await conn.execute(Q["migrations_applied_legacy"])).fetchall()
     else:
         present = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
@@ -115,9 +151,9 @@ async def pending(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[M
     return todo
 
 
-async def _applied_read_only(conn: Conn) -> dict[str, DictRow]:
+async def _applied_read_only(conn: Conn, directory: Traversable) -> dict[str, DictRow]:
     # The record where it is (the schema, or `public` before 0021), without creating it.
-    if await _legacy(conn):
+    if await _legacy(conn, directory):
         rows = await (await conn.execute(Q["migrations_applied_legacy"])).fetchall()
         return {r["name"]: r for r in rows}
     row = await (await conn.execute(Q["migrations_table_exists"])).fetchone()
@@ -128,7 +164,7 @@ async def _applied_read_only(conn: Conn) -> dict[str, DictRow]:
 
 async def unapplied(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[str]:
     """Migrations this database lacks, or whose applied checksum differs, read-only (readiness checks)."""
-    applied = {name: r["checksum"] for name, r in (await _applied_read_only(conn)).items()}
+    applied = {name: r["checksum"] for name, r in (await _applied_read_only(conn, directory)).items()}
     problems = []
     for m in discover(directory):
         if m.name not in applied:
@@ -171,7 +207,7 @@ async def migrate(
             except psycopg.Error as exc:
                 raise MigrationError(f"cannot create schema {schema!r}: {exc}") from exc
         await use_schema(conn, schema)
-        legacy = await _legacy(conn)
+        legacy = await _legacy(conn, directory)
         applied: list[str] = []
         todo = await pending(conn, directory)
         if todo:
@@ -216,7 +252,7 @@ class MigrationState:
 async def status(conn: Conn, directory: Traversable = MIGRATIONS_DIR) -> list[MigrationState]:
     """Every migration this version ships and every one the database applied, in name order; read-only
     (it creates no migration table), so a runtime role without DDL rights can ask."""
-    applied = await _applied_read_only(conn)
+    applied = await _applied_read_only(conn, directory)
     states = []
     shipped = discover(directory)
     for m in shipped:
@@ -242,40 +278,50 @@ async def script(
     """The names of the migrations this database lacks, and them as one SQL script; ([], "") when up to
     date.
 
-    Each file runs in its own transaction with its record in the migration table and under the lock
-    ``migrate`` takes, exactly as ``migrate`` applies it, so ``migrate --check`` finds the database up to
-    date after the script ran. A guard before each file refuses it if it is applied already or if the
-    file before it is not (a failed transaction in a client that runs on after errors).
-    The script opens by creating ``schema`` and setting the session's search_path to it, as ``migrate``
-    does; for a pre-0021 ledger in ``public`` it runs the older files there, as ``migrate`` would.
+    The script is for a team whose own tool applies it (Alembic's ``op.execute``, Flyway, golang-migrate,
+    ``psql -1``), inside that tool's one transaction: it holds no BEGIN or COMMIT; it takes the lock
+    ``migrate`` takes until that transaction ends; it creates ``schema`` only when it is missing (so an owner
+    of a pre-created schema needs no CREATE right on the database); each file runs with the search_path
+    ``migrate`` gives it, set for the transaction only, and the caller's search_path is given back at the end,
+    before the tool writes its own record. Each file is recorded, schema-qualified, in effectgate's migration
+    table as ``migrate`` records it, so ``migrate --check`` finds the database up to date afterwards. Guards
+    before each file refuse it outside one transaction, if it is applied already, or if the file before it
+    is not. For a pre-0021 ledger in ``public`` it runs the older files there, as ``migrate`` would.
     Raises ``MigrationError`` as ``pending`` does (an applied file changed, or a file numbered too low).
     """
     todo = await _pending_read_only(conn, directory)
     if not todo:
         return [], ""
-    legacy = await _legacy(conn)
+    if "$head$" in schema:
+        raise MigrationError(f"schema name {schema!r} cannot be printed inside the script's $head$ block")
+    legacy = await _legacy(conn, directory)
     applied = [s.name for s in await status(conn, directory) if not s.pending]
     previous: str | None = max(applied, default=None)
     cursor = psycopg.AsyncClientCursor(conn)
-    head = sql.SQL(Q["migration_script_schema"]).format(schema=sql.Identifier(schema)).as_string(conn)
-    parts = [head.rstrip().rstrip(";") + ";\n"]
+    head = {"lock_id": MIGRATION_LOCK_ID, "schema": schema}
+    parts = [cursor.mogrify(Q["migration_script_head"], head) + ";\n"]
     for index, migration in enumerate(todo):
+        # Before the move (0021) a pre-0021 ledger's record is public's; 0021 moves it, and records itself there.
+        in_public = legacy and migration.name <= OWN_SCHEMA_MIGRATION
+        guarded = sql.Identifier("public" if in_public else schema, "schema_migrations")
+        recorded = sql.Identifier(
+            "public" if in_public and migration.name < OWN_SCHEMA_MIGRATION else schema, "schema_migrations"
+        )
         parts.append(f"-- {migration.name} (sha256 {migration.checksum})")
-        parts.append(cursor.mogrify(Q["migration_script_begin"], {"lock_id": MIGRATION_LOCK_ID}) + ";")
-        path = _search_path_for(migration, schema, legacy)
-        if path is not None:
-            parts.append(cursor.mogrify(Q["migration_search_path_set_local"], {"schemas": path}) + ";")
+        path = _search_path_for(migration, schema, legacy) or [schema]
+        search_path = {"name": migration.name, "schemas": path}
+        parts.append(cursor.mogrify(Q["migration_script_search_path"], search_path) + ";")
         if index == 0 and not legacy:
             parts.append(Q["migrations_table_ensure"] + ";")
-        guard = {"name": migration.name, "previous": previous}
-        parts.append(cursor.mogrify(Q["migration_script_guard"], guard) + ";")
+        guard = sql.SQL(Q["migration_script_guard"]).format(record=guarded)
+        parts.append(cursor.mogrify(guard, {"name": migration.name, "previous": previous}) + ";")
         text = migration.sql.rstrip()
         # A file whose last statement has no semicolon, or ends in a comment, must not swallow the record.
         parts.append(text if text.endswith(";") else text + "\n;")
-        record = {"name": migration.name, "checksum": migration.checksum}
-        parts.append(cursor.mogrify(Q["migration_record"], record) + ";")
-        parts.append(Q["migration_script_commit"] + ";\n")
+        record = sql.SQL(Q["migration_script_record"]).format(record=recorded)
+        parts.append(cursor.mogrify(record, {"name": migration.name, "checksum": migration.checksum}) + ";\n")
         previous = migration.name
+    parts.append(Q["migration_script_tail"] + ";\n")
     return [m.name for m in todo], "\n".join(parts)
 
 

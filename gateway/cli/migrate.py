@@ -6,8 +6,9 @@
     effectgate migrate --print-sql   the pending migrations as one SQL script on stdout; read-only
 
 ``--print-sql`` is for a team whose own migration tool (Flyway, Liquibase, Alembic, Rails …) owns the
-schema: the script records each file in effectgate's migration table in the transaction that applies it,
-so once it has run, ``migrate --check`` and the ``--no-migrate`` processes find the database up to date.
+schema: the script runs inside that tool's one transaction (no BEGIN or COMMIT of its own, the caller's
+search_path given back at its end) and records each file in effectgate's migration table, so once it has
+run, ``migrate --check`` and the ``--no-migrate`` processes find the database up to date.
 
 A process started with ``--no-migrate`` waits for another one (a migrate job, a deploy pipeline) to bring
 the schema to this version (``wait_for_schema``), logging what it waits for every few seconds, and refuses
@@ -111,9 +112,11 @@ async def run(
                 sys.stdout.write(
                     f"-- effectgate {_version()}: {len(names)} pending migration(s), from "
                     "`effectgate migrate --print-sql`.\n"
-                    "-- Each runs in its own transaction and records itself in the migration table, as "
-                    "`effectgate migrate` does.\n"
-                    "-- With psql: psql -v ON_ERROR_STOP=1 -f THIS_FILE\n\n" + text
+                    "-- Each migration records itself in the migration table, as `effectgate migrate` does.\n"
+                    "-- Run it whole inside one transaction (it holds no BEGIN or COMMIT, and gives the "
+                    "search_path back as it found it):\n"
+                    "-- your tool's (Alembic op.execute, Flyway, golang-migrate), or psql -1 -v ON_ERROR_STOP=1 "
+                    "-f THIS_FILE\n\n" + text
                 )
                 print(f"effectgate: printed {len(names)} pending: {', '.join(names)}", file=sys.stderr)
                 return 0

@@ -143,7 +143,7 @@ async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_ev
         assert [s.name for s in states if s.pending] == FROM_0021
         names, text = await script(conn, through)
         assert names == ["0021_own_schema.sql"]
-        assert text.startswith('CREATE SCHEMA IF NOT EXISTS "effectgate";\nSET search_path TO "effectgate";')
+        assert text.startswith("DO $head$") and "BEGIN;" not in text and "COMMIT;" not in text
         if how == "migrate":
             assert await migrate(conn, through) == ["0021_own_schema.sql"]
         else:
