@@ -12,6 +12,7 @@ import asyncio
 from . import db
 from .errors import LedgerError, LedgerUnavailable
 from .migrate import unapplied
+from .queries import Q
 
 # Shown in pg_stat_activity, so an operator tells the probe's one connection from the pools'.
 APPLICATION_NAME = "effectgate-readyz"
@@ -86,7 +87,7 @@ class ReadinessProbe:
 
     async def _ask(self, conn: db.Conn) -> list[str]:
         if self._migrated:
-            await conn.execute("SELECT 1")
+            await conn.execute(Q["readiness_ping"])
             return []
         pending = await unapplied(conn)
         self._migrated = not pending

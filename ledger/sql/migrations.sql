@@ -139,3 +139,7 @@ $tail$;
 -- name: database_encoding
 -- The database's name and encoding: migrate refuses anything but UTF8 before it writes.
 SELECT current_database() AS db, current_setting('server_encoding') AS enc;
+
+-- name: readiness_ping
+-- Readiness on a connection that found the ledger migrated: only whether the server answers.
+SELECT 1;

@@ -334,6 +334,45 @@ def test_a_user_project_with_its_own_handlers_and_gateway_packages_runs(
             return row is not None and row[0] == "succeeded"
 
         wait_until(succeeded, 30, "the user's handler to succeed")
+
+        # A genuine event the key function cannot key (no "order"): kept and acknowledged, logged by event id,
+        # listed by the installed CLI, and one effect once the handler is fixed and the delivery replayed.
+        unkeyable = json.dumps({"id": "evt_2", "type": "order.paid", "note": "made in the Dashboard"})
+        signature = stripe.WebhookSignature.generate_signature_header(unkeyable, SECRET)
+        answer = httpx.post(
+            f"{base}/webhooks/shop",
+            content=unkeyable,
+            headers={"stripe-signature": signature, "content-type": "application/json"},
+            timeout=10,
+        )
+        assert (answer.status_code, answer.json()["error"], answer.json()["kept"]) == (
+            200,
+            "effect_key_failed",
+            True,
+        )
+        refused_line = next(
+            line for line in (tmp_path / "serve.log").read_text().splitlines() if '"delivery.refused"' in line
+        )
+        assert '"event_id": "evt_2"' in refused_line and "KeyError" in refused_line
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [str(installed.effectgate), *args], cwd=user_project, env=env, capture_output=True, text=True
+            )
+
+        listed = cli("ledger", "rejects", "--kind", "refused", "--since", "1h", "--event-id", "evt_2")
+        assert listed.returncode == 0 and "evt_2" in listed.stdout and "effect_key_failed" in listed.stdout
+        fixed = USER_HANDLER.replace(
+            'order_key(ev.payload["order"])', 'order_key(ev.payload.get("order", ev.id))'
+        )
+        (user_project / "handlers" / "orders.py").write_text(fixed)
+        replay = ("ledger", "replay", "--refused", "--source", "shop", "--since", "1h", "--format", "json")
+        first = cli(*replay)
+        assert first.returncode == 0 and json.loads(first.stdout)["outcomes"] == {"accepted": 1}, first.stderr
+        assert json.loads(cli(*replay).stdout)["deliveries"] == 0
+        with psycopg.connect(db_url) as conn:
+            claimed = conn.execute("SELECT count(*) FROM effects WHERE effect_key = 'order:evt_2'").fetchone()
+        assert claimed == (1,)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
