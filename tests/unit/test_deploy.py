@@ -446,6 +446,8 @@ def test_secrets_come_from_the_secret_and_the_config_from_the_configmap(name: st
     for var, entry in env.items():
         assert "value" not in entry, f"{var} must come from the Secret, not the manifest"
         assert entry["valueFrom"]["secretKeyRef"]["name"] == "effectgate"
+    # The runtime role's URL (docs/adr/0019, "Roles"), never the owner's that migrate gets.
+    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "database-url"
     assert {"name": "config", "mountPath": "/etc/effectgate", "readOnly": True} in c["volumeMounts"]
     spec = manifests()[("Deployment", name)]["spec"]["template"]["spec"]
     configmap = manifests()[("ConfigMap", "effectgate-config")]["metadata"]["name"]
@@ -455,6 +457,8 @@ def test_secrets_come_from_the_secret_and_the_config_from_the_configmap(name: st
 def test_the_migrate_job_needs_only_the_database() -> None:
     c = container("effectgate-migrate")
     assert [e["name"] for e in c["env"]] == ["DATABASE_URL"]
+    # The owner role's URL: only migrate may create and alter the schema.
+    assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "effectgate", "key": "owner-database-url"}
     job = manifests()[("Job", "effectgate-migrate")]["spec"]
     assert job["template"]["spec"]["restartPolicy"] == "Never"
     assert job["backoffLimit"] >= 1
