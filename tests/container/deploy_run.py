@@ -684,6 +684,17 @@ CNI_PLUGIN_DIRS = (
 )
 
 
+def dnsname_installed_by_dpkg(which: Callable[[str], str | None]) -> bool:
+    """Whether Debian's package installed a dnsname plugin, wherever it put it: a plugin directory
+    configured away from the defaults must not fail a machine that has the plugin."""
+    if which("dpkg-query") is None:
+        return False
+    listed = subprocess.run(
+        ["dpkg-query", "--listfiles", TOOLS["dnsname"][1]], capture_output=True, text=True, check=False
+    )
+    return listed.returncode == 0 and any(line.endswith("/dnsname") for line in listed.stdout.splitlines())
+
+
 def missing_tools(
     parts: Sequence[str],
     *,
@@ -699,7 +710,8 @@ def missing_tools(
     # Without dnsname the podman network still starts and the failure comes much later, after the image
     # build, as a migrate that cannot resolve "postgres".
     if not any(Path(directory, "dnsname").is_file() for directory in plugin_dirs or CNI_PLUGIN_DIRS):
-        missing.append("dnsname")
+        if not dnsname_installed_by_dpkg(which):
+            missing.append("dnsname")
     if "kubernetes" in parts and which("kustomize") is None and which("kubectl") is None:
         missing.append("kustomize")
     return missing

@@ -6,6 +6,7 @@ URLs, and every container of the manifests is found with its args."""
 from __future__ import annotations
 
 import copy
+import subprocess
 from typing import Any
 
 import yaml
@@ -102,3 +103,16 @@ def test_deploy_run_fails_at_once_naming_what_is_missing(monkeypatch: Any, capsy
         "apt-get install podman runc debootstrap podman-compose golang-github-containernetworking-plugin-dnsname"
         in out
     )
+
+
+def test_a_dnsname_plugin_dpkg_installed_outside_the_default_directories_is_found(monkeypatch: Any) -> None:
+    listed = "/.\n/usr/libexec/podman/cni\n/usr/libexec/podman/cni/dnsname\n"
+    done = subprocess.CompletedProcess(["dpkg-query"], 0, stdout=listed, stderr="")
+    monkeypatch.setattr(deploy_run.subprocess, "run", lambda *args, **kwargs: done)
+    found = deploy_run.missing_tools(["image"], which=lambda tool: tool, plugin_dirs=["/nonexistent"])
+    assert found == []
+    absent = subprocess.CompletedProcess(["dpkg-query"], 1, stdout="", stderr="not installed")
+    monkeypatch.setattr(deploy_run.subprocess, "run", lambda *args, **kwargs: absent)
+    assert deploy_run.missing_tools(["image"], which=lambda tool: tool, plugin_dirs=["/nonexistent"]) == [
+        "dnsname"
+    ]
