@@ -13,7 +13,8 @@
    names, user and read-only root; its probes' paths requested on the ports they name, its preStop
    command run, and SIGTERM within terminationGracePeriodSeconds.
 
-Run as root on a machine with podman, runc and debootstrap (.ci/run installs them). No image registry
+Run as root on a machine with podman, runc, debootstrap, podman-compose and the CNI dnsname plugin (.ci/run
+installs them); ``main`` checks for each before any image work and names every one missing. No image registry
 is needed. Every container, network and volume it makes is named ``effectgate-ci*`` and removed at
 the end, pass or fail. Exits 1 on the first miss, naming it; prints a summary either way.
 """
@@ -662,6 +663,75 @@ def seconds_of(duration: str) -> float:
     return int(match[1]) * (60 if match[2] == "m" else 1)
 
 
+# What each tool of the run is and which Debian package brings it (.ci/run installs them all).
+TOOLS = {
+    "podman": ("runs every container", "podman"),
+    "runc": ("the runtime containers.conf names: crun refuses these hybrid cgroups", "runc"),
+    "debootstrap": ("makes the base images, deploy/ci/base-images.sh", "debootstrap"),
+    "podman-compose": ("runs deploy/compose.yaml", "podman-compose"),
+    "dnsname": (
+        "the CNI plugin by which containers find postgres and each other by name",
+        "golang-github-containernetworking-plugin-dnsname",
+    ),
+}
+# Where podman's CNI backend looks for plugins (containers.conf ``cni_plugin_dirs``, its default list).
+CNI_PLUGIN_DIRS = (
+    "/usr/local/libexec/cni",
+    "/usr/libexec/cni",
+    "/usr/local/lib/cni",
+    "/usr/lib/cni",
+    "/opt/cni/bin",
+)
+
+
+def dnsname_installed_by_dpkg(which: Callable[[str], str | None]) -> bool:
+    """Whether Debian's package installed a dnsname plugin, wherever it put it: a plugin directory
+    configured away from the defaults must not fail a machine that has the plugin."""
+    if which("dpkg-query") is None:
+        return False
+    listed = subprocess.run(
+        ["dpkg-query", "--listfiles", TOOLS["dnsname"][1]], capture_output=True, text=True, check=False
+    )
+    return listed.returncode == 0 and any(line.endswith("/dnsname") for line in listed.stdout.splitlines())
+
+
+def missing_tools(
+    parts: Sequence[str],
+    *,
+    which: Callable[[str], str | None] | None = None,
+    plugin_dirs: Sequence[str | Path] | None = None,
+) -> list[str]:
+    """The tools the chosen parts need that this machine lacks, named as in ``TOOLS`` (plus
+    ``kustomize``). Asked all at once before the base images are made (minutes), so a machine short of
+    a tool fails in a second and is told everything it lacks, not only the first thing."""
+    which = which or shutil.which
+    needed = ["podman", "runc", "debootstrap", *(["podman-compose"] if "compose" in parts else [])]
+    missing = [tool for tool in needed if which(tool) is None]
+    # Without dnsname the podman network still starts and the failure comes much later, after the image
+    # build, as a migrate that cannot resolve "postgres".
+    if not any(Path(directory, "dnsname").is_file() for directory in plugin_dirs or CNI_PLUGIN_DIRS):
+        if not dnsname_installed_by_dpkg(which):
+            missing.append("dnsname")
+    if "kubernetes" in parts and which("kustomize") is None and which("kubectl") is None:
+        missing.append("kustomize")
+    return missing
+
+
+def missing_report(missing: Sequence[str]) -> str:
+    lines = ["deploy-run: missing, so nothing was built or started:"]
+    for tool in missing:
+        if tool == "kustomize":
+            lines.append("  kustomize or kubectl: renders deploy/kubernetes (either on PATH)")
+        elif tool == "dnsname":
+            lines.append(f"  dnsname: {TOOLS[tool][0]} (looked in {', '.join(CNI_PLUGIN_DIRS)})")
+        else:
+            lines.append(f"  {tool}: {TOOLS[tool][0]}")
+    packages = [TOOLS[tool][1] for tool in missing if tool in TOOLS]
+    if packages:
+        lines.append(f"deploy-run: apt-get install {' '.join(packages)}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="leave the containers for a look afterwards")
@@ -669,10 +739,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", choices=["image", "compose", "kubernetes"], action="append", help="run only these parts"
     )
     options = parser.parse_args(argv)
-    for tool in ("podman", "debootstrap"):
-        if shutil.which(tool) is None:
-            print(f"deploy-run: {tool} is missing (apt-get install podman runc podman-compose debootstrap)")
-            return 1
+    missing = missing_tools(options.only or ["image", "compose", "kubernetes"])
+    if missing:
+        print(missing_report(missing))
+        return 1
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "containers.conf").write_text(CONTAINERS_CONF)
     os.environ["CONTAINERS_CONF"] = str(WORK / "containers.conf")

@@ -349,7 +349,10 @@ def test_the_manifests_are_the_expected_set() -> None:
         ("Service", "effectgate-gateway"),
         ("Service", "effectgate-operator"),
         ("PodDisruptionBudget", "effectgate-gateway"),
+        ("HorizontalPodAutoscaler", "effectgate-gateway"),
         ("Deployment", "effectgate-worker"),
+        ("PodDisruptionBudget", "effectgate-worker"),
+        ("HorizontalPodAutoscaler", "effectgate-worker"),
         ("NetworkPolicy", "effectgate-gateway"),
         ("NetworkPolicy", "effectgate-worker"),
         ("NetworkPolicy", "effectgate-migrate"),
@@ -409,7 +412,6 @@ def test_the_service_and_the_budget_select_the_gateway_pods() -> None:
     m = manifests()
     deployment = m[("Deployment", "effectgate-gateway")]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert deployment["spec"]["replicas"] >= 2
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     service = m[("Service", "effectgate-gateway")]
     assert service["spec"]["selector"].items() <= labels.items()
@@ -421,7 +423,28 @@ def test_the_service_and_the_budget_select_the_gateway_pods() -> None:
     assert operator["spec"]["type"] == "ClusterIP"
     budget = m[("PodDisruptionBudget", "effectgate-gateway")]
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert 1 <= budget["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+    autoscaler = m[("HorizontalPodAutoscaler", "effectgate-gateway")]["spec"]
+    assert 1 <= budget["spec"]["minAvailable"] < autoscaler["minReplicas"]
+
+
+@pytest.mark.parametrize("name", ["effectgate-gateway", "effectgate-worker"])
+def test_an_autoscaler_owns_each_deployments_replicas_and_a_budget_allows_drains(name: str) -> None:
+    m = manifests()
+    deployment = m[("Deployment", name)]
+    # A replica count in the manifest would be put back by every apply, fighting the autoscaler.
+    assert "replicas" not in deployment["spec"], name
+    autoscaler = m[("HorizontalPodAutoscaler", name)]["spec"]
+    assert autoscaler["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+    assert 2 <= autoscaler["minReplicas"] <= autoscaler["maxReplicas"]
+    # CPU is the metric a cluster has without an adapter; it needs the containers' CPU requests.
+    assert [metric["resource"]["name"] for metric in autoscaler["metrics"]] == ["cpu"]
+    assert "cpu" in deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    budget = m[("PodDisruptionBudget", name)]["spec"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    # Never a budget that blocks a drain at the fewest replicas the autoscaler keeps.
+    assert budget.get("minAvailable", 0) < autoscaler["minReplicas"]
+    assert budget.get("maxUnavailable", 1) >= 1
 
 
 def test_the_worker_grace_period_exceeds_its_drain_timeout() -> None:
@@ -446,6 +469,8 @@ def test_secrets_come_from_the_secret_and_the_config_from_the_configmap(name: st
     for var, entry in env.items():
         assert "value" not in entry, f"{var} must come from the Secret, not the manifest"
         assert entry["valueFrom"]["secretKeyRef"]["name"] == "effectgate"
+    # The runtime role's URL (docs/adr/0019, "Roles"), never the owner's that migrate gets.
+    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "database-url"
     assert {"name": "config", "mountPath": "/etc/effectgate", "readOnly": True} in c["volumeMounts"]
     spec = manifests()[("Deployment", name)]["spec"]["template"]["spec"]
     configmap = manifests()[("ConfigMap", "effectgate-config")]["metadata"]["name"]
@@ -455,6 +480,8 @@ def test_secrets_come_from_the_secret_and_the_config_from_the_configmap(name: st
 def test_the_migrate_job_needs_only_the_database() -> None:
     c = container("effectgate-migrate")
     assert [e["name"] for e in c["env"]] == ["DATABASE_URL"]
+    # The owner role's URL: only migrate may create and alter the schema.
+    assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "effectgate", "key": "owner-database-url"}
     job = manifests()[("Job", "effectgate-migrate")]["spec"]
     assert job["template"]["spec"]["restartPolicy"] == "Never"
     assert job["backoffLimit"] >= 1

@@ -6,6 +6,7 @@ URLs, and every container of the manifests is found with its args."""
 from __future__ import annotations
 
 import copy
+import subprocess
 from typing import Any
 
 import yaml
@@ -70,3 +71,48 @@ def test_every_manifest_container_is_started_with_its_args() -> None:
     assert found[("Job/effectgate-migrate-v0-3-0", "migrate")] == ["migrate"]
     assert "--no-migrate" in found[("Deployment/effectgate-gateway", "gateway")]
     assert {i["container"]["image"] for i in deploy_run.manifest_containers()} == {deploy_run.IMAGE}
+
+
+def test_every_missing_tool_is_named_at_once_before_any_image_work(tmp_path: Any) -> None:
+    (tmp_path / "dnsname").write_text("")
+    everything = ["image", "compose", "kubernetes"]
+    present = {"podman", "runc", "debootstrap", "podman-compose", "kubectl"}
+    found = deploy_run.missing_tools(
+        everything, which=lambda t: t if t in present else None, plugin_dirs=[tmp_path]
+    )
+    assert found == []
+    none = deploy_run.missing_tools(everything, which=lambda tool: None, plugin_dirs=["/nonexistent"])
+    assert none == ["podman", "runc", "debootstrap", "podman-compose", "dnsname", "kustomize"]
+    image = deploy_run.missing_tools(["image"], which=lambda tool: None, plugin_dirs=[tmp_path])
+    assert image == ["podman", "runc", "debootstrap"]
+
+
+def test_deploy_run_fails_at_once_naming_what_is_missing(monkeypatch: Any, capsys: Any) -> None:
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("image work started before the tools were checked")
+
+    monkeypatch.setattr(deploy_run.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(deploy_run, "CNI_PLUGIN_DIRS", ("/nonexistent",))
+    monkeypatch.setattr(deploy_run, "build_images", never)
+    monkeypatch.setattr(deploy_run, "cleanup", never)
+    assert deploy_run.main([]) == 1
+    out = capsys.readouterr().out
+    for tool in ("podman:", "runc:", "debootstrap:", "podman-compose:", "dnsname:", "kustomize or kubectl:"):
+        assert f"\n  {tool}" in out, tool
+    assert (
+        "apt-get install podman runc debootstrap podman-compose golang-github-containernetworking-plugin-dnsname"
+        in out
+    )
+
+
+def test_a_dnsname_plugin_dpkg_installed_outside_the_default_directories_is_found(monkeypatch: Any) -> None:
+    listed = "/.\n/usr/libexec/podman/cni\n/usr/libexec/podman/cni/dnsname\n"
+    done = subprocess.CompletedProcess(["dpkg-query"], 0, stdout=listed, stderr="")
+    monkeypatch.setattr(deploy_run.subprocess, "run", lambda *args, **kwargs: done)
+    found = deploy_run.missing_tools(["image"], which=lambda tool: tool, plugin_dirs=["/nonexistent"])
+    assert found == []
+    absent = subprocess.CompletedProcess(["dpkg-query"], 1, stdout="", stderr="not installed")
+    monkeypatch.setattr(deploy_run.subprocess, "run", lambda *args, **kwargs: absent)
+    assert deploy_run.missing_tools(["image"], which=lambda tool: tool, plugin_dirs=["/nonexistent"]) == [
+        "dnsname"
+    ]
