@@ -53,7 +53,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from .answers import (
     Answer,
@@ -500,15 +500,34 @@ def create_app(*, faults: FaultConfig | None = None) -> Starlette:
     return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
 
 
+#: Where ``effectgate fake-providers`` serves each of the other fakes, under one port: the prefix is the base URL's
+#: path (``[downstream.easypost] base_url = "http://127.0.0.1:PORT/easypost"``).
+MOUNTS = {"easypost": "/easypost", "shopify": "/shopify", "paypal_adyen": "/paypal-adyen"}
+
+
+def create_all() -> Starlette:
+    """Every fake API on one app: Stripe's (and the generic shipments) at the root, EasyPost, Shopify and
+    PayPal/Adyen's under ``MOUNTS``, each with its own state and ``/_fake/…`` controls under its prefix."""
+    from . import easypost, paypal_adyen, shopify
+
+    apps = {
+        "easypost": easypost.create_app(),
+        "shopify": shopify.create_app(),
+        "paypal_adyen": paypal_adyen.create_app(),
+    }
+    routes = [Mount(MOUNTS[name], app=app) for name, app in apps.items()]
+    return Starlette(routes=[*routes, Mount("/", app=create_app())])
+
+
 def serve(host: str, port: int) -> None:
-    """Run a fresh fake provider app with uvicorn on `host:port` until the process is stopped.
+    """Run every fake API (``create_all``) with uvicorn on `host:port` until the process is stopped.
 
     Graceful shutdown waits at most a second: a request held by a `hang` fault must not keep a stopping
     test server alive for an hour.
     """
     import uvicorn  # only the serving path needs the server; tests use the app in-process
 
-    uvicorn.run(create_app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=1)
+    uvicorn.run(create_all(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=1)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

@@ -167,3 +167,17 @@ async def test_abandoned_hung_request_frees_its_key(http: httpx.AsyncClient, fak
     assert result["status"] == "succeeded"
     counts = await stats(http)
     assert (counts["captures"], counts["replays"], counts["double_capture_attempts"]) == (1, 0, 0)
+
+
+def test_one_command_serves_every_fake_each_under_its_prefix(fake_url: str) -> None:
+    # `effectgate fake-providers --port N`: Stripe's at the root, the others at the base URL docs/provider_sdks.md
+    # gives for each, each with its own state and controls.
+    from effectgate.gateway.fakes.providers import MOUNTS
+
+    for prefix in MOUNTS.values():
+        assert httpx.post(f"{fake_url}{prefix}/_fake/reset", timeout=5).status_code == 200, prefix
+        answer = httpx.get(f"{fake_url}{prefix}/_fake/stats", timeout=5)
+        assert answer.status_code == 200, prefix
+    # An unauthenticated EasyPost request is EasyPost's 401, not the root app's 404: the mount routes it.
+    assert httpx.get(f"{fake_url}/easypost/v2/shipments/shp_1", timeout=5).status_code == 401
+    assert httpx.get(f"{fake_url}/v2/shipments/shp_1", timeout=5).status_code == 404
