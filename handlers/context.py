@@ -20,7 +20,7 @@ from effectgate.ledger.storable import jsonb_problem
 from effectgate.ledger.vocabulary import StepStatus
 
 from . import tracing
-from .errors import StepAlreadyRun, TerminalError, UnrecoverableError
+from .errors import StepAlreadyRun, TerminalError, UnrecoverableError, facts
 from .event import Event
 from .idempotency import idempotency_key
 
@@ -221,7 +221,14 @@ class EffectContext:
             error = recorded.error or {}
             # Replayed as the same class, so an unrecoverable failure still needs force to redrive.
             replay = UnrecoverableError if error.get("type") == UnrecoverableError.__name__ else TerminalError
-            raise replay(error.get("message"), code=error.get("code"))
+            # With the provider's facts as recorded, so the replaying attempt's record still names them.
+            raise replay(
+                error.get("message"),
+                code=error.get("code"),
+                http_status=_int_or_none(error.get("http_status")),
+                request_id=_str_or_none(error.get("request_id")),
+                decline_code=_str_or_none(error.get("decline_code")),
+            )
         self._check_fence()
         key = self.idempotency_key(name)
         try:
@@ -298,4 +305,12 @@ class EffectContext:
 
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
-    return {"type": type(exc).__name__, "message": str(exc), "code": getattr(exc, "code", None)}
+    return {"type": type(exc).__name__, "message": str(exc), "code": getattr(exc, "code", None), **facts(exc)}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -67,6 +67,8 @@ class AttemptRow(TypedDict):
     error_type: str | None
     error_message: str | None
     traceback: str | None
+    # The rest of the error record, where known: code, http_status, request_id (the provider's), decline_code.
+    error_facts: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)

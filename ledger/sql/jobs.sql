@@ -249,6 +249,8 @@ closed AS (
                      WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'pending' END,
         error_type = done.error ->> 'type',
         error_message = done.error ->> 'message',
+        -- The rest of the record (code, HTTP status, the provider's request id, decline code), where known.
+        error_facts = nullif(jsonb_strip_nulls(done.error - 'type' - 'message' - 'traceback'), '{}'::jsonb),
         traceback = done.error ->> 'traceback'
     FROM done
     WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
@@ -291,6 +293,7 @@ closed AS (
                      WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'retry' END,
         error_type = %(error)s::jsonb ->> 'type',
         error_message = %(error)s::jsonb ->> 'message',
+        error_facts = nullif(jsonb_strip_nulls(%(error)s::jsonb - 'type' - 'message' - 'traceback'), '{}'::jsonb),
         traceback = %(error)s::jsonb ->> 'traceback'
     FROM done
     WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
@@ -434,7 +437,7 @@ WHERE j.id = %(job_id)s;
 -- name: job_attempts_for_job
 -- Every attempt of a job, oldest first: who ran it under which token, and how it ended.
 SELECT job_id, attempt, lease_token, worker, started_at, finished_at, outcome, error_type, error_message,
-       traceback
+       error_facts, traceback
 FROM job_attempts WHERE job_id = %(job_id)s
 ORDER BY lease_token;
 
