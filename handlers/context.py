@@ -249,11 +249,19 @@ class EffectContext:
         if problem is not None:
             # The call happened; a result we cannot record would re-run it on every retry. A bug to fix.
             raise UnrecoverableError(f"step {name!r} returned a value the ledger cannot record: {problem}")
-        await self._record(name, key, StepStatus.SUCCEEDED, result=result)
+        # Found, not called: the record says so, and the timeline shows the step as recovered by find=.
+        await self._record(name, key, StepStatus.SUCCEEDED, result=result, found=found is not None)
         return result
 
     async def _record(
-        self, name: str, key: str, status: StepStatus, *, result: Any = None, error: Any = None
+        self,
+        name: str,
+        key: str,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        error: Any = None,
+        found: bool = False,
     ) -> None:
         self._check_fence()
         async with db.connection(self._pool) as conn:
@@ -268,6 +276,7 @@ class EffectContext:
                 status=status,
                 result=result,
                 error=error,
+                found=found,
             )
 
     async def _mark_started(self, name: str, key: str) -> None:
