@@ -154,8 +154,14 @@ SCHEMAS: dict[str, Any] = {
             "matched": _INTEGER,
             "done": _INTEGER,
             "refused": {"type": "object", "additionalProperties": _INTEGER},
+            "replaying_recorded_failure": {
+                "type": "integer",
+                "description": "Redriven with force though a step recorded a terminal error that the next "
+                "run replays without calling the provider.",
+            },
             "job_ids": _array(_INTEGER),
             "refused_job_ids": {"type": "object", "additionalProperties": _array(_INTEGER)},
+            "replaying_job_ids": _array(_INTEGER),
         },
         description="What a bulk action did (with dry_run, would do): jobs matched, done, refused by code.",
     ),
@@ -183,8 +189,13 @@ SCHEMAS: dict[str, Any] = {
             "job_id": _INTEGER,
             "state": {"type": "string", "enum": list(reports.JOB_STATES)},
             "cancel_requested": _BOOLEAN,
+            "replays": {
+                **_array(_object({"step": STRING, "code": _nullable(STRING), "message": _nullable(STRING)})),
+                "description": "A redrive's warning: the steps whose recorded terminal error the next run "
+                "replays without calling the provider (only a forced redrive has any).",
+            },
         },
-        optional=("cancel_requested",),
+        optional=("cancel_requested", "replays"),
         description="The state a redrive or cancel left the job in (`running` with `cancel_requested` when "
         "the cancel waits for the worker's next heartbeat).",
     ),

@@ -383,8 +383,8 @@ RETURNING j.state;
 
 -- name: job_redrive_if_allowed
 -- Puts a failed or parked job back to pending with a fresh set of attempts. Succeeded and cancelled jobs
--- are done; an unrecoverable failure needs force; a lock key another live job holds refuses it; a job whose
--- payload retention purged cannot run again. The row
+-- are done; an unrecoverable failure, or a step's recorded terminal error, needs force; a lock key another live
+-- job holds refuses it; a job whose payload retention purged cannot run again. The row
 -- lock and the WHERE clause make two racing redrives one: the second re-reads a pending row and matches
 -- nothing. %(tenant)s as job_cancel; on Citus the NOTIFY below fires on the worker node, and job_admin.redrive
 -- wakes the workers from the coordinator.
@@ -402,6 +402,11 @@ WITH redriven AS (
         committed_since_release = false,
         updated_at = (SELECT coalesce(%(now)s, now()))
     WHERE j.id = %(job_id)s AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
+      -- A step that recorded a terminal error (a decline) is replayed, not called, by the next run: without
+      -- force the redrive would only fail again the same way.
+      AND (%(force)s OR NOT EXISTS (
+          SELECT 1 FROM steps s WHERE s.effect_id = j.effect_id AND s.tenant = j.tenant AND s.status = 'failed'
+      ))
       AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
       -- Retention purged what it would run on (payload, recorded steps): a redrive could repeat a step.
       AND NOT j.payload_purged

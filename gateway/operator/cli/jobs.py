@@ -10,9 +10,9 @@ from typing import Any, TextIO
 from effectgate.handlers.actions import control
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db, reports
+from effectgate.ledger.jobs import audit, resolutions
 from effectgate.ledger.jobs import filters as ledger_bulk
 from effectgate.ledger.jobs import leases as ledger_jobs
-from effectgate.ledger.jobs import resolutions
 from effectgate.ledger.reports import JOBS
 from effectgate.ledger.vocabulary import JobState
 
@@ -129,13 +129,32 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
         return
     no_filters(args)
     job_id = parse_id(args.job_id, "job_id")
-    refusal = await ledger_jobs.redrive(conn, job_id, force=args.force)
+    reason = audit.check_note(args.reason)
+    refusal = await ledger_jobs.redrive(conn, job_id, by=operator_name(), reason=reason, force=args.force)
     if refusal is not None:
         raise refusal_error(refusal)
+    # Only a forced redrive gets here with recorded failures: say what the next run will not do.
+    replays = await audit.replayed_failures(conn, job_id)
     if args.format == "json":
-        print_json(out, {"job_id": job_id, "state": JobState.PENDING})
-    else:
-        print(f"job {job_id}: redriven, now pending", file=out)
+        print_json(
+            out,
+            {
+                "job_id": job_id,
+                "state": JobState.PENDING,
+                **(
+                    {"replays": [{"step": f.step, "code": f.code, "message": f.message} for f in replays]}
+                    if replays
+                    else {}
+                ),
+            },
+        )
+        return
+    print(f"job {job_id}: redriven, now pending", file=out)
+    for f in replays:
+        print(
+            f"warning: step {f.describe()} replays its recorded error; the provider will not be called",
+            file=out,
+        )
 
 
 def no_filters(args: argparse.Namespace) -> None:
@@ -162,7 +181,7 @@ async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -
 async def cmd_jobs_resume(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     kind = parse_name(args.kind, "kind")
     assert kind is not None
-    if not await ledger_bulk.resume(conn, kind):
+    if not await ledger_bulk.resume(conn, kind, by=operator_name(), reason=audit.check_note(args.reason)):
         raise Refused("not_paused", f"kind {kind} is not paused")
     if args.format == "json":
         print_json(out, {"kind": kind, "paused": False})
@@ -247,7 +266,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
         epilog=EPILOG,
     )
     redrive.add_argument("job_id", metavar="JOB_ID", nargs="?", help="one job; or give filters instead")
-    redrive.add_argument("--force", action="store_true", help="redrive an unrecoverable failure too")
+    redrive.add_argument(
+        "--force",
+        action="store_true",
+        help="redrive an unrecoverable failure, or one whose step recorded a terminal error (a decline) that "
+        "the next run replays without calling the provider",
+    )
+    redrive.add_argument("--reason", help="why, recorded in the job's timeline")
     filter_flags(redrive)
     format_flag(redrive)
     redrive.set_defaults(func=runner(cmd_jobs_redrive, run_on_ledger))
@@ -295,6 +320,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
 
     resume = jobs_sub.add_parser("resume", help="lease a paused kind's jobs again", epilog=EPILOG)
     resume.add_argument("--kind", required=True, help="the paused handler kind")
+    resume.add_argument("--reason", help="recorded in the kind's log, shown in its jobs' timelines")
     format_flag(resume)
     resume.set_defaults(func=runner(cmd_jobs_resume, run_on_ledger))
 
