@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -16,7 +17,7 @@ from effectgate.ledger.jobs import leases as ledger_jobs
 from effectgate.ledger.reports import JOBS
 from effectgate.ledger.vocabulary import JobState
 
-from .. import documents, reporting
+from .. import documents, reporting, timeline
 from ..params import BadParameter, parse_id, parse_name
 from .bulk import filter_flags, run_bulk
 from .command import (
@@ -92,16 +93,27 @@ async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
     width = max(len(k) for k in job)
     for key, value in job.items():
         print(f"{key.ljust(width)}  {cell(value)}", file=out)
-    print("\nattempts:", file=out)
+    if job["last_error"] and job["state"] not in ("failed", "parked"):
+        print("(last_error is from an earlier attempt: the job is not failed now)", file=out)
+    print("\nattempts (numbered across redrives):", file=out)
+    history = timeline.attempt_history(document["attempts"], document["actions"])
     rows = [
-        {**a, "error": f"{a['error_type']}: {a['error_message']}" if a["error_type"] else ""}
-        for a in document["attempts"]
+        {
+            **a,
+            # The provider's facts first: the table cuts long cells.
+            "error": (f"[{a['error_facts_text']}] " if a["error_facts_text"] else "")
+            + (f"{a['error_type']}: {a['error_message']}" if a["error_type"] else ""),
+        }
+        for a in history
+        if "marker" not in a
     ]
+    table = io.StringIO()
     print_table(
-        out,
+        table,
         rows,
         [
-            ("#", "attempt"),
+            ("#", "number"),
+            ("TRY", "attempt"),
             ("TOKEN", "lease_token"),
             ("WORKER", "worker"),
             ("STARTED", "started_at"),
@@ -110,10 +122,17 @@ async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
             ("ERROR", "error"),
         ],
     )
+    # Each marker in full between the attempts it separates: who redrove, when and why is not cut.
+    lines = iter(table.getvalue().splitlines())
+    print(next(lines), file=out)
+    for a in history:
+        print(f"  ↻ {a['marker']}" if "marker" in a else next(lines), file=out)
+    for rest in lines:  # "(none)"
+        print(rest, file=out)
     print("\nsteps:", file=out)
     print_table(
         out,
-        document["steps"],
+        [{**s, "status": timeline.step_status(s)} for s in document["steps"]],
         [
             ("STEP", "name"),
             ("STATUS", "status"),
@@ -121,6 +140,12 @@ async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
             ("RECORDED", "recorded_at"),
         ],
     )
+    print("\noperator actions (and its kind's pauses in its lifetime):", file=out)
+    actions = []
+    for a in document["actions"]:
+        what, detail = timeline.action_text(a)
+        actions.append({"at": a["acted_at"], "what": what, "detail": detail})
+    print_table(out, actions, [("AT", "at"), ("WHAT", "what"), ("DETAIL", "detail")])
 
 
 async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
