@@ -20,7 +20,7 @@ from effectgate.ledger.storable import jsonb_problem
 from effectgate.ledger.vocabulary import StepStatus
 
 from . import tracing
-from .errors import StepAlreadyRun, TerminalError, UnrecoverableError
+from .errors import StepAlreadyRun, TerminalError, UnrecoverableError, facts
 from .event import Event
 from .idempotency import idempotency_key
 
@@ -221,7 +221,14 @@ class EffectContext:
             error = recorded.error or {}
             # Replayed as the same class, so an unrecoverable failure still needs force to redrive.
             replay = UnrecoverableError if error.get("type") == UnrecoverableError.__name__ else TerminalError
-            raise replay(error.get("message"), code=error.get("code"))
+            # With the provider's facts as recorded, so the replaying attempt's record still names them.
+            raise replay(
+                error.get("message"),
+                code=error.get("code"),
+                http_status=_int_or_none(error.get("http_status")),
+                request_id=_str_or_none(error.get("request_id")),
+                decline_code=_str_or_none(error.get("decline_code")),
+            )
         self._check_fence()
         key = self.idempotency_key(name)
         try:
@@ -242,11 +249,19 @@ class EffectContext:
         if problem is not None:
             # The call happened; a result we cannot record would re-run it on every retry. A bug to fix.
             raise UnrecoverableError(f"step {name!r} returned a value the ledger cannot record: {problem}")
-        await self._record(name, key, StepStatus.SUCCEEDED, result=result)
+        # Found, not called: the record says so, and the timeline shows the step as recovered by find=.
+        await self._record(name, key, StepStatus.SUCCEEDED, result=result, found=found is not None)
         return result
 
     async def _record(
-        self, name: str, key: str, status: StepStatus, *, result: Any = None, error: Any = None
+        self,
+        name: str,
+        key: str,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        error: Any = None,
+        found: bool = False,
     ) -> None:
         self._check_fence()
         async with db.connection(self._pool) as conn:
@@ -261,6 +276,7 @@ class EffectContext:
                 status=status,
                 result=result,
                 error=error,
+                found=found,
             )
 
     async def _mark_started(self, name: str, key: str) -> None:
@@ -298,4 +314,12 @@ class EffectContext:
 
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
-    return {"type": type(exc).__name__, "message": str(exc), "code": getattr(exc, "code", None)}
+    return {"type": type(exc).__name__, "message": str(exc), "code": getattr(exc, "code", None), **facts(exc)}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -61,6 +61,8 @@ class RefusalCode(StrEnum):
     NOT_CANCELLABLE = "not_cancellable"
     NOT_REDRIVABLE = "not_redrivable"
     UNRECOVERABLE_REQUIRES_FORCE = "unrecoverable_requires_force"
+    # a step recorded a terminal error (a decline) that a redrive replays without calling the provider
+    RECORDED_FAILURE_REQUIRES_FORCE = "recorded_failure_requires_force"
     LOCK_KEY_HELD = "lock_key_held"
     PAYLOAD_PURGED = "payload_purged"  # retention purged what the job would run on
     NOT_RESOLVABLE = "not_resolvable"  # only failed and parked jobs can be resolved by hand

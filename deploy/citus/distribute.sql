@@ -18,12 +18,14 @@ DROP TRIGGER IF EXISTS steps_tenant_fill ON steps;
 
 -- Referenced by the distributed tables' statements (the fetch reads paused_kinds): copies on every node.
 SELECT create_reference_table('paused_kinds');
+SELECT create_reference_table('kind_actions');
 SELECT create_reference_table('retention_purges');
 
 SELECT create_distributed_table('effects', 'tenant');
 SELECT create_distributed_table('jobs', 'tenant', colocate_with => 'effects');
 SELECT create_distributed_table('job_attempts', 'tenant', colocate_with => 'effects');
 SELECT create_distributed_table('steps', 'tenant', colocate_with => 'effects');
+SELECT create_distributed_table('job_actions', 'tenant', colocate_with => 'effects');
 SELECT create_distributed_table('effect_versions', 'tenant', colocate_with => 'effects');
 SELECT create_distributed_table('unmatched_deliveries', 'tenant', colocate_with => 'effects');
 -- Partitioned by time: Citus distributes each partition with its parent, and the partition keeper's

@@ -4,15 +4,15 @@
          (/duplicates, /rejects/conflicts, /rejects/auth, /jobs: every spec in ledger.reports.REPORTS)
     GET  /api/effects/{key}           ?tenant                                                   view
     GET  /api/jobs/{id}                                                                         view
-    POST /api/jobs/{id}/redrive       ?force                                                    operate
+    POST /api/jobs/{id}/redrive       ?force&reason                                             operate
     POST /api/jobs/{id}/cancel        ?reason                                                   operate
     POST /api/jobs/{id}/resolve       ?reason (required)                                        operate
-    POST /api/jobs/redrive            ?state&kind&source&since&limit&dry_run&force             operate
+    POST /api/jobs/redrive            ?state&kind&source&since&limit&dry_run&force&reason      operate
     POST /api/jobs/cancel             ?state&kind&source&since&limit&dry_run&reason            operate
     POST /api/jobs/resolve            ?state&kind&source&since&limit&dry_run&reason (required) operate
     GET  /api/kinds/paused                                                                      view
     POST /api/kinds/{kind}/pause      ?reason                                                   operate
-    POST /api/kinds/{kind}/resume                                                               operate
+    POST /api/kinds/{kind}/resume     ?reason                                                   operate
     GET  /api/openapi.json                                                                      view
 
 Every answer that is not a 2xx has the shape ``{"error": CODE, "detail": …}``: 401 ``missing_token`` or
@@ -44,9 +44,9 @@ from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.actions import control
 from effectgate.ledger import db, reports
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
+from effectgate.ledger.jobs import audit, resolutions
 from effectgate.ledger.jobs import filters as ledger_bulk
 from effectgate.ledger.jobs import leases as ledger_jobs
-from effectgate.ledger.jobs import resolutions
 from effectgate.ledger.reports import REPORTS, ReportSpec
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 
@@ -196,12 +196,14 @@ def _refused(refusal: ledger_jobs.Refused) -> Response:
     return error(404 if refusal.code == RefusalCode.NOT_FOUND else 409, refusal.code, refusal.detail)
 
 
-@endpoint("operate", ("force",))
+@endpoint("operate", ("force", "reason"))
 async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
-    """Put a failed or parked job back to pending (``force=true`` for an unrecoverable one)."""
+    """Put a failed or parked job back to pending (``force=true`` for an unrecoverable one, or one whose step
+    recorded a terminal error the next run replays without calling the provider: ``replays`` names those)."""
     job_id = parse_id(request.path_params["job_id"], "job_id")
     force = parse_flag(query.get("force"), "force")
-    refusal = await ledger_jobs.redrive(conn, job_id, force=force)
+    reason = audit.check_note(query.get("reason"))
+    refusal = await ledger_jobs.redrive(conn, job_id, by=f"operator:{who.name}", reason=reason, force=force)
     log.info(
         "operator.redrive",
         extra={
@@ -213,7 +215,18 @@ async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
     )
     if refusal is not None:
         return _refused(refusal)
-    return json_response({"job_id": job_id, "state": JobState.PENDING})
+    replays = await audit.replayed_failures(conn, job_id)
+    return json_response(
+        {
+            "job_id": job_id,
+            "state": JobState.PENDING,
+            **(
+                {"replays": [{"step": f.step, "code": f.code, "message": f.message} for f in replays]}
+                if replays
+                else {}
+            ),
+        }
+    )
 
 
 @endpoint("operate", ("reason",))
@@ -260,13 +273,16 @@ async def _bulk(
     request: Request, who: OperatorToken, conn: db.Conn, query: Query, action: bulk_actions.Action
 ) -> Response:
     where = parse_job_filter(query, now=datetime.now(UTC))
+    reason: str | None
     if action == "resolve":
         # Required, never defaulted: a resolution says why a human closed the job.
         reason = resolutions.check_reason(query.get("reason"))
+    elif action == "redrive":
+        reason = audit.check_note(query.get("reason"))
     else:
         reason = query.get("reason") or f"cancelled by operator {who.name}"
-    if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
-        raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+        if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
+            raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     result = await bulk_actions.run(
         conn,
         request.app.state.registry,
@@ -278,10 +294,17 @@ async def _bulk(
         dry_run=parse_flag(query.get("dry_run"), "dry_run"),
     )
     log.info("operator.bulk", extra={"operator": who.name, "action": action, **result.summary()})
-    return json_response({**result.summary(), "job_ids": result.done, "refused_job_ids": result.refused})
+    return json_response(
+        {
+            **result.summary(),
+            "job_ids": result.done,
+            "refused_job_ids": result.refused,
+            "replaying_job_ids": result.replaying,
+        }
+    )
 
 
-@endpoint("operate", (*_BULK, "force"))
+@endpoint("operate", (*_BULK, "force", "reason"))
 async def bulk_redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Redrive every job a filter matches; refusals counted by code (``dry_run=true`` changes nothing)."""
     return await _bulk(request, who, conn, query, "redrive")
@@ -319,12 +342,13 @@ async def kind_pause(request: Request, conn: db.Conn, who: OperatorToken, query:
     return json_response(row)
 
 
-@endpoint("operate")
+@endpoint("operate", ("reason",))
 async def kind_resume(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Lease a paused kind's jobs again."""
     kind = parse_name(request.path_params["kind"], "kind")
     assert kind is not None
-    if not await ledger_bulk.resume(conn, kind):
+    reason = audit.check_note(query.get("reason"))
+    if not await ledger_bulk.resume(conn, kind, by=f"operator:{who.name}", reason=reason):
         return error(409, "not_paused", f"kind {kind} is not paused")
     log.info("operator.resume", extra={"operator": who.name, "kind": kind})
     return json_response({"kind": kind, "paused": False})

@@ -45,9 +45,22 @@ ATTEMPT_FIELDS = (
     "outcome",
     "error_type",
     "error_message",
+    "error_facts",
     "traceback",
 )
-STEP_FIELDS = ("name", "idempotency_key", "status", "result", "error", "job_id", "lease_token", "recorded_at")
+STEP_FIELDS = (
+    "name",
+    "idempotency_key",
+    "status",
+    "result",
+    "error",
+    "found",
+    "job_id",
+    "lease_token",
+    "recorded_at",
+)
+# An operator's action on the job (or on its kind, within the job's lifetime): ledger.jobs.audit.
+ACTION_FIELDS = ("action", "acted_by", "reason", "detail", "acted_at")
 EFFECT_FIELDS = (
     "tenant",
     "effect_key",
@@ -126,15 +139,17 @@ def effect(view: reports.EffectView) -> dict[str, Any]:
         "rejects": _rows(view.rejects, EFFECT_REJECT_FIELDS),
         "attempts": _rows(view.attempts, ATTEMPT_FIELDS),
         "steps": _rows(view.steps, STEP_FIELDS),
+        "actions": _rows(view.actions, ACTION_FIELDS),
     }
 
 
 def job(view: reports.JobView) -> dict[str, Any]:
-    """The document of one job with its attempts and steps."""
+    """The document of one job with its attempts, steps and the operators' actions."""
     return {
         "job": pick(view.job, JOB_DETAIL_FIELDS),
         "attempts": _rows(view.attempts, ATTEMPT_FIELDS),
         "steps": _rows(view.steps, STEP_FIELDS),
+        "actions": _rows(view.actions, ACTION_FIELDS),
     }
 
 

@@ -152,11 +152,21 @@ DOCUMENT: dict[str, Any] = {
                 "Put a failed or parked job back to pending",
                 "operate",
                 "JobAction",
-                [_p("job_id"), _query("force", "Redrive an unrecoverable failure too.", {"type": "boolean"})],
+                [
+                    _p("job_id"),
+                    _query(
+                        "force",
+                        "Redrive an unrecoverable failure too, or one whose step recorded a terminal error "
+                        "(a decline) that the next run replays without calling the provider.",
+                        {"type": "boolean"},
+                    ),
+                    _query("reason", "Why, for the job's timeline."),
+                ],
                 extra={
                     **_NOT_FOUND,
                     "409": _error(
-                        "Refused: `not_redrivable`, `unrecoverable_requires_force` or `lock_key_held`."
+                        "Refused: `not_redrivable`, `unrecoverable_requires_force`, "
+                        "`recorded_failure_requires_force`, `payload_purged` or `lock_key_held`."
                     ),
                 },
             )
@@ -195,7 +205,16 @@ DOCUMENT: dict[str, Any] = {
                 "Redrive every job a filter matches",
                 "operate",
                 "BulkAction",
-                [*_BULK_FILTERS, _query("force", "Redrive unrecoverable failures too.", {"type": "boolean"})],
+                [
+                    *_BULK_FILTERS,
+                    _query(
+                        "force",
+                        "Redrive unrecoverable failures too, and jobs whose recorded terminal error the next "
+                        "run replays (counted in `replaying_recorded_failure`).",
+                        {"type": "boolean"},
+                    ),
+                    _query("reason", "Why, for each job's timeline."),
+                ],
                 description="Each job as `POST /api/jobs/{job_id}/redrive` would; refusals are counted by code, "
                 "not answered as errors. At least one filter is required (`filter_required`).",
             )
@@ -237,7 +256,7 @@ DOCUMENT: dict[str, Any] = {
                 "Lease a paused kind's jobs again",
                 "operate",
                 "KindResumed",
-                [_KIND],
+                [_KIND, _query("reason", "Why, for the kind's log shown in its jobs' timelines.")],
                 extra={"409": _error("Refused: `not_paused`.")},
             )
         },

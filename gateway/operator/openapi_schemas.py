@@ -92,7 +92,26 @@ _FIELD_TYPES: dict[str, dict[str, Any]] = {
     "outcome": _nullable(STRING),
     "error_type": _nullable(STRING),
     "error_message": _nullable(STRING),
+    "error_facts": {
+        "type": ["object", "null"],
+        "description": "The rest of the error record, where known: code, http_status, request_id (the "
+        "provider's, as its support asks for it), decline_code.",
+    },
     "traceback": _nullable(STRING),
+    "found": {
+        "type": "boolean",
+        "description": "The outcome was found by the step's find= (an earlier call had reached the API), "
+        "not called.",
+    },
+    "action": {"type": "string", "enum": ["redrive", "cancel", "resolve", "replay", "pause", "resume"]},
+    "acted_by": {"type": "string", "description": "operator:TOKEN_NAME (API, dashboard) or cli:USER."},
+    "reason": _nullable(STRING),
+    "detail": {
+        "type": ["object", "null"],
+        "description": "What the action saw: force and the recorded failures a redrive replays, the "
+        "delivery a replay came from, the kind a pause or resume was of.",
+    },
+    "acted_at": _TIME,
     "name": STRING,
     "idempotency_key": {
         "type": "string",
@@ -130,8 +149,14 @@ SCHEMAS: dict[str, Any] = {
     "JobDetail": _object(_fields(documents.JOB_DETAIL_FIELDS, _FIELD_TYPES)),
     "Attempt": _object(_fields(documents.ATTEMPT_FIELDS, _ATTEMPT_TYPES)),
     "Step": _object(_fields(documents.STEP_FIELDS, _FIELD_TYPES)),
+    "Action": _object(_fields(documents.ACTION_FIELDS, _FIELD_TYPES)),
     "JobView": _object(
-        {"job": ref("JobDetail"), "attempts": _array(ref("Attempt")), "steps": _array(ref("Step"))}
+        {
+            "job": ref("JobDetail"),
+            "attempts": _array(ref("Attempt")),
+            "steps": _array(ref("Step")),
+            "actions": _array(ref("Action")),
+        }
     ),
     "Effect": _object(_fields(documents.EFFECT_FIELDS, _FIELD_TYPES)),
     "Delivery": _object(_fields(documents.DELIVERY_FIELDS, _DELIVERY_TYPES)),
@@ -144,8 +169,9 @@ SCHEMAS: dict[str, Any] = {
             "rejects": _array(ref("EffectReject")),
             "attempts": _array(ref("Attempt")),
             "steps": _array(ref("Step")),
+            "actions": _array(ref("Action")),
         },
-        description="One effect from delivery to outcome.",
+        description="One effect from delivery to outcome, with every operator action on its job.",
     ),
     "BulkAction": _object(
         {
@@ -154,8 +180,14 @@ SCHEMAS: dict[str, Any] = {
             "matched": _INTEGER,
             "done": _INTEGER,
             "refused": {"type": "object", "additionalProperties": _INTEGER},
+            "replaying_recorded_failure": {
+                "type": "integer",
+                "description": "Redriven with force though a step recorded a terminal error that the next "
+                "run replays without calling the provider.",
+            },
             "job_ids": _array(_INTEGER),
             "refused_job_ids": {"type": "object", "additionalProperties": _array(_INTEGER)},
+            "replaying_job_ids": _array(_INTEGER),
         },
         description="What a bulk action did (with dry_run, would do): jobs matched, done, refused by code.",
     ),
@@ -183,8 +215,13 @@ SCHEMAS: dict[str, Any] = {
             "job_id": _INTEGER,
             "state": {"type": "string", "enum": list(reports.JOB_STATES)},
             "cancel_requested": _BOOLEAN,
+            "replays": {
+                **_array(_object({"step": STRING, "code": _nullable(STRING), "message": _nullable(STRING)})),
+                "description": "A redrive's warning: the steps whose recorded terminal error the next run "
+                "replays without calling the provider (only a forced redrive has any).",
+            },
         },
-        optional=("cancel_requested",),
+        optional=("cancel_requested", "replays"),
         description="The state a redrive or cancel left the job in (`running` with `cancel_requested` when "
         "the cancel waits for the worker's next heartbeat).",
     ),

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from effectgate.ledger import db
+from effectgate.ledger.jobs import audit, resolutions
 from effectgate.ledger.jobs import filters as bulk
 from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.jobs import resolutions
 
 from ..registry import Registry
 from . import control
@@ -33,6 +33,9 @@ class BulkResult:
     matched: list[int] = field(default_factory=list)
     done: list[int] = field(default_factory=list)
     refused: dict[str, list[int]] = field(default_factory=dict)
+    # Redriven (with force) although a step recorded a terminal error the next run replays without calling
+    # the provider; without force those are refused ``recorded_failure_requires_force``.
+    replaying: list[int] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
         """Counts, as the CLI and the API print them."""
@@ -42,6 +45,7 @@ class BulkResult:
             "matched": len(self.matched),
             "done": len(self.done),
             "refused": {code: len(ids) for code, ids in sorted(self.refused.items())},
+            "replaying_recorded_failure": len(self.replaying),
         }
 
 
@@ -60,7 +64,12 @@ async def run(
     """Apply ``action`` to every job ``where`` matches; ``progress(done, total)`` after each job.
 
     ``resolve`` needs a reason of its own (``InvalidParameter`` before anything is matched otherwise)."""
-    why = resolutions.check_reason(reason) if action == "resolve" else reason or "cancelled by operator"
+    if action == "resolve":
+        why: str | None = resolutions.check_reason(reason)
+    elif action == "redrive":
+        why = audit.check_note(reason)
+    else:
+        why = reason or "cancelled by operator"
     result = BulkResult(action, dry_run)
     result.matched = await bulk.match(conn, where)
     if dry_run:
@@ -78,7 +87,7 @@ async def _apply(
     result: BulkResult,
     *,
     by: str,
-    reason: str,
+    reason: str | None,
     force: bool,
     progress: Progress | None,
 ) -> None:
@@ -86,12 +95,17 @@ async def _apply(
     for n, job_id in enumerate(result.matched, 1):
         refusal: jobs.Refused | None
         if action == "redrive":
-            refusal = await jobs.redrive(conn, job_id, force=force)
+            replays = await audit.replayed_failures(conn, job_id) if force else []
+            refusal = await jobs.redrive(conn, job_id, by=by, reason=reason, force=force)
+            if refusal is None and replays:
+                result.replaying.append(job_id)
         elif action == "resolve":
-            resolved = await control.resolve(conn, registry, job_id, by=by, reason=reason)
+            resolved = await control.resolve(conn, registry, job_id, by=by, reason=reason or "")
             refusal = resolved if isinstance(resolved, jobs.Refused) else None
         else:
-            outcome = await control.cancel(conn, registry, job_id, by=by, reason=reason)
+            outcome = await control.cancel(
+                conn, registry, job_id, by=by, reason=reason or "cancelled by operator"
+            )
             refusal = outcome if isinstance(outcome, jobs.Refused) else None
         if refusal is None:
             result.done.append(job_id)

@@ -6,7 +6,8 @@ An unmatched delivery keeps its payload for the payload window. Once a handler f
 plans its effects exactly as the ingress does, with the same function (``plan.plan_event``: require, key,
 fingerprint and lock key), and claims them with the delivery's original tenant, event id and fingerprint — under the normal rules: a key
 claimed meanwhile is a duplicate (same payload) or a conflict (another payload), and replaying twice claims
-nothing twice. The original unmatched row stays as the record of what arrived. A refused row stays too, marked
+nothing twice. The original unmatched row stays as the record of what arrived; each job a replay creates records who
+replayed it (``ledger.jobs.audit``). A refused row stays too, marked
 replayed (``refusal.replayed_at`` and the outcomes) once its effects are claimed; one that fails again stays
 as it was, to be replayed after the next fix. A refused event's tenant is read again by the source's rule
 (``tenant_of``, from the configuration): the refusal may have been that rule.
@@ -15,13 +16,14 @@ as it was, to be replayed after the next fix. A refused event's tenant is read a
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from effectgate.ledger import db, refusals
-from effectgate.ledger.claims import Delivery, claim_delivery
+from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, claim_delivery
+from effectgate.ledger.jobs import audit
 from effectgate.ledger.jobs import filters as bulk
 
 from ..event import Event
@@ -54,6 +56,7 @@ async def replay_unmatched(
     conn: db.Conn,
     registry: Registry,
     *,
+    by: str,
     source: str,
     since: datetime,
     until: datetime | None = None,
@@ -95,7 +98,7 @@ async def replay_unmatched(
             fingerprint=row["fingerprint"],
             secret_index=row["secret_index"],
         )
-        for outcome in await claim_delivery(conn, delivery, effects, now=now):
+        for outcome in await _claim(conn, delivery, effects, by=by, kept="unmatched", now=now):
             result.outcomes[outcome.outcome] += 1
     return result
 
@@ -104,6 +107,7 @@ async def replay_refused(
     conn: db.Conn,
     registry: Registry,
     *,
+    by: str,
     source: str,
     tenant_of: Callable[[str, Any], str],
     since: datetime,
@@ -147,7 +151,7 @@ async def replay_refused(
             fingerprint=row["fingerprint"],
             secret_index=row["secret_index"],
         )
-        outcomes = await claim_delivery(conn, delivery, effects, now=now)
+        outcomes = await _claim(conn, delivery, effects, by=by, kept="refused", now=now)
         if not effects:
             result.still_unmatched += 1
         for outcome in outcomes:
@@ -161,3 +165,30 @@ async def replay_refused(
             ],
         )
     return result
+
+
+async def _claim(
+    conn: db.Conn,
+    delivery: Delivery,
+    effects: Sequence[EffectRequest],
+    *,
+    by: str,
+    kept: str,
+    now: datetime | None,
+) -> list[ClaimOutcome]:
+    """Claim a replayed delivery's effects and record, in the same transaction, the replay on each job it
+    created: who replayed which kept delivery (``kept``: unmatched or refused) shows in the effect's timeline."""
+    async with conn.transaction():
+        outcomes = await claim_delivery(conn, delivery, effects, now=now)
+        for outcome in outcomes:
+            if isinstance(outcome, Accepted):
+                await audit.record(
+                    conn,
+                    "replay",
+                    by=by,
+                    job_id=outcome.job_id,
+                    tenant=delivery.tenant,
+                    detail={"delivery": delivery.request_id, "source": kept},
+                    now=now,
+                )
+    return outcomes

@@ -291,20 +291,47 @@ def classify_response(response: httpx.Response) -> dict[str, Any]:
         return body
     code, message = _provider_error(response)
     detail = f"{where}: HTTP {status}" + (f": {message}" if message else "")
+    # Kept in the attempt's record: what the provider's support asks for, and why a card was declined.
+    said: dict[str, Any] = {
+        "http_status": status,
+        "request_id": provider_request_id(response),
+        "decline_code": _error_field(response, "decline_code"),
+    }
     if status == 409:
         # Stripe's idempotency_key_in_use: the first request with this key is still running. Its outcome
         # will be replayed to a later retry with the same key.
-        raise TransientError(detail, retry_after=_retry_after(response))
+        raise TransientError(detail, retry_after=_retry_after(response), **said)
     if status in (408, 429) or status >= 500:
-        raise TransientError(detail, retry_after=_retry_after(response))
+        raise TransientError(detail, retry_after=_retry_after(response), **said)
     if 400 <= status < 500:
         if _error_field(response, "type") == "idempotency_error":
             # The key was already used with different parameters. Keys derive from (tenant, effect, step),
             # so this means a handler sends different data for the same step: retrying cannot fix it.
-            raise UnrecoverableError(detail, code=code or "idempotency_error")
-        raise TerminalError(detail, code=code or f"http_{status}")
+            raise UnrecoverableError(detail, code=code or "idempotency_error", **said)
+        raise TerminalError(detail, code=code or f"http_{status}", **said)
     # 1xx/3xx: httpx follows no redirects, and a moved API is a configuration problem, not a blip.
-    raise TerminalError(detail, code=f"http_{status}")
+    raise TerminalError(detail, code=f"http_{status}", **said)
+
+
+# Where providers put the id of one request, as their support asks for it: Stripe's Request-Id, PayPal's
+# Paypal-Debug-Id (also the body's debug_id), EasyPost's X-Ep-Request-Uuid, Shopify's X-Request-Id.
+_REQUEST_ID_HEADERS = ("request-id", "paypal-debug-id", "x-ep-request-uuid", "x-request-id", "pspreference")
+_MAX_REQUEST_ID = 200
+
+
+def provider_request_id(response: httpx.Response) -> str | None:
+    """The provider's id for this request (a header, else PayPal's ``debug_id`` or Adyen's ``pspReference``
+    in the body), or ``None``; cut to 200 characters."""
+    for name in _REQUEST_ID_HEADERS:
+        header: str | None = response.headers.get(name)
+        if header:
+            return header[:_MAX_REQUEST_ID]
+    body = _error_body(response)
+    for name in ("debug_id", "pspReference", "request_id"):
+        value = body.get(name)
+        if isinstance(value, str) and value:
+            return value[:_MAX_REQUEST_ID]
+    return None
 
 
 def _describe_request(response: httpx.Response) -> str:

@@ -229,15 +229,21 @@ def outcome_of(exc: stripe.StripeError) -> HandlerError:
     import stripe
 
     message = f"stripe {type(exc).__name__}: {exc.user_message or exc}"
+    # Kept in the attempt's record: the Request-Id Stripe's support asks for, and why a card was declined.
+    said: dict[str, Any] = {
+        "http_status": exc.http_status,
+        "request_id": exc.request_id or None,
+        "decline_code": _error_attribute(exc, "decline_code"),
+    }
     if isinstance(exc, stripe.RateLimitError | stripe.APIConnectionError):
-        return TransientError(message, retry_after=_retry_after(exc))
+        return TransientError(message, retry_after=_retry_after(exc), **said)
     if isinstance(exc, stripe.IdempotencyError):
-        return UnrecoverableError(message, code=exc.code or "idempotency_error")
+        return UnrecoverableError(message, code=exc.code or "idempotency_error", **said)
     if isinstance(exc, stripe.APIError):
         status = exc.http_status
         if status is None or status == 409 or status >= 500:
-            return TransientError(message, retry_after=_retry_after(exc))
-    return TerminalError(message, code=exc.code or _error_type(exc) or f"http_{exc.http_status}")
+            return TransientError(message, retry_after=_retry_after(exc), **said)
+    return TerminalError(message, code=exc.code or _error_type(exc) or f"http_{exc.http_status}", **said)
 
 
 def _options(key: str) -> dict[str, Any]:
@@ -293,6 +299,10 @@ def _retry_after(exc: stripe.StripeError) -> float | None:
 
 
 def _error_type(exc: stripe.StripeError) -> str | None:
+    return _error_attribute(exc, "type")
+
+
+def _error_attribute(exc: stripe.StripeError, name: str) -> str | None:
     error = exc.error
-    kind = getattr(error, "type", None) if error is not None else None
-    return kind if isinstance(kind, str) and kind else None
+    value = getattr(error, name, None) if error is not None else None
+    return value if isinstance(value, str) and value else None

@@ -19,7 +19,7 @@ from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.vocabulary import JobState
 
 from ..effect_kind import EffectKind
-from ..errors import TerminalError, UnrecoverableError
+from ..errors import TerminalError, UnrecoverableError, facts
 from ..event import Transition
 from ..observe import WorkerObserver
 from ..outcomes import SliceOutcome
@@ -35,11 +35,13 @@ TRANSITION_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
 
 
 def error_record(exc: BaseException) -> dict[str, Any]:
-    """How an attempt's error is stored: type, message, code (if any), traceback."""
+    """How an attempt's error is stored: type, message, code (if any), the provider's facts (HTTP status,
+    request id, decline code: ``errors.facts``, where known) and traceback."""
     return {
         "type": type(exc).__name__,
         "message": _message(exc),
         "code": getattr(exc, "code", None),
+        **facts(exc),
         "traceback": "".join(traceback.format_exception(exc))[-8000:],
     }
 

@@ -11,6 +11,7 @@ from ..db import Conn
 from ..queries import Q
 from ..storable import storable_text
 from ..vocabulary import REDRIVABLE_STATES, JobState, RefusalCode
+from . import audit
 
 
 class JobRow(TypedDict):
@@ -67,6 +68,8 @@ class AttemptRow(TypedDict):
     error_type: str | None
     error_message: str | None
     traceback: str | None
+    # The rest of the error record, where known: code, http_status, request_id (the provider's), decline_code.
+    error_facts: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +77,9 @@ class Refused:
     """An operator action that was not carried out, with a machine-readable code.
 
     Codes: ``not_found``; for cancel ``not_cancellable``; for redrive ``not_redrivable`` (succeeded,
-    cancelled and live jobs), ``unrecoverable_requires_force``, ``lock_key_held`` (another live job
-    holds the lock key: wait for it or cancel it).
+    cancelled and live jobs), ``unrecoverable_requires_force``, ``recorded_failure_requires_force`` (a
+    step recorded a terminal error, such as a card decline, that the next run replays without calling the
+    provider), ``lock_key_held`` (another live job holds the lock key: wait for it or cancel it).
     """
 
     code: RefusalCode
@@ -117,20 +121,33 @@ async def cancel(
     found, tenant = await routing(conn, job_id)
     if not found:
         return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
-    row = await (
-        await conn.execute(
-            Q["job_cancel"],
-            {
-                "job_id": job_id,
-                "by": storable_text(by),
-                "reason": storable_text(reason),
-                "now": now,
-                "tenant": tenant,
-            },
-        )
-    ).fetchone()
-    if row is not None:
-        return JobState(row["state"])
+    async with conn.transaction():
+        row = await (
+            await conn.execute(
+                Q["job_cancel"],
+                {
+                    "job_id": job_id,
+                    "by": storable_text(by),
+                    "reason": storable_text(reason),
+                    "now": now,
+                    "tenant": tenant,
+                },
+            )
+        ).fetchone()
+        if row is not None:
+            state = JobState(row["state"])
+            done = "cancelled" if state == JobState.CANCELLED else "cancel_requested"
+            await audit.record(
+                conn,
+                "cancel",
+                by=by,
+                reason=reason,
+                job_id=job_id,
+                tenant=tenant,
+                detail={"result": done},
+                now=now,
+            )
+            return state
     job = await get(conn, job_id)
     if job is None:
         return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
@@ -138,20 +155,39 @@ async def cancel(
 
 
 async def redrive(
-    conn: Conn, job_id: int, *, force: bool = False, now: datetime | None = None
+    conn: Conn,
+    job_id: int,
+    *,
+    by: str,
+    reason: str | None = None,
+    force: bool = False,
+    now: datetime | None = None,
 ) -> Refused | None:
     """Put a failed or parked job back to pending; ``None`` on success, else ``Refused`` with its code.
+    The redrive is recorded (``audit``) with who, why, ``force`` and the recorded failures it replays.
 
-    Of two redrives racing for one job exactly one wins; the other finds it pending: ``not_redrivable``.
+    A job whose effect recorded a terminal error in a step (a card decline) is refused without ``force``:
+    its next run replays that error without calling the provider, so a redrive alone changes nothing
+    (``audit.replayed_failures`` names the steps). Of two redrives racing for one job exactly one wins;
+    the other finds it pending: ``not_redrivable``.
     """
     found, tenant = await routing(conn, job_id)
     if not found:
         return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
-    row = await (
-        await conn.execute(
-            Q["job_redrive_if_allowed"], {"job_id": job_id, "force": force, "now": now, "tenant": tenant}
-        )
-    ).fetchone()
+    async with conn.transaction():
+        replays = await audit.replayed_failures(conn, job_id, tenant=tenant)
+        row = await (
+            await conn.execute(
+                Q["job_redrive_if_allowed"], {"job_id": job_id, "force": force, "now": now, "tenant": tenant}
+            )
+        ).fetchone()
+        if row is not None:
+            detail: dict[str, object] = {"force": force}
+            if replays:
+                detail["replays"] = [{"step": f.step, "code": f.code, "message": f.message} for f in replays]
+            await audit.record(
+                conn, "redrive", by=by, reason=reason, job_id=job_id, tenant=tenant, detail=detail, now=now
+            )
     if row is not None:
         if tenant is not None:
             # Routed to the tenant's worker node, the statement's NOTIFY fired there, unheard: wake from here.
@@ -173,6 +209,14 @@ async def redrive(
     if job["unrecoverable"] and not force:
         return Refused(
             RefusalCode.UNRECOVERABLE_REQUIRES_FORCE, f"job {job_id} failed unrecoverably; redrive with force"
+        )
+    if replays and not force:
+        steps = ", ".join(f.describe() for f in replays)
+        return Refused(
+            RefusalCode.RECORDED_FAILURE_REQUIRES_FORCE,
+            f"job {job_id} recorded a terminal error in step {steps}; a redrive replays it without calling the"
+            " provider, so the job fails again the same way. Redrive with force to run it anyway (its other"
+            " steps run), or resolve it by hand",
         )
     if job["lock_key_held_by"] is not None:
         return Refused(

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..db import Conn
 from ..queries import Q
+from . import audit
 
 DEFAULT_LIMIT = 10_000
 
@@ -53,17 +54,26 @@ async def match(conn: Conn, where: JobFilter) -> list[int]:
 async def pause(
     conn: Conn, kind: str, *, by: str, reason: str | None = None, now: datetime | None = None
 ) -> dict[str, Any]:
-    """Stop leasing ``kind``'s jobs until ``resume``; pausing a paused kind updates who and why."""
-    row = await (
-        await conn.execute(Q["kind_pause"], {"kind": kind, "by": by, "reason": reason, "now": now})
-    ).fetchone()
-    assert row is not None
+    """Stop leasing ``kind``'s jobs until ``resume``; pausing a paused kind updates who and why. Recorded
+    (``audit``) in the kind's log, which the timelines of its jobs show."""
+    async with conn.transaction():
+        row = await (
+            await conn.execute(Q["kind_pause"], {"kind": kind, "by": by, "reason": reason, "now": now})
+        ).fetchone()
+        assert row is not None
+        await audit.record(conn, "pause", by=by, reason=reason, kind=kind, now=now)
     return row
 
 
-async def resume(conn: Conn, kind: str) -> bool:
-    """Lease ``kind``'s jobs again (and wake the workers); ``False`` if it was not paused."""
-    row = await (await conn.execute(Q["kind_resume"], {"kind": kind})).fetchone()
+async def resume(
+    conn: Conn, kind: str, *, by: str, reason: str | None = None, now: datetime | None = None
+) -> bool:
+    """Lease ``kind``'s jobs again (and wake the workers); ``False`` if it was not paused. Recorded as
+    ``pause`` is."""
+    async with conn.transaction():
+        row = await (await conn.execute(Q["kind_resume"], {"kind": kind})).fetchone()
+        if row is not None:
+            await audit.record(conn, "resume", by=by, reason=reason, kind=kind, now=now)
     return row is not None
 
 

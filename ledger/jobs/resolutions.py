@@ -2,8 +2,8 @@
 
 A failed or parked job otherwise stays so until it is redriven, and counts as "waiting for a human" for the
 whole history window. ``resolve`` moves it to the terminal state ``resolved`` in one guarded statement,
-recording who, why (required) and when, and which state it closed; the failure's own reason and error
-record stay as they were. A resolved job is never redriven: a human said it was handled outside
+recording who, why (required) and when, and which state it closed (on the job, and in the operator's record,
+``audit``); the failure's own reason and error record stay as they were. A resolved job is never redriven: a human said it was handled outside
 effectgate, and running it after that could do the effect twice (docs/adr/0016-resolved-by-hand.md).
 
 Resolving an already resolved job with the same operator and reason answers the resolution that stands
@@ -20,6 +20,7 @@ from ..errors import InvalidParameter
 from ..queries import Q
 from ..storable import storable_text
 from ..vocabulary import JobState, RefusalCode
+from . import audit
 from .admin import Refused, routing
 
 #: A reason longer than this is refused: it is shown on every face, and a page of text is not a reason.
@@ -69,14 +70,25 @@ async def resolve(
     found, tenant = await routing(conn, job_id)
     if not found:
         return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")
-    row = await (
-        await conn.execute(
-            Q["job_resolve_if_failed_or_parked"],
-            {"job_id": job_id, "by": who, "reason": storable_text(text), "now": now, "tenant": tenant},
-        )
-    ).fetchone()
-    if row is not None:
-        return _resolved(job_id, row, already=False)
+    async with conn.transaction():
+        row = await (
+            await conn.execute(
+                Q["job_resolve_if_failed_or_parked"],
+                {"job_id": job_id, "by": who, "reason": storable_text(text), "now": now, "tenant": tenant},
+            )
+        ).fetchone()
+        if row is not None:
+            await audit.record(
+                conn,
+                "resolve",
+                by=who,
+                reason=text,
+                job_id=job_id,
+                tenant=tenant,
+                detail={"from": row["resolved_from"]},
+                now=row["resolved_at"],
+            )
+            return _resolved(job_id, row, already=False)
     job = await (await conn.execute(Q["job_resolution_get"], {"job_id": job_id})).fetchone()
     if job is None:
         return Refused(RefusalCode.NOT_FOUND, f"no job {job_id}")

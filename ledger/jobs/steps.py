@@ -27,6 +27,8 @@ class RecordedStep:
     job_id: int
     lease_token: int
     recorded_at: datetime
+    # The outcome was found by the step's find= (an earlier attempt's call had reached the API), not called.
+    found: bool = False
 
 
 async def for_effect(conn: Conn, effect_id: int, *, tenant: str | None = None) -> dict[str, RecordedStep]:
@@ -48,10 +50,12 @@ async def record(
     status: StepStatus,
     result: Any = None,
     error: Any = None,
+    found: bool = False,
     now: datetime | None = None,
     per_tenant: bool = False,
 ) -> None:
     """Record a step's outcome under the current lease. Raises ``LeaseLost`` or ``StepAlreadyRecorded``.
+    ``found``: the outcome is what the step's ``find`` returned, not an answer to a call made now.
 
     ``per_tenant`` (a ledger distributed by tenant, ``topology``; ``tenant`` required): two router
     statements in one transaction on the tenant's node instead of one statement Citus would plan as
@@ -68,6 +72,7 @@ async def record(
             status=status,
             result=Jsonb(result) if result is not None else None,
             error=Jsonb(storable_error(error)) if error is not None else None,
+            found=found,
             now=now,
         )
         return
@@ -84,6 +89,7 @@ async def record(
                 "status": status,
                 "result": Jsonb(result) if result is not None else None,
                 "error": Jsonb(storable_error(error)) if error is not None else None,
+                "found": found,
                 "now": now,
             },
         )
@@ -123,6 +129,7 @@ async def mark_started(
             status=StepStatus.STARTED,
             result=None,
             error=None,
+            found=False,
             now=now,
         )
         return
@@ -159,6 +166,7 @@ async def _write_routed(
     status: StepStatus,
     result: Jsonb | None,
     error: Jsonb | None,
+    found: bool,
     now: datetime | None,
 ) -> None:
     """A step's write on Citus: the fenced lock of the job row (``lock_query``), then the step's upsert over a
@@ -181,6 +189,7 @@ async def _write_routed(
                     "status": status,
                     "result": result,
                     "error": error,
+                    "found": found,
                 },
             )
         ).fetchone()

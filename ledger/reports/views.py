@@ -12,6 +12,7 @@ from typing import Any, LiteralString
 
 from ..db import Conn
 from ..errors import InvalidParameter
+from ..jobs import audit
 from ..jobs import leases as ledger_jobs
 from ..payload_diffs import payload_diff
 from ..queries import Q
@@ -22,8 +23,9 @@ from .spec import Row, fetch
 class EffectView:
     """One effect from delivery to outcome: the claim, every delivery that asked for it (accepted or
     duplicate), every reject of its key (with a diff against the held payload), its job with each attempt
-    (worker, lease token, start, end, error), and each recorded step with the idempotency key sent
-    downstream and the answer that came back. ``job`` is ``None`` only if no job was ever created."""
+    (worker, lease token, start, end, error), each recorded step with the idempotency key sent
+    downstream and the answer that came back, and every operator action on its job (with its kind's pauses
+    and resumes in the job's lifetime). ``job`` is ``None`` only if no job was ever created."""
 
     effect: dict[str, Any]
     job: ledger_jobs.JobRow | None
@@ -31,6 +33,7 @@ class EffectView:
     rejects: list[dict[str, Any]]
     attempts: list[ledger_jobs.AttemptRow]
     steps: list[dict[str, Any]]
+    actions: list[audit.ActionRow]
 
 
 async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None) -> EffectView | None:
@@ -69,16 +72,18 @@ async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None)
         )
     attempts = await ledger_jobs.attempts(conn, job_id) if job_id is not None else []
     steps = await _fetch(conn, "steps_for_effect", {**params, "tenant": holder})
-    return EffectView(effect, job, deliveries, rejects, attempts, steps)
+    actions = await _actions(conn, job) if job is not None else []
+    return EffectView(effect, job, deliveries, rejects, attempts, steps, actions)
 
 
 @dataclass(frozen=True, slots=True)
 class JobView:
-    """One job with its effect's key, each attempt and each recorded step."""
+    """One job with its effect's key, each attempt, each recorded step and every operator action."""
 
     job: ledger_jobs.JobRow
     attempts: list[ledger_jobs.AttemptRow]
     steps: list[dict[str, Any]]
+    actions: list[audit.ActionRow]
 
 
 async def job_view(conn: Conn, job_id: int) -> JobView | None:
@@ -88,7 +93,18 @@ async def job_view(conn: Conn, job_id: int) -> JobView | None:
         return None
     attempts = await ledger_jobs.attempts(conn, job["id"])
     steps = await _fetch(conn, "steps_for_effect", {"effect_id": job["effect_id"], "tenant": job["tenant"]})
-    return JobView(job, attempts, steps)
+    return JobView(job, attempts, steps, await _actions(conn, job))
+
+
+async def _actions(conn: Conn, job: ledger_jobs.JobRow) -> list[audit.ActionRow]:
+    return await audit.for_job(
+        conn,
+        job["id"],
+        kind=job["kind"],
+        since=job["created_at"],
+        until=job["finished_at"],
+        tenant=job["tenant"],
+    )
 
 
 async def _fetch(conn: Conn, name: LiteralString, params: dict[str, Any]) -> list[Row]:

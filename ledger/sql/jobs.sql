@@ -249,6 +249,8 @@ closed AS (
                      WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'pending' END,
         error_type = done.error ->> 'type',
         error_message = done.error ->> 'message',
+        -- The rest of the record (code, HTTP status, the provider's request id, decline code), where known.
+        error_facts = nullif(jsonb_strip_nulls(done.error - 'type' - 'message' - 'traceback'), '{}'::jsonb),
         traceback = done.error ->> 'traceback'
     FROM done
     WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
@@ -291,6 +293,7 @@ closed AS (
                      WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'retry' END,
         error_type = %(error)s::jsonb ->> 'type',
         error_message = %(error)s::jsonb ->> 'message',
+        error_facts = nullif(jsonb_strip_nulls(%(error)s::jsonb - 'type' - 'message' - 'traceback'), '{}'::jsonb),
         traceback = %(error)s::jsonb ->> 'traceback'
     FROM done
     WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
@@ -380,8 +383,8 @@ RETURNING j.state;
 
 -- name: job_redrive_if_allowed
 -- Puts a failed or parked job back to pending with a fresh set of attempts. Succeeded and cancelled jobs
--- are done; an unrecoverable failure needs force; a lock key another live job holds refuses it; a job whose
--- payload retention purged cannot run again. The row
+-- are done; an unrecoverable failure, or a step's recorded terminal error, needs force; a lock key another live
+-- job holds refuses it; a job whose payload retention purged cannot run again. The row
 -- lock and the WHERE clause make two racing redrives one: the second re-reads a pending row and matches
 -- nothing. %(tenant)s as job_cancel; on Citus the NOTIFY below fires on the worker node, and job_admin.redrive
 -- wakes the workers from the coordinator.
@@ -399,6 +402,11 @@ WITH redriven AS (
         committed_since_release = false,
         updated_at = (SELECT coalesce(%(now)s, now()))
     WHERE j.id = %(job_id)s AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
+      -- A step that recorded a terminal error (a decline) is replayed, not called, by the next run: without
+      -- force the redrive would only fail again the same way.
+      AND (%(force)s OR NOT EXISTS (
+          SELECT 1 FROM steps s WHERE s.effect_id = j.effect_id AND s.tenant = j.tenant AND s.status = 'failed'
+      ))
       AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
       -- Retention purged what it would run on (payload, recorded steps): a redrive could repeat a step.
       AND NOT j.payload_purged
@@ -434,7 +442,7 @@ WHERE j.id = %(job_id)s;
 -- name: job_attempts_for_job
 -- Every attempt of a job, oldest first: who ran it under which token, and how it ended.
 SELECT job_id, attempt, lease_token, worker, started_at, finished_at, outcome, error_type, error_message,
-       traceback
+       error_facts, traceback
 FROM job_attempts WHERE job_id = %(job_id)s
 ORDER BY lease_token;
 

@@ -1,7 +1,7 @@
 -- name: steps_for_effect
 -- Every recorded step of an effect: what a later attempt returns instead of calling again. %(tenant)s, where known
 -- (the worker's lease), lets Citus send it to the tenant's shard instead of every shard.
-SELECT name, idempotency_key, status, result, error, job_id, lease_token, recorded_at
+SELECT name, idempotency_key, status, result, error, found, job_id, lease_token, recorded_at
 FROM steps WHERE effect_id = %(effect_id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
 ORDER BY recorded_at, name;
 
@@ -14,14 +14,14 @@ WITH lease AS (
     RETURNING id, effect_id, tenant
 ),
 recorded AS (
-    INSERT INTO steps (effect_id, tenant, name, idempotency_key, status, result, error, job_id, lease_token,
+    INSERT INTO steps (effect_id, tenant, name, idempotency_key, status, result, error, found, job_id, lease_token,
                        recorded_at)
-    SELECT effect_id, tenant, %(name)s, %(idempotency_key)s, %(status)s, %(result)s, %(error)s, id, %(lease_token)s,
-           (SELECT coalesce(%(now)s, now()))
+    SELECT effect_id, tenant, %(name)s, %(idempotency_key)s, %(status)s, %(result)s, %(error)s, %(found)s, id,
+           %(lease_token)s, (SELECT coalesce(%(now)s, now()))
     FROM lease
     ON CONFLICT (effect_id, name, tenant) DO UPDATE SET
         idempotency_key = EXCLUDED.idempotency_key, status = EXCLUDED.status, result = EXCLUDED.result,
-        error = EXCLUDED.error, job_id = EXCLUDED.job_id, lease_token = EXCLUDED.lease_token,
+        error = EXCLUDED.error, found = EXCLUDED.found, job_id = EXCLUDED.job_id, lease_token = EXCLUDED.lease_token,
         recorded_at = EXCLUDED.recorded_at
     WHERE steps.status = 'started'
     RETURNING name
@@ -69,12 +69,13 @@ FOR NO KEY UPDATE;
 -- On Citus, the second half of both (the job row locked by the first): writes the step, or replaces its 'started'
 -- marker; an outcome already recorded is left alone and nothing is returned. A marker (%(status)s 'started') has
 -- no result or error, so replacing a marker with a marker moves it to this attempt, as step_start_if_leased does.
-INSERT INTO steps (effect_id, tenant, name, idempotency_key, status, result, error, job_id, lease_token, recorded_at)
-VALUES (%(effect_id)s, %(tenant)s, %(name)s, %(idempotency_key)s, %(status)s, %(result)s, %(error)s, %(job_id)s,
-        %(lease_token)s, coalesce(%(now)s, now()))
+INSERT INTO steps (effect_id, tenant, name, idempotency_key, status, result, error, found, job_id, lease_token,
+                   recorded_at)
+VALUES (%(effect_id)s, %(tenant)s, %(name)s, %(idempotency_key)s, %(status)s, %(result)s, %(error)s, %(found)s,
+        %(job_id)s, %(lease_token)s, coalesce(%(now)s, now()))
 ON CONFLICT (effect_id, name, tenant) DO UPDATE SET
     idempotency_key = EXCLUDED.idempotency_key, status = EXCLUDED.status, result = EXCLUDED.result,
-    error = EXCLUDED.error, job_id = EXCLUDED.job_id, lease_token = EXCLUDED.lease_token,
+    error = EXCLUDED.error, found = EXCLUDED.found, job_id = EXCLUDED.job_id, lease_token = EXCLUDED.lease_token,
     recorded_at = EXCLUDED.recorded_at
 WHERE steps.status = 'started'
 RETURNING name;

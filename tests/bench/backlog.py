@@ -234,7 +234,7 @@ def resume(db_url: str, kind: str) -> float:
         conn = await db.connect(db_url)
         async with conn:
             started = time.monotonic()
-            await ledger_bulk.resume(conn, kind)
+            await ledger_bulk.resume(conn, kind, by="bench")
             return started
 
     return asyncio.run(run())

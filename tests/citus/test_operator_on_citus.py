@@ -71,10 +71,10 @@ async def test_a_redriven_job_wakes_the_coordinators_listeners(citus_url: str, c
     listener = await db.connect(citus_url)
     async with listener:
         await listener.execute("LISTEN effectgate_jobs")
-        assert await jobs.redrive(conn, job_id) is None
+        assert await jobs.redrive(conn, job_id, by="test") is None
         heard = [n.payload async for n in listener.notifies(timeout=2.0, stop_after=1)]
     assert heard == [kind] and await state(conn, job_id) == JobState.PENDING
-    again = await jobs.redrive(conn, job_id)
+    again = await jobs.redrive(conn, job_id, by="test")
     assert isinstance(again, Refused) and again.code == RefusalCode.NOT_REDRIVABLE
 
 

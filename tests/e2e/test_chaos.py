@@ -46,7 +46,7 @@ def redrive_parked(stack: Stack) -> int:
     async def redrive() -> int:
         conn = await db.connect(stack.db_url)
         async with conn:
-            return sum([await jobs.redrive(conn, job_id) is None for job_id in parked])
+            return sum([await jobs.redrive(conn, job_id, by="test") is None for job_id in parked])
 
     return asyncio.run(redrive()) if parked else 0
 

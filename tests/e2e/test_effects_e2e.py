@@ -170,7 +170,7 @@ def test_two_hundred_duplicates_and_fifty_racing_redrives_capture_and_ship_once(
     async def redrives() -> list[Any]:
         conns = [await db.connect(stack.db_url) for _ in range(50)]
         try:
-            return await asyncio.gather(*(jobs.redrive(c, failed["id"]) for c in conns))
+            return await asyncio.gather(*(jobs.redrive(c, failed["id"], by="test") for c in conns))
         finally:
             for c in conns:
                 await c.close()

@@ -69,6 +69,7 @@ async def test_a_dry_run_reports_what_would_happen_and_changes_nothing(conn: db.
         "matched": 5,
         "done": 3,
         "refused": {"lock_key_held": 1, "unrecoverable_requires_force": 1},
+        "replaying_recorded_failure": 0,
     }
     assert set(await states(conn, f["plain"] + f["stuck"] + f["held"] + f["other"])) == {"failed"}
 
@@ -113,8 +114,8 @@ async def test_a_paused_kind_is_not_leased_until_resumed(conn: db.Conn) -> None:
         "payments API down",
         1,
     )
-    assert await bulk.resume(conn, "A") is True
-    assert await bulk.resume(conn, "A") is False
+    assert await bulk.resume(conn, "A", by="alice") is True
+    assert await bulk.resume(conn, "A", by="alice") is False
     leased = await jobs.fetch_and_lease(conn, owner="w", kinds={"A": 30, "B": 30}, limit=10, now=at(3))
     assert [lease.job_id for lease in leased] == [a]
 

@@ -94,7 +94,11 @@ async def test_a_terminal_step_error_is_recorded_and_raised_again_without_callin
         [step] = await steps_of(conn)
         assert step["status"] == "failed"
         assert step["error"]["code"] == "card_declined"
-        assert await jobs.redrive(conn, job_id) is None
+        # The recorded decline would be replayed, not called again: a redrive says so and needs force.
+        refused = await jobs.redrive(conn, job_id, by="test")
+        assert refused is not None and refused.code == "recorded_failure_requires_force"
+        assert "charge (card_declined: card declined)" in refused.detail
+        assert await jobs.redrive(conn, job_id, by="test", force=True) is None
     await make_worker(pool, registry(kind(handler))).run_until_idle()
     async with pool.connection() as conn:
         job = await jobs.get(conn, job_id)

@@ -124,7 +124,7 @@ async def test_redrive_puts_a_failed_job_back_with_fresh_attempts(conn: db.Conn)
     job_id = await claim(conn, max_attempts=2, now=at(0))
     lease = await lease_one(conn, now=at(0))
     await jobs.finish(conn, job_id, lease.lease_token, state="failed", by="w", reason="boom", now=at(1))
-    assert await jobs.redrive(conn, job_id, now=at(2)) is None
+    assert await jobs.redrive(conn, job_id, by="test", now=at(2)) is None
     row = await job(conn, job_id)
     assert (row["state"], row["attempt"], row["run_at"], row["terminal_reason"], row["finished_at"]) == (
         "pending",
@@ -147,10 +147,10 @@ async def test_only_failed_and_parked_jobs_can_be_redriven(conn: db.Conn, state:
         elif state == "cancelled":
             await jobs.cancel(conn, job_id, by="alice", now=at(1))
             await jobs.finish(conn, job_id, lease.lease_token, state="succeeded", by="w", now=at(1))
-    refused = await jobs.redrive(conn, job_id, now=at(2))
+    refused = await jobs.redrive(conn, job_id, by="test", now=at(2))
     assert isinstance(refused, Refused) and refused.code == "not_redrivable", refused
     assert (await job(conn, job_id))["state"] == state
-    missing = await jobs.redrive(conn, 10_000)
+    missing = await jobs.redrive(conn, 10_000, by="test")
     assert isinstance(missing, Refused) and missing.code == "not_found"
 
 
@@ -158,10 +158,10 @@ async def test_an_unrecoverable_failure_needs_force_to_redrive(conn: db.Conn) ->
     job_id = await claim(conn, now=at(0))
     lease = await lease_one(conn, now=at(0))
     await jobs.finish(conn, job_id, lease.lease_token, state="failed", by="w", unrecoverable=True, now=at(1))
-    refused = await jobs.redrive(conn, job_id, now=at(2))
+    refused = await jobs.redrive(conn, job_id, by="test", now=at(2))
     assert isinstance(refused, Refused) and refused.code == "unrecoverable_requires_force"
     assert (await job(conn, job_id))["state"] == "failed"
-    assert await jobs.redrive(conn, job_id, force=True, now=at(3)) is None
+    assert await jobs.redrive(conn, job_id, by="test", force=True, now=at(3)) is None
     row = await job(conn, job_id)
     assert (row["state"], row["unrecoverable"]) == ("pending", False)
 
@@ -178,7 +178,7 @@ async def _racing_redrives(db_url: str, conn: db.Conn) -> None:
     conns = [await db.connect(db_url) for _ in range(12)]
     try:
         # Each redrive holds the row between its UPDATE and its commit, so they genuinely contend.
-        results = await asyncio.gather(*(jobs.redrive(c, job_id) for c in conns))
+        results = await asyncio.gather(*(jobs.redrive(c, job_id, by="test") for c in conns))
     finally:
         for c in conns:
             await c.close()
@@ -199,7 +199,7 @@ async def _redrive_wakes(db_url: str, conn: db.Conn) -> None:
     listener = await db.connect(db_url)
     async with listener:
         await jobs.listen(listener)
-        assert await jobs.redrive(conn, job_id, now=at(2)) is None
+        assert await jobs.redrive(conn, job_id, by="test", now=at(2)) is None
         notes = [n async for n in listener.notifies(timeout=2.0, stop_after=1)]
     assert [(n.channel, n.payload) for n in notes] == [("effectgate_jobs", "k")]
 

@@ -78,13 +78,13 @@ async def test_a_redrive_is_refused_while_another_live_job_holds_the_key(conn: d
     lease = await lease_one(conn, now=at(0))
     await jobs.finish(conn, failed, lease.lease_token, state="failed", by="w", now=at(1))
     waiting = await keyed(conn, "order-1", now_s=2)
-    refused = await jobs.redrive(conn, failed, now=at(3))
+    refused = await jobs.redrive(conn, failed, by="test", now=at(3))
     assert isinstance(refused, Refused) and refused.code == "lock_key_held"
     assert str(waiting) in refused.detail
     assert (await job(conn, failed))["state"] == "failed"
     # Once the holder is done (here: cancelled by an operator), the redrive goes through.
     assert await jobs.cancel(conn, waiting, by="alice", now=at(4)) == "cancelled"
-    assert await jobs.redrive(conn, failed, now=at(5)) is None
+    assert await jobs.redrive(conn, failed, by="test", now=at(5)) is None
 
 
 async def test_racing_fetchers_never_run_two_jobs_of_one_key(db_url: str) -> None:

@@ -125,7 +125,7 @@ async def test_a_resolution_after_retention_purged_the_payload_rewrites_the_tomb
 async def test_a_resolved_job_is_never_redriven(conn: db.Conn) -> None:
     job_id = await _ended(conn, "parked")
     assert isinstance(await resolutions.resolve(conn, job_id, by="op", reason="done by hand"), Resolved)
-    refused = await jobs.redrive(conn, job_id, force=True)
+    refused = await jobs.redrive(conn, job_id, by="test", force=True)
     assert isinstance(refused, Refused) and refused.code == "not_redrivable"
     assert "resolved" in refused.detail
     assert (await job(conn, job_id))["state"] == "resolved"
@@ -183,7 +183,7 @@ async def test_a_resolve_racing_redrives_and_workers_ends_in_one_state(db_url: s
                     resolutions.resolve(c, job_id, by=f"op{i}", reason="handled")
                     for i, c in enumerate(conns[:PER_SIDE])
                 ]
-                redrivers = [jobs.redrive(c, job_id) for c in conns[PER_SIDE : 2 * PER_SIDE]]
+                redrivers = [jobs.redrive(c, job_id, by="test") for c in conns[PER_SIDE : 2 * PER_SIDE]]
                 workers = [
                     jobs.fetch_and_lease(c, owner=f"w{i}", kinds={f"race{n}": 30}, limit=1)
                     for i, c in enumerate(conns[2 * PER_SIDE :])

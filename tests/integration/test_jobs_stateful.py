@@ -230,7 +230,7 @@ def _run_machine(runner: asyncio.Runner, conn: db.Conn) -> None:
 
         @rule()
         def redrive(self) -> None:
-            result = self.run(jobs.redrive(conn, self.job_id, now=self.now))
+            result = self.run(jobs.redrive(conn, self.job_id, by="test", now=self.now))
             m = self.model
             if m.state in ("failed", "parked"):
                 assert result is None

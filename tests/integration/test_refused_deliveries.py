@@ -92,15 +92,19 @@ async def test_an_unkeyable_delivery_fixed_and_replayed_becomes_one_effect(
     tenant_of = config.sources["lenient"].tenant_rule.tenant_of
     # Replayed before the fix: it fails the same way, and stays to be replayed again.
     still = await replay_refused(
-        conn, by_order(Registry()), source="lenient", tenant_of=tenant_of, since=since
+        conn, by="cli:test", registry=by_order(Registry()), source="lenient", tenant_of=tenant_of, since=since
     )
     assert (still.deliveries, still.key_failed, dict(still.outcomes)) == (1, 1, {})
 
     fixed = by_intent(Registry())
-    result = await replay_refused(conn, fixed, source="lenient", tenant_of=tenant_of, since=since)
+    result = await replay_refused(
+        conn, by="cli:test", registry=fixed, source="lenient", tenant_of=tenant_of, since=since
+    )
     assert (result.deliveries, dict(result.outcomes)) == (1, {"accepted": 1})
     # Marked replayed: a second replay finds nothing, and the report shows when and to what.
-    again = await replay_refused(conn, fixed, source="lenient", tenant_of=tenant_of, since=since)
+    again = await replay_refused(
+        conn, by="cli:test", registry=fixed, source="lenient", tenant_of=tenant_of, since=since
+    )
     assert again.deliveries == 0
     [kept] = await rows(conn, "SELECT refusal FROM deliveries WHERE outcome = 'refused'")
     assert kept["refusal"]["replay_outcomes"] == [
@@ -123,13 +127,17 @@ async def test_a_tenant_refused_by_the_allow_list_is_replayed_under_the_fixed_ru
     assert (answer.status_code, answer.json()["error"]) == (200, "tenant_not_allowed")
     since = datetime.now(UTC) - timedelta(hours=1)
     old_rule = config.sources["connect"].tenant_rule.tenant_of
-    still = await replay_refused(conn, registry, source="connect", tenant_of=old_rule, since=since)
+    still = await replay_refused(
+        conn, by="cli:test", registry=registry, source="connect", tenant_of=old_rule, since=since
+    )
     assert (still.deliveries, still.tenant_unusable) == (1, 1)
     fixed = parse(
         CONFIG.replace('tenant_pattern = "acct_[0-9]+"', 'tenant_pattern = "acct_[a-z0-9]+"'), env=ENV
     )
     new_rule = fixed.sources["connect"].tenant_rule.tenant_of
-    result = await replay_refused(conn, registry, source="connect", tenant_of=new_rule, since=since)
+    result = await replay_refused(
+        conn, by="cli:test", registry=registry, source="connect", tenant_of=new_rule, since=since
+    )
     assert dict(result.outcomes) == {"accepted": 1}
     assert await rows(conn, "SELECT tenant, effect_key FROM effects") == [
         {"tenant": "acct_new", "effect_key": "intent-paid:pi_9"}

@@ -47,22 +47,30 @@ async def test_an_unmatched_delivery_is_claimed_by_a_replay_once_a_handler_exist
     assert kept == 4
 
     # With no handler yet, a replay claims nothing.
-    empty = await replay_unmatched(conn, Registry(), source="stripe", since=day(-1), now=day(1))
+    empty = await replay_unmatched(
+        conn, by="cli:test", registry=Registry(), source="stripe", since=day(-1), now=day(1)
+    )
     assert (empty.deliveries, empty.still_unmatched, dict(empty.outcomes)) == (3, 3, {})
 
-    first = await replay_unmatched(conn, registry(), source="stripe", since=day(-1), now=day(1))
+    first = await replay_unmatched(
+        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(1)
+    )
     assert (first.deliveries, dict(first.outcomes)) == (3, {"accepted": 3})
     assert await scalar(conn, "SELECT count(*) FROM jobs WHERE kind = 'fulfil'") == 3
     row = await (await conn.execute("SELECT * FROM effects WHERE effect_key = 'order:k0'")).fetchone()
     assert row is not None and (row["event_id"], row["payload"]["key"]) == ("evt-k0", "k0")
 
     # Again: the normal rules make it a duplicate, never a second job.
-    again = await replay_unmatched(conn, registry(), source="stripe", since=day(-1), now=day(2))
+    again = await replay_unmatched(
+        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(2)
+    )
     assert dict(again.outcomes) == {"duplicate": 3}
     assert await scalar(conn, "SELECT count(*) FROM jobs WHERE kind = 'fulfil'") == 3
     # The window filters: nothing arrived after day 0.5.
     assert (
-        await replay_unmatched(conn, registry(), source="stripe", since=day(0.5), now=day(2))
+        await replay_unmatched(
+            conn, by="cli:test", registry=registry(), source="stripe", since=day(0.5), now=day(2)
+        )
     ).deliveries == 0
 
 
@@ -73,7 +81,9 @@ async def test_a_replayed_key_held_by_another_payload_is_a_conflict(conn: db.Con
     # Meanwhile the key was claimed by a different payload (a live delivery after the handler was deployed).
     held = delivery("k9", payload={"key": "k9", "v": 2})
     await claim_delivery(conn, held, [EffectRequest("order:k9", "fulfil", 3, "redrive")], now=day(0.5))
-    result = await replay_unmatched(conn, registry(), source="stripe", since=day(-1), now=day(1))
+    result = await replay_unmatched(
+        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(1)
+    )
     assert dict(result.outcomes) == {"rejected": 1}
 
 
@@ -84,7 +94,9 @@ async def test_unmatched_payloads_age_out_with_the_payload_window(conn: db.Conn)
     assert inside.purged["deliveries.payload"] == 0
     result = await RetentionKeeper(config).run_once(conn, now=day(1) + timedelta(seconds=1))
     assert (result.purged["deliveries.payload"], result.purged["deliveries"]) == (1, 0)
-    gone = await replay_unmatched(conn, registry(), source="stripe", since=day(-1), now=day(2))
+    gone = await replay_unmatched(
+        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(2)
+    )
     assert gone.deliveries == 0
 
 
@@ -175,7 +187,9 @@ async def test_an_unmatched_delivery_sent_again_is_counted_not_kept_again(conn: 
     )
     assert counted == 5
     # The one kept row still replays, once.
-    result = await replay_unmatched(conn, registry(), source="stripe", since=day(-1), now=day(1))
+    result = await replay_unmatched(
+        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(1)
+    )
     assert (result.deliveries, dict(result.outcomes)) == (2, {"accepted": 2})
 
 
@@ -201,7 +215,9 @@ async def test_a_replayed_kind_with_fingerprint_fields_then_its_genuine_retry_is
         name="fulfil",
         fingerprint=["/amount", "/currency"],
     )(_noop)
-    replayed = await replay_unmatched(conn, reg, source="stripe", since=day(-1), now=day(1))
+    replayed = await replay_unmatched(
+        conn, by="cli:test", registry=reg, source="stripe", since=day(-1), now=day(1)
+    )
     assert dict(replayed.outcomes) == {"accepted": 1}
 
     config = parse('[sources.stripe]\nscheme = "stripe"\nsecrets = ["S"]\n', env={"S": "whsec_x"})

@@ -210,7 +210,7 @@ async def test_a_tombstone_with_history_still_attached_goes_with_it(conn: db.Con
 async def test_a_failed_job_past_its_payload_window_cannot_be_redriven(conn: db.Conn) -> None:
     job_id = await finished(conn, "k1", day(0), state="failed")
     await RetentionKeeper(RetentionConfig(payloads=1 * DAY)).run_once(conn, now=day(2))
-    refused = await jobs.redrive(conn, job_id, now=day(2))
+    refused = await jobs.redrive(conn, job_id, by="test", now=day(2))
     assert refused is not None and refused.code == "payload_purged"
 
 

@@ -32,6 +32,8 @@ LOCAL_TABLES = {
     "signature_failures": "pre-authentication counters, no tenant by construction",
     # Operator control of the deployment's handler kinds; kinds are code, not tenant data: a reference table.
     "paused_kinds": "reference table of paused handler kinds",
+    # Who paused and resumed a kind, when and why (migration 0025): kind-level, like paused_kinds.
+    "kind_actions": "reference table of the pauses and resumes of handler kinds",
     # Signed transmission ids (PayPal's), checked after the signature and before any tenant is read, keyed by
     # source and kept for minutes: a local table, like the failure counters.
     "transmissions": "per-source replay memory of signed transmission ids, minutes long",

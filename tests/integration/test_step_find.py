@@ -158,7 +158,7 @@ async def test_a_terminal_error_from_find_is_recorded_like_one_from_the_call(poo
     async with pool.connection() as conn:
         job = await jobs.get(conn, job_id)
         assert job is not None and (job["state"], job["attempt"]) == ("failed", 2)
-        assert await jobs.redrive(conn, job_id) is None
+        assert await jobs.redrive(conn, job_id, by="test", force=True) is None
     [step] = await steps_of(pool)
     assert (step["status"], step["error"]["code"]) == ("failed", "forbidden")
     # A redrive replays the recorded failure: neither call runs again.

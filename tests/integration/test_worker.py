@@ -103,7 +103,7 @@ async def test_a_terminal_error_fails_the_job_at_once(pool: db.Pool, conn: db.Co
     assert (row["state"], row["attempt"], row["unrecoverable"]) == ("failed", 1, False)
     assert row["terminal_reason"] == "TerminalError: card declined"
     assert row["last_error"]["code"] == "card_declined"
-    assert await jobs.redrive(conn, job_id) is None
+    assert await jobs.redrive(conn, job_id, by="test") is None
 
 
 async def test_an_unrecoverable_error_fails_and_stays_unrecoverable_on_replay(
@@ -124,9 +124,9 @@ async def test_an_unrecoverable_error_fails_and_stays_unrecoverable_on_replay(
     await worker.run_until_idle()
     row = await job(conn, job_id)
     assert (row["state"], row["unrecoverable"]) == ("failed", True)
-    refused = await jobs.redrive(conn, job_id)
+    refused = await jobs.redrive(conn, job_id, by="test")
     assert isinstance(refused, jobs.Refused) and refused.code == "unrecoverable_requires_force"
-    assert await jobs.redrive(conn, job_id, force=True) is None
+    assert await jobs.redrive(conn, job_id, by="test", force=True) is None
     await worker.run_until_idle()
     # The recorded failure is replayed, not re-run, and keeps its class: a redrive still needs force.
     row = await job(conn, job_id)

@@ -58,13 +58,18 @@ async def run_bulk(conn: db.Conn, args: argparse.Namespace, out: TextIO, action:
         action,
         where,
         by=resolver(args) if action == "resolve" else operator_name(),
-        reason=getattr(args, "reason", None) or "cancelled by operator",
+        reason=getattr(args, "reason", None) or ("cancelled by operator" if action == "cancel" else None),
         force=getattr(args, "force", False),
         dry_run=args.dry_run,
         progress=ProgressBar("dry run" if args.dry_run else action),
     )
     summary = result.summary()
-    document = {**summary, "job_ids": result.done, "refused_job_ids": result.refused}
+    document = {
+        **summary,
+        "job_ids": result.done,
+        "refused_job_ids": result.refused,
+        "replaying_job_ids": result.replaying,
+    }
     refused = bool(result.refused) and not args.dry_run
     if args.format == "json":
         if not refused:  # else printed once, with the error, by _run
@@ -80,6 +85,12 @@ async def run_bulk(conn: db.Conn, args: argparse.Namespace, out: TextIO, action:
         print(f"  {would}{verb}: {len(result.done)}", file=out)
         for code, ids in sorted(result.refused.items()):
             print(f"  {'would be ' if args.dry_run else ''}refused {code}: {len(ids)}", file=out)
+        if result.replaying:
+            print(
+                f"  {would}redriven with force though a step recorded a terminal error the next run replays"
+                f" without calling the provider: {len(result.replaying)}",
+                file=out,
+            )
     if refused:
         codes = ", ".join(f"{code} {len(ids)}" for code, ids in sorted(result.refused.items()))
         raise Refused("some_refused", f"{len(result.done)} done, refused: {codes}", document)

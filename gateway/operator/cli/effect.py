@@ -1,82 +1,22 @@
 """``effectgate ledger show KEY``: one effect from delivery to outcome, with its steps and a timeline of
-deliveries, attempts, steps, rejects and how its job ended."""
+deliveries, attempts, steps, rejects, how its job ended and every operator action (``timeline``)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any, TextIO
 
 from effectgate.ledger import db, reports
 
-from .. import documents
+from .. import documents, timeline
 from ..params import parse_name
 from .command import NotFound
 from .output import diff_summary, print_csv, print_json, print_table
 
 
 def _timeline(document: dict[str, Any]) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    for d in document["deliveries"]:
-        events.append(
-            {
-                "at": d["received_at"],
-                "what": f"delivery {d['outcome']}",
-                "detail": f"event {d['event_id']} request {d['request_id']}",
-            }
-        )
-    for a in document["attempts"]:
-        events.append(
-            {
-                "at": a["started_at"],
-                "what": f"attempt {a['attempt']} started",
-                "detail": f"worker {a['worker']} lease token {a['lease_token']}",
-            }
-        )
-        if a["finished_at"]:
-            error = f": {a['error_type']}: {a['error_message']}" if a["error_type"] else ""
-            events.append(
-                {
-                    "at": a["finished_at"],
-                    "what": f"attempt {a['attempt']} ended",
-                    "detail": f"{a['outcome']}{error}",
-                }
-            )
-    for s in document["steps"]:
-        answer = json.dumps(s["result"] if s["status"] == "succeeded" else s["error"], separators=(",", ":"))
-        events.append(
-            {
-                "at": s["recorded_at"],
-                "what": f"step {s['name']} {s['status']}",
-                "detail": f"idempotency key {s['idempotency_key']}; answer {answer}",
-            }
-        )
-    for r in document["rejects"]:
-        events.append(
-            {
-                "at": r["received_at"],
-                "what": "reject (key conflict)",
-                "detail": f"event {r['event_id']}: {diff_summary(r['diff'], r['diff_truncated'])}",
-            }
-        )
-    job = document["job"]
-    if job and job["finished_at"]:
-        events.append(
-            {
-                "at": job["finished_at"],
-                "what": f"job {job['resolved_from'] or job['state']}",
-                "detail": f"{job['terminal_reason'] or ''} (by {job['terminal_by'] or '?'})",
-            }
-        )
-    if job and job["resolved_at"]:
-        events.append(
-            {
-                "at": job["resolved_at"],
-                "what": "job resolved by hand",
-                "detail": f"{job['resolved_reason']} (by {job['resolved_by']})",
-            }
-        )
-    return sorted(events, key=lambda e: e["at"])
+    rejects = [{**r, "summary": diff_summary(r["diff"], r["diff_truncated"])} for r in document["rejects"]]
+    return timeline.events({**document, "rejects": rejects})
 
 
 async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
@@ -93,9 +33,9 @@ async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None
     if args.format == "json":
         print_json(out, document)
         return
-    timeline = _timeline(document)
+    rows_in_order = _timeline(document)
     if args.format == "csv":
-        print_csv(out, timeline, ("at", "what", "detail"))
+        print_csv(out, rows_in_order, ("at", "what", "detail"))
         return
     effect, job = document["effect"], document["job"]
     print(f"effect   {effect['effect_key']}  (tenant {effect['tenant']})", file=out)
@@ -123,9 +63,16 @@ async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None
                 f" — {job['resolved_reason']}",
                 file=out,
             )
+        if job["last_error"] and job["state"] not in ("failed", "parked"):
+            print("         (its last error is from an earlier attempt; see the timeline)", file=out)
     print("\nsteps (what was sent downstream, under which idempotency key, and the answer):", file=out)
     rows = [
-        {**s, "answer": s["result"] if s["status"] == "succeeded" else s["error"]} for s in document["steps"]
+        {
+            **s,
+            "status": timeline.step_status(s),
+            "answer": s["result"] if s["status"] == "succeeded" else s["error"],
+        }
+        for s in document["steps"]
     ]
     print_table(
         out,
@@ -139,4 +86,4 @@ async def cmd_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None
         ],
     )
     print("\ntimeline:", file=out)
-    print_table(out, timeline, [("AT", "at"), ("WHAT", "what"), ("DETAIL", "detail")])
+    print_table(out, rows_in_order, [("AT", "at"), ("WHAT", "what"), ("DETAIL", "detail")])

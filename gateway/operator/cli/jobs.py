@@ -4,19 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import io
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from effectgate.handlers.actions import control
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db, reports
+from effectgate.ledger.jobs import audit, resolutions
 from effectgate.ledger.jobs import filters as ledger_bulk
 from effectgate.ledger.jobs import leases as ledger_jobs
-from effectgate.ledger.jobs import resolutions
 from effectgate.ledger.reports import JOBS
 from effectgate.ledger.vocabulary import JobState
 
-from .. import documents, reporting
+from .. import documents, reporting, timeline
 from ..params import BadParameter, parse_id, parse_name
 from .bulk import filter_flags, run_bulk
 from .command import (
@@ -92,16 +93,27 @@ async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
     width = max(len(k) for k in job)
     for key, value in job.items():
         print(f"{key.ljust(width)}  {cell(value)}", file=out)
-    print("\nattempts:", file=out)
+    if job["last_error"] and job["state"] not in ("failed", "parked"):
+        print("(last_error is from an earlier attempt: the job is not failed now)", file=out)
+    print("\nattempts (numbered across redrives):", file=out)
+    history = timeline.attempt_history(document["attempts"], document["actions"])
     rows = [
-        {**a, "error": f"{a['error_type']}: {a['error_message']}" if a["error_type"] else ""}
-        for a in document["attempts"]
+        {
+            **a,
+            # The provider's facts first: the table cuts long cells.
+            "error": (f"[{a['error_facts_text']}] " if a["error_facts_text"] else "")
+            + (f"{a['error_type']}: {a['error_message']}" if a["error_type"] else ""),
+        }
+        for a in history
+        if "marker" not in a
     ]
+    table = io.StringIO()
     print_table(
-        out,
+        table,
         rows,
         [
-            ("#", "attempt"),
+            ("#", "number"),
+            ("TRY", "attempt"),
             ("TOKEN", "lease_token"),
             ("WORKER", "worker"),
             ("STARTED", "started_at"),
@@ -110,10 +122,17 @@ async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
             ("ERROR", "error"),
         ],
     )
+    # Each marker in full between the attempts it separates: who redrove, when and why is not cut.
+    lines = iter(table.getvalue().splitlines())
+    print(next(lines), file=out)
+    for a in history:
+        print(f"  ↻ {a['marker']}" if "marker" in a else next(lines), file=out)
+    for rest in lines:  # "(none)"
+        print(rest, file=out)
     print("\nsteps:", file=out)
     print_table(
         out,
-        document["steps"],
+        [{**s, "status": timeline.step_status(s)} for s in document["steps"]],
         [
             ("STEP", "name"),
             ("STATUS", "status"),
@@ -121,6 +140,12 @@ async def cmd_jobs_show(conn: db.Conn, args: argparse.Namespace, out: TextIO) ->
             ("RECORDED", "recorded_at"),
         ],
     )
+    print("\noperator actions (and its kind's pauses in its lifetime):", file=out)
+    actions = []
+    for a in document["actions"]:
+        what, detail = timeline.action_text(a)
+        actions.append({"at": a["acted_at"], "what": what, "detail": detail})
+    print_table(out, actions, [("AT", "at"), ("WHAT", "what"), ("DETAIL", "detail")])
 
 
 async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
@@ -129,13 +154,32 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
         return
     no_filters(args)
     job_id = parse_id(args.job_id, "job_id")
-    refusal = await ledger_jobs.redrive(conn, job_id, force=args.force)
+    reason = audit.check_note(args.reason)
+    refusal = await ledger_jobs.redrive(conn, job_id, by=operator_name(), reason=reason, force=args.force)
     if refusal is not None:
         raise refusal_error(refusal)
+    # Only a forced redrive gets here with recorded failures: say what the next run will not do.
+    replays = await audit.replayed_failures(conn, job_id)
     if args.format == "json":
-        print_json(out, {"job_id": job_id, "state": JobState.PENDING})
-    else:
-        print(f"job {job_id}: redriven, now pending", file=out)
+        print_json(
+            out,
+            {
+                "job_id": job_id,
+                "state": JobState.PENDING,
+                **(
+                    {"replays": [{"step": f.step, "code": f.code, "message": f.message} for f in replays]}
+                    if replays
+                    else {}
+                ),
+            },
+        )
+        return
+    print(f"job {job_id}: redriven, now pending", file=out)
+    for f in replays:
+        print(
+            f"warning: step {f.describe()} replays its recorded error; the provider will not be called",
+            file=out,
+        )
 
 
 def no_filters(args: argparse.Namespace) -> None:
@@ -162,7 +206,7 @@ async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -
 async def cmd_jobs_resume(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     kind = parse_name(args.kind, "kind")
     assert kind is not None
-    if not await ledger_bulk.resume(conn, kind):
+    if not await ledger_bulk.resume(conn, kind, by=operator_name(), reason=audit.check_note(args.reason)):
         raise Refused("not_paused", f"kind {kind} is not paused")
     if args.format == "json":
         print_json(out, {"kind": kind, "paused": False})
@@ -247,7 +291,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
         epilog=EPILOG,
     )
     redrive.add_argument("job_id", metavar="JOB_ID", nargs="?", help="one job; or give filters instead")
-    redrive.add_argument("--force", action="store_true", help="redrive an unrecoverable failure too")
+    redrive.add_argument(
+        "--force",
+        action="store_true",
+        help="redrive an unrecoverable failure, or one whose step recorded a terminal error (a decline) that "
+        "the next run replays without calling the provider",
+    )
+    redrive.add_argument("--reason", help="why, recorded in the job's timeline")
     filter_flags(redrive)
     format_flag(redrive)
     redrive.set_defaults(func=runner(cmd_jobs_redrive, run_on_ledger))
@@ -295,6 +345,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
 
     resume = jobs_sub.add_parser("resume", help="lease a paused kind's jobs again", epilog=EPILOG)
     resume.add_argument("--kind", required=True, help="the paused handler kind")
+    resume.add_argument("--reason", help="recorded in the kind's log, shown in its jobs' timelines")
     format_flag(resume)
     resume.set_defaults(func=runner(cmd_jobs_resume, run_on_ledger))
 

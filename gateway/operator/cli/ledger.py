@@ -24,6 +24,7 @@ from .command import (
     Command,
     LedgerRunner,
     format_flag,
+    operator_name,
     raw_parameters,
     report_flags,
     runner,
@@ -214,6 +215,7 @@ async def cmd_replay(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> No
     until = parse_time(args.until, "until", now=now)
     assert since is not None  # required by the parser
     common = {
+        "by": operator_name(),
         "source": args.source,
         "since": since,
         "until": until,

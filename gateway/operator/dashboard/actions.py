@@ -16,6 +16,7 @@ from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.actions import control
 from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError
+from effectgate.ledger.jobs import audit
 from effectgate.ledger.jobs import leases as ledger_jobs
 from effectgate.ledger.vocabulary import JobState
 
@@ -43,8 +44,16 @@ def job_action(kind: str) -> Callable[[Request], Awaitable[Response]]:
             job_id = parse_id(request.path_params["job_id"], "job_id")
             async with db.connection(request.app.state.pool) as conn:
                 if kind == "redrive":
-                    refusal = await ledger_jobs.redrive(conn, job_id, force=form.get("force") == "true")
+                    refusal = await ledger_jobs.redrive(
+                        conn,
+                        job_id,
+                        by=f"operator:{operator.name}",
+                        reason=audit.check_note(form.get("reason")),
+                        force=form.get("force") == "true",
+                    )
                     outcome = "redriven"
+                    if refusal is None and await audit.replayed_failures(conn, job_id):
+                        outcome = "redriven_replaying"
                 elif kind == "resolve":
                     resolved = await control.resolve(
                         conn,
@@ -118,14 +127,15 @@ async def bulk(request: Request) -> Response:
                 where,
                 by=f"operator:{operator.name}",
                 # Only a resolution takes the form's reason, and needs one; a cancel keeps its default.
-                reason=form.get("reason", "") if chosen == "resolve" else None,
+                reason=form.get("reason", "") if chosen in ("resolve", "redrive") else None,
+                force=form.get("force") == "true",
                 dry_run=dry_run,
             )
     except PARAMETER_ERRORS as exc:
         return message("Bad request", f"{exc.parameter}: {exc.detail}", operator, status=400)
     except LedgerError:
         return message("Ledger unavailable", "The ledger could not answer.", operator, status=503)
-    values = {k: v for k, v in form.items() if k in (*_BULK_FIELDS, "action", "reason")}
+    values = {k: v for k, v in form.items() if k in (*_BULK_FIELDS, "action", "reason", "force")}
     return render(
         "bulk.html",
         f"Bulk {action}",

@@ -1,4 +1,5 @@
-"""One job (state, last error, attempts, steps) and one effect's lineage from delivery to outcome."""
+"""One job (state, last error, attempts numbered across redrives, steps, operator actions) and one effect's
+lineage from delivery to outcome with its timeline."""
 
 from __future__ import annotations
 
@@ -11,19 +12,22 @@ from starlette.responses import Response
 from effectgate.ledger import db, reports
 
 from ...config.operator import OperatorToken
-from .. import documents
+from .. import documents, timeline
 from ..params import parse_id, parse_name
 from .rendering import Cell, message, render
 from .signin import view
 
 _NOTICES = {
     "redriven": "Redriven: the job is pending again.",
+    "redriven_replaying": "Redriven with force: the job is pending again. A step recorded a terminal error that "
+    "its next run replays without calling the provider (see Steps).",
     "cancelled": "Cancelled.",
     "cancel_requested": "Cancel requested: the job stops at its worker's next heartbeat.",
     "resolved": "Resolved by hand: the job is closed and will not run.",
 }
 ATTEMPT_CELLS = [
-    Cell("#", "attempt", "num"),
+    Cell("#", "number", "num"),
+    Cell("try", "attempt", "num"),
     Cell("lease token", "lease_token", "num"),
     Cell("worker", "worker"),
     Cell("started", "started_at", "time"),
@@ -40,8 +44,30 @@ STEP_CELLS = [
 ]
 
 
+ACTION_CELLS = [
+    Cell("at", "at", "time"),
+    Cell("what", "what"),
+    Cell("detail", "detail"),
+]
+
+
 def _steps(steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**s, "answer": s["result"] if s["status"] == "succeeded" else s["error"]} for s in steps]
+    return [
+        {
+            **s,
+            "status": timeline.step_status(s),
+            "answer": s["result"] if s["status"] == "succeeded" else s["error"],
+        }
+        for s in steps
+    ]
+
+
+def _actions(actions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for a in actions:
+        what, detail = timeline.action_text(a)
+        rows.append({"at": a["acted_at"], "what": what, "detail": detail})
+    return rows
 
 
 @view()
@@ -57,17 +83,26 @@ async def job_show(
     document = documents.job(result)
     job = document["job"]
     error = job["last_error"] if isinstance(job["last_error"], dict) else None
+    # What a redrive would replay without calling the provider: the dashboard's confirm names it.
+    replays = [s for s in document["steps"] if s["status"] == "failed"]
     return render(
         "job.html",
         f"Job {job['id']}",
         operator,
-        job={**job, "last_error": error},
+        job={
+            **job,
+            "last_error": error,
+            "last_error_facts": timeline.error_facts_text(error),
+            "replays": replays,
+        },
         done=_NOTICES.get(query.get("done", "")),
         refused=query.get("refused"),
-        attempts=document["attempts"],
+        attempts=timeline.attempt_history(document["attempts"], document["actions"]),
         attempt_columns=ATTEMPT_CELLS,
         steps=_steps(document["steps"]),
         step_columns=STEP_CELLS,
+        actions=_actions(document["actions"]),
+        action_columns=ACTION_CELLS,
     )
 
 
@@ -100,8 +135,9 @@ async def effect(request: Request, conn: db.Conn, operator: OperatorToken, query
             Cell("request", "request_id", "long"),
             Cell("fingerprint", "fingerprint", "fingerprint"),
         ],
-        attempts=document["attempts"],
+        attempts=timeline.attempt_history(document["attempts"], document["actions"]),
         attempt_columns=ATTEMPT_CELLS,
+        timeline=timeline.events(document),
         rejects=document["rejects"],
         reject_columns=[
             Cell("received", "received_at", "time"),

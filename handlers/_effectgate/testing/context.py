@@ -161,11 +161,18 @@ class MemoryContext(EffectContext):
     # -- the database, in memory -----------------------------------------------------------------
 
     async def _record(
-        self, name: str, key: str, status: StepStatus, *, result: Any = None, error: Any = None
+        self,
+        name: str,
+        key: str,
+        status: StepStatus,
+        *,
+        result: Any = None,
+        error: Any = None,
+        found: bool = False,
     ) -> None:
         self._check_fence()
         # What Postgres would give back from a jsonb column: a JSON round trip.
-        self.ledger.steps[name] = _recorded(name, key, status, _jsonb(result), _jsonb(error), self)
+        self.ledger.steps[name] = _recorded(name, key, status, _jsonb(result), _jsonb(error), self, found)
 
     async def _mark_started(self, name: str, key: str) -> None:
         self._check_fence()
@@ -197,6 +204,7 @@ def _recorded(
     result: Any = None,
     error: Any = None,
     context: MemoryContext | None = None,
+    found: bool = False,
 ) -> RecordedStep:
     return RecordedStep(
         name=name,
@@ -207,4 +215,5 @@ def _recorded(
         job_id=context.job_id if context is not None else 0,
         lease_token=context.attempt if context is not None else 0,
         recorded_at=datetime.now(UTC),
+        found=found,
     )
