@@ -174,7 +174,7 @@ def check_against_model(
 
 async def clear(conn: db.Conn) -> None:
     await conn.execute(
-        "TRUNCATE effects, jobs, job_attempts, steps, deliveries, effect_rejects, unmatched_deliveries"
+        "TRUNCATE effects, jobs, job_attempts, job_actions, steps, deliveries, effect_rejects, unmatched_deliveries"
     )
 
 
