@@ -70,17 +70,8 @@ async def replay_unmatched(
     result = ReplayResult()
     for row in await bulk.unmatched_for_replay(conn, source=source, since=since, until=until, limit=limit):
         result.deliveries += 1
-        # The stored type is trusted only as far as the source's signature covers it.
-        event = Event(
-            row["source"],
-            row["event_id"],
-            row["event_type"],
-            row["payload"],
-            row["tenant"],
-            type_signed=row["source"] not in unsigned_type_sources,
-        )
         try:
-            effects = plan_event(registry, event).effects
+            delivery, effects = _planned(registry, row, row["tenant"], unsigned_type_sources)
         except PlanFailed:
             # The ingress answers such a delivery 422; a replay counts it and goes on.
             result.key_failed += 1
@@ -88,16 +79,6 @@ async def replay_unmatched(
         if not effects:
             result.still_unmatched += 1
             continue
-        delivery = Delivery(
-            request_id=f"replay:{row['request_id']}"[:200],
-            tenant=row["tenant"],
-            source=row["source"],
-            event_id=row["event_id"],
-            event_type=row["event_type"],
-            payload=row["payload"],
-            fingerprint=row["fingerprint"],
-            secret_index=row["secret_index"],
-        )
         for outcome in await _claim(conn, delivery, effects, by=by, kept="unmatched", now=now):
             result.outcomes[outcome.outcome] += 1
     return result
@@ -128,29 +109,11 @@ async def replay_refused(
         except TenantUnusable:
             result.tenant_unusable += 1
             continue
-        event = Event(
-            row["source"],
-            row["event_id"],
-            row["event_type"],
-            row["payload"],
-            tenant,
-            type_signed=row["source"] not in unsigned_type_sources,
-        )
         try:
-            effects = plan_event(registry, event).effects
+            delivery, effects = _planned(registry, row, tenant, unsigned_type_sources)
         except PlanFailed:
             result.key_failed += 1
             continue
-        delivery = Delivery(
-            request_id=f"replay:{row['request_id']}"[:200],
-            tenant=tenant,
-            source=row["source"],
-            event_id=row["event_id"],
-            event_type=row["event_type"],
-            payload=row["payload"],
-            fingerprint=row["fingerprint"],
-            secret_index=row["secret_index"],
-        )
         outcomes = await _claim(conn, delivery, effects, by=by, kept="refused", now=now)
         if not effects:
             result.still_unmatched += 1
@@ -165,6 +128,34 @@ async def replay_refused(
             ],
         )
     return result
+
+
+def _planned(
+    registry: Registry, row: dict[str, Any], tenant: str, unsigned_type_sources: frozenset[str]
+) -> tuple[Delivery, list[EffectRequest]]:
+    """A kept delivery row planned as the ingress plans it (``PlanFailed`` when a kind's function fails), and
+    the delivery record its claim writes: the original event id and fingerprint, under ``tenant``."""
+    # The stored type is trusted only as far as the source's signature covers it.
+    event = Event(
+        row["source"],
+        row["event_id"],
+        row["event_type"],
+        row["payload"],
+        tenant,
+        type_signed=row["source"] not in unsigned_type_sources,
+    )
+    effects = plan_event(registry, event).effects
+    delivery = Delivery(
+        request_id=f"replay:{row['request_id']}"[:200],
+        tenant=tenant,
+        source=row["source"],
+        event_id=row["event_id"],
+        event_type=row["event_type"],
+        payload=row["payload"],
+        fingerprint=row["fingerprint"],
+        secret_index=row["secret_index"],
+    )
+    return delivery, effects
 
 
 async def _claim(
