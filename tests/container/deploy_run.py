@@ -49,6 +49,7 @@ DERIVED = "localhost/effectgate-ci-derived:0.1.0"
 PYTHON_BASE = "localhost/python:3.11-slim-bookworm"
 POSTGRES_BASE = "localhost/postgres:15-bookworm"
 PREFIX = "effectgate-ci"
+RUNTIME_ROLE = "effectgate_app"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 FAKE_PORT = 8001
 # These machines: hybrid cgroups (crun refuses them) and a hard nofile limit below podman's default.
@@ -233,6 +234,9 @@ class Stack:
             "SHIPPING_API_KEY": secrets.token_hex(8),
         }
         self.database_url = f"postgresql://effectgate:{self.password}@{name}-postgres:5432/effectgate"
+        # The runtime role deploy/runtime-role.sql makes (docs/adr/0019-own-schema.md, "Roles").
+        self.app_password = secrets.token_hex(12)
+        self.runtime_url = f"postgresql://{RUNTIME_ROLE}:{self.app_password}@{name}-postgres:5432/effectgate"
         self.config = WORK / f"{name}.toml"
         self.postgres = f"{name}-postgres"
 
@@ -259,6 +263,65 @@ class Stack:
             *(a for e in env for a in ("-e", f"{e}={self.secrets[e]}")), *extra, IMAGE, *args,
         )  # fmt: skip
         return name
+
+    def create_runtime_role(self) -> None:
+        """deploy/runtime-role.sql, run in the Postgres container as the owner, as an operator runs it
+        after ``migrate``."""
+        done = subprocess.run(
+            ["podman", "exec", "-i", "-e", f"EFFECTGATE_APP_PASSWORD={self.app_password}", self.postgres,
+             "psql", "-X", "-U", "effectgate", "-d", "effectgate", "-f", "-"],
+            input=(DEPLOY / "runtime-role.sql").read_text(), capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise Miss(f"deploy/runtime-role.sql exited {done.returncode}: {done.stderr.strip()[-600:]}")
+
+    def as_runtime_role(self, statement: str) -> subprocess.CompletedProcess[str]:
+        """``statement`` sent as the runtime role over TCP with its password, from inside the Postgres
+        container (its psql)."""
+        return podman(
+            "exec", "-e", f"PGPASSWORD={self.app_password}", self.postgres, "psql", "-X", "-h", "127.0.0.1",
+            "-U", RUNTIME_ROLE, "-d", "effectgate", "-v", "ON_ERROR_STOP=1", "-Atc", statement, check=False,
+        )  # fmt: skip
+
+    def runtime_role_cannot_alter(self) -> str:
+        """A miss unless the runtime role can read the ledger but is refused ALTER TABLE and CREATE TABLE
+        in its schema, and the server says it holds no role attribute that would let it; what Postgres
+        answered, for the run's summary."""
+        read = self.as_runtime_role("select count(*) from effectgate.jobs")
+        if read.returncode != 0:
+            raise Miss(f"the runtime role cannot read effectgate.jobs: {read.stderr.strip()}")
+        refusals = []
+        for statement in (
+            "ALTER TABLE effectgate.jobs ADD COLUMN x int",
+            "CREATE TABLE effectgate.x (y int)",
+        ):
+            done = self.as_runtime_role(statement)
+            refused = re.search(r"ERROR:\s+(.*)", done.stderr)
+            if (
+                done.returncode == 0
+                or not refused
+                or not re.search("must be owner|permission denied", refused[1])
+            ):
+                raise Miss(
+                    f"the runtime role ran {statement!r}: exit {done.returncode} {done.stderr.strip()!r}"
+                )
+            refusals.append(f"{statement} → {refused[1].strip()}")
+        attributes = self.sql(
+            "select rolsuper or rolcreaterole or rolcreatedb or rolbypassrls from pg_roles "
+            f"where rolname = '{RUNTIME_ROLE}'"
+        )
+        if attributes != "f":
+            raise Miss(f"{RUNTIME_ROLE} holds superuser, createrole, createdb or bypassrls ({attributes!r})")
+        return "; ".join(refusals)
+
+    def connected_roles(self) -> dict[str, int]:
+        """Client connections to the effectgate database by role, this query's own left out."""
+        rows = self.sql(
+            "select usename || ' ' || count(*) from pg_stat_activity where datname = 'effectgate' "
+            "and backend_type = 'client backend' and pid <> pg_backend_pid() group by usename order by 1"
+        )
+        return {role: int(n) for role, n in (row.split() for row in rows.splitlines())}
 
     def sql(self, query: str) -> str:
         done = podman(
@@ -406,6 +469,10 @@ def probe_port(container: dict[str, Any], port: int | str) -> int:
 def run_kubernetes() -> None:
     stack = Stack(f"{PREFIX}-k8s")
     stack.start(configmap_toml())
+    # The Secret's two database URLs (deploy/README.md, "Kubernetes"): the owner's for the migrate Job,
+    # the runtime role's, made after the Job as the README says, for the gateway and the worker.
+    urls = {"owner-database-url": stack.database_url, "database-url": stack.runtime_url}
+    role_made = False
     # The manifests' secretKeyRef keys, mapped to the variables they fill.
     for item in sorted(manifest_containers(), key=lambda i: i["kind"] != "Job"):
         pod, container = item["pod"], item["container"]
@@ -417,6 +484,16 @@ def run_kubernetes() -> None:
         flags += [a for cap in context["capabilities"]["drop"] for a in ("--cap-drop", cap)]
         flags += ["--tmpfs", "/tmp", "--no-healthcheck"]  # Kubernetes ignores the image's HEALTHCHECK
         names = [e["name"] for e in container.get("env", []) if e["name"] != "DATABASE_URL"]
+        (key,) = [
+            e["valueFrom"]["secretKeyRef"]["key"]
+            for e in container.get("env", [])
+            if e["name"] == "DATABASE_URL"
+        ]
+        if key not in urls:
+            raise Miss(f"{item['file']}: DATABASE_URL from the Secret key {key!r}, not one of {sorted(urls)}")
+        if key == "database-url" and not role_made:
+            stack.create_runtime_role()
+            role_made = True
         ports = {p["containerPort"]: free_port() for p in container.get("ports", [])}
         publish = [a for inner, outer in ports.items() for a in ("--publish", f"127.0.0.1:{outer}:{inner}")]
         command = container.get("command", [])
@@ -429,7 +506,7 @@ def run_kubernetes() -> None:
             )
         podman(
             "run", "--detach", "--name", cid, "--network", stack.network, *flags, *publish, *entry,
-            "-v", f"{stack.config}:/etc/effectgate/effectgate.toml:ro", "-e", f"DATABASE_URL={stack.database_url}",
+            "-v", f"{stack.config}:/etc/effectgate/effectgate.toml:ro", "-e", f"DATABASE_URL={urls[key]}",
             *(a for e in names for a in ("-e", f"{e}={stack.secrets[e]}")), IMAGE, *command[1:], *args,
         )  # fmt: skip
         if item["kind"] == "Job":
@@ -438,7 +515,7 @@ def run_kubernetes() -> None:
                 raise Miss(
                     f"{item['file']} {name} {args}: exit {code}: {podman('logs', cid, check=False).stderr[-600:]}"
                 )
-            record(f"kubernetes {item['file']}: {name} {' '.join(args)} → exit 0")
+            record(f"kubernetes {item['file']}: {name} {' '.join(args)} as the owner ({key}) → exit 0")
             continue
         checked = []
         for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
@@ -481,6 +558,10 @@ def run_kubernetes() -> None:
         if pre_stop:
             podman("exec", cid, *pre_stop, timeout=120)
             checked.append(f"preStop {' '.join(pre_stop)} exit 0")
+        connected = stack.connected_roles()
+        if set(connected) != {RUNTIME_ROLE}:
+            raise Miss(f"{item['file']}: connections by role {connected}, not {RUNTIME_ROLE} ({key}) alone")
+        checked.append(f"connected as {RUNTIME_ROLE} ({key})")
         took = stop(cid, int(pod.get("terminationGracePeriodSeconds", 30)))
         checked.append(f"SIGTERM exit 0 in {took:.1f} s")
         record(f"kubernetes {item['file']}: {name} {' '.join(args)}: {', '.join(checked) or 'started'}")
@@ -494,13 +575,17 @@ COMPOSE_PROJECT = f"{PREFIX}-compose"
 
 def ci_compose(data: dict[str, Any], ports: dict[str, int]) -> dict[str, Any]:
     """deploy/compose.yaml as CI runs it, with these changes and no others: Postgres from the local
-    Debian image with deploy/ci/postgres-entrypoint.sh (Debian's package has no entrypoint); the build
+    Debian image with deploy/ci/postgres-entrypoint.sh (Debian's package has no entrypoint), and so is
+    every other service of Postgres's image (runtime-role, for its psql); the build
     context made absolute (the copy lives in build/deploy-run/compose/, beside the CI effectgate.toml its
     ``./effectgate.toml`` mounts); each published host port moved to a free one (``ports``: old → new);
     and a ``fake`` service, the fake providers the CI configuration's downstream base_urls name."""
     data = copy.deepcopy(data)  # anchors already resolved by the YAML loader
     services = data["services"]
     postgres = services["postgres"]
+    for service in services.values():
+        if service is not postgres and service.get("image") == postgres["image"]:
+            service["image"] = POSTGRES_BASE
     postgres["image"] = POSTGRES_BASE
     postgres["entrypoint"] = ["/ci/postgres-entrypoint.sh"]
     postgres["volumes"].append(f"{DEPLOY / 'ci' / 'postgres-entrypoint.sh'}:/ci/postgres-entrypoint.sh:ro")
@@ -552,8 +637,14 @@ def run_compose() -> None:
     stack = Stack(COMPOSE_PROJECT)
     stack.config = directory / "effectgate.toml"
     stack.config.write_text(ci_config_text((DEPLOY / "effectgate.toml").read_text(), "fake"))
+    shutil.copyfile(DEPLOY / "runtime-role.sql", directory / "runtime-role.sql")  # ./runtime-role.sql
     stack.postgres = f"{COMPOSE_PROJECT}_postgres_1"
-    env = {**os.environ, **stack.secrets, "POSTGRES_PASSWORD": stack.password}
+    env = {
+        **os.environ,
+        **stack.secrets,
+        "POSTGRES_PASSWORD": stack.password,
+        "EFFECTGATE_APP_PASSWORD": stack.app_password,
+    }
     base = ["podman-compose", "--project-name", COMPOSE_PROJECT, "--file", str(directory / "compose.yaml")]
 
     def compose(*args: str) -> None:
@@ -607,7 +698,7 @@ def run_compose() -> None:
                             f"compose: {container} started before {before} {'finished' if completed else 'started'}"
                         )
     record(
-        f"compose up in the file's order: {' → '.join(order)} ({len(times)} containers; migrate exit 0 before gateway and worker started)"
+        f"compose up in the file's order: {' → '.join(order)} ({len(times)} containers; migrate, then runtime-role, exit 0 before gateway and worker started)"
     )
     running = podman(
         "ps", "--filter", f"label=io.podman.compose.project={COMPOSE_PROJECT}", "--format", "{{.Names}}"
@@ -634,6 +725,17 @@ def run_compose() -> None:
     if second != 200 or "duplicate" not in answer or stack.effect_rows() != "2 succeeded 1 1":
         raise Miss(f"compose: the same delivery again: {answer}; ledger {stack.effect_rows()!r}")
     record(f"compose delivery via 127.0.0.1:{port}: {first}, run once by a worker; again: {second} duplicate")
+    # Gateway and workers connected as the runtime role only, and that role cannot change the schema.
+    roles = stack.connected_roles()
+    if set(roles) != {RUNTIME_ROLE}:
+        raise Miss(
+            f"compose: the gateway's and workers' connections are by role {roles}, not {RUNTIME_ROLE} alone"
+        )
+    refusals = stack.runtime_role_cannot_alter()
+    record(
+        f"compose runtime role: gateway and workers connected as {RUNTIME_ROLE} only ({roles[RUNTIME_ROLE]} "
+        f"connections, none as the owner effectgate); as {RUNTIME_ROLE}: {refusals}"
+    )
     # Down, each container given its stop_grace_period (podman-compose 1.0.3's down uses one -t for
     # all, default 1 s): SIGTERM in reverse start order, each must exit 0 within its grace.
     stops = []

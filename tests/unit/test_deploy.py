@@ -249,9 +249,9 @@ def seconds(duration: str) -> float:
     return int(match[1]) * (60 if match[2] == "m" else 1)
 
 
-def test_compose_has_postgres_migrate_gateway_and_worker() -> None:
+def test_compose_has_postgres_migrate_runtime_role_gateway_and_worker() -> None:
     services = compose()["services"]
-    assert set(services) == {"postgres", "migrate", "gateway", "worker"}
+    assert set(services) == {"postgres", "migrate", "runtime-role", "gateway", "worker"}
     postgres = services["postgres"]
     volume = postgres["volumes"][0].split(":")
     assert volume[1] == "/var/lib/postgresql/data" and volume[0] in compose()["volumes"]
@@ -270,7 +270,57 @@ def test_compose_runs_migrate_once_before_gateway_and_worker() -> None:
         assert service["depends_on"] == {
             "postgres": {"condition": "service_healthy"},
             "migrate": {"condition": "service_completed_successfully"},
+            "runtime-role": {"condition": "service_completed_successfully"},
         }
+
+
+# The runtime role's grants as docs/adr/0019-own-schema.md ("Roles") lists them, for its owner role.
+ADR_ROLES = (ROOT / "docs" / "adr" / "0019-own-schema.md").read_text()
+
+
+def sql_statements(text: str, first_words: tuple[str, ...]) -> list[str]:
+    """The statements of ``text`` that begin with one of ``first_words``, whitespace collapsed."""
+    statements = " ".join(
+        line.strip() for line in text.splitlines() if not line.strip().startswith(("--", "\\"))
+    ).split(";")
+    return [" ".join(s.split()) for s in statements if s.strip().startswith(first_words)]
+
+
+def test_the_runtime_role_script_grants_exactly_what_the_adr_lists() -> None:
+    block = ADR_ROLES.split("- **Runtime**")[1].split("```sql")[1].split("```")[0]
+    documented = sql_statements(block, ("GRANT", "ALTER DEFAULT"))
+    assert len(documented) == 5
+    script = (DEPLOY / "runtime-role.sql").read_text()
+    granted = sql_statements(script, ("GRANT", "ALTER DEFAULT", "REVOKE"))
+    # The script runs as the owner, so the ADR's "FOR ROLE effectgate_owner" is whoever runs it.
+    assert granted == [g.replace("FOR ROLE effectgate_owner", "FOR ROLE CURRENT_USER") for g in documented]
+    # The role itself: LOGIN and nothing more (no SUPERUSER, CREATEDB, CREATEROLE, BYPASSRLS).
+    roles = sql_statements(script, ("SELECT 'CREATE ROLE", "ALTER ROLE"))
+    assert roles == [
+        "SELECT 'CREATE ROLE effectgate_app LOGIN' WHERE NOT EXISTS "
+        "(SELECT FROM pg_roles WHERE rolname = 'effectgate_app') \\gexec ALTER ROLE effectgate_app LOGIN "
+        "PASSWORD :'app_password'"
+    ]
+
+
+def test_compose_grants_the_runtime_role_as_the_owner_after_migrate() -> None:
+    services = compose()["services"]
+    role = services["runtime-role"]
+    # Postgres's own image, for its psql; the script mounted from beside the compose file.
+    assert role["image"] == services["postgres"]["image"]
+    assert role["entrypoint"][0] == "psql" and role["entrypoint"][-1] == "/etc/effectgate/runtime-role.sql"
+    assert "./runtime-role.sql:/etc/effectgate/runtime-role.sql:ro" in role["volumes"]
+    assert role["restart"] == "no"
+    assert role["depends_on"] == {
+        "postgres": {"condition": "service_healthy"},
+        "migrate": {"condition": "service_completed_successfully"},
+    }
+    env = role["environment"]
+    # As the owner (the POSTGRES_USER), the runtime role's password from its own variable.
+    assert env["PGUSER"] == services["postgres"]["environment"]["POSTGRES_USER"]
+    assert env["PGPASSWORD"] == "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}"
+    assert env["EFFECTGATE_APP_PASSWORD"] == "${EFFECTGATE_APP_PASSWORD:?set EFFECTGATE_APP_PASSWORD}"
+    assert role["read_only"] is True and role["cap_drop"] == ["ALL"] and role["user"] == "postgres"
 
 
 def test_compose_runs_two_of_each_and_gives_workers_time_to_drain() -> None:
@@ -301,7 +351,11 @@ def test_compose_gives_each_process_exactly_its_roles_secrets() -> None:
     for name, role in (("gateway", "gateway"), ("worker", "worker")):
         service = compose()["services"][name]
         env = service["environment"]
-        assert env["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in env["DATABASE_URL"]
+        # The runtime role's URL (docs/adr/0019, "Roles"), never the owner's that migrate gets.
+        assert env["DATABASE_URL"] == (
+            "postgresql://effectgate_app:${EFFECTGATE_APP_PASSWORD:?set EFFECTGATE_APP_PASSWORD}"
+            "@postgres:5432/effectgate"
+        )
         assert f"./effectgate.toml:{env['EFFECTGATE_CONFIG']}:ro" in service["volumes"]
         secrets = set(env) - {"DATABASE_URL", "EFFECTGATE_CONFIG"}
         assert_role_secrets(secrets, role, f"compose {name}")  # type: ignore[arg-type]
@@ -311,6 +365,16 @@ def test_compose_gives_each_process_exactly_its_roles_secrets() -> None:
         assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
     migrate = compose()["services"]["migrate"]
     assert set(migrate["environment"]) == {"DATABASE_URL", "EFFECTGATE_CONFIG"}
+    # The owner's URL: the POSTGRES_USER that owns the database, which creates and alters the schema.
+    assert migrate["environment"]["DATABASE_URL"] == (
+        "postgresql://effectgate:${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}@postgres:5432/effectgate"
+    )
+    assert compose()["services"]["postgres"]["environment"]["POSTGRES_USER"] == "effectgate"
+    # Every variable compose interpolates is in the example .env, the new runtime password too.
+    example = (DEPLOY / "compose.env.example").read_text()
+    listed = set(re.findall(r"^([A-Z_]+)=", example, flags=re.M))
+    used = set(re.findall(r"\$\{([A-Z_]+):\?", (DEPLOY / "compose.yaml").read_text()))
+    assert used == listed
     assert migrate["read_only"] is True and migrate["cap_drop"] == ["ALL"]
 
 
@@ -541,7 +605,9 @@ def test_every_unit_is_sandboxed_and_runs_as_the_effectgate_user(name: str) -> N
     for key, value in SANDBOX.items():
         assert service.get(key) == [value], f"{name}: {key}={value}"
     assert service["User"] == ["effectgate"]
-    assert service["EnvironmentFile"] == ["/etc/effectgate/effectgate.env"]
+    # The owner's DATABASE_URL for migrate alone; the runtime role's for the others (docs/adr/0019).
+    wanted = "migrate.env" if name == "effectgate-migrate.service" else "effectgate.env"
+    assert service["EnvironmentFile"] == [f"/etc/effectgate/{wanted}"]
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,10 @@ def test_the_ci_compose_file_changes_only_postgres_ports_the_build_context_and_a
     assert services["postgres"]["image"] == deploy_run.POSTGRES_BASE
     assert services["postgres"]["entrypoint"] == ["/ci/postgres-entrypoint.sh"]
     assert services["postgres"]["command"] == COMPOSE["services"]["postgres"]["command"]
+    # runtime-role runs psql from Postgres's image: the local one too, with the file's own entrypoint.
+    assert services["runtime-role"]["image"] == deploy_run.POSTGRES_BASE
+    assert services["runtime-role"]["entrypoint"] == COMPOSE["services"]["runtime-role"]["entrypoint"]
+    assert services["gateway"]["image"] == COMPOSE["services"]["gateway"]["image"]
     assert services["gateway"]["ports"] == ["127.0.0.1:18000:8000", "127.0.0.1:19464:9464"]
     assert services["fake"]["command"][0] == "fake-providers"
     changed = [("image",), ("entrypoint",), ("volumes",), ("ports",), ("build", "context")]
@@ -49,6 +53,9 @@ def test_the_compose_stack_starts_in_the_order_depends_on_promises() -> None:
     order = deploy_run.start_order(COMPOSE["services"])
     assert order.index("postgres") < order.index("migrate") < order.index("gateway")
     assert order.index("migrate") < order.index("worker")
+    # The runtime role exists, with its grants, before a process connects as it.
+    assert order.index("migrate") < order.index("runtime-role") < order.index("gateway")
+    assert order.index("runtime-role") < order.index("worker")
 
 
 def test_the_ci_configuration_differs_only_in_its_downstream_urls() -> None:
