@@ -62,7 +62,7 @@ def import_handlers(config: Config, *, warn: bool = True) -> None:
     problems.extend(handler_checks.problems(REGISTRY, mistakes, schemes, config.handler_skip_sources))
     if not problems:
         problems = [f"{config.path}: {p}" for p in identity_problems(config, REGISTRY)]
-        problems += check_downstream_names(REGISTRY, config.downstream_names)
+        problems += check_downstream_names(REGISTRY, config.downstream_names, config.handler_skip_sources)
     if problems:
         raise ConfigError(*problems)
     if warn:
