@@ -5,8 +5,8 @@ Refused (``problems``): a declaration ``@effect`` recorded as mistaken while the
 configuration does not have (it would never fire: every delivery for it is ``unmatched``). Warned
 (``warnings``): an event pattern that can never match a type of its source's scheme, where the scheme's
 types have a known shape (Stripe's ``payment_intent.succeeded``, Shopify's ``orders/paid``, …). The shapes
-are what each provider documents for its type names, not a catalogue of its types: a new type of the
-right shape passes.
+are what each provider documents for its type names: a new type of the right shape passes here, and the
+providers' published catalogues are checked apart (``event_catalogue``).
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ TYPE_SHAPES: Mapping[str, TypeShape] = {
         r"[a-z0-9_]+(\.[a-z0-9_]+)+", _LOWER + _DIGITS + "_.", "lower-case words joined by dots"
     ),
     "github": _shape(
-        r"[a-z_]+(\.[a-z_]+)?",
-        _LOWER + "_.",
+        r"[a-z0-9_]+(\.[a-z0-9_]+)?",  # digits too: projects_v2, projects_v2_item
+        _LOWER + _DIGITS + "_.",
         "the X-GitHub-Event name, optionally a dot and the body's action",
     ),
     "shopify": _shape(r"[a-z_]+(/[a-z_]+)+", _LOWER + "_/", "lower-case topics with a slash"),
     "slack": _shape(r"[a-z_]+", _LOWER + "_", "lower-case words joined by underscores"),
-    "paypal": _shape(r"[A-Z_]+(\.[A-Z_]+)+", _UPPER + "_.", "upper-case words joined by dots"),
+    # Hyphens too: CHECKOUT.PAYMENT-APPROVAL.REVERSED, BILLING.SUBSCRIPTION.RE-ACTIVATED.
+    "paypal": _shape(r"[A-Z_-]+(\.[A-Z_-]+)+", _UPPER + "_.-", "upper-case words joined by dots"),
     "adyen": _shape(r"[A-Z_]+", _UPPER + "_", "upper-case event codes"),
 }
 

@@ -15,7 +15,7 @@ from effectgate.handlers.downstream.names import check_downstream_names
 from effectgate.handlers.plan import check_identity, check_key_spaces
 from effectgate.handlers.registry import REGISTRY, Registry
 
-from . import Config, handler_checks
+from . import Config, event_catalogue, handler_checks
 from .reader import ConfigError as ConfigError
 from .sources import Source
 
@@ -37,7 +37,8 @@ def import_handlers(config: Config, *, warn: bool = True) -> None:
     directory and in every process of ``serve --workers N``. Every module that fails is reported at
     once, with the error and what to do about it, and so is every mistaken ``@effect`` declaration and
     every effect of an unconfigured source (``handler_checks``), each at the user's file and line. An
-    event pattern that can never match its source's scheme is logged as a warning (``warn``).
+    event pattern that can never match its source's scheme, and an event type its provider's published
+    catalogue does not list (``event_catalogue``), are logged as warnings (``warn``).
     """
     directory = str(app_dir(config))
     if directory not in sys.path:
@@ -61,12 +62,17 @@ def import_handlers(config: Config, *, warn: bool = True) -> None:
     problems.extend(handler_checks.problems(REGISTRY, mistakes, schemes, config.handler_skip_sources))
     if not problems:
         problems = [f"{config.path}: {p}" for p in identity_problems(config, REGISTRY)]
-        problems += check_downstream_names(REGISTRY, config.downstream_names)
+        problems += check_downstream_names(REGISTRY, config.downstream_names, config.handler_skip_sources)
     if problems:
         raise ConfigError(*problems)
     if warn:
         for warning in handler_checks.warnings(REGISTRY, schemes):
             log.warning("handlers.pattern_never_matches", extra={"problem": warning})
+        for found in event_catalogue.uncatalogued(REGISTRY, schemes):
+            shape = handler_checks.TYPE_SHAPES.get(found.scheme)
+            # A type of the wrong shape was warned about just above; once is enough.
+            if shape is None or handler_checks.pattern_can_match(shape, found.event_type):
+                log.warning("handlers.event_type_not_in_catalogue", extra=found.log_fields())
 
 
 def unsigned_fields(config: Config) -> dict[str, frozenset[str]]:

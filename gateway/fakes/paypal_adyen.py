@@ -11,12 +11,24 @@ authorization is a 422 `AUTHORIZATION_ALREADY_CAPTURED`
 one a 422 `AUTHORIZATION_VOIDED` (…/errors/authorization_voided), and a void of a captured one a 422
 `PREVIOUSLY_CAPTURED` (…/errors/previously_captured).
 
+PayPal Orders v2: `POST /v2/checkout/orders/{id}/capture`, with the same `PayPal-Request-Id` replay. An order is
+`APPROVED` on first sight (the buyer approved it) and `COMPLETED` once captured; a capture answers the order
+with its capture under `purchase_units[0].payments.captures`
+(https://developer.paypal.com/docs/api/orders/v2/#orders_capture). A captured order refuses another capture
+with a 422 `ORDER_ALREADY_CAPTURED`, an order not approved with a 422 `ORDER_NOT_APPROVED`
+(https://developer.paypal.com/docs/api/orders/v2/#error-ORDER_ALREADY_CAPTURED). `POST
+/_fake/orders/{id}/decline` makes the order's next capture fail as a declined card does, a 422
+`INSTRUMENT_DECLINED` that leaves the order waiting for the buyer (`PAYER_ACTION_REQUIRED`); `POST
+/_fake/orders/{id}/approve` is the buyer approving again on the same order, as PayPal's "handle funding
+failures" has them do (https://developer.paypal.com/docs/checkout/standard/customize/handle-funding-failures/).
+`GET /v2/checkout/orders/{id}` shows an order.
+
 Adyen (Checkout v71): `POST /v71/payments/{pspReference}/captures` with `X-API-Key`. A request whose
 `Idempotency-Key` was used before is answered with the first request's answer
 (https://docs.adyen.com/development-resources/api-idempotency); a capture is answered 201 with
 `status: "received"` (Adyen confirms it later by webhook).
 
-`GET /_fake/stats` counts captures per authorization / payment and replays; `POST /_fake/reset` clears it.
+`GET /_fake/stats` counts captures per authorization / order / payment and replays; `POST /_fake/reset` clears it.
 """
 
 from __future__ import annotations
@@ -39,6 +51,9 @@ class _State:
     answers: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
     authorizations: dict[str, dict[str, Any]] = field(default_factory=dict)
     paypal_captures: dict[str, int] = field(default_factory=dict)
+    orders: dict[str, dict[str, Any]] = field(default_factory=dict)
+    declining: set[str] = field(default_factory=set)
+    order_captures: dict[str, int] = field(default_factory=dict)
     adyen_captures: dict[str, int] = field(default_factory=dict)
     replays: int = 0
     keyless: int = 0
@@ -144,6 +159,92 @@ def create_app() -> Starlette:
             return JSONResponse(error, 404)
         return JSONResponse(found)
 
+    def order_of(request: Request) -> dict[str, Any]:
+        # Unknown orders exist, approved, on first sight: the buyer's approval happens at PayPal, not here.
+        order_id = request.path_params["id"]
+        found = state.orders.get(order_id)
+        if found is None:
+            found = state.orders[order_id] = {
+                "id": order_id,
+                "intent": "CAPTURE",
+                "status": "APPROVED",
+                "purchase_units": [
+                    {"reference_id": "default", "amount": {"currency_code": "USD", "value": "10.00"}}
+                ],
+                "links": [
+                    {
+                        "rel": "self",
+                        "method": "GET",
+                        "href": f"{request.base_url}v2/checkout/orders/{order_id}",
+                    }
+                ],
+            }
+        return found
+
+    async def order_capture(request: Request) -> Response:
+        if (refused := _paypal_unauthorised(request)) is not None:
+            return refused
+        key = request.headers.get("paypal-request-id")
+        if (again := replayed("paypal", key)) is not None:
+            return again
+        order = order_of(request)
+        if order["status"] == "COMPLETED":
+            issue = (
+                "ORDER_ALREADY_CAPTURED",
+                "Order already captured. If 'intent=CAPTURE' only one capture per order is allowed.",
+            )
+            return remember("paypal", key, 422, _unprocessable(*issue))
+        if order["status"] != "APPROVED":
+            issue = ("ORDER_NOT_APPROVED", "Payer has not yet approved the Order for payment.")
+            return remember("paypal", key, 422, _unprocessable(*issue))
+        if order["id"] in state.declining:
+            state.declining.discard(order["id"])
+            order["status"] = "PAYER_ACTION_REQUIRED"
+            issue = (
+                "INSTRUMENT_DECLINED",
+                "The instrument presented was either declined by the processor or bank.",
+            )
+            return remember("paypal", key, 422, _unprocessable(*issue))
+        order["status"] = "COMPLETED"
+        state.order_captures[order["id"]] = state.order_captures.get(order["id"], 0) + 1
+        unit = order["purchase_units"][0]
+        unit["payments"] = {
+            "captures": [
+                {
+                    "id": secrets.token_hex(8).upper(),
+                    "status": "COMPLETED",
+                    "amount": unit["amount"],
+                    "final_capture": True,
+                }
+            ]
+        }
+        return remember("paypal", key, 201, order)
+
+    async def order_show(request: Request) -> Response:
+        if (refused := _paypal_unauthorised(request)) is not None:
+            return refused
+        found = state.orders.get(request.path_params["id"])
+        if found is None:
+            error = {
+                "name": "RESOURCE_NOT_FOUND",
+                "message": "The specified resource does not exist.",
+                "details": [
+                    {"issue": "INVALID_RESOURCE_ID", "description": "Specified resource ID does not exist."}
+                ],
+            }
+            return JSONResponse(error, 404)
+        return JSONResponse(found)
+
+    async def order_decline(request: Request) -> Response:
+        state.declining.add(order_of(request)["id"])
+        return JSONResponse({"declining": request.path_params["id"]})
+
+    async def order_approve(request: Request) -> Response:
+        order = order_of(request)
+        if order["status"] != "COMPLETED":
+            order["status"] = "APPROVED"
+        return JSONResponse(order)
+
     async def adyen_capture(request: Request) -> Response:
         if not request.headers.get("x-api-key"):
             return JSONResponse(
@@ -183,6 +284,7 @@ def create_app() -> Starlette:
         return JSONResponse(
             {
                 "paypal_captures": state.paypal_captures,
+                "paypal_order_captures": state.order_captures,
                 "adyen_captures": state.adyen_captures,
                 "replays": state.replays,
                 "requests_without_key": state.keyless,
@@ -199,6 +301,10 @@ def create_app() -> Starlette:
             Route("/v2/payments/authorizations/{id}/capture", paypal_capture, methods=["POST"]),
             Route("/v2/payments/authorizations/{id}/void", paypal_void, methods=["POST"]),
             Route("/v2/payments/authorizations/{id}", paypal_authorization, methods=["GET"]),
+            Route("/v2/checkout/orders/{id}/capture", order_capture, methods=["POST"]),
+            Route("/v2/checkout/orders/{id}", order_show, methods=["GET"]),
+            Route("/_fake/orders/{id}/decline", order_decline, methods=["POST"]),
+            Route("/_fake/orders/{id}/approve", order_approve, methods=["POST"]),
             Route("/v71/payments/{psp}/captures", adyen_capture, methods=["POST"]),
             Route("/_fake/stats", stats, methods=["GET"]),
             Route("/_fake/reset", reset, methods=["POST"]),

@@ -19,12 +19,17 @@ from ..registry import Registry
 __all__ = ["check_downstream_names"]
 
 
-def check_downstream_names(registry: Registry, configured: Collection[str]) -> list[str]:
+def check_downstream_names(
+    registry: Registry, configured: Collection[str], skip_sources: Collection[str] = ()
+) -> list[str]:
     """Problems: each effect handler that asks for ``ctx.downstream(NAME)`` with a literal ``NAME`` that is
-    not configured, named by the handler's file and line and listing the configured names."""
+    not configured, named by the handler's file and line and listing the configured names. Effects of a
+    source in ``skip_sources`` never run in this deployment, so what they ask for is not checked."""
     known = ", ".join(sorted(configured)) or "none"
     problems = []
     for kind in registry.kinds():
+        if kind.source in skip_sources:
+            continue
         for name, where in _names_asked(kind.fn):
             if name not in configured:
                 problems.append(

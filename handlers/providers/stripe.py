@@ -39,10 +39,11 @@ from effectgate.handlers.providers.already_done import ALREADY_CAPTURED, ALREADY
 if TYPE_CHECKING:
     import stripe
 
-__all__ = ["StripeSteps", "call_stripe", "outcome_of", "stripe_client", "stripe_steps"]
+__all__ = ["StripeSteps", "call_stripe", "close_clients", "outcome_of", "stripe_client", "stripe_steps"]
 
 # One SDK client per configured downstream and process: the SDK pools its connections per client.
 _STEPS: dict[tuple[str, DownstreamConfig], StripeSteps] = {}
+_HTTP: dict[tuple[str, DownstreamConfig], stripe.HTTPXClient] = {}
 
 
 def _require_sdk() -> None:
@@ -94,9 +95,25 @@ def stripe_steps(ctx: EffectContext, name: str = "stripe") -> StripeSteps:
     if steps is None:
         if config.api_key is None:
             raise TerminalError(f"[downstream.{name}] has no api key for Stripe", code="no_api_key")
-        client = stripe_client(config.api_key, base_url=config.base_url, timeout=config.timeout)
+        import stripe
+
+        http = stripe.HTTPXClient(timeout=config.timeout)
+        client = stripe_client(
+            config.api_key, base_url=config.base_url, timeout=config.timeout, http_client=http
+        )
         steps = _STEPS[(name, config)] = StripeSteps(client)
+        _HTTP[(name, config)] = http
     return steps
+
+
+async def close_clients() -> None:
+    """Close the SDK clients ``stripe_steps`` built in this process, and forget them (the next
+    ``stripe_steps`` builds a new one): for a process that stops, and for tests, whose event loop and
+    fake server end with the test while the clients' pooled connections would outlive both."""
+    while _HTTP:
+        key, http = _HTTP.popitem()
+        _STEPS.pop(key, None)
+        await http.close_async()  # type: ignore[no-untyped-call]  # stripe 16 leaves it unannotated
 
 
 class StripeSteps:

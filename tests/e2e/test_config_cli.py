@@ -60,6 +60,25 @@ def test_check_runs_the_handler_start_up_checks(tmp_path: Path) -> None:
     assert "nosuch" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_check_warns_of_an_event_type_its_provider_does_not_publish_and_still_passes(tmp_path: Path) -> None:
+    (tmp_path / "effects.py").write_text(
+        "from effectgate import effect\n\n"
+        "@effect(source='stripe', events=['payment_intent.succeded'], key=lambda e: e.id)\n"
+        "async def ship(ctx, event):\n    pass\n"
+    )
+    path = tmp_path / "effectgate.toml"
+    path.write_text(GOOD + '[handlers]\nmodules = ["effects"]\n')
+    done = run("config", "check", "--config", str(path))
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    [warning] = [line for line in lines if line["event"] == "handlers.event_type_not_in_catalogue"]
+    assert (warning["level"], warning["event_type"], warning["nearest"]) == (
+        "warning",
+        "payment_intent.succeded",
+        "payment_intent.succeeded",
+    )
+
+
 def test_check_loads_only_the_secrets_of_the_role(tmp_path: Path) -> None:
     path = tmp_path / "effectgate.toml"
     path.write_text(

@@ -87,6 +87,7 @@ def shop(db_url: str, tmp_path: Path) -> Iterator[Shop]:
             f"""
 [handlers]
 modules = ["tests.e2e.recipe_handlers"]
+skip_sources = ["paypal", "shopify"]
 
 [sources.adyen]
 scheme = "adyen"

@@ -53,3 +53,9 @@ def test_each_unconfigured_literal_name_is_named_at_the_handlers_own_line() -> N
 def test_configured_names_and_names_computed_at_run_time_pass() -> None:
     assert check_downstream_names(registry(ships, dynamic), {"carier", "labels", "payments"}) == []
     assert "(configured: none)" in check_downstream_names(registry(ships), set())[0]
+
+
+def test_effects_of_a_skipped_source_are_not_checked() -> None:
+    # [handlers] skip_sources: this deployment does not take the source, so its effects never run here.
+    assert check_downstream_names(registry(ships), {"payments"}, skip_sources={"shop"}) == []
+    assert len(check_downstream_names(registry(ships), {"payments"}, skip_sources={"other"})) == 2

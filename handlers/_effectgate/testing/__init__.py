@@ -14,13 +14,16 @@ On a real throwaway ledger: ``pytest_plugins = ["effectgate.testing.pytest_plugi
 ``conftest.py`` gives the ``effectgate_ledger`` fixture (``TestLedger``): claim an event as the ingress
 does, then run its job once through the worker. The README's "Testing your handlers" walks through both.
 
-The fake payment and shipping servers (real HTTP servers) stay in ``effectgate.gateway.fakes``.
+Against the fake provider APIs (real HTTP, the providers' SDKs unpatched): ``with fake_providers() as
+fakes:`` (or the plugin's ``effectgate_fake_providers``), then ``services=fakes.services()``; the fakes
+themselves live in ``effectgate.gateway.fakes``.
 """
 
 from effectgate.gateway.examples import EXAMPLE_TYPES
 
 from .context import MemoryContext, MemoryLedger
 from .events import EXAMPLE_SCHEMES, context_for, example_event, plan, run_handler
+from .fake_providers import FakeProviders, fake_providers
 from .ledger import JobRun, TestLedger
 from .services import PAYMENTS_URL, SHIPPING_URL, services_over
 
@@ -29,12 +32,14 @@ __all__ = [
     "EXAMPLE_TYPES",
     "PAYMENTS_URL",
     "SHIPPING_URL",
+    "FakeProviders",
     "JobRun",
     "MemoryContext",
     "MemoryLedger",
     "TestLedger",
     "context_for",
     "example_event",
+    "fake_providers",
     "plan",
     "run_handler",
     "services_over",

@@ -13,6 +13,10 @@ set (a role that may create databases), else an embedded Postgres started for th
 ``effectgate[embedded]`` extra). The databases are named ``PREFIX_tpl_…`` (the template) and ``PREFIX_…``
 (one per test), ``PREFIX`` being ``effectgate_testing`` unless the ini option ``effectgate_database_prefix`` or
 ``EFFECTGATE_TEST_DATABASE_PREFIX`` says otherwise (a shared server's naming rule, two suites side by side).
+
+``effectgate_fake_providers`` serves the fake provider APIs for one test (``fake_providers()``); its
+``services()`` point ``ctx.payments``, ``ctx.shipping`` and every provider's ``ctx.downstream`` — and so
+Stripe's and EasyPost's SDKs — at them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from psycopg.conninfo import make_conninfo
 from effectgate.ledger import db
 from effectgate.ledger.migrate import migrate
 
+from .fake_providers import FakeProviders, fake_providers
 from .ledger import TestLedger
 
 ENV_URL = "TEST_DATABASE_URL"
@@ -160,3 +165,11 @@ def effectgate_ledger(
             effectgate_server_url,
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
         )
+
+
+@pytest.fixture
+def effectgate_fake_providers() -> Iterator[FakeProviders]:
+    """The fake provider APIs, with fresh state, for this test: pass ``effectgate_fake_providers.services()``
+    to ``context_for`` or ``TestLedger.run_job`` and count what happened with ``.stats(api)``."""
+    with fake_providers() as fakes:
+        yield fakes
