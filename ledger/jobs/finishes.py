@@ -53,7 +53,8 @@ class Finish:
     reason: str | None = None
     error: dict[str, Any] | None = None
     unrecoverable: bool = False
-    # The job's tenant: with ``finish_many(per_tenant=True)`` the batch is written one tenant at a time.
+    # The job's tenant, which the statement matches the row on (read from the job where not given); with
+    # ``finish_many(per_tenant=True)`` the batch is written one tenant at a time.
     tenant: str | None = None
 
 
@@ -103,7 +104,7 @@ async def finish_many(
     """
     if not transitions:
         return []
-    storable = [_storable_finish(t) for t in transitions]
+    storable = await _with_tenants([_storable_finish(t) for t in transitions], conn)
     if not per_tenant:
         return await _finish_split(conn, storable, now)
     groups: dict[str | None, list[Finish]] = {}
@@ -113,6 +114,19 @@ async def finish_many(
     for group in groups.values():
         answers.update(zip((id(t) for t in group), await _finish_split(conn, group, now), strict=True))
     return [answers[id(t)] for t in storable]
+
+
+async def _with_tenants(transitions: list[Finish], conn: Conn) -> list[Finish]:
+    """Each transition with its job's tenant: the statement matches a row by its whole primary key. The
+    worker always knows it (its lease's); another caller's is read here, one statement for the batch."""
+    missing = [t.job_id for t in transitions if t.tenant is None]
+    if not missing:
+        return transitions
+    rows = await (await conn.execute(Q["job_tenants_get"], {"job_ids": missing})).fetchall()
+    tenants = {row["id"]: row["tenant"] for row in rows}
+    # A job that does not exist keeps no tenant: its row matches nothing and its answer is None, as a
+    # token that no longer holds.
+    return [t if t.tenant is not None else replace(t, tenant=tenants.get(t.job_id)) for t in transitions]
 
 
 def _storable_finish(t: Finish) -> Finish:
@@ -167,6 +181,7 @@ async def _finish_split(
 async def _finish_rows(conn: Conn, transitions: list[Finish], now: datetime | None) -> list[Reached | None]:
     params = {
         "job_ids": [t.job_id for t in transitions],
+        "tenants": [t.tenant for t in transitions],
         "lease_tokens": [t.lease_token for t in transitions],
         "states": [t.state for t in transitions],
         "bys": [t.by for t in transitions],
@@ -174,7 +189,7 @@ async def _finish_rows(conn: Conn, transitions: list[Finish], now: datetime | No
         "errors": [json.dumps(t.error) if t.error is not None else None for t in transitions],
         "unrecoverables": [t.unrecoverable for t in transitions],
         "now": now,
-        # One tenant's batch (per_tenant), else none: the statement then matches on id and token alone.
+        # One tenant's batch (per_tenant), else none: each row is still matched on its own tenant.
         "tenant": transitions[0].tenant if len({t.tenant for t in transitions}) == 1 else None,
     }
     if conn.info.transaction_status:

@@ -25,13 +25,16 @@ candidates AS (
         SELECT j.id, j.tenant, j.kind, j.lock_key, j.version, j.run_at, k.ttl
         FROM (
             -- The walk's bound, on the index alone; the row lock and the recheck are below.
-            SELECT w.id, w.run_at FROM jobs w
+            SELECT w.id, w.tenant, w.run_at FROM jobs w
             WHERE w.kind = k.kind AND w.state = 'pending' AND w.run_at <= (SELECT coalesce(%(now)s, now()))
               AND (%(tenant)s::text IS NULL OR w.tenant = %(tenant)s)
             ORDER BY w.run_at, w.id
             LIMIT %(scan_limit)s
         ) head
-        JOIN jobs j ON j.id = head.id
+        -- By the whole primary key (id, tenant): on id alone, a planner without statistics yet (a new ledger's
+        -- first backlog, before autovacuum's first ANALYZE) probed the partial due index with a skip scan,
+        -- hundreds of index searches per row (docs/performance.md, "The worker's plans").
+        JOIN jobs j ON j.id = head.id AND j.tenant = head.tenant
         WHERE j.state = 'pending' AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
           AND NOT EXISTS (
               SELECT 1 FROM jobs holder
@@ -48,9 +51,10 @@ candidates AS (
 due AS (
     -- The expiry is computed here, in a read: Citus refuses a STABLE expression over a column (timestamptz +
     -- interval) in an UPDATE's SET (deploy/README.md, "Past one Postgres").
-    SELECT id, ttl, kind, superseded, (SELECT coalesce(%(now)s, now())) + make_interval(secs => ttl) AS expires_at
+    SELECT id, tenant, ttl, kind, superseded,
+           (SELECT coalesce(%(now)s, now())) + make_interval(secs => ttl) AS expires_at
     FROM (
-        SELECT c.id, c.ttl, c.kind, c.lock_key,
+        SELECT c.id, c.tenant, c.ttl, c.kind, c.lock_key,
                row_number() OVER (PARTITION BY c.tenant, c.lock_key, c.superseded ORDER BY c.run_at, c.id) AS nth,
                c.superseded
         FROM (
@@ -78,7 +82,7 @@ superseded AS (
     FROM due
     -- A kind with an on_transition hook (%(hooked)s) ends its superseded jobs in the worker, through the cancel
     -- that runs the hook in its transaction: they stay pending, and their ids are returned below.
-    WHERE j.id = due.id AND due.superseded AND NOT due.kind = ANY(%(hooked)s::text[])
+    WHERE j.id = due.id AND j.tenant = due.tenant AND due.superseded AND NOT due.kind = ANY(%(hooked)s::text[])
       AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id
 ),
@@ -91,7 +95,8 @@ leased AS (
         lease_expires_at = due.expires_at,
         updated_at = (SELECT coalesce(%(now)s, now()))
     FROM due
-    WHERE j.id = due.id AND NOT due.superseded AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+    WHERE j.id = due.id AND j.tenant = due.tenant AND NOT due.superseded
+      AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id, j.effect_id, j.kind, j.tenant, j.attempt, j.max_attempts, j.lease_token, j.checkpoint,
               j.cancel_requested, j.lock_key, j.trace_parent
 ),
@@ -214,15 +219,19 @@ RETURNING id;
 WITH input AS (
     -- The states cast to job_state here, on the parameter: Citus refuses a STABLE cast (text to an enum) of a
     -- column inside CASE in an UPDATE.
-    SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_tokens)b::bigint[], %(states)b::text[]::job_state[],
-                         %(bys)b::text[],
+    SELECT * FROM unnest(%(job_ids)b::bigint[], %(tenants)b::text[], %(lease_tokens)b::bigint[],
+                         %(states)b::text[]::job_state[], %(bys)b::text[],
                          %(reasons)b::text[], %(errors)b::text[], %(unrecoverables)b::bool[])
-        AS i(job_id, lease_token, state, by, reason, error, unrecoverable)
+        AS i(job_id, tenant, lease_token, state, by, reason, error, unrecoverable)
 ),
 held AS (
-    SELECT i.*
-    FROM jobs j JOIN input i ON j.id = i.job_id AND j.lease_token = i.lease_token
-    WHERE j.state = 'running' AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+    -- Each row by its whole primary key (id, tenant) and token, and its state read once it is locked (the
+    -- row's latest version): with "state = 'running'" here, a planner without statistics for jobs (a new
+    -- ledger's first backlog) probed the partial lease-expiry index, with a skip scan over every lease it
+    -- still held entries for, instead of the primary key (docs/performance.md, "The worker's plans").
+    SELECT i.*, j.state AS held_state
+    FROM jobs j JOIN input i ON j.id = i.job_id AND j.tenant = i.tenant AND j.lease_token = i.lease_token
+    WHERE (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     ORDER BY j.id
     FOR UPDATE OF j
 ),
@@ -238,7 +247,9 @@ done AS (
         finished_at = (SELECT coalesce(%(now)s, now())),
         updated_at = (SELECT coalesce(%(now)s, now()))
     FROM held
-    WHERE j.id = held.job_id AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+    -- Only a job still running under the token: a stale token's row, or one a reclaim moved on, is unchanged.
+    WHERE j.id = held.job_id AND j.tenant = held.tenant AND held.held_state = 'running'
+      AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
     RETURNING j.id, j.tenant, j.state, j.terminal_reason, j.lease_token, held.error::jsonb AS error
 ),
 closed AS (
@@ -422,6 +433,11 @@ SELECT id, kind, (SELECT count(pg_notify('effectgate_jobs', kind)) FROM redriven
 -- name: job_tenant_get
 -- The tenant of one job, by id alone (on Citus a read of every shard): what routes an operator's write to it.
 SELECT tenant FROM jobs WHERE id = %(job_id)s;
+
+-- name: job_tenants_get
+-- The tenants of many jobs, by id alone (on Citus a read of every shard): what a terminal transition asked
+-- for without its tenant (a caller other than the worker, which always has it) is matched on.
+SELECT id, tenant FROM jobs WHERE id = ANY(%(job_ids)s::bigint[]);
 
 -- name: job_get
 -- One job with its effect, and the live job (if any) holding its lock key, for status and refusal reasons.
