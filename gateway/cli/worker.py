@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from effectgate.handlers import tracing
+from effectgate.handlers import providers, tracing
 from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import clients as downstream_clients
 from effectgate.handlers.downstream.payments import PaymentsClient
@@ -134,6 +134,9 @@ async def _run_worker(
             ):
                 await worker.run()
         finally:
+            # After the drain: a handler still running could be using one. Before the loop ends, whose
+            # transports the SDK clients' pooled connections hold.
+            await providers.close_clients()
             await pool.close()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)

@@ -21,6 +21,9 @@ with a 422 `ORDER_ALREADY_CAPTURED`, an order not approved with a 422 `ORDER_NOT
 `INSTRUMENT_DECLINED` that leaves the order waiting for the buyer (`PAYER_ACTION_REQUIRED`); `POST
 /_fake/orders/{id}/approve` is the buyer approving again on the same order, as PayPal's "handle funding
 failures" has them do (https://developer.paypal.com/docs/checkout/standard/customize/handle-funding-failures/).
+`POST /_fake/orders/{id}/hold` makes the order's next capture be held for review: the order `COMPLETED`, its
+capture `PENDING` with `status_details.reason` `PENDING_REVIEW`, as the Orders API documents a capture PayPal
+has not settled (https://developer.paypal.com/docs/api/orders/v2/#orders_capture, `captures[].status`).
 `GET /v2/checkout/orders/{id}` shows an order.
 
 Adyen (Checkout v71): `POST /v71/payments/{pspReference}/captures` with `X-API-Key`. A request whose
@@ -53,6 +56,7 @@ class _State:
     paypal_captures: dict[str, int] = field(default_factory=dict)
     orders: dict[str, dict[str, Any]] = field(default_factory=dict)
     declining: set[str] = field(default_factory=set)
+    holding: set[str] = field(default_factory=set)
     order_captures: dict[str, int] = field(default_factory=dict)
     adyen_captures: dict[str, int] = field(default_factory=dict)
     replays: int = 0
@@ -208,16 +212,16 @@ def create_app() -> Starlette:
         order["status"] = "COMPLETED"
         state.order_captures[order["id"]] = state.order_captures.get(order["id"], 0) + 1
         unit = order["purchase_units"][0]
-        unit["payments"] = {
-            "captures": [
-                {
-                    "id": secrets.token_hex(8).upper(),
-                    "status": "COMPLETED",
-                    "amount": unit["amount"],
-                    "final_capture": True,
-                }
-            ]
+        capture: dict[str, Any] = {
+            "id": secrets.token_hex(8).upper(),
+            "status": "COMPLETED",
+            "amount": unit["amount"],
+            "final_capture": True,
         }
+        if order["id"] in state.holding:
+            state.holding.discard(order["id"])
+            capture.update(status="PENDING", status_details={"reason": "PENDING_REVIEW"})
+        unit["payments"] = {"captures": [capture]}
         return remember("paypal", key, 201, order)
 
     async def order_show(request: Request) -> Response:
@@ -238,6 +242,10 @@ def create_app() -> Starlette:
     async def order_decline(request: Request) -> Response:
         state.declining.add(order_of(request)["id"])
         return JSONResponse({"declining": request.path_params["id"]})
+
+    async def order_hold(request: Request) -> Response:
+        state.holding.add(order_of(request)["id"])
+        return JSONResponse({"holding": request.path_params["id"]})
 
     async def order_approve(request: Request) -> Response:
         order = order_of(request)
@@ -305,6 +313,7 @@ def create_app() -> Starlette:
             Route("/v2/checkout/orders/{id}", order_show, methods=["GET"]),
             Route("/_fake/orders/{id}/decline", order_decline, methods=["POST"]),
             Route("/_fake/orders/{id}/approve", order_approve, methods=["POST"]),
+            Route("/_fake/orders/{id}/hold", order_hold, methods=["POST"]),
             Route("/v71/payments/{psp}/captures", adyen_capture, methods=["POST"]),
             Route("/_fake/stats", stats, methods=["GET"]),
             Route("/_fake/reset", reset, methods=["POST"]),

@@ -14,8 +14,10 @@ API. The client is a `[downstream.NAME]`:
 What already happened counts as done (`already_done`): PayPal's documented answer to a second capture is a
 422 whose `details[0].issue` is `AUTHORIZATION_ALREADY_CAPTURED`
 (https://developer.paypal.com/api/payments/v2/errors/authorization_already_captured); the step then reads
-the authorization (`GET /v2/payments/authorizations/{id}`) and records it if it is `CAPTURED`.
-(`ORDER_ALREADY_CAPTURED` is the Orders API's answer to capturing an order; no step here captures orders.)
+the authorization (`GET /v2/payments/authorizations/{id}`) and records it if it is `CAPTURED`. The Orders
+API's answer to a second capture of an order is a 422 `ORDER_ALREADY_CAPTURED`
+(https://developer.paypal.com/docs/api/orders/v2/#error-ORDER_ALREADY_CAPTURED); `capture_order` then reads
+the order (`GET /v2/checkout/orders/{id}`) and records it if it holds a `COMPLETED` capture.
 
 `api_key` is sent as a bearer token: an OAuth access token, which PayPal issues for hours, not forever;
 refreshing it is not done here.
@@ -31,7 +33,7 @@ from effectgate.handlers.downstream import DownstreamClient
 from effectgate.handlers.errors import TerminalError
 from effectgate.handlers.providers.already_done import ALREADY_CAPTURED, recovered
 
-__all__ = ["IDEMPOTENCY_HEADER", "capture_authorization"]
+__all__ = ["IDEMPOTENCY_HEADER", "capture_authorization", "capture_order"]
 
 IDEMPOTENCY_HEADER = "PayPal-Request-Id"
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -79,6 +81,56 @@ async def capture_authorization(
             return recovered(authorization, ALREADY_CAPTURED)
 
     return await ctx.step(step, capture)
+
+
+async def capture_order(
+    ctx: EffectContext,
+    paypal: DownstreamClient,
+    order_id: str,
+    *,
+    step: str = "capture",
+) -> dict[str, Any]:
+    """Capture an approved PayPal order (Orders v2, `intent: CAPTURE`) once per (effect, `step`).
+
+    Returns PayPal's answer to the capture: the order, `COMPLETED`, its capture under
+    `purchase_units[0].payments.captures` (https://developer.paypal.com/docs/api/orders/v2/#orders_capture).
+
+    An order captured already (by another approval's capture, or by this step's own call once PayPal no
+    longer remembers its `PayPal-Request-Id`) is refused with a 422 `ORDER_ALREADY_CAPTURED`. The step then
+    shows the order: one holding a `COMPLETED` capture is its outcome — the order as PayPal shows it, the
+    same shape a capture answers, with `recovered: "already_captured"`. An order without one (its capture
+    `PENDING` or `DECLINED`) is a `TerminalError` naming the order's status and its captures' statuses.
+    """
+    _check(paypal)
+    if not _ID.fullmatch(order_id):
+        raise ValueError(f"order_id must be PayPal's id (letters, digits), got {order_id!r}")
+    path = f"/v2/checkout/orders/{order_id}"
+
+    async def capture(key: str) -> dict[str, Any]:
+        try:
+            return await paypal.request("POST", f"{path}/capture", json={}, idempotency_key=key)
+        except TerminalError as refused:
+            if refused.code != "ORDER_ALREADY_CAPTURED":
+                raise
+            order = await paypal.request("GET", path)
+            statuses = [capture.get("status") for capture in _captures(order)]
+            if "COMPLETED" not in statuses:
+                message = (
+                    f"paypal: order {order_id} is {order.get('status')} with captures {statuses}, "
+                    "none completed"
+                )
+                raise TerminalError(message, code=refused.code) from refused
+            return recovered(order, ALREADY_CAPTURED)
+
+    return await ctx.step(step, capture)
+
+
+def _captures(order: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        capture
+        for unit in order.get("purchase_units") or []
+        for capture in (unit.get("payments") or {}).get("captures") or []
+    ]
 
 
 def _check(paypal: DownstreamClient) -> None:

@@ -19,7 +19,7 @@ from effectgate.handlers import EffectContext, Event, TerminalError, TransientEr
 from effectgate.handlers.downstream import DownstreamClient, DownstreamConfig
 from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.adyen import capture_payment
-from effectgate.handlers.providers.paypal import capture_authorization
+from effectgate.handlers.providers.paypal import capture_authorization, capture_order
 from effectgate.ledger import db
 from effectgate.ledger.jobs import leases as jobs
 from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry, run_job
@@ -163,6 +163,64 @@ async def test_an_authorization_captured_elsewhere_is_the_captures_outcome(
     result = recorded["capture"]
     assert (result["id"], result["status"], result["recovered"]) == ("AUTH90", "CAPTURED", "already_captured")
     assert (await stats(http, fake_url))["paypal_captures"] == {"AUTH90": 1}
+
+
+async def test_an_order_captured_already_is_the_captures_outcome(
+    pool: db.Pool, http: httpx.AsyncClient, fake_url: str
+) -> None:
+    """Captured by another approval's capture first (or by the step's own call once PayPal forgot its
+    request id): the step's capture is a 422 `ORDER_ALREADY_CAPTURED`
+    (https://developer.paypal.com/docs/api/orders/v2/#error-ORDER_ALREADY_CAPTURED); the step shows the
+    order, finds its capture COMPLETED, and records the order as PayPal shows it, marked."""
+    path = "/v2/checkout/orders/5O190127TN364715T/capture"
+    first = await paypal(http, fake_url).request("POST", path, json={}, idempotency_key="other-approval")
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await capture_order(ctx, paypal(http, fake_url), "5O190127TN364715T")
+
+    row, recorded = await run_job(pool, "order:92", handler)
+    assert row["state"] == "succeeded" and row["attempt"] == 1
+    result = recorded["capture"]
+    assert (result["id"], result["status"], result["recovered"]) == (
+        "5O190127TN364715T",
+        "COMPLETED",
+        "already_captured",
+    )
+    assert result["purchase_units"][0]["payments"] == first["purchase_units"][0]["payments"]
+    assert (await stats(http, fake_url))["paypal_order_captures"] == {"5O190127TN364715T": 1}
+
+
+async def test_an_order_captured_by_the_step_is_recorded_unmarked(
+    pool: db.Pool, http: httpx.AsyncClient, fake_url: str
+) -> None:
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await capture_order(ctx, paypal(http, fake_url), "7XP12345AB678901C")
+
+    row, recorded = await run_job(pool, "order:93", handler)
+    assert row["state"] == "succeeded"
+    result = recorded["capture"]
+    assert result["status"] == "COMPLETED" and "recovered" not in result
+    assert result["purchase_units"][0]["payments"]["captures"][0]["status"] == "COMPLETED"
+    assert (await stats(http, fake_url))["paypal_order_captures"] == {"7XP12345AB678901C": 1}
+
+
+async def test_an_order_whose_capture_is_held_fails_a_second_capture_naming_it(
+    pool: db.Pool, http: httpx.AsyncClient, fake_url: str
+) -> None:
+    """PayPal completes the order but holds its capture for review (`PENDING`): the money is not taken, so
+    `ORDER_ALREADY_CAPTURED` is not success; the job fails with PayPal's code and the capture's state."""
+    assert (await http.post(f"{fake_url}/_fake/orders/8HL00000AB000000X/hold")).status_code == 200
+    path = "/v2/checkout/orders/8HL00000AB000000X/capture"
+    await paypal(http, fake_url).request("POST", path, json={}, idempotency_key="other-approval")
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await capture_order(ctx, paypal(http, fake_url), "8HL00000AB000000X")
+
+    row, recorded = await run_job(pool, "order:94", handler)
+    assert row["state"] == "failed" and row["attempt"] == 1
+    assert recorded["capture"]["code"] == "ORDER_ALREADY_CAPTURED"
+    assert "COMPLETED with captures ['PENDING'], none completed" in recorded["capture"]["message"]
+    assert (await stats(http, fake_url))["paypal_order_captures"] == {"8HL00000AB000000X": 1}
 
 
 async def test_a_voided_authorization_fails_the_capture_naming_its_state(

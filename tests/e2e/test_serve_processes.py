@@ -284,13 +284,34 @@ def test_a_client_that_leaves_mid_body_is_logged_at_info_without_a_traceback(ser
 
 
 def test_every_line_the_process_tree_writes_is_json(serve: Serve) -> None:
+    """Stdout and stderr of the supervisor and its children, through a child's death and restart and the
+    stop: uvicorn's supervisor lines ("Started parent process", "Child process [N] died", "Waiting for
+    child process [N]") come through the JSON formatter like the gateway's own (issue 39)."""
     assert deliver(serve.url, 1).status_code in (200, 202)
-    serve.process.stop()
+    children = serve.children()
+    killed = children[0]
+    os.kill(killed, signal.SIGKILL)
+    serve.process.wait_log(f"Child process [{killed}] died")
+    wait_until(
+        lambda: len(serve.children()) == 2 and killed not in serve.children(), 60, "a child in its place"
+    )
+    [restarted] = set(serve.children()) - set(children)
+    # Its own start-up lines are written before the stop, not raced by it.
+    serve.process.wait_log(f"Started server process [{restarted}]")
+    wait_until(
+        lambda: serve.process.log().count("Application startup complete.") == 3, 60, "the restarted child up"
+    )
+    assert deliver(serve.url, 2).status_code in (200, 202)
+    assert serve.process.stop() == 0
     lines = [line for line in serve.process.log_path.read_text().splitlines() if line.strip()]
     plain = [line for line in lines if not line.startswith("{")]
     assert plain == [], plain
-    events = [json.loads(line)["event"] for line in lines]
-    assert any(e.startswith("Started server process") for e in events), events
+    entries = [json.loads(line) for line in lines]
+    events = [e["event"] for e in entries]
+    for said in ("Started parent process", f"Child process [{killed}] died", "Waiting for child process"):
+        assert any(e.startswith(said) for e in events), (said, events)
+    assert sum(e.startswith("Started server process") for e in events) >= 3, events
+    assert {e["logger"] for e in entries if e["event"].startswith("Child process")} == {"uvicorn.error"}
 
 
 def test_a_chunked_trailer_that_drips_is_held_to_the_head_limit(serve: Serve) -> None:

@@ -1,5 +1,6 @@
 """Stopping a real ``effectgate worker`` with signals: the first says what is draining and until when, a
-second hands the running jobs back at once, fenced, for another worker to take."""
+second hands the running jobs back at once, fenced, for another worker to take; once drained, the worker
+closes the provider SDK clients its handlers built."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from psycopg.rows import dict_row
@@ -21,6 +23,7 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint
 
+from .fake_servers import serving
 from .processes import free_port, wait_until
 from .test_startup import cli, wait_log
 
@@ -53,7 +56,7 @@ def _project(root: Path) -> Path:
     return root
 
 
-async def _claim(url: str, n: int) -> list[int]:
+async def _claim(url: str, n: int, kind: str = "stop.stuck") -> list[int]:
     ids = []
     conn = await db.connect(url)
     async with conn:
@@ -63,7 +66,7 @@ async def _claim(url: str, n: int) -> list[int]:
             delivery = Delivery(
                 uuid.uuid4().hex, "default", "shop", f"evt-{key}", "order.paid", payload, fingerprint(payload)
             )
-            [outcome] = await claim_delivery(conn, delivery, [EffectRequest(key, "stop.stuck", 3, "redrive")])
+            [outcome] = await claim_delivery(conn, delivery, [EffectRequest(key, kind, 3, "redrive")])
             ids.append(outcome.job_id)  # type: ignore[union-attr]
     return sorted(ids)
 
@@ -183,3 +186,73 @@ def test_under_up_one_ctrl_c_drains_and_a_second_hands_back_now(db_url: str, tmp
     text = log.read_text()
     assert text.index("effectgate: stopping now") < text.index('"worker.stopping_now"')
     assert _lines(log, "worker.leases_abandoned")[0]["job_ids"] == job_ids
+
+
+STRIPE_HANDLERS = """\
+import atexit
+import json
+import os
+from pathlib import Path
+
+from effectgate import effect
+from effectgate.handlers.providers import stripe as stripe_provider
+
+REPORT = Path(os.environ["STOP_CLIENTS_REPORT"])
+
+
+@atexit.register
+def _report_clients_left():
+    # After asyncio.run has returned: the SDK clients the process still tracks as open.
+    with REPORT.open("a") as f:
+        f.write(json.dumps({"at_exit": len(stripe_provider._HTTP)}) + "\\n")
+
+
+@effect(source="shop", events=["order.paid"], name="stop.stripe_capture", orphan_policy="redrive")
+async def capture(ctx, ev):
+    captured = await stripe_provider.stripe_steps(ctx).capture(ctx, "pi_stop_1")
+    with REPORT.open("a") as f:
+        f.write(json.dumps({"captured": captured["status"], "open": len(stripe_provider._HTTP)}) + "\\n")
+"""
+
+
+def test_a_stopped_worker_closes_the_stripe_sdk_clients_its_handlers_built(
+    db_url: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``providers.stripe.close_clients()`` runs once the worker has drained: a process that ran a job
+    through ``stripe_steps`` ends with no SDK client left open (their pooled connections would otherwise
+    be dropped by the exit, not closed)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "stop_effects.py").write_text(STRIPE_HANDLERS)
+    report = tmp_path / "clients.jsonl"
+    log = tmp_path / "worker.log"
+    with serving("providers", tmp_path_factory.mktemp("fake_stripe")) as fake_url:
+        (project / "effectgate.toml").write_text(
+            '[handlers]\nmodules = ["stop_effects"]\n\n'
+            '[sources.shop]\nscheme = "stripe"\nsecrets = ["STARTUP_SECRET"]\n\n'
+            f'[downstream.stripe]\nbase_url = "{fake_url}"\napi_key_env = "STOP_STRIPE_KEY"\n\n'
+            "[worker]\npoll_interval = 0.5\n\n[reconciler]\ntick = 3600\n"
+        )
+        proc = cli(
+            ["worker", "--config", "effectgate.toml", "--no-migrate"],
+            log,
+            project,
+            DATABASE_URL=db_url,
+            STOP_CLIENTS_REPORT=str(report),
+            STOP_STRIPE_KEY="sk_test_stop",
+        )
+        try:
+            wait_log(proc, log, "worker.started")
+            asyncio.run(_claim(db_url, 1, kind="stop.stripe_capture"))
+            wait_until(lambda: report.exists() and "captured" in report.read_text(), 60, "the capture")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        captures = httpx.get(f"{fake_url}/_fake/stats", timeout=10).json()["captures"]
+    lines = [json.loads(line) for line in report.read_text().splitlines()]
+    assert lines == [{"captured": "succeeded", "open": 1}, {"at_exit": 0}], log.read_text()
+    assert captures == 1
+    assert "Traceback" not in log.read_text()
