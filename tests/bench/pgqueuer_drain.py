@@ -11,14 +11,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 
 import psycopg
 
 from .common import drop_database, fresh_database, server_url
 
 
-async def drain(url: str, jobs: int, batch_size: int = 10) -> float | None:
-    """Jobs per second, or ``None`` when PgQueuer is not installed."""
+async def drain(
+    url: str,
+    jobs: int,
+    batch_size: int = 10,
+    *,
+    payload: bytes | None = None,
+    before: Callable[[], None] | None = None,
+) -> float | None:
+    """Jobs per second, or ``None`` when PgQueuer is not installed. Each job carries ``payload``; ``before``
+    runs once the jobs are enqueued, before the clock starts (an ANALYZE, say)."""
     try:
         from pgqueuer.db import PsycopgDriver
         from pgqueuer.qm import QueueManager
@@ -32,7 +41,9 @@ async def drain(url: str, jobs: int, batch_size: int = 10) -> float | None:
         await queries.install()
         for start in range(0, jobs, 1000):
             n = min(1000, jobs - start)
-            await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+            await queries.enqueue(["noop"] * n, [payload] * n, [0] * n)
+        if before is not None:
+            before()
         manager = QueueManager(queries)
         done = 0
         finished = 0.0

@@ -1,0 +1,165 @@
+"""Benchmark: a real ``effectgate worker`` and PgQueuer drain the same backlog, each timed by its completion.
+
+    python -m tests.bench.worker_vs_pgqueuer [--jobs 100000] [--rounds 3] [--concurrency 16[,64...]]
+                                             [--no-analyze]
+
+Each round, on a fresh database each, effectgate then PgQueuer (issue 40, "a comparison that times both
+queues the same way"):
+
+- **effectgate**: ``--jobs`` jobs of a paused kind claimed through the gateway's own claim statement
+  (``claim_deliveries``, 1,000 deliveries a transaction; each delivery's payload about 2 KB of JSON, as a
+  Stripe event is), then a real ``effectgate worker`` process at its defaults (``--concurrency`` when given;
+  no other flag, its reconciler, logging and metrics as shipped) started idle, then the kind resumed. The
+  drain is the time from the resume's commit to the first poll that sees no job of the kind pending or
+  running; the poll (one ``count(*)`` on its own connection every 0.5 s, a few ms each) is the only other
+  load. The worker reads no clock of ours: it cannot report its own last job.
+- **PgQueuer**: the same number of jobs with the same payload bytes, its consumer with its defaults in this
+  process (``QueueManager.run()``: batch size 10, no concurrency limit), timed from the start of ``run`` to
+  the start of its last handler, counted by the handler itself: its own completion, with no poll of its
+  table during the drain.
+
+With ``--no-analyze`` the backlog is drained as built; by default both tables are ``VACUUM ANALYZE``d first,
+the state autovacuum leaves a backlog in when it built up over an outage longer than a minute. No live
+ingress: ``make bench-backlog`` drains with wrk sending deliveries meanwhile. Prints every round and the
+median and range of each figure and of the ratio; asserts nothing. Run it on a quiet machine (load under 1.5,
+nothing else running): the ratio is the figure, and only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from . import backlog
+from .common import drop_database, fresh_database, server_url
+from .pgqueuer_drain import drain as pgqueuer_drain
+
+POLL_SECONDS = 0.5
+# The payload claim_directly stores for each delivery, as PgQueuer's job payload: the same bytes each side.
+PAYLOAD = json.dumps(
+    {"id": "evt_direct_00000000_0", "type": "bench.event", "data": {"object": {"n": 0, "pad": "x" * 1900}}}
+).encode()
+
+
+def _analyze(url: str, enabled: bool) -> None:
+    if enabled:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+
+
+def _worker_env(url: str) -> dict[str, str]:
+    # The worker's own defaults: no log level or other setting of ours but the database and the secret.
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("EFFECTGATE_")},
+        "DATABASE_URL": url,
+        "BENCH_SECRET": "unused-by-the-worker",
+        "PYTHONPATH": str(backlog.ROOT),
+    }
+
+
+def _wait_listening(url: str, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the worker exited with {proc.returncode} before it listened")
+        if backlog.count(url, backlog.LISTENING) >= 1:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the worker did not LISTEN within 30 s")
+
+
+def effectgate_round(server: str, jobs: int, concurrency: int | None, analyze: bool, tmp: Path) -> float:
+    url = fresh_database(server)
+    try:
+        backlog.pause(url, backlog.KIND)
+        asyncio.run(backlog.claim_directly(url, jobs))
+        _analyze(url, analyze)
+        config = tmp / "worker.toml"
+        config.write_text(backlog.CONFIG)
+        command = [sys.executable, "-m", "effectgate.gateway.cli", "worker", "--config", str(config)]
+        command += ["--no-migrate"] + ([] if concurrency is None else ["--concurrency", str(concurrency)])
+        with (tmp / "worker.log").open("ab") as log:
+            proc = subprocess.Popen(command, cwd=backlog.ROOT, env=_worker_env(url), stdout=log, stderr=log)
+        try:
+            _wait_listening(url, proc)
+            poll = backlog.Poll(url, backlog.PENDING, (backlog.KIND,))
+            started = backlog.resume(url, backlog.KIND)
+            while True:
+                time.sleep(POLL_SECONDS)
+                asked = time.monotonic()
+                if poll() == 0:
+                    return jobs / (asked - started)
+                if asked - started > 1800:
+                    raise RuntimeError("the drain did not finish within 30 minutes")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    finally:
+        drop_database(server, url)
+
+
+def pgqueuer_round(server: str, jobs: int, analyze: bool) -> float | None:
+    url = fresh_database(server)
+    try:
+        return asyncio.run(pgqueuer_drain(url, jobs, payload=PAYLOAD, before=lambda: _analyze(url, analyze)))
+    finally:
+        drop_database(server, url)
+
+
+def _summary(label: str, values: list[float]) -> str:
+    return (
+        f"{label}: median {statistics.median(values):,.2f} (range {min(values):,.2f}-{max(values):,.2f}, "
+        f"{len(values)} rounds)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--concurrency", default="", help="comma-separated worker concurrencies (default: the worker's own)"
+    )
+    parser.add_argument("--no-analyze", action="store_true", help="drain the backlogs as built")
+    args = parser.parse_args()
+    concurrencies: list[int | None] = [int(c) for c in args.concurrency.split(",") if c] or [None]
+    server = server_url()
+    print(
+        f"== worker vs PgQueuer: {args.jobs} jobs, 2 KB payloads, {args.rounds} rounds, "
+        f"{'as built' if args.no_analyze else 'analyzed'}; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    rates: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        for n in range(args.rounds):
+            pgq = pgqueuer_round(server, args.jobs, not args.no_analyze)
+            if pgq is None:
+                print("PgQueuer is not installed (pip install -e '.[bench]'): no comparison")
+                return
+            rates.setdefault("PgQueuer", []).append(pgq)
+            line = f"round {n + 1}: PgQueuer {pgq:,.0f} jobs/s"
+            for c in concurrencies:
+                label = f"effectgate worker, concurrency {c or 'default'}"
+                rate = effectgate_round(server, args.jobs, c, not args.no_analyze, Path(tmp_name))
+                rates.setdefault(label, []).append(rate)
+                ratios.setdefault(label, []).append(rate / pgq)
+                line += f"; {label} {rate:,.0f} ({rate / pgq:.2f}x)"
+            print(f"{line}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    for label, values in rates.items():
+        print(_summary(f"{label}, jobs/s", values))
+    for label, values in ratios.items():
+        print(_summary(f"{label} / PgQueuer", values))
+
+
+if __name__ == "__main__":
+    main()
