@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: citus-check citus-chaos install check lint typecheck test test-lowest chaos bench bench-short bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short bench-overload bench-overload-short soak soak-short up metrics-check deploy-check deploy-run
+.PHONY: citus-check citus-chaos install check lint typecheck test test-lowest chaos bench bench-short bench-worker bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short bench-overload bench-overload-short soak soak-short up metrics-check deploy-check deploy-run
 
 # Strict editable mode: a tree of links under build/__editable__.* on sys.path, so mypy, pyright and editors
 # resolve effectgate.* as they resolve any installed package (the default mode's import hook is invisible to
@@ -85,6 +85,13 @@ bench-short:
 	-$(PYTHON) -m pip install -q -e '.[bench]'
 	$(PYTHON) -m tests.bench.compare --short
 	$(PYTHON) -m tests.bench.reports --effects 20000
+	$(PYTHON) -m tests.bench.worker_vs_pgqueuer --jobs 2000 --rounds 1
+
+# A real `effectgate worker` at its defaults against PgQueuer, 10^5 jobs with 2 KB payloads, each timed by its
+# own completion, three rounds (tests/bench/worker_vs_pgqueuer.py). On a quiet machine only.
+bench-worker:
+	-$(PYTHON) -m pip install -q -e '.[bench]'
+	$(PYTHON) -m tests.bench.worker_vs_pgqueuer --jobs 100000 --rounds 3
 
 # The day after an outage (tests/bench/backlog.py): a paused kind's backlog built by real signed deliveries
 # through `serve --workers 2`, resumed, drained by a real `effectgate worker` at its defaults and timed from
