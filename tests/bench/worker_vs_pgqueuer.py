@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -45,6 +46,9 @@ from .common import drop_database, fresh_database, server_url
 from .pgqueuer_drain import drain as pgqueuer_drain
 
 POLL_SECONDS = 0.5
+# The worker's connections to the ledger at a poll (every backend of the database but the two polls'):
+# the most seen during a drain is printed beside its rate, against the pool's bound (worker_pool_max).
+WORKER_CONNECTIONS = "SELECT count(*) - 2 FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
 # The payload claim_directly stores for each delivery, as PgQueuer's job payload: the same bytes each side.
 PAYLOAD = json.dumps(
     {"id": "evt_direct_00000000_0", "type": "bench.event", "data": {"object": {"n": 0, "pad": "x" * 1900}}}
@@ -77,7 +81,13 @@ def _wait_listening(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("the worker did not LISTEN within 30 s")
 
 
-def effectgate_round(server: str, jobs: int, concurrency: int | None, analyze: bool, tmp: Path) -> float:
+@dataclass(frozen=True)
+class Round:
+    rate: float
+    peak_connections: int
+
+
+def effectgate_round(server: str, jobs: int, concurrency: int | None, analyze: bool, tmp: Path) -> Round:
     url = fresh_database(server)
     try:
         backlog.pause(url, backlog.KIND)
@@ -92,12 +102,15 @@ def effectgate_round(server: str, jobs: int, concurrency: int | None, analyze: b
         try:
             _wait_listening(url, proc)
             poll = backlog.Poll(url, backlog.PENDING, (backlog.KIND,))
+            connections = backlog.Poll(url, WORKER_CONNECTIONS)
+            peak = 0
             started = backlog.resume(url, backlog.KIND)
             while True:
                 time.sleep(POLL_SECONDS)
                 asked = time.monotonic()
+                peak = max(peak, connections())
                 if poll() == 0:
-                    return jobs / (asked - started)
+                    return Round(jobs / (asked - started), peak)
                 if asked - started > 1800:
                     raise RuntimeError("the drain did not finish within 30 minutes")
         finally:
@@ -150,10 +163,13 @@ def main() -> None:
             line = f"round {n + 1}: PgQueuer {pgq:,.0f} jobs/s"
             for c in concurrencies:
                 label = f"effectgate worker, concurrency {c or 'default'}"
-                rate = effectgate_round(server, args.jobs, c, not args.no_analyze, Path(tmp_name))
-                rates.setdefault(label, []).append(rate)
-                ratios.setdefault(label, []).append(rate / pgq)
-                line += f"; {label} {rate:,.0f} ({rate / pgq:.2f}x)"
+                done = effectgate_round(server, args.jobs, c, not args.no_analyze, Path(tmp_name))
+                rates.setdefault(label, []).append(done.rate)
+                ratios.setdefault(label, []).append(done.rate / pgq)
+                line += (
+                    f"; {label} {done.rate:,.0f} ({done.rate / pgq:.2f}x, "
+                    f"at most {done.peak_connections} connections)"
+                )
             print(f"{line}; load average {os.getloadavg()[0]:.2f}", flush=True)
     for label, values in rates.items():
         print(_summary(f"{label}, jobs/s", values))
