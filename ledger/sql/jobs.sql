@@ -5,7 +5,7 @@
 -- takes at most one job per lock key: the partial unique index would refuse a second. Paused kinds wait.
 --
 -- Cost does not grow with the backlog (invariant 13): each kind is read in (run_at, id) order from its own
--- index (jobs_kind_due_idx, migration 0014) and stops after %(limit)s eligible rows, and "is this lock key
+-- index (jobs_kind_due_tenant_idx, migrations 0014 and 0026) and stops after %(limit)s eligible rows, and "is this lock key
 -- held?" is one probe of jobs_lock_key_running_unique per row read. The batch is then the earliest
 -- %(limit)s across the kinds by (run_at, id): the global order a single scan would give, so no kind is
 -- favoured over another (the top %(limit)s of the union are among each kind's own top %(limit)s). Each kind

@@ -9,7 +9,8 @@ bimodal drain rate; docs/performance.md, "The worker's plans"). Each statement n
 (id, tenant), so the row is one probe of ``jobs_pkey`` with or without statistics.
 
 The ledger here is filled with autovacuum off on its tables and never analyzed; every scan of ``jobs`` that
-locks, leases or finishes a row (aliases ``j``, ``j_1``, …) must be a probe of ``jobs_pkey``.
+locks, leases or finishes a row (aliases ``j``, ``j_1``, …) must be a probe of ``jobs_pkey``, and the head of
+each kind's due jobs a walk of that kind's index.
 """
 
 from __future__ import annotations
@@ -88,3 +89,11 @@ async def test_fetch_and_finish_reach_each_row_by_its_primary_key_without_statis
     probes = {name: row_probes(plans[name]) for name in ("job_fetch_and_lease", "job_finish_if_leased")}
     assert all(probes.values()), probes
     assert {index for found in probes.values() for index in found.values()} == {"jobs_pkey"}, probes
+    # The head of each kind's due jobs is walked on that kind's index (with the tenant carried, migration 0026),
+    # not on jobs_due_idx, which holds every kind's due jobs.
+    heads = {
+        n.get("Index Name", n["Node Type"])
+        for n in nodes(plans["job_fetch_and_lease"])
+        if n.get("Relation Name") == "jobs" and n["Alias"] == "w"
+    }
+    assert heads == {"jobs_kind_due_tenant_idx"}, heads
