@@ -331,12 +331,16 @@ class Worker:
                 await control.cancel(conn, self.registry, job_id, by="ledger", reason="superseded")
 
     @contextlib.asynccontextmanager
-    async def _refill(self, conn: db.Conn, finishing: list[int]) -> AsyncIterator[Callable[[], None] | None]:
+    async def _refill(
+        self, conn: db.Conn, finishing: list[int], guarded: bool = True
+    ) -> AsyncIterator[Callable[[], None] | None]:
         """Inside a finish batch's transaction: lease jobs for the slots the batch's ``finishing`` jobs give
         back, so that one commit ends a batch and leases the next (a commit waits for the WAL flush, and two of
         them per batch bounded a drain: docs/performance.md). Yields what starts the leased jobs, to be called
         once the transaction has committed, or ``None``. Skipped while the run loop fetches or the worker
-        stops; a refill that fails is logged and the batch's finishes commit without it."""
+        stops; a refill that fails is logged and the batch's finishes commit without it. Unguarded (no
+        savepoint around the fetch, ``FinishBatcher``), a failed fetch has aborted the batch's transaction:
+        it propagates, for the batch to be written again guarded."""
         ttls = self._ttls()
         free = self.config.concurrency - len(self._running) + len(finishing)
         notifies = self._notifies  # before the fetch: a job notified after it may not be seen by it
@@ -357,11 +361,14 @@ class Worker:
                     to_supersede=to_supersede,
                     per_tenant=bool(self._per_tenant),
                     now=self._now,
+                    guarded=guarded,
                 )
                 if to_supersede:
                     # Cancelled by the run loop's next fetch, outside this batch's transaction.
                     self._wake.set()
             except Exception as exc:
+                if not guarded:
+                    raise
                 log.warning("worker.fetch_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
                 yield functools.partial(self._start, [])  # their ends wake the run loop to fetch for them
                 return

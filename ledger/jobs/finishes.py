@@ -86,7 +86,12 @@ async def finish(
 
 
 async def finish_many(
-    conn: Conn, transitions: Sequence[Finish], *, now: datetime | None = None, per_tenant: bool = False
+    conn: Conn,
+    transitions: Sequence[Finish],
+    *,
+    now: datetime | None = None,
+    per_tenant: bool = False,
+    guarded: bool = True,
 ) -> list[Reached | LedgerError | None]:
     """Many terminal transitions in one statement, each fenced by its own token; as ``finish`` each.
 
@@ -101,10 +106,17 @@ async def finish_many(
 
     ``per_tenant`` (a ledger distributed by tenant on Citus): one statement per tenant, each routed to its
     shard (deploy/README.md, "Past one Postgres").
+
+    Inside the caller's transaction each statement runs in a savepoint, so that a batch Postgres refuses
+    can be split there. ``guarded=False`` (not with ``per_tenant``) sends the one statement without the
+    savepoint, two round trips fewer, and does not split: any error propagates, the caller's transaction is
+    aborted, and the caller must roll it back and may do it all again guarded (the worker's finish batch).
     """
     if not transitions:
         return []
     storable = await _with_tenants([_storable_finish(t) for t in transitions], conn)
+    if not guarded and not per_tenant:
+        return [*await _finish_rows(conn, storable, now, savepoint=False)]
     if not per_tenant:
         return await _finish_split(conn, storable, now)
     groups: dict[str | None, list[Finish]] = {}
@@ -178,7 +190,9 @@ async def _finish_split(
             ]
 
 
-async def _finish_rows(conn: Conn, transitions: list[Finish], now: datetime | None) -> list[Reached | None]:
+async def _finish_rows(
+    conn: Conn, transitions: list[Finish], now: datetime | None, *, savepoint: bool = True
+) -> list[Reached | None]:
     params = {
         "job_ids": [t.job_id for t in transitions],
         "tenants": [t.tenant for t in transitions],
@@ -192,7 +206,7 @@ async def _finish_rows(conn: Conn, transitions: list[Finish], now: datetime | No
         # One tenant's batch (per_tenant), else none: each row is still matched on its own tenant.
         "tenant": transitions[0].tenant if len({t.tenant for t in transitions}) == 1 else None,
     }
-    if conn.info.transaction_status:
+    if savepoint and conn.info.transaction_status:
         # Inside the caller's transaction: a savepoint, so a batch refused for one row can be split
         # without aborting the caller's transaction.
         async with conn.transaction():

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from ..db import Conn
@@ -111,6 +112,7 @@ async def fetch_and_lease(
     hooked: Collection[str] = (),
     to_supersede: list[int] | None = None,
     per_tenant: bool = False,
+    guarded: bool = True,
 ) -> list[Lease]:
     """Lease up to ``limit`` due jobs to ``owner``; ``kinds`` maps each kind it runs to its lease TTL.
 
@@ -126,9 +128,16 @@ async def fetch_and_lease(
     tenant is a multi-shard ``FOR UPDATE``, which Citus refuses. Instead the tenants with the earliest due
     jobs are read first (no lock), then each tenant's jobs are leased by the same statement restricted to
     that tenant, which Citus routes to its shard: 1 + (tenants leased from) statements per fetch.
+
+    Inside the caller's transaction the statement runs in a savepoint, so a fetch that loses a lock key's
+    race (retried here) or fails does not abort the caller's transaction. ``guarded=False`` leaves the
+    savepoint out, two round trips fewer: any error then propagates at once, the caller's transaction is
+    aborted, and the caller must roll it back and may do it all again guarded (the worker's finish batch).
     """
     if not per_tenant:
-        return await _fetch_tenant(conn, owner, kinds, limit, now, scan_limit, hooked, to_supersede, None)
+        return await _fetch_tenant(
+            conn, owner, kinds, limit, now, scan_limit, hooked, to_supersede, None, guarded
+        )
     leases: list[Lease] = []
     for tenant in await tenants_due(conn, kinds=kinds, limit=limit, now=now):
         leases += await _fetch_tenant(
@@ -160,11 +169,12 @@ async def _fetch_tenant(
     hooked: Collection[str],
     to_supersede: list[int] | None,
     tenant: str | None,
+    guarded: bool = True,
 ) -> list[Lease]:
     leases: list[Lease] = []
     for _ in range(FETCH_SUPERSEDED_ROUNDS):
         leased, superseded, hooked_ids = await _fetch_once(
-            conn, owner, kinds, limit - len(leases), now, scan_limit, list(hooked), tenant
+            conn, owner, kinds, limit - len(leases), now, scan_limit, list(hooked), tenant, guarded
         )
         leases += leased
         if to_supersede is not None:
@@ -207,6 +217,7 @@ async def _fetch_once(
     scan_limit: int,
     hooked: list[str],
     tenant: str | None,
+    guarded: bool = True,
 ) -> tuple[list[Lease], int, list[int]]:
     params = {
         "tenant": tenant,
@@ -222,7 +233,7 @@ async def _fetch_once(
         try:
             if tenant is not None:
                 rows = await _fetch_routed(conn, params)
-            elif conn.info.transaction_status:
+            elif conn.info.transaction_status and guarded:
                 # Inside the caller's transaction: a savepoint, so a refused fetch does not abort it.
                 async with conn.transaction():
                     rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()
@@ -231,7 +242,11 @@ async def _fetch_once(
                 rows = await (await conn.execute(Q["job_fetch_and_lease"], params)).fetchall()
             break
         except pg_errors.UniqueViolation as exc:
-            if exc.diag.constraint_name != LOCK_KEY_INDEX:
+            # Unguarded inside the caller's transaction, the race aborted it: the caller starts again.
+            if (
+                exc.diag.constraint_name != LOCK_KEY_INDEX
+                or conn.info.transaction_status == TransactionStatus.INERROR
+            ):
                 raise
     else:
         return [], 0, []

@@ -4,12 +4,13 @@ worker still never runs more handlers than its concurrency, and a refill that fa
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 import pytest
 
-from effectgate.handlers import EffectContext, Event
+from effectgate.handlers import EffectContext, Event, TerminalError
 from effectgate.handlers.worker import runtime as worker_module
 from effectgate.ledger import db
 from effectgate.ledger.jobs import leases as jobs
@@ -50,10 +51,10 @@ async def test_refills_and_the_run_loop_never_run_more_handlers_than_the_concurr
     refills = 0
     refill = worker_module.Worker._refill
 
-    def counting(self: Any, conn: db.Conn, finishing: int) -> Any:
+    def counting(self: Any, conn: db.Conn, finishing: int, guarded: bool = True) -> Any:
         nonlocal refills
         refills += 1
-        return refill(self, conn, finishing)
+        return refill(self, conn, finishing, guarded)
 
     worker = make_worker(pool, registry(kind(handler)), url=db_url, concurrency=4)
     worker._refill = counting.__get__(worker)  # type: ignore[method-assign]
@@ -212,3 +213,64 @@ async def test_a_job_claimed_while_a_full_workers_refill_is_open_runs_when_the_s
         worker.stop()
         await task
     assert ran == [first, claimed[0]]
+
+
+async def test_a_batch_postgres_refuses_is_written_again_guarded_and_only_the_refused_job_fails(
+    pool: db.Pool, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A finish batch and its refill go first without savepoints (four round trips fewer). Here Postgres itself
+    # refuses one job's terminal row (a trigger of the test's, SQLSTATE 22023: a row's value, as a value over
+    # an index's limit would be), which aborts that whole transaction: it must be rolled back and written
+    # again guarded, where the refused row is split out and stored with a stand-in reason. Every job ends
+    # once: the refused one failed, its batch-mates succeeded, none ran twice.
+    async with jf.connected(db_url) as conn:
+        await conn.execute(
+            """
+            CREATE FUNCTION refuse_marked() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'refused by the test' USING ERRCODE = '22023';
+            END $$;
+            CREATE TRIGGER refuse_marked BEFORE UPDATE ON jobs FOR EACH ROW
+                WHEN (NEW.terminal_reason LIKE '%refuse-me%') EXECUTE FUNCTION refuse_marked();
+            """
+        )
+        ids = [await claim(conn) for _ in range(8)]
+    refused = ids[3]
+    release = asyncio.Event()
+    ran: list[int] = []
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        await release.wait()
+        ran.append(ctx.job_id)
+        if ctx.job_id == refused:
+            raise TerminalError("refuse-me")
+
+    caplog.set_level(logging.INFO, logger="effectgate.worker")
+    worker = make_worker(pool, registry(kind(handler)), url=db_url, concurrency=8)
+    task = asyncio.create_task(worker.run())
+    async with jf.connected(db_url) as conn:
+
+        async def all_leased() -> bool:
+            return (await states(conn)).get("running", 0) == 8
+
+        await wait_for(all_leased, 60, "the 8 jobs to be leased")
+        release.set()
+
+        async def all_done() -> bool:
+            return sum(n for s, n in (await states(conn)).items() if s in ("succeeded", "failed")) == 8
+
+        await wait_for(all_done, 60, "the 8 jobs to end")
+        rows = {
+            r["id"]: r
+            for r in await (
+                await conn.execute("SELECT id, state::text AS state, terminal_reason FROM jobs")
+            ).fetchall()
+        }
+    worker.stop()
+    await task
+    assert sorted(ran) == sorted(ids)
+    assert {i: r["state"] for i, r in rows.items()} == {
+        i: "failed" if i == refused else "succeeded" for i in ids
+    }
+    assert "could not be stored" in rows[refused]["terminal_reason"]
+    assert "worker.finish_batch_again_guarded" in caplog.messages
