@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -56,6 +56,12 @@ CONNECTION_DEFAULTS: dict[str, str] = {
     "tcp_user_timeout": "30000",  # milliseconds
     "connect_timeout": "10",
 }
+
+# Waits between tries of a write whose database was lost (retry_while_unavailable): quick for a dropped
+# connection the pool replaces at once, then every 2 s while a standby is promoted.
+OUTAGE_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
+
+T = TypeVar("T")
 
 log = logging.getLogger("effectgate.ledger")
 
@@ -228,6 +234,35 @@ async def connection(pool: Pool) -> AsyncIterator[Conn]:
     """A pooled connection, with driver errors translated."""
     async with translate_errors(), pool.connection() as conn:
         yield conn
+
+
+async def retry_while_unavailable(
+    op: Callable[[], Awaitable[T]],
+    *,
+    within: float,
+    on_retry: Callable[[LedgerUnavailable, float], None] | None = None,
+) -> T:
+    """``await op()``, again after a growing wait (``OUTAGE_RETRY_DELAYS``) each time it raises
+    ``LedgerUnavailable`` — the database lost or unreachable: a failover, a restart — for up to ``within``
+    seconds; then the last ``LedgerUnavailable`` is raised. ``on_retry(error, delay)`` hears of each retry.
+
+    Only for a write that is safe to send twice: one that committed before its answer was lost must
+    change nothing the second time, or say so (a fenced write whose lease the first try ended raises
+    ``LeaseLost``)."""
+    deadline = time.monotonic() + within
+    attempt = 0
+    while True:
+        try:
+            return await op()
+        except LedgerUnavailable as exc:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            delay = min(OUTAGE_RETRY_DELAYS[min(attempt, len(OUTAGE_RETRY_DELAYS) - 1)], remaining)
+            attempt += 1
+            if on_retry is not None:
+                on_retry(exc, delay)
+            await asyncio.sleep(delay)
 
 
 def describe(url: str) -> str:

@@ -493,6 +493,7 @@ class Worker:
             services=self.services,
             slice_budget=kind.slice_budget,
             per_tenant=bool(self._per_tenant),
+            outage_wait=kind.lease_ttl,
         )
         ctx.draining = self._stopping.is_set()
         self._contexts[lease.job_id] = ctx
