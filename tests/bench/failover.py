@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,22 @@ class Deliveries:
                 self.stop.wait(max(0.0, start + n / self.rate - time.monotonic()))
 
 
+def errors_after(root: Path, since: float) -> dict[str, int]:
+    """Error lines the gateway and workers logged after ``since`` (wall clock), counted by event."""
+    counted: Counter[str] = Counter()
+    for log in [root / "gateway.log", *sorted(root.glob("worker*.log"))]:
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("level") != "error" or "ts" not in record:
+                continue
+            if datetime.fromisoformat(record["ts"]).timestamp() > since:
+                counted[f"{log.stem}:{record.get('event')}"] += 1
+    return dict(sorted(counted.items()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -268,7 +285,7 @@ def main() -> int:
         # What a failover manager takes to notice and decide (Patroni's ttl, a person): an outage window.
         time.sleep(args.promote_after)
         cluster.promote()
-        promoted_at = time.monotonic()
+        promoted_at, promoted_wall = time.monotonic(), time.time()
         time.sleep(max(0.0, began + args.seconds - time.monotonic()))
         deliveries.stop.set()
         sender.join()
@@ -321,6 +338,9 @@ def main() -> int:
             # One sender, one request at a time: during the outage a request waits for a connection (the
             # claim pool's timeout) before its 503, so the outage shows here more than in the 503 count.
             "slowest_answer_s": round(deliveries.slowest, 2),
+            # What failed once the new primary was up (a stale connection's request, a repair tick): none, with
+            # the pools checking each connection before use.
+            "errors_after_promotion": errors_after(root, promoted_wall),
         }
         print(json.dumps(summary, indent=2))
         lost = bool(missing) and not args.asynchronous
