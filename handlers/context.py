@@ -6,13 +6,14 @@ lease is lost (or the slice abandoned), every later write raises ``LeaseLost`` a
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from effectgate.ledger import db
-from effectgate.ledger.errors import LeaseLost
+from effectgate.ledger.errors import LeaseLost, LedgerUnavailable, StepAlreadyRecorded
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.jobs.steps import RecordedStep
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from .downstream.shipping import ShippingClient
 
 T = TypeVar("T")
+
+log = logging.getLogger("effectgate.worker")
 
 
 @dataclass(slots=True)
@@ -59,8 +62,13 @@ class EffectContext:
         slice_budget: float,
         clock: Callable[[], float] = time.monotonic,
         per_tenant: bool = False,
+        outage_wait: float = 0.0,
     ) -> None:
         self._pool = pool
+        # How long a step's record or marker, or a checkpoint, is retried while the database is lost (the
+        # worker gives its kind's lease TTL): a failover must not turn a call that reached the downstream into
+        # an orphan. Past the TTL the lease may be rescued anyway, and the fence refuses a late write.
+        self._outage_wait = outage_wait
         self._lease = lease
         # A ledger distributed by tenant (Citus): a step's write is two router statements (ledger.steps).
         self._per_tenant = per_tenant
@@ -264,41 +272,76 @@ class EffectContext:
         found: bool = False,
     ) -> None:
         self._check_fence()
-        async with db.connection(self._pool) as conn:
-            await steps.record(
-                conn,
-                job_id=self._lease.job_id,
-                lease_token=self._lease.lease_token,
-                tenant=self._lease.tenant,
-                per_tenant=self._per_tenant,
-                name=name,
-                idempotency_key=key,
-                status=status,
-                result=result,
-                error=error,
-                found=found,
+        tries = 0
+
+        async def record() -> None:
+            nonlocal tries
+            tries += 1
+            self._check_fence()
+            async with db.connection(self._pool) as conn:
+                try:
+                    await steps.record(
+                        conn,
+                        job_id=self._lease.job_id,
+                        lease_token=self._lease.lease_token,
+                        tenant=self._lease.tenant,
+                        per_tenant=self._per_tenant,
+                        name=name,
+                        idempotency_key=key,
+                        status=status,
+                        result=result,
+                        error=error,
+                        found=found,
+                    )
+                except StepAlreadyRecorded:
+                    # A try before this one committed and lost its answer with its connection: under the
+                    # lease this slice still holds, no one else could have recorded this step's outcome (an
+                    # earlier attempt's would have been returned above, without a call).
+                    if tries == 1:
+                        raise
+
+        await self._outlast_outage(record, name)
+
+    async def _outlast_outage(self, write: Callable[[], Awaitable[None]], what: str) -> None:
+        def retrying(exc: LedgerUnavailable, delay: float) -> None:
+            log.warning(
+                "worker.write_retry",
+                extra={"job_id": self.job_id, "write": what, "delay": delay, "error": str(exc)},
             )
+
+        await db.retry_while_unavailable(write, within=self._outage_wait, on_retry=retrying)
 
     async def _mark_started(self, name: str, key: str) -> None:
         self._check_fence()
-        async with db.connection(self._pool) as conn:
-            await steps.mark_started(
-                conn,
-                job_id=self._lease.job_id,
-                lease_token=self._lease.lease_token,
-                tenant=self._lease.tenant,
-                per_tenant=self._per_tenant,
-                name=name,
-                idempotency_key=key,
-            )
+
+        async def mark() -> None:
+            # Sent again after a lost connection, it moves this attempt's own marker to itself: no change.
+            self._check_fence()
+            async with db.connection(self._pool) as conn:
+                await steps.mark_started(
+                    conn,
+                    job_id=self._lease.job_id,
+                    lease_token=self._lease.lease_token,
+                    tenant=self._lease.tenant,
+                    per_tenant=self._per_tenant,
+                    name=name,
+                    idempotency_key=key,
+                )
+
+        await self._outlast_outage(mark, f"{name} started")
 
     async def save_checkpoint(self, value: Any) -> None:
         """Commit a resume point, fenced; a reclaimed job starts from the last one committed."""
         self._check_fence()
-        async with db.connection(self._pool) as conn:
-            await jobs.save_checkpoint(
-                conn, self._lease.job_id, self._lease.lease_token, value, tenant=self._lease.tenant
-            )
+
+        async def save() -> None:
+            self._check_fence()
+            async with db.connection(self._pool) as conn:
+                await jobs.save_checkpoint(
+                    conn, self._lease.job_id, self._lease.lease_token, value, tenant=self._lease.tenant
+                )
+
+        await self._outlast_outage(save, "checkpoint")
         self._checkpoint = value
 
     async def fenced_write(self, fn: Callable[[db.Conn], Awaitable[T]]) -> T:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -42,7 +42,57 @@ _TRANSIENT_REFUSALS = (
     "remaining connection slots",
 )
 
+# Client-side bounds on every connection effectgate opens, each applied only where the URL does not set it
+# (deploy/README.md, "Failover"). Without them a connection whose server vanished without a FIN (a primary
+# host lost, a partition) waits for the kernel's defaults: two hours of idle before the first keepalive, and
+# about 15 minutes of unacknowledged writes. With them a dead peer is found within ~25 s idle (10 s + 3 x 5 s)
+# or 30 s with a write outstanding, and a host that does not answer a connect is passed over after 10 s
+# (libpq tries the next host of a multi-host URL). Client-side libpq parameters: PgBouncer never sees them.
+CONNECTION_DEFAULTS: dict[str, str] = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",  # milliseconds
+    "connect_timeout": "10",
+}
+
+# Waits between tries of a write whose database was lost (retry_while_unavailable): quick for a dropped
+# connection the pool replaces at once, then every 2 s while a standby is promoted.
+OUTAGE_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
+
+T = TypeVar("T")
+
 log = logging.getLogger("effectgate.ledger")
+
+
+class _NotWritable(psycopg.OperationalError):
+    """The connection reached a server that cannot write now (a standby, or read-only by default)."""
+
+
+def connection_defaults(url: str) -> dict[str, Any]:
+    """The ``CONNECTION_DEFAULTS`` that ``url`` does not set itself, as connect keyword arguments: a
+    setting in the URL always wins. A URL that is not a connection string gets none (the connect that
+    follows says what is wrong with it)."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return {}
+    return {name: value for name, value in CONNECTION_DEFAULTS.items() if name not in params}
+
+
+async def _check_writable(conn: Conn) -> None:
+    # Run by the pool before it hands out a connection: a connection whose server died (a failover, a
+    # restart, pg_terminate_backend) fails here, not in the caller's statement, and the pool opens another;
+    # one that reached a standby (a multi-host URL without target_session_attrs=read-write, or a primary
+    # demoted under us) is refused the same way. One round trip, as psycopg_pool's own check_connection.
+    cur = await conn.execute(Q["session_writable_check"], prepare=False)
+    row = await cur.fetchone()
+    if not (row and row["writable"]):
+        # Closed, not just refused: the pool puts a refused connection that still works back in the pool
+        # (it discards only broken ones), and would hand it out again.
+        await conn.close()
+        raise _NotWritable("the server is read-only (a standby, or default_transaction_read_only)")
 
 
 def check_schema_name(name: str) -> str:
@@ -103,11 +153,17 @@ def make_pool(
     connection of the pool: give them to a pool of its own, such as the gateway's claim pool, not to one
     whose reports or maintenance may rightly run longer. Every connection's ``search_path`` is
     ``schema`` (``use_schema``).
+
+    Each connection is checked before it is handed out (``_check_writable``): a dead one, or one on a
+    server that cannot write, is discarded and another opened, so a failover or a restarted server costs
+    no caller an error. Keepalives and a TCP user timeout bound how long a vanished server goes unnoticed
+    (``CONNECTION_DEFAULTS``, where ``url`` does not set them).
     """
     return psycopg_pool.AsyncConnectionPool(
         url,
         connection_class=psycopg.AsyncConnection[DictRow],
-        kwargs={"row_factory": dict_row},
+        kwargs={"row_factory": dict_row, **connection_defaults(url)},
+        check=_check_writable,
         configure=partial(
             _configure, schema=schema, lock_timeout=lock_timeout, statement_timeout=statement_timeout
         ),
@@ -180,6 +236,35 @@ async def connection(pool: Pool) -> AsyncIterator[Conn]:
         yield conn
 
 
+async def retry_while_unavailable(
+    op: Callable[[], Awaitable[T]],
+    *,
+    within: float,
+    on_retry: Callable[[LedgerUnavailable, float], None] | None = None,
+) -> T:
+    """``await op()``, again after a growing wait (``OUTAGE_RETRY_DELAYS``) each time it raises
+    ``LedgerUnavailable`` — the database lost or unreachable: a failover, a restart — for up to ``within``
+    seconds; then the last ``LedgerUnavailable`` is raised. ``on_retry(error, delay)`` hears of each retry.
+
+    Only for a write that is safe to send twice: one that committed before its answer was lost must
+    change nothing the second time, or say so (a fenced write whose lease the first try ended raises
+    ``LeaseLost``)."""
+    deadline = time.monotonic() + within
+    attempt = 0
+    while True:
+        try:
+            return await op()
+        except LedgerUnavailable as exc:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            delay = min(OUTAGE_RETRY_DELAYS[min(attempt, len(OUTAGE_RETRY_DELAYS) - 1)], remaining)
+            attempt += 1
+            if on_retry is not None:
+                on_retry(exc, delay)
+            await asyncio.sleep(delay)
+
+
 def describe(url: str) -> str:
     """Where ``url`` points, for a message: host, port, database and user — never the password.
 
@@ -246,7 +331,9 @@ async def connect(
     the reason, never the password (it is for operators: the HTTP face never shows it).
     """
     try:
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row, **kwargs)
+        conn = await psycopg.AsyncConnection.connect(
+            url, autocommit=True, row_factory=dict_row, **{**connection_defaults(url), **kwargs}
+        )
     except psycopg.Error as exc:
         try:
             where = describe(url)
@@ -284,7 +371,7 @@ async def wait_until_reachable(url: str, wait: float) -> None:
         limit = max(1.0, min(STARTUP_ATTEMPT_TIMEOUT, deadline - time.monotonic()))
         try:
             async with asyncio.timeout(limit):
-                conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(url, autocommit=True, **connection_defaults(url))
         except TimeoutError as exc:
             reason, error = f"no answer within {limit:g}s", exc
         except psycopg.Error as exc:

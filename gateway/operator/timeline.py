@@ -71,7 +71,9 @@ def attempt_history(
     and before each attempt that follows a redrive a row ``{"marker": "redriven by WHO at WHEN (why)"}``."""
     redrives = sorted((a for a in actions if a["action"] == "redrive"), key=lambda a: _when(a["acted_at"]))
     rows: list[dict[str, Any]] = []
-    for number, attempt in enumerate(sorted(attempts, key=lambda a: a["lease_token"]), 1):
+    for number, attempt in enumerate(
+        sorted(attempts, key=lambda a: (_when(a["started_at"]), a["attempt"])), 1
+    ):
         while redrives and _when(redrives[0]["acted_at"]) <= _when(attempt["started_at"]):
             rows.append({"marker": _redriven(redrives.pop(0))})
         rows.append(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from effectgate.ledger import db
-from effectgate.ledger.errors import LeaseLost, LedgerError
+from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
 from effectgate.ledger.jobs import leases as jobs
 
 from ..effect_kind import EffectKind
@@ -130,6 +130,12 @@ class FinishBatcher:
                 if guarded:
                     raise
                 raise _Aborted(exc) from exc
+            if conn.broken:
+                # psycopg leaves a transaction block without an error when the connection died inside a
+                # savepoint whose error was handled there (a hook's, the refill's fetch): nothing was committed,
+                # and answering the batch as written would leave its jobs running until their leases expire,
+                # and then to their orphan policy (found by tests/bench/failover.py).
+                raise LedgerUnavailable("the connection was lost inside the finish batch's transaction")
             if start is not None:
                 start()  # committed: the leases are ours
             return answers

@@ -25,6 +25,9 @@ log = logging.getLogger("effectgate.worker")
 # A heartbeat skips a job whose row another transaction holds locked (lease_extend_if_held), and asks again
 # for it after this (or a tenth of its TTL, if shorter) instead of at the next third of its TTL.
 HEARTBEAT_BUSY_RETRY = 0.2
+# A heartbeat that failed (the database lost: a restart, a failover) is tried again after this (or a tenth of its
+# TTL, if shorter).
+HEARTBEAT_FAILED_RETRY = 1.0
 
 
 @dataclass(slots=True)
@@ -90,6 +93,10 @@ class Heartbeat:
                     "worker.heartbeat_failed",
                     extra={"job_ids": [b.lease.job_id for b in due], "error": str(exc)},
                 )
+                # Asked again soon, not a third of the TTL later: two beats lost to a failover would
+                # otherwise let the lease run out just as the new primary comes up.
+                for beat in due:
+                    beat.due = loop.time() + min(HEARTBEAT_FAILED_RETRY, beat.kind.lease_ttl / 10)
                 continue
             for beat in due:
                 if self._beats.get(beat.lease.job_id) is not beat:

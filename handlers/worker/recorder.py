@@ -1,12 +1,12 @@
 """Recording a slice's outcome under its lease: success, failure, a retry after backoff, a hand-back.
 
 Terminal transitions go through the worker's finish batcher; the others are one fenced transition each,
-with the kind's ``on_transition`` hook in its transaction. A lost connection is retried a few times.
+with the kind's ``on_transition`` hook in its transaction. A lost connection is retried until the database is
+back, for up to the kind's lease TTL.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
@@ -29,9 +29,6 @@ from .finishes import FinishBatcher
 from .slices import Ended
 
 log = logging.getLogger("effectgate.worker")
-
-# Waits between tries of a terminal transition whose connection was lost (then one last try).
-TRANSITION_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
 
 
 def error_record(exc: BaseException) -> dict[str, Any]:
@@ -177,18 +174,7 @@ class OutcomeRecorder:
 
     async def _finish(self, lease: jobs.Lease, kind: EffectKind, finish: jobs.Finish) -> jobs.Reached:
         """A terminal transition, batched with the other jobs finishing now; retried as ``_transition``."""
-        for delay in (*TRANSITION_RETRY_DELAYS, None):
-            try:
-                return await self._finishes.finish(lease, kind, finish)
-            except LedgerUnavailable as exc:
-                if delay is None:
-                    raise
-                log.warning(
-                    "worker.transition_retry",
-                    extra={"job_id": lease.job_id, "delay": delay, "error": str(exc)},
-                )
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+        return await self._outlast_outage(lease, kind, lambda: self._finishes.finish(lease, kind, finish))
 
     async def _transition(
         self,
@@ -198,21 +184,25 @@ class OutcomeRecorder:
     ) -> jobs.Reached:
         """Make one fenced transition; a terminal one runs the kind's ``on_transition`` in its transaction.
 
-        A lost connection is retried a few times: the slice's work is done, and leaving its outcome to
-        lease expiry would re-run or park a job that only failed to say it finished. If an earlier try
-        did commit before its connection dropped, the retry finds the lease gone (``LeaseLost``) and
-        changes nothing.
+        A lost connection is retried until the database is back, for up to the kind's lease TTL
+        (``_outlast_outage``). If an earlier try did commit before its connection dropped, the retry finds
+        the lease gone (``LeaseLost``) and changes nothing.
         """
-        for delay in TRANSITION_RETRY_DELAYS:
-            try:
-                return await self._transition_once(lease, kind, apply)
-            except LedgerUnavailable as exc:
-                log.warning(
-                    "worker.transition_retry",
-                    extra={"job_id": lease.job_id, "delay": delay, "error": str(exc)},
-                )
-                await asyncio.sleep(delay)
-        return await self._transition_once(lease, kind, apply)
+        return await self._outlast_outage(lease, kind, lambda: self._transition_once(lease, kind, apply))
+
+    async def _outlast_outage(
+        self, lease: jobs.Lease, kind: EffectKind, write: Callable[[], Awaitable[jobs.Reached]]
+    ) -> jobs.Reached:
+        # The slice's work is done: leaving its outcome to lease expiry would re-run a job, or park it by
+        # its orphan policy, that only failed to say it finished — a failover is not an orphan. So the
+        # write waits out a restart or a standby's promotion, up to the lease TTL (past it the lease may be
+        # rescued anyway, and the fence refuses the late write).
+        def retrying(exc: LedgerUnavailable, delay: float) -> None:
+            log.warning(
+                "worker.transition_retry", extra={"job_id": lease.job_id, "delay": delay, "error": str(exc)}
+            )
+
+        return await db.retry_while_unavailable(write, within=kind.lease_ttl, on_retry=retrying)
 
     async def _transition_once(
         self,

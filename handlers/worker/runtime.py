@@ -338,9 +338,10 @@ class Worker:
         back, so that one commit ends a batch and leases the next (a commit waits for the WAL flush, and two of
         them per batch bounded a drain: docs/performance.md). Yields what starts the leased jobs, to be called
         once the transaction has committed, or ``None``. Skipped while the run loop fetches or the worker
-        stops; a refill that fails is logged and the batch's finishes commit without it. Unguarded (no
-        savepoint around the fetch, ``FinishBatcher``), a failed fetch has aborted the batch's transaction:
-        it propagates, for the batch to be written again guarded."""
+        stops; a refill that fails is logged and the batch's finishes commit without it, unless it lost the
+        connection: then the batch fails with it, and each of its finishes is retried. Unguarded (no savepoint
+        around the fetch, ``FinishBatcher``), a failed fetch has aborted the batch's transaction: it
+        propagates, for the batch to be written again guarded."""
         ttls = self._ttls()
         free = self.config.concurrency - len(self._running) + len(finishing)
         notifies = self._notifies  # before the fetch: a job notified after it may not be seen by it
@@ -370,6 +371,8 @@ class Worker:
                 if not guarded:
                     raise
                 log.warning("worker.fetch_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+                if db.error_kind(exc) == "connection" or conn.broken:
+                    raise  # the batch's transaction is lost with it: its finishes are retried, not answered
                 yield functools.partial(self._start, [])  # their ends wake the run loop to fetch for them
                 return
             if not leases:
@@ -500,6 +503,7 @@ class Worker:
             services=self.services,
             slice_budget=kind.slice_budget,
             per_tenant=bool(self._per_tenant),
+            outage_wait=kind.lease_ttl,
         )
         ctx.draining = self._stopping.is_set()
         self._contexts[lease.job_id] = ctx

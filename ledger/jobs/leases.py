@@ -1,7 +1,7 @@
 """Jobs and their leases.
 
 A job is a row with a lease on it. ``fetch_and_lease`` hands due jobs to a worker, each under a new
-fencing token; every later write by that worker (heartbeat, checkpoint, step, terminal transition,
+random fencing token (never the last one + 1: a failover that lost WAL could hand it out twice); every later write by that worker (heartbeat, checkpoint, step, terminal transition,
 its own fenced transaction) matches the job id *and* that token in its WHERE clause, so a worker
 whose lease was reclaimed changes nothing and gets ``LeaseLost``.
 

@@ -145,6 +145,11 @@ SELECT set_config('search_path', quote_ident(%(schema)s), false);
 -- Sets this session's lock_timeout and statement_timeout (milliseconds as text; '0' is no limit).
 SELECT set_config('lock_timeout', %(lock_timeout)s, false), set_config('statement_timeout', %(statement_timeout)s, false);
 
+-- name: session_writable_check
+-- Whether this session can write: false on a standby (in recovery) or a server whose sessions start read-only, so a
+-- pool never hands out a connection that landed on a standby during a failover (ledger/db.py, _check_writable).
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable;
+
 -- name: effect_keys_locked
 -- Of the given (tenant, effect key) pairs, those whose effect row another transaction holds locked now (a
 -- claim's ON CONFLICT DO UPDATE would wait for it); SKIP LOCKED, so it never waits itself.

@@ -1,6 +1,6 @@
 -- name: job_fetch_and_lease
--- Leases up to %(limit)s due pending jobs of the given kinds to one worker, each under a new fencing token
--- and its own kind's TTL, and opens an attempt row for each. SKIP LOCKED lets many workers fetch at once
+-- Leases up to %(limit)s due pending jobs of the given kinds to one worker, each under a new random fencing
+-- token and its own kind's TTL, and opens an attempt row for each. SKIP LOCKED lets many workers fetch at once
 -- without waiting on each other. A job whose lock key a running job holds stays pending, and one batch
 -- takes at most one job per lock key: the partial unique index would refuse a second. Paused kinds wait.
 --
@@ -50,9 +50,16 @@ candidates AS (
 ),
 due AS (
     -- The expiry is computed here, in a read: Citus refuses a STABLE expression over a column (timestamptz +
-    -- interval) in an UPDATE's SET (deploy/README.md, "Past one Postgres").
+    -- interval) in an UPDATE's SET (deploy/README.md, "Past one Postgres"). So is the new token (VOLATILE).
+    --
+    -- Each acquisition's token is random, 1 to 2^62, not the last one + 1: after a failover to a standby that
+    -- had not received the last WAL, a job's row may be back at an earlier state, and a counter would hand
+    -- the next holder the very token the lost holder (a worker still alive, still writing) holds, so the fence
+    -- could not tell them apart. A random token repeats with odds of about one in 2^62. Below 2^62, so a
+    -- previous release's `lease_token + 1` during a rolling upgrade cannot overflow.
     SELECT id, tenant, ttl, kind, superseded,
-           (SELECT coalesce(%(now)s, now())) + make_interval(secs => ttl) AS expires_at
+           (SELECT coalesce(%(now)s, now())) + make_interval(secs => ttl) AS expires_at,
+           1 + (random() * 4.6e18)::bigint AS token
     FROM (
         SELECT c.id, c.tenant, c.ttl, c.kind, c.lock_key,
                row_number() OVER (PARTITION BY c.tenant, c.lock_key, c.superseded ORDER BY c.run_at, c.id) AS nth,
@@ -90,7 +97,7 @@ leased AS (
     UPDATE jobs j SET
         state = 'running',
         attempt = j.attempt + 1,
-        lease_token = j.lease_token + 1,
+        lease_token = due.token,
         lease_owner = %(owner)s,
         lease_expires_at = due.expires_at,
         updated_at = (SELECT coalesce(%(now)s, now()))
@@ -456,11 +463,12 @@ FROM jobs j JOIN effects e ON e.id = j.effect_id AND e.tenant = j.tenant
 WHERE j.id = %(job_id)s;
 
 -- name: job_attempts_for_job
--- Every attempt of a job, oldest first: who ran it under which token, and how it ended.
+-- Every attempt of a job, oldest first: who ran it under which token, and how it ended. By start, not token:
+-- tokens are random (job_fetch_and_lease).
 SELECT job_id, attempt, lease_token, worker, started_at, finished_at, outcome, error_type, error_message,
        error_facts, traceback
 FROM job_attempts WHERE job_id = %(job_id)s
-ORDER BY lease_token;
+ORDER BY started_at, attempt, lease_token;
 
 -- name: job_tenants_stale_pending
 -- Pending waker on Citus: the tenants of the %(limit)s earliest due jobs pending past the shortest TTL (a

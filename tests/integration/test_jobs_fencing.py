@@ -44,7 +44,7 @@ async def reclaim(conn: db.Conn, *, expire_after: float, owner: str = "w2") -> j
     return await lease_one(conn, owner=owner, now=at(expire_after + 1))
 
 
-async def test_every_acquisition_increments_the_token_and_opens_an_attempt(conn: db.Conn) -> None:
+async def test_every_acquisition_gets_a_new_token_and_opens_an_attempt(conn: db.Conn) -> None:
     job_id = await claim(conn, now=at(0))
     tokens = []
     first = await lease_one(conn, ttl=10, now=at(0))
@@ -54,12 +54,12 @@ async def test_every_acquisition_increments_the_token_and_opens_an_attempt(conn:
     await jobs.hand_back(conn, job_id, second.lease_token, poison_threshold=3, by="w2", now=at(13))
     third = await lease_one(conn, owner="w3", now=at(14))
     tokens.append(third.lease_token)
-    assert tokens == [1, 2, 3]
+    assert len(set(tokens)) == 3 and all(0 < t < 2**62 + 1 for t in tokens)
     attempts = await jobs.attempts(conn, job_id)
     assert [(a["lease_token"], a["worker"], a["outcome"]) for a in attempts] == [
-        (1, "w1", "lease_expired"),
-        (2, "w2", "handed_back"),
-        (3, "w3", None),
+        (tokens[0], "w1", "lease_expired"),
+        (tokens[1], "w2", "handed_back"),
+        (tokens[2], "w3", None),
     ]
 
 
@@ -68,7 +68,7 @@ async def test_a_stale_worker_changes_nothing_and_gets_lease_lost(conn: db.Conn)
     job_id = await claim(conn, now=at(0))
     stale = await lease_one(conn, ttl=10, now=at(0))
     current = await reclaim(conn, expire_after=11)
-    assert current.lease_token == stale.lease_token + 1
+    assert current.lease_token != stale.lease_token
     await jobs.save_checkpoint(conn, job_id, current.lease_token, {"at": "current"}, now=at(12))
     before = await snapshot(conn, job_id)
 
@@ -100,6 +100,51 @@ async def test_a_stale_worker_changes_nothing_and_gets_lease_lost(conn: db.Conn)
     async with jobs.fenced_transaction(conn, job_id, current.lease_token) as tx:
         await mirror_write(tx)
     reached = await jobs.finish(conn, job_id, current.lease_token, state="succeeded", by="w2", now=at(14))
+    assert reached.state == "succeeded"
+
+
+async def test_a_lease_reissued_after_a_failover_lost_the_first_one_does_not_pass_the_old_holders_fence(
+    conn: db.Conn,
+) -> None:
+    """An asynchronous standby promoted before the last WAL arrived: the job's row is back as it was before
+    w1 leased it (pending, its old token, no attempt row), while w1 is alive and still holds its lease in
+    memory. The next lease must not be w1's token again, or w1's writes would land on w2's run."""
+    await conn.execute("CREATE TABLE mirror (note text)")
+    job_id = await claim(conn, now=at(0))
+    before_lease = await (await conn.execute("SELECT * FROM jobs WHERE id = %s", (job_id,))).fetchone()
+    assert before_lease is not None
+    lost = await lease_one(conn, owner="w1", ttl=30, now=at(0))
+    # What the promoted standby has: the row as committed before w1's lease, and none of w1's attempt.
+    await conn.execute(
+        "UPDATE jobs SET state = %s::job_state, lease_token = %s, lease_owner = NULL, lease_expires_at = NULL,"
+        " attempt = %s, updated_at = %s WHERE id = %s",
+        (
+            before_lease["state"],
+            before_lease["lease_token"],
+            before_lease["attempt"],
+            before_lease["updated_at"],
+            job_id,
+        ),
+    )
+    await conn.execute("DELETE FROM job_attempts WHERE job_id = %s", (job_id,))
+    current = await lease_one(conn, owner="w2", ttl=30, now=at(1))
+    assert (current.attempt, lost.attempt) == (1, 1)  # a counter would have reissued the same token here
+    assert current.lease_token != lost.lease_token
+    before = await snapshot(conn, job_id)
+    token = lost.lease_token
+    writes = {
+        "heartbeat": heartbeats.extend_lease(conn, job_id, token, ttl=10, now=at(2)),
+        "checkpoint": jobs.save_checkpoint(conn, job_id, token, {"at": "lost"}, now=at(2)),
+        "step": steps.record(
+            conn, job_id=job_id, lease_token=token, name="charge", idempotency_key="k", status="succeeded"
+        ),
+        "finish": jobs.finish(conn, job_id, token, state="succeeded", by="w1", now=at(2)),
+    }
+    for name, write in writes.items():
+        with pytest.raises(LeaseLost):
+            await write
+        assert await snapshot(conn, job_id) == before, name
+    reached = await jobs.finish(conn, job_id, current.lease_token, state="succeeded", by="w2", now=at(3))
     assert reached.state == "succeeded"
 
 
@@ -192,7 +237,7 @@ async def test_concurrent_fetchers_never_lease_one_job_twice(db_url: str) -> Non
     leased = [lease.job_id for batch in batches for lease in batch]
     assert len(leased) == len(set(leased))
     assert set(leased) <= ids
-    assert all(lease.lease_token == 1 for batch in batches for lease in batch)
+    assert len({lease.lease_token for batch in batches for lease in batch}) == len(leased)
 
 
 async def test_a_step_is_recorded_once_per_effect(conn: db.Conn) -> None:

@@ -134,7 +134,7 @@ async def test_redrive_puts_a_failed_job_back_with_fresh_attempts(conn: db.Conn)
         None,
     )
     again = await lease_one(conn, now=at(3))
-    assert (again.attempt, again.lease_token) == (1, 2)
+    assert again.attempt == 1 and again.lease_token != lease.lease_token
 
 
 @pytest.mark.parametrize("state", ["pending", "running", "succeeded", "cancelled"])

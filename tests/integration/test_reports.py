@@ -290,7 +290,8 @@ async def test_effect_lineage_from_delivery_to_outcome(seeded: db.Conn) -> None:
     assert view.job is not None
     assert (view.job["state"], view.job["terminal_reason"]) == ("succeeded", "done")
     [attempt] = view.attempts
-    assert (attempt["worker"], attempt["lease_token"], attempt["outcome"]) == ("worker-a", 1, "succeeded")
+    assert (attempt["worker"], attempt["attempt"], attempt["outcome"]) == ("worker-a", 1, "succeeded")
+    assert attempt["lease_token"] == view.job["lease_token"]
     [step] = view.steps
     assert step["idempotency_key"] == "eg_capture_key"
     assert step["result"] == {"id": "pi_1234", "status": "succeeded"}
@@ -372,10 +373,11 @@ async def test_job_view_shows_every_attempt_and_step(conn: db.Conn) -> None:
     view = await reports.job_view(conn, ids["order-paid:1"])
     assert view is not None
     assert (view.job["state"], view.job["terminal_reason"]) == ("failed", "card declined")
-    assert [(a["lease_token"], a["outcome"], a["error_message"]) for a in view.attempts] == [
+    assert [(a["attempt"], a["outcome"], a["error_message"]) for a in view.attempts] == [
         (1, "retry", "502 from provider"),
         (2, "failed", "card declined"),
     ]
+    assert len({a["lease_token"] for a in view.attempts}) == 2
     assert view.steps == []
     assert await reports.job_view(conn, 999_999) is None
     for bad in ["0", "x", "-3", str(2**63)]:

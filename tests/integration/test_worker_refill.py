@@ -108,6 +108,45 @@ async def test_a_refill_whose_fetch_fails_still_commits_the_batchs_finishes(
     assert len(ran) == 20 == len(set(ran))
 
 
+async def test_a_batch_whose_connection_dies_in_the_refill_is_retried_not_answered_as_written(
+    pool: db.Pool, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failover's view of the same: the batch's backend is terminated while the refill's fetch runs in the
+    # batch's transaction. psycopg then leaves the transaction block without an error, nothing committed: were
+    # the batch answered as written, its jobs would stay running until their leases expired (and then be
+    # parked by the default orphan policy). Each must instead be retried and succeed, its handler run once.
+    async with jf.connected(db_url) as conn:
+        for _ in range(20):
+            await claim(conn)
+    fetch = jobs.fetch_and_lease
+    killed: list[int] = []
+
+    async def backend_killed_in_a_transaction(conn: db.Conn, **kw: Any) -> list[jobs.Lease]:
+        if conn.info.transaction_status and not killed:
+            killed.append(conn.info.backend_pid)
+            async with jf.connected(db_url) as admin:
+                await admin.execute("SELECT pg_terminate_backend(%s, 10000)", (killed[0],))
+        return await fetch(conn, **kw)
+
+    monkeypatch.setattr(jobs, "fetch_and_lease", backend_killed_in_a_transaction)
+    ran: list[int] = []
+
+    async def handler(ctx: EffectContext, ev: Event) -> None:
+        ran.append(ctx.job_id)
+
+    worker = make_worker(pool, registry(kind(handler, orphan_policy="park")), url=db_url, concurrency=4)
+    task = asyncio.create_task(worker.run())
+    async with jf.connected(db_url) as conn:
+
+        async def all_done() -> bool:
+            return (await states(conn)).get("succeeded", 0) == 20
+
+        await wait_for(all_done, 50, "the 20 jobs to succeed (a lease runs 60 s)")
+    worker.stop()
+    await task
+    assert killed and len(ran) == 20 == len(set(ran))
+
+
 async def test_a_refill_that_leased_nothing_does_not_hold_back_a_woken_fetch(
     pool: db.Pool, db_url: str
 ) -> None:
