@@ -288,6 +288,11 @@ def test_every_line_the_process_tree_writes_is_json(serve: Serve) -> None:
     stop: uvicorn's supervisor lines ("Started parent process", "Child process [N] died", "Waiting for
     child process [N]") come through the JSON formatter like the gateway's own (issue 39)."""
     assert deliver(serve.url, 1).status_code in (200, 202)
+    # Both children up before one is killed: a child killed before its own start-up lines would leave two in
+    # all, and the count below waits for the third (seen once in about six runs).
+    wait_until(
+        lambda: serve.process.log().count("Application startup complete.") >= 2, 60, "both children up"
+    )
     children = serve.children()
     killed = children[0]
     os.kill(killed, signal.SIGKILL)
@@ -298,8 +303,9 @@ def test_every_line_the_process_tree_writes_is_json(serve: Serve) -> None:
     [restarted] = set(serve.children()) - set(children)
     # Its own start-up lines are written before the stop, not raced by it.
     serve.process.wait_log(f"Started server process [{restarted}]")
+    # At least 3: under load uvicorn's supervisor may also replace a child that answered its health ping late.
     wait_until(
-        lambda: serve.process.log().count("Application startup complete.") == 3, 60, "the restarted child up"
+        lambda: serve.process.log().count("Application startup complete.") >= 3, 60, "the restarted child up"
     )
     assert deliver(serve.url, 2).status_code in (200, 202)
     assert serve.process.stop() == 0
