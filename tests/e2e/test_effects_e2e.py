@@ -129,7 +129,7 @@ def test_a_worker_killed_between_capture_and_its_record_captures_once(stack: Sta
     assert stats["replays"] >= 1
     with psycopg.connect(stack.db_url, row_factory=dict_row) as conn:
         attempts = conn.execute(
-            "SELECT outcome FROM job_attempts WHERE job_id = %s ORDER BY lease_token", (job["id"],)
+            "SELECT outcome FROM job_attempts WHERE job_id = %s ORDER BY attempt", (job["id"],)
         ).fetchall()
         steps = conn.execute("SELECT name, idempotency_key FROM steps ORDER BY name").fetchall()
     assert [a["outcome"] for a in attempts] == ["lease_expired", "succeeded"]
