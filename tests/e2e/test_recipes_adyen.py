@@ -20,18 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from Adyen.util import generate_notification_sig
 
 from .fake_servers import serving
-from .processes import Process, free_port, wait_until
+from .processes import free_port
+from .recipe_stack import JobStates, recipe_stack
 
 HMAC_KEY = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"
 
 
 @dataclass
-class Shop:
+class Shop(JobStates):
     gateway: str
     adyen: str
     fake: str
@@ -65,17 +65,6 @@ class Shop:
             "shipments_by_order"
         ]
         return result
-
-    def state(self, effect_key: str) -> str | None:
-        with psycopg.connect(self.db_url) as conn:
-            row = conn.execute(
-                "SELECT j.state::text FROM jobs j JOIN effects e ON e.id = j.effect_id WHERE e.effect_key = %s",
-                (effect_key,),
-            ).fetchone()
-        return None if row is None else str(row[0])
-
-    def wait_state(self, effect_key: str, state: str) -> None:
-        wait_until(lambda: self.state(effect_key) == state, 60, f"{effect_key} to be {state}")
 
 
 @pytest.fixture
@@ -119,26 +108,8 @@ timeout = 5
             "RECIPES_ADYEN_HMAC_KEY": HMAC_KEY,
             "RECIPES_ADYEN_API_KEY": "AQE_recipes",
         }
-        fake = Process(["fake-providers", "--port", str(fake_port)], env, tmp_path / "fake.log")
-        gateway = Process(
-            ["serve", "--config", str(config), "--no-migrate", "--port", str(gateway_port)],
-            env,
-            tmp_path / "gateway.log",
-        )
-        processes = [fake, gateway]
-        try:
-            s = Shop(f"http://127.0.0.1:{gateway_port}", adyen_url, f"http://127.0.0.1:{fake_port}", db_url)
-            fake.wait_http(f"{s.fake}/_fake/stats")
-            gateway.wait_http(f"{s.gateway}/readyz")
-            worker = Process(
-                ["worker", "--config", str(config), "--no-migrate"], env, tmp_path / "worker.log"
-            )
-            processes.append(worker)
-            worker.wait_log("worker.started")
-            yield s
-        finally:
-            for proc in reversed(processes):
-                proc.stop()
+        with recipe_stack(config, env, tmp_path, gateway_port, fake_port):
+            yield Shop(f"http://127.0.0.1:{gateway_port}", adyen_url, f"http://127.0.0.1:{fake_port}", db_url)
 
 
 def item(

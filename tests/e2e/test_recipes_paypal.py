@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 
 from tests.unit.signatures.paypal_pki import Pki, iso
 
-from .processes import Process, free_port, wait_until
+from .processes import free_port
+from .recipe_stack import JobStates, recipe_stack
 from .schemes_cert_server import serve_certificates
 
 WEBHOOK_ID = "8PT597110X687430LKGRECIPE"
@@ -37,7 +37,7 @@ CERT_PATH = "/v1/notifications/certs/CERT-360caa42-fca2a594-recipes"
 
 
 @dataclass
-class Shop:
+class Shop(JobStates):
     gateway: str
     fake: str
     db_url: str
@@ -77,17 +77,6 @@ class Shop:
     def fake_order(self, order: str, action: str) -> None:
         done = httpx.post(f"{self.fake}/paypal-adyen/_fake/orders/{order}/{action}", timeout=10)
         assert done.status_code == 200, done.text
-
-    def state(self, effect_key: str) -> str | None:
-        with psycopg.connect(self.db_url) as conn:
-            row = conn.execute(
-                "SELECT j.state::text FROM jobs j JOIN effects e ON e.id = j.effect_id WHERE e.effect_key = %s",
-                (effect_key,),
-            ).fetchone()
-        return None if row is None else str(row[0])
-
-    def wait_state(self, effect_key: str, state: str) -> None:
-        wait_until(lambda: self.state(effect_key) == state, 60, f"{effect_key} to be {state}")
 
 
 @pytest.fixture
@@ -134,32 +123,14 @@ timeout = 5
             "RECIPES_PAYPAL_WEBHOOK_ID": WEBHOOK_ID,
             "RECIPES_PAYPAL_ACCESS_TOKEN": "A21AA_recipes",
         }
-        fake = Process(["fake-providers", "--port", str(fake_port)], env, tmp_path / "fake.log")
-        gateway = Process(
-            ["serve", "--config", str(config), "--no-migrate", "--port", str(gateway_port)],
-            env,
-            tmp_path / "gateway.log",
-        )
-        processes = [fake, gateway]
-        try:
-            s = Shop(
+        with recipe_stack(config, env, tmp_path, gateway_port, fake_port):
+            yield Shop(
                 f"http://127.0.0.1:{gateway_port}",
                 f"http://127.0.0.1:{fake_port}",
                 db_url,
                 pki,
                 certs.base_url + CERT_PATH,
             )
-            fake.wait_http(f"{s.fake}/_fake/stats")
-            gateway.wait_http(f"{s.gateway}/readyz")
-            worker = Process(
-                ["worker", "--config", str(config), "--no-migrate"], env, tmp_path / "worker.log"
-            )
-            processes.append(worker)
-            worker.wait_log("worker.started")
-            yield s
-        finally:
-            for proc in reversed(processes):
-                proc.stop()
 
 
 def approved(event_id: str, order: str, shop_order: str) -> dict[str, Any]:

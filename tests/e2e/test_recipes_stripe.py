@@ -23,18 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 import stripe
 
-from .processes import Process, free_port, wait_until
+from .processes import free_port
+from .recipe_stack import JobStates, recipe_stack
 
 SECRET = "whsec_recipes_secret"
 AMOUNT = 4200
 
 
 @dataclass
-class Shop:
+class Shop(JobStates):
     """The demo's Stripe recipe behind a real gateway and worker, and the fake Stripe the test plays."""
 
     gateway: str
@@ -71,17 +71,6 @@ class Shop:
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = httpx.get(f"{self.fake}/_fake/stats", timeout=10).json()
         return result
-
-    def state(self, effect_key: str) -> str | None:
-        with psycopg.connect(self.db_url) as conn:
-            row = conn.execute(
-                "SELECT j.state::text FROM jobs j JOIN effects e ON e.id = j.effect_id WHERE e.effect_key = %s",
-                (effect_key,),
-            ).fetchone()
-        return None if row is None else str(row[0])
-
-    def wait_state(self, effect_key: str, state: str) -> None:
-        wait_until(lambda: self.state(effect_key) == state, 60, f"{effect_key} to be {state}")
 
 
 @pytest.fixture
@@ -121,24 +110,8 @@ timeout = 5
 """
     )
     env = {"DATABASE_URL": db_url, "RECIPES_STRIPE_SECRET": SECRET}
-    fake = Process(["fake-providers", "--port", str(fake_port)], env, tmp_path / "fake.log")
-    gateway = Process(
-        ["serve", "--config", str(config), "--no-migrate", "--port", str(gateway_port)],
-        env,
-        tmp_path / "gateway.log",
-    )
-    processes = [fake, gateway]
-    try:
-        s = Shop(f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{fake_port}", db_url)
-        fake.wait_http(f"{s.fake}/_fake/stats")
-        gateway.wait_http(f"{s.gateway}/readyz")
-        worker = Process(["worker", "--config", str(config), "--no-migrate"], env, tmp_path / "worker.log")
-        processes.append(worker)
-        worker.wait_log("worker.started")
-        yield s
-    finally:
-        for proc in reversed(processes):
-            proc.stop()
+    with recipe_stack(config, env, tmp_path, gateway_port, fake_port):
+        yield Shop(f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{fake_port}", db_url)
 
 
 def intent_event(event_id: str, event_type: str, intent: str, order: str) -> dict[str, Any]:
