@@ -33,7 +33,7 @@ candidates AS (
         ) head
         -- By the whole primary key (id, tenant): on id alone, a planner without statistics yet (a new ledger's
         -- first backlog, before autovacuum's first ANALYZE) probed the partial due index with a skip scan,
-        -- hundreds of index searches per row (docs/performance.md, "The worker's plans").
+        -- an index search per distinct (kind, run_at) rather than per row (docs/performance.md, "The worker's plans").
         JOIN jobs j ON j.id = head.id AND j.tenant = head.tenant
         WHERE j.state = 'pending' AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
           AND NOT EXISTS (

@@ -3,9 +3,8 @@
 A new ledger's first backlog (the day after an outage, on a deployment a week old) is drained before
 autovacuum's first ANALYZE of ``jobs``. Without statistics, a fetch that locked each row by ``id`` alone, and
 a finish that matched its rows by ``id`` alone, were planned as skip scans of a partial index (the due index,
-the lease-expiry index): hundreds of index searches per row, a real worker draining 10^5 jobs at about
-1,450 jobs/s where the same run reached about 1,800 once autovacuum had analyzed the table (issue 40's
-bimodal drain rate; docs/performance.md, "The worker's plans"). Each statement now names the whole primary key
+the lease-expiry index): one index search per distinct prefix of that index rather than one per row, and the
+lease-expiry index's dead entries walked too until autovacuum (docs/performance.md, "The worker's plans"). Each statement now names the whole primary key
 (id, tenant), so the row is one probe of ``jobs_pkey`` with or without statistics.
 
 The ledger here is filled with autovacuum off on its tables and never analyzed; every scan of ``jobs`` that
