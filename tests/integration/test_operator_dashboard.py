@@ -367,7 +367,8 @@ async def test_overview_puts_jobs_that_need_a_human_first_and_shows_rates(seeded
         assert "stripe 5 2 2 1 0 0 0 40.0 % 20.0 %" in body
         assert "superseded" in body
         # Relative times beside timestamps.
-        assert re.search(r"2025-03-04 11:00:00 \d+ d \d+ h ago", body)
+        # "N d" alone when under an hour past a whole day (rendering.py): this failed between 11:00 and 12:00 UTC.
+        assert re.search(r"2025-03-04 11:00:00 \d+ d(?: \d+ h)? ago", body)
 
 
 async def test_a_report_added_to_the_specs_has_a_page(seeded_url: str) -> None:
