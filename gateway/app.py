@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from effectgate.handlers import tracing
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.maintenance import reconcile_forever
-from effectgate.ledger import claim_batcher, db
+from effectgate.ledger import claim_batcher, db, timeline
 from effectgate.ledger.readiness import ReadinessProbe
 from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
 from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
@@ -32,6 +32,7 @@ from .config import Config, ConfigError
 from .config.handler_imports import identity_problems
 from .edge.penalty_box import PenaltyBox
 from .ingress import deliver, error
+from .ingress.acknowledged import Acknowledged, GapCheck
 from .ingress.inbound import webhook_source
 from .ingress.signature_failures import SignatureFailures
 from .operator import metrics as metrics_endpoint
@@ -185,6 +186,12 @@ def create_app(
             claim_pool, max_queue=gw.claim_queue_max, deadline=gw.claim_deadline
         )
         app.state.batcher = batcher
+        # What this process answered 2xx for, checked against the ledger when its connections reach another
+        # timeline (a failover): the claims an asynchronous standby never received are logged and counted.
+        acknowledged = Acknowledged()
+        app.state.acknowledged = acknowledged
+        gap_check = GapCheck(pool, acknowledged, on_lost=metrics.acknowledged_lost)
+        unwatch = [timeline.WATCH.listen(metrics.timeline_changed), timeline.WATCH.listen(gap_check)]
         # Failed verifications are counted in memory and written by this flusher on its own connection, never
         # through the claim pool per request (a flood of 401s would otherwise queue genuine claims).
         failures = SignatureFailures(FailureCounter())
@@ -212,6 +219,9 @@ def create_app(
             stopping.set()
             if reconciler is not None:
                 await reconciler
+            for stop_watching in unwatch:
+                stop_watching()
+            await gap_check.close()
             await batcher.close()
             await claim_pool.close()
             failures.diagnoser.close()

@@ -216,6 +216,20 @@ RECONCILER_LAST_TICK = Gauge(
     registry=REGISTRY,
 )
 
+# A failover seen by a process (ledger/timeline.py), and the acknowledged claims it found missing after one
+# (gateway/ingress/acknowledged.py): each process counts what it saw, so the sum over processes counts a
+# failover once per process that lived through it.
+TIMELINE_CHANGES = Counter(
+    "effectgate_ledger_timeline_changes_total",
+    "Times this process's database connections reached another Postgres timeline (a failover or a restore).",
+    registry=REGISTRY,
+)
+ACKNOWLEDGED_LOST = Counter(
+    "effectgate_acknowledged_lost_total",
+    "Claims this gateway answered 2xx for that the ledger lacked after a failover (asynchronous replication).",
+    registry=REGISTRY,
+)
+
 
 #: The ``source`` label of a request to a source name that is not configured: one series for all of them
 #: (source names are letters, digits, '-' and '_', so it cannot be a real one), so a scan of random
@@ -301,6 +315,16 @@ def downstream_call(service: str, status: int | str, seconds: float) -> None:
 def reconciler_ticked() -> None:
     """Note that a reconciler pass of this process finished (owned or not: either way it ran)."""
     RECONCILER_LAST_TICK.set_to_current_time()
+
+
+def timeline_changed(change: object) -> None:
+    """Count a timeline change this process saw (a ``ledger.timeline`` listener)."""
+    TIMELINE_CHANGES.inc()
+
+
+def acknowledged_lost(count: int) -> None:
+    """Count acknowledged claims a failover lost."""
+    ACKNOWLEDGED_LOST.inc(count)
 
 
 #: What a worker (and a gateway's reconciler loop) reports, counted into this process's metrics.

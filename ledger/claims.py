@@ -303,6 +303,15 @@ _COLUMNS = (
 )
 
 
+async def effects_missing(conn: Conn, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Of the (tenant, effect key) pairs ``keys``, those the ledger holds no effect for: after a failover,
+    claims that were acknowledged on the old primary and never reached the new one (ledger/timeline.py)."""
+    cur = await conn.execute(
+        Q["effects_missing_of"], {"tenants": [t for t, _ in keys], "keys": [k for _, k in keys]}
+    )
+    return {(row["tenant"], row["effect_key"]) for row in await cur.fetchall()}
+
+
 async def record_signature_failure(
     conn: Conn,
     *,

@@ -15,6 +15,7 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 
+from . import timeline
 from .errors import LedgerError, LedgerUnavailable
 from .queries import Q
 
@@ -88,6 +89,8 @@ async def _check_writable(conn: Conn) -> None:
     # demoted under us) is refused the same way. One round trip, as psycopg_pool's own check_connection.
     cur = await conn.execute(Q["session_writable_check"], prepare=False)
     row = await cur.fetchone()
+    if row is not None:
+        timeline.WATCH.observe(row["timeline"])
     if not (row and row["writable"]):
         # Closed, not just refused: the pool puts a refused connection that still works back in the pool
         # (it discards only broken ones), and would hand it out again.

@@ -27,7 +27,7 @@ from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.config import worker_pool_max
 from effectgate.handlers.worker.runtime import Worker
-from effectgate.ledger import db
+from effectgate.ledger import db, timeline
 
 from .. import metrics
 from ..config import Config, ConfigError
@@ -109,6 +109,8 @@ async def _run_worker(
         schema=database.schema(config),
     )
     await pool.open(wait=False)
+    # A failover this worker lives through is counted (and logged by the watch itself).
+    unwatch = timeline.WATCH.listen(metrics.timeline_changed)
     counted = metrics.downstream_call
     async with httpx.AsyncClient() as http:
         services = Services(
@@ -138,6 +140,7 @@ async def _run_worker(
             # transports the SDK clients' pooled connections hold.
             await providers.close_clients()
             await pool.close()
+            unwatch()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)
 

@@ -374,6 +374,7 @@ def _answer(
 ) -> Answer:
     flat = [o for per_event in outcomes for o in per_event]
     metrics.claimed(inbound.name, [o.outcome for o in flat])
+    inbound.state.acknowledged.record([d for d, _ in planned], outcomes)
     # Effects whose require the signed payload did not meet are listed too: skipped, never claimed.
     effects_json = [_outcome_json(o) for o in flat] + unmet
     event_ids = [d.event_id for d, _ in planned]

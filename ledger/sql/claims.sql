@@ -148,7 +148,11 @@ SELECT set_config('lock_timeout', %(lock_timeout)s, false), set_config('statemen
 -- name: session_writable_check
 -- Whether this session can write: false on a standby (in recovery) or a server whose sessions start read-only, so a
 -- pool never hands out a connection that landed on a standby during a failover (ledger/db.py, _check_writable).
-SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable;
+-- And the primary's WAL timeline (the first 8 hex digits of the current WAL file's name; no privilege needed, unlike
+-- pg_control_checkpoint), which a promotion raises (ledger/timeline.py); null on a standby.
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable,
+       CASE WHEN pg_is_in_recovery() THEN NULL
+            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END AS timeline;
 
 -- name: effect_keys_locked
 -- Of the given (tenant, effect key) pairs, those whose effect row another transaction holds locked now (a
@@ -185,3 +189,11 @@ SELECT EXISTS (
     WHERE o.classid = 'pg_proc'::regclass AND p.proname = 'effect_claim_tenant_v1'
       AND p.pronamespace = current_schema()::regnamespace
 ) AS distributed;
+
+-- name: effects_missing_of
+-- Of the given (tenant, effect key) pairs, those with no effect row: after a failover, claims a gateway answered 2xx
+-- for that the new primary never received (gateway/ingress/acknowledged.py). One probe of effects_tenant_key_unique
+-- each.
+SELECT w.tenant, w.effect_key
+FROM unnest(%(tenants)s::text[], %(keys)s::text[]) AS w (tenant, effect_key)
+WHERE NOT EXISTS (SELECT 1 FROM effects e WHERE e.tenant = w.tenant AND e.effect_key = w.effect_key);

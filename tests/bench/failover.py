@@ -3,17 +3,21 @@
 A primary and a streaming standby (``pg_basebackup -R``; synchronous by default, ``--async`` for asynchronous
 replication) from the embedded Postgres's binaries, run as an unprivileged user on loopback ports. The gateway
 (``serve --workers 2``) and two ``effectgate worker`` processes use the multi-host URL
-``host=127.0.0.1,127.0.0.1 port=A,B target_session_attrs=read-write``. Signed deliveries (each order twice) go
+``host=127.0.0.1,127.0.0.1 port=A,B target_session_attrs=read-write``, or with ``--via proxy`` one address, a TCP
+proxy (``Proxy``) that the harness points at the standby once it is promoted, as a virtual IP or HAProxy would. Signed deliveries (each order twice) go
 in at a steady rate against the fake payment and shipping APIs, which count real effects. Part way through the
 primary is SIGKILLed (the postmaster and every backend) and, ``--promote-after`` seconds later (a failover
 manager noticing), the standby promoted with ``pg_ctl promote``.
 
 Then it counts: acknowledged deliveries whose effect is missing, effects performed twice (a second capture or
 shipment of one order), jobs not succeeded once the rescuer has had its interval, the first 2xx after the
-promotion, and the 503s. Exits 1 on a lost or doubled effect (with ``--async``, only on a doubled one: the loss
-is what is measured). Prints one summary; figures go to deploy/README.md, "Failover".
+promotion, and the 503s. Exits 1 on a lost or doubled effect or a job not succeeded (with ``--async``, a loss is
+measured, not a failure; with ``--lag``, which cuts the standby off before the kill so that it must lose, only a
+doubled effect or a lost claim the gateways did not name themselves fails the run). Prints one summary; figures
+go to deploy/README.md, "Failover".
 
-    python -m tests.bench.failover [--async] [--seconds 30] [--rate 20] [--promote-after 5]   (make failover-check)
+    python -m tests.bench.failover [--async [--lag 3]] [--via proxy] [--seconds 30] [--rate 20] [--promote-after 5]
+                                                                                          (make failover-check)
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -131,6 +136,24 @@ class Cluster:
     def promote(self) -> None:
         self._pg_ctl(self.standby, "promote")
 
+    def detach_standby(self) -> None:
+        """Stop the standby's WAL receiver (an empty ``primary_conninfo``, reloaded): from now on the primary's
+        commits reach it no more, as a standby far behind or cut off would lag. Only with asynchronous
+        replication (a synchronous primary would stall every commit); returns once the primary has no
+        standby streaming."""
+        assert not self.synchronous, "a detached synchronous standby stalls every commit"
+        with (self.standby / "postgresql.auto.conf").open("a") as conf:
+            conf.write("primary_conninfo = ''\n")
+        self._pg_ctl(self.standby, "reload")
+        with psycopg.connect(self.url(0, "postgres"), autocommit=True) as conn:
+            deadline = time.monotonic() + 30
+            while conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone() != (0,):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        "the standby still streams 30 s after its primary_conninfo was emptied"
+                    )
+                time.sleep(0.05)
+
     def stop(self) -> None:
         for data in (self.standby, self.primary):
             if (data / "postmaster.pid").exists():
@@ -138,6 +161,70 @@ class Cluster:
                     as_pg(str(self.bin / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
                 except subprocess.CalledProcessError:
                     pass
+
+
+class Proxy:
+    """A TCP proxy on loopback that forwards every connection to one Postgres, until ``switch`` points it at
+    another: what a virtual IP, HAProxy behind a health check, or a PgBouncer reconfigured by the failover manager
+    does. Switching closes the connections it forwards (the old server is gone anyway), so clients reconnect
+    through it to the new one."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                client.close()  # nothing listens there (the primary is dead): the client sees the connect fail
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._pairs.append((client, upstream))
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def switch(self, target: int) -> None:
+        """Forward new connections to ``target``; end every connection forwarded until now."""
+        with self._lock:
+            self.target = target
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            for sock in pair:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def url(self, dbname: str = "ledger") -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
+
+    def close(self) -> None:
+        self._listener.close()
+        self.switch(self.target)
 
 
 def config_text(fake_port: int) -> str:
@@ -220,6 +307,23 @@ def errors_after(root: Path, since: float) -> dict[str, int]:
     return dict(sorted(counted.items()))
 
 
+def gateway_reports(log: Path) -> dict[str, int]:
+    """The timeline changes the gateway's processes logged, and the acknowledged claims they found lost."""
+    found: Counter[str] = Counter()
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "ledger.timeline_changed":
+            found["timeline_changes"] += 1
+        elif record.get("event") == "ledger.acknowledged_lost":
+            found["acknowledged_lost"] += int(record["lost"])
+        elif record.get("event") == "ledger.acknowledged_intact":
+            found["checks_intact"] += 1
+    return dict(sorted(found.items()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -233,16 +337,34 @@ def main() -> int:
     parser.add_argument(
         "--promote-after", type=float, default=5.0, help="seconds between the kill and the promotion"
     )
+    parser.add_argument(
+        "--via",
+        choices=("multi-host", "proxy"),
+        default="multi-host",
+        help="how clients find the primary: a multi-host URL (target_session_attrs=read-write), or one address, a "
+        "TCP proxy the harness switches to the standby once it is promoted",
+    )
+    parser.add_argument(
+        "--lag",
+        type=float,
+        default=0.0,
+        help="with --async: cut the standby off this many seconds before the kill (a standby that far behind)",
+    )
     args = parser.parse_args()
+    if args.lag and not args.asynchronous:
+        parser.error("--lag needs --async: a synchronous primary stalls every commit without its standby")
 
     root = Path(tempfile.mkdtemp(prefix="effectgate-failover-"))
     os.chmod(root, 0o755)
     cluster = Cluster(root / "pg", synchronous=not args.asynchronous)
     (root / "pg").mkdir()
     processes: list[Process] = []
+    proxy: Proxy | None = None
     try:
         cluster.start()
-        url = cluster.multi_host_url()
+        if args.via == "proxy":
+            proxy = Proxy(cluster.ports[0])
+        url = proxy.url() if proxy is not None else cluster.multi_host_url()
         fake_port, gateway_port = free_port(), free_port()
         config = root / "effectgate.toml"
         config.write_text(config_text(fake_port))
@@ -279,12 +401,19 @@ def main() -> int:
         sender = threading.Thread(target=deliveries.run, daemon=True)
         began = time.monotonic()
         sender.start()
-        time.sleep(args.seconds * args.kill_at)
+        if args.lag:
+            time.sleep(max(0.0, args.seconds * args.kill_at - args.lag))
+            cluster.detach_standby()
+            time.sleep(args.lag)
+        else:
+            time.sleep(args.seconds * args.kill_at)
         killed_at = time.monotonic()
         cluster.kill_primary()
         # What a failover manager takes to notice and decide (Patroni's ttl, a person): an outage window.
         time.sleep(args.promote_after)
         cluster.promote()
+        if proxy is not None:
+            proxy.switch(cluster.ports[1])  # the failover manager points the address at the new primary
         promoted_at, promoted_wall = time.monotonic(), time.time()
         time.sleep(max(0.0, began + args.seconds - time.monotonic()))
         deliveries.stop.set()
@@ -323,6 +452,7 @@ def main() -> int:
         after = [t for t in deliveries.ok_times if t >= promoted_at]
         summary = {
             "replication": "asynchronous" if args.asynchronous else "synchronous",
+            "primary_found_by": args.via,
             "orders_sent": deliveries.sent,
             "deliveries": sum(deliveries.answers.values()),
             "answers": dict(sorted(deliveries.answers.items())),
@@ -341,16 +471,28 @@ def main() -> int:
             # What failed once the new primary was up (a stale connection's request, a repair tick): none, with
             # the pools checking each connection before use.
             "errors_after_promotion": errors_after(root, promoted_wall),
+            # What the gateway processes found and named themselves (gateway/ingress/acknowledged.py): with
+            # --lag it should equal acknowledged_missing, counted per effect rather than per order.
+            "gateway_reported": gateway_reports(root / "gateway.log"),
         }
         print(json.dumps(summary, indent=2))
         lost = bool(missing) and not args.asynchronous
-        failed = lost or doubled > 0 or bool(not_done)
+        if args.lag:
+            # A standby cut off loses claims and finishes: the loss is what is measured, and a job whose finish
+            # was lost is an orphan to the rescuer (parked under orphan_policy = "park"). What must hold is that
+            # nothing ran twice and that the gateways named every acknowledged claim that was lost.
+            reported = summary["gateway_reported"].get("acknowledged_lost", 0)
+            failed = doubled > 0 or reported != len(missing)
+        else:
+            failed = lost or doubled > 0 or bool(not_done)
         if missing:
             print(f"acknowledged orders missing after promotion: {missing[:20]}", file=sys.stderr)
         return 1 if failed else 0
     finally:
         for proc in reversed(processes):
             proc.stop()
+        if proxy is not None:
+            proxy.close()
         cluster.stop()
         if os.environ.get("FAILOVER_KEEP"):
             print(f"kept {root}", file=sys.stderr)
