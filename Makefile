@@ -50,7 +50,8 @@ test-lowest:
 # URL, signed duplicated deliveries, the primary SIGKILLed and the standby promoted 5 s later. Prints what was lost,
 # doubled, stuck or parked; exits 1 on any. The async variant cuts the standby off 3 s before the kill, so it must
 # lose what those 3 s committed: it measures the loss, and exits 1 on a doubled effect or on a lost claim the
-# gateways did not name themselves. FAILOVER_ARGS passes options (--seconds, --rate, --promote-after, --kill-at).
+# gateways did not name themselves. FAILOVER_ARGS passes options (--seconds, --rate, --promote-after, --kill-at as a
+# fraction of --seconds, --via proxy to find the primary through a TCP proxy the harness switches).
 failover-check:
 	$(PYTHON) -m tests.bench.failover $(FAILOVER_ARGS)
 
