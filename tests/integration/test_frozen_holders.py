@@ -240,3 +240,41 @@ async def test_a_keeper_gives_its_session_back_without_an_idle_bound(conn: db.Co
     result = await Reconciler().run_once(conn)
     assert not result.service_errors and not result.skipped
     assert await scalar(conn, "SELECT current_setting('idle_session_timeout')") == before
+
+
+async def test_a_session_the_server_ended_is_a_lost_connection(conn: db.Conn, db_url: str) -> None:
+    # What a frozen process meets when it resumes: its next statement fails. That must read as the lost
+    # connection it is (LedgerUnavailable, error kind "connection": retried by the writes that retry, logged
+    # as one line without a traceback), not as a bug in the statement.
+    ended = await db.connect(db_url, idle_in_transaction_timeout=0.5)
+    pid = ended.info.backend_pid
+
+    async def gone() -> bool:
+        return not await backend_alive(conn, pid)
+
+    with pytest.raises(db.LedgerUnavailable) as caught:
+        async with db.translate_errors(), ended.transaction():
+            await ended.execute("SELECT 1")
+            await resumed(gone, "an idle-in-transaction session")
+            await ended.execute("SELECT 1")
+    assert db.error_kind(caught.value.__cause__ or caught.value) == "connection"
+    await ended.close()
+
+
+async def test_a_keeper_session_the_server_ended_is_a_lost_connection(conn: db.Conn, db_url: str) -> None:
+    ended = await db.connect(db_url, idle_in_transaction_timeout=0.5)
+    pid = ended.info.backend_pid
+
+    async def gone() -> bool:
+        return not await backend_alive(conn, pid)
+
+    async def frozen_between_commits() -> None:
+        await resumed(gone, "an idle session holding a keeper's lock")
+        await ended.execute("SELECT 1")
+
+    result = ReconcileResult()
+    await Reconciler._service(ended, "partitions", frozen_between_commits, result, session=True)
+    assert "partitions" in result.service_errors
+    # The maintenance loop logs service_errors as one line each (maintain_forever, on_result): no traceback.
+    assert "Traceback" not in result.service_errors["partitions"]
+    await ended.close()
