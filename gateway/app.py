@@ -153,7 +153,11 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         schema = config.database.schema
         pool = db.make_pool(
-            database_url, max_size=config.gateway.pool_max, timeout=pool_timeout, schema=schema
+            database_url,
+            max_size=config.gateway.pool_max,
+            timeout=pool_timeout,
+            schema=schema,
+            idle_in_transaction_timeout=config.database.idle_bound,
         )
         # Open without waiting for a connection: a gateway whose database is down still starts and
         # answers 503, rather than crash-looping behind its load balancer.
@@ -178,6 +182,7 @@ def create_app(
             lock_timeout=gw.claim_lock_timeout,
             statement_timeout=gw.claim_statement_timeout,
             schema=schema,
+            idle_in_transaction_timeout=config.database.idle_bound,
         )
         await claim_pool.open(wait=False)
         app.state.claim_pool = claim_pool

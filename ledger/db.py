@@ -58,6 +58,27 @@ CONNECTION_DEFAULTS: dict[str, str] = {
     "connect_timeout": "10",
 }
 
+# The server-side bound on a client that is gone while it holds a transaction (and so its locks): a process
+# SIGSTOPped, or cut off by a partition, mid-transaction. The client-side bounds above end only the client's
+# side; without this the server keeps the session, its row locks and its transaction-scoped advisory locks
+# until the client resumes, or for a cut peer until the kernel gives up (about 2 h 11 min at Linux defaults),
+# and every other process skips the maintenance service it holds (deploy/README.md, "Frozen or cut-off
+# processes"). 30 s: far above any pause the project makes inside a transaction (its transactions hold only
+# round trips and Python between them, a claim batch's rounds or a finish batch's refill), and, like
+# tcp_user_timeout, short enough that a rescue waits seconds, not hours. The same figure bounds the partition
+# and retention keepers' session-level lock while held (maintenance.service.run_session_locked).
+DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = 30.0
+# The server's own TCP keepalives and user timeout on the session, the client-side figures mirrored, so the
+# server also notices a cut peer that sits idle *outside* a transaction (a session-level lock, a LISTEN) in
+# ~25 s, or ~30 s with data it could not deliver, instead of the kernel's two hours. Ignored (reads 0) on a
+# Unix-domain socket, where there is no network to cut. Set with SET, as the rest: PgBouncer refuses "options".
+SERVER_BOUNDS: dict[str, str] = {
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "user_timeout": "30000",  # milliseconds
+}
+
 # Waits between tries of a write whose database was lost (retry_while_unavailable): quick for a dropped
 # connection the pool replaces at once, then every 2 s while a standby is promoted.
 OUTAGE_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
@@ -117,7 +138,12 @@ async def use_schema(conn: Conn, schema: str) -> None:
 
 
 async def _configure(
-    conn: Conn, *, schema: str, lock_timeout: float | None, statement_timeout: float | None
+    conn: Conn,
+    *,
+    schema: str,
+    lock_timeout: float | None,
+    statement_timeout: float | None,
+    idle_in_transaction_timeout: float | None,
 ) -> None:
     # Every statement is its own transaction unless a caller opens one: no idle-in-transaction sessions
     # left behind by a forgotten commit.
@@ -125,6 +151,10 @@ async def _configure(
     # Once per new connection with SET (session mode keeps it; the libpq "options" parameter is refused
     # by PgBouncer at connect), not per checkout.
     await use_schema(conn, schema)
+    await conn.execute(
+        Q["session_server_bounds_set"],
+        {"idle_in_transaction": _millis(idle_in_transaction_timeout), **SERVER_BOUNDS},
+    )
     if lock_timeout is not None or statement_timeout is not None:
         # Once per connection (not SET LOCAL per transaction: a round trip per batch), and with SET rather
         # than the libpq "options" parameter, which PgBouncer refuses at connect.
@@ -149,13 +179,17 @@ def make_pool(
     lock_timeout: float | None = None,
     statement_timeout: float | None = None,
     schema: str = DEFAULT_SCHEMA,
+    idle_in_transaction_timeout: float | None = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
 ) -> Pool:
     """A connection pool (not yet opened) whose connections return rows as dicts, in autocommit.
 
     ``lock_timeout`` and ``statement_timeout`` (seconds; None: the server's own) are set on every
     connection of the pool: give them to a pool of its own, such as the gateway's claim pool, not to one
     whose reports or maintenance may rightly run longer. Every connection's ``search_path`` is
-    ``schema`` (``use_schema``).
+    ``schema`` (``use_schema``). ``idle_in_transaction_timeout`` (seconds; None: no limit) is how long the
+    server lets a session sit idle inside a transaction before it ends it, and its locks with it: the bound on
+    a frozen or cut-off process (``DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT``); the server's TCP keepalives are
+    set too (``SERVER_BOUNDS``).
 
     Each connection is checked before it is handed out (``_check_writable``): a dead one, or one on a
     server that cannot write, is discarded and another opened, so a failover or a restarted server costs
@@ -168,7 +202,11 @@ def make_pool(
         kwargs={"row_factory": dict_row, **connection_defaults(url)},
         check=_check_writable,
         configure=partial(
-            _configure, schema=schema, lock_timeout=lock_timeout, statement_timeout=statement_timeout
+            _configure,
+            schema=schema,
+            lock_timeout=lock_timeout,
+            statement_timeout=statement_timeout,
+            idle_in_transaction_timeout=idle_in_transaction_timeout,
         ),
         min_size=min_size,
         max_size=max_size,
@@ -184,7 +222,15 @@ async def translate_errors() -> AsyncIterator[None]:
     ``LedgerError``; the project's own errors pass unchanged."""
     try:
         yield
-    except (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+    except (
+        psycopg.OperationalError,
+        psycopg.errors.IdleInTransactionSessionTimeout,
+        psycopg_pool.PoolTimeout,
+        psycopg_pool.PoolClosed,
+    ) as exc:
+        # 25P03 is an InternalError to psycopg, but it is the server ending the session (this process sat
+        # frozen inside a transaction past idle_in_transaction_timeout): the connection is gone, as for any
+        # other lost connection, and a write that is safe to retry is retried on another.
         raise LedgerUnavailable(f"ledger database unavailable: {type(exc).__name__}") from exc
     except psycopg.Error as exc:
         raise LedgerError(f"ledger database error: {type(exc).__name__}: {exc}") from exc
@@ -201,6 +247,8 @@ _ROW_CLASSES = frozenset({"22", "23", "54"})
 # to 57P05 shutdown, crash, cannot connect now, database dropped, idle timeout, 58 system error, XX internal.
 _CONNECTION_CLASSES = frozenset({"08", "40", "53", "58", "XX"})
 LOCK_NOT_AVAILABLE = "55P03"
+# The server ended the session for sitting idle inside a transaction (idle_in_transaction_timeout).
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
 QUERY_CANCELED = "57014"
 
 
@@ -225,6 +273,8 @@ def error_kind(exc: BaseException) -> ErrorKind:
         return "lock_timeout"
     if state == QUERY_CANCELED:
         return "statement_timeout"
+    if state == IDLE_IN_TRANSACTION_TIMEOUT:
+        return "connection"
     if state[:2] in _ROW_CLASSES:
         return "row"
     if state[:2] in _CONNECTION_CLASSES or state.startswith("57P"):
@@ -324,11 +374,13 @@ async def connect(
     schema: str = DEFAULT_SCHEMA,
     lock_timeout: float | None = None,
     statement_timeout: float | None = None,
+    idle_in_transaction_timeout: float | None = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
     **kwargs: Any,
 ) -> Conn:
     """A single connection outside any pool (CLI commands, LISTEN, readiness), in autocommit, rows as
-    dicts, its ``search_path`` set to ``schema`` (``use_schema``), and ``lock_timeout`` and
-    ``statement_timeout`` set as ``make_pool`` sets them on a pool's connections.
+    dicts, its ``search_path`` set to ``schema`` (``use_schema``), and ``lock_timeout``,
+    ``statement_timeout`` and the server-side bounds (``idle_in_transaction_timeout``, ``SERVER_BOUNDS``)
+    set as ``make_pool`` sets them on a pool's connections.
 
     A failure to connect is ``LedgerUnavailable`` whose message names host, port, database, user and
     the reason, never the password (it is for operators: the HTTP face never shows it).
@@ -346,7 +398,11 @@ async def connect(
     try:
         async with translate_errors():
             await _configure(
-                conn, schema=schema, lock_timeout=lock_timeout, statement_timeout=statement_timeout
+                conn,
+                schema=schema,
+                lock_timeout=lock_timeout,
+                statement_timeout=statement_timeout,
+                idle_in_transaction_timeout=idle_in_transaction_timeout,
             )
     except BaseException:
         await conn.close()

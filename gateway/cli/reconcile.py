@@ -24,7 +24,9 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
     async def once(url: str) -> Any:
         await db.wait_until_reachable(url, wait)
-        conn = await db.connect(url, schema=database.schema(config))
+        conn = await db.connect(
+            url, schema=database.schema(config), idle_in_transaction_timeout=config.database.idle_bound
+        )
         async with conn:
             async with db.translate_errors():
                 pending = await unapplied(conn)

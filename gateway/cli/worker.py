@@ -107,6 +107,7 @@ async def _run_worker(
         max_size=worker_pool_max(worker_config.concurrency),
         name="effectgate-worker",
         schema=database.schema(config),
+        idle_in_transaction_timeout=config.database.idle_bound,
     )
     await pool.open(wait=False)
     # A failover this worker lives through is counted (and logged by the watch itself).

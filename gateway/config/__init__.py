@@ -31,7 +31,7 @@ from effectgate.handlers.worker.config import (
     DEFAULT_POLL_INTERVAL,
     WorkerConfig,
 )
-from effectgate.ledger.db import DEFAULT_SCHEMA, check_schema_name
+from effectgate.ledger.db import DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, DEFAULT_SCHEMA, check_schema_name
 
 from .downstreams import read_downstreams
 from .effects import read_effects
@@ -82,6 +82,15 @@ class DatabaseConfig:
     migration_wait: float = DEFAULT_MIGRATION_WAIT
     # The Postgres schema every effectgate object lives in (EFFECTGATE_SCHEMA wins; docs/adr/0019-own-schema.md).
     schema: str = DEFAULT_SCHEMA
+    # Seconds the server lets a session of the pools sit idle inside a transaction (or holding a keeper's
+    # session lock) before it ends it and frees its locks: the bound on a frozen or cut-off process (0: none;
+    # deploy/README.md, "Frozen or cut-off processes").
+    idle_in_transaction_timeout: float = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT
+
+    @property
+    def idle_bound(self) -> float | None:
+        """``idle_in_transaction_timeout`` as ``ledger.db`` takes it (None: no limit)."""
+        return self.idle_in_transaction_timeout or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +185,9 @@ def parse(
         startup_wait=dbt.number("startup_wait", DEFAULT_STARTUP_WAIT, minimum=0),
         migration_wait=dbt.number("migration_wait", DEFAULT_MIGRATION_WAIT, minimum=0),
         schema=_schema_name(dbt),
+        idle_in_transaction_timeout=dbt.number(
+            "idle_in_transaction_timeout", DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, minimum=0
+        ),
     )
     dbt.no_unknown_keys()
 

@@ -297,6 +297,14 @@ SETTINGS: tuple[Setting, ...] = (
         "effectgate",
         "the Postgres schema every effectgate table, type and function lives in (`EFFECTGATE_SCHEMA` wins)",
     ),
+    Setting(
+        "database.idle_in_transaction_timeout",
+        "number",
+        30.0,
+        "seconds the server lets a session sit idle in a transaction (or holding a keeper's lock) before it "
+        "ends it and frees its locks: the bound on a frozen or cut-off process (0: none)",
+        minimum=0,
+    ),
     # [worker]
     Setting("worker.concurrency", "integer", 16, "jobs a worker runs at once", minimum=1, roles=_W),
     Setting(

@@ -6,8 +6,9 @@ one bounded pass and returns counts, and tests that call ``run_once`` directly w
 of sleeping. The services: ``rescuer.LeaseRescuer`` (expired leases), ``waker.PendingWaker`` (due jobs
 nobody woke), ``retention.RetentionKeeper`` (windows, tombstones), ``sweeps.SweepRunner`` (the registry's
 sweeps). ``reconciler.Reconciler`` is the scheduler that runs them in order, each in its own transaction
-under its own advisory lock, so however many processes tick, one runs each service at a time and a
-process that dies holds nothing.
+under its own advisory lock, so however many processes tick, one runs each service at a time; a
+process that dies holds nothing, and one frozen or cut off holds a lock no longer than its session's
+``idle_in_transaction_session_timeout`` (``ledger.db.DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT``).
 
 ``maintain_forever`` is the loop both the gateway and the worker run (through
 ``effectgate.handlers.worker.maintenance``): neither imports the other to get it.
@@ -59,14 +60,21 @@ async def run_session_locked(
     conn: Conn, lock: int, work: Callable[[], Awaitable[R]]
 ) -> tuple[bool, R | None]:
     """Like ``run_locked``, for work that commits several transactions of its own: the lock is held by the
-    session and released when ``work`` returns (or the connection ends, if the process dies)."""
+    session and released when ``work`` returns (or the connection ends, if the process dies).
+
+    While it is held the session's ``idle_session_timeout`` is its ``idle_in_transaction_session_timeout``:
+    a process frozen or cut off between two of ``work``'s transactions is ended by the server within that
+    bound, as one frozen inside a transaction is, instead of holding the keeper's lock until it resumes."""
     row = await (await conn.execute(Q["maintenance_session_lock_try"], {"lock_id": lock})).fetchone()
     if row is None or not row["owned"]:
         return False, None
     try:
         return True, await work()
     finally:
-        await conn.execute(Q["maintenance_session_unlock"], {"lock_id": lock})
+        await conn.execute(
+            Q["maintenance_session_unlock"],
+            {"lock_id": lock, "idle_session_timeout": row["idle_session_timeout"]},
+        )
 
 
 async def maintain_forever(

@@ -145,6 +145,16 @@ SELECT set_config('search_path', quote_ident(%(schema)s), false);
 -- Sets this session's lock_timeout and statement_timeout (milliseconds as text; '0' is no limit).
 SELECT set_config('lock_timeout', %(lock_timeout)s, false), set_config('statement_timeout', %(statement_timeout)s, false);
 
+-- name: session_server_bounds_set
+-- Sets this session's server-side bounds on a client that is gone (ledger/db.py, SERVER_BOUNDS): how long it may sit
+-- idle inside a transaction (milliseconds as text; '0' is no limit), and the server's own TCP keepalives and user
+-- timeout, so the server ends the session — and frees its locks — without waiting for the client to come back.
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_in_transaction)s, false),
+       set_config('tcp_keepalives_idle', %(keepalives_idle)s, false),
+       set_config('tcp_keepalives_interval', %(keepalives_interval)s, false),
+       set_config('tcp_keepalives_count', %(keepalives_count)s, false),
+       set_config('tcp_user_timeout', %(user_timeout)s, false);
+
 -- name: session_writable_check
 -- Whether this session can write: false on a standby (in recovery) or a server whose sessions start read-only, so a
 -- pool never hands out a connection that landed on a standby during a failover (ledger/db.py, _check_writable).

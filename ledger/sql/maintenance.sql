@@ -80,7 +80,8 @@ ORDER BY min(lease_expires_at), min(id);
 
 -- name: maintenance_lock_try
 -- One process runs each maintenance service (or sweep) per tick: a transaction-scoped advisory lock,
--- released at commit, so a process that dies holds nothing.
+-- released at commit, so a process that dies holds nothing; one frozen or cut off holds it no longer than the
+-- session's idle_in_transaction_session_timeout (ledger/db.py).
 SELECT pg_try_advisory_xact_lock(%(lock_id)s) AS owned;
 
 -- name: maintenance_clock
@@ -88,10 +89,30 @@ SELECT pg_try_advisory_xact_lock(%(lock_id)s) AS owned;
 SELECT now() AS now;
 
 -- name: maintenance_session_lock_try
--- The partition keeper's ownership: a session-level advisory lock, so its DDL can commit one partition at a
--- time (holding one table's lock at a time, never several) while it stays the only keeper.
-SELECT pg_try_advisory_lock(%(lock_id)s) AS owned;
+-- The partition and retention keepers' ownership: a session-level advisory lock, so their work can commit one
+-- partition or batch at a time (holding one table's lock at a time, never several) while each stays the only
+-- keeper. Between those transactions the session is idle outside any transaction, where
+-- idle_in_transaction_session_timeout does not reach: while the lock is held, idle_session_timeout (PostgreSQL
+-- 14+; NULL before, and then nothing is set) takes the same figure, so a holder frozen between two statements is
+-- ended and the lock freed as one frozen inside a transaction is. The work between statements is the keeper's
+-- own Python, never a wait. The previous setting is read first (MATERIALIZED: before set_config runs) and given
+-- back by maintenance_session_unlock, so a pooled session keeps no idle bound once the lock is released.
+WITH before AS MATERIALIZED (
+    SELECT current_setting('idle_session_timeout', true) AS idle_session_timeout
+),
+lock AS MATERIALIZED (
+    SELECT pg_try_advisory_lock(%(lock_id)s) AS owned
+)
+SELECT lock.owned, before.idle_session_timeout,
+       CASE WHEN lock.owned AND before.idle_session_timeout IS NOT NULL
+            THEN set_config('idle_session_timeout', current_setting('idle_in_transaction_session_timeout'), false)
+       END AS bounded
+FROM before, lock;
 
 -- name: maintenance_session_unlock
--- Releases the partition keeper's session-level advisory lock.
-SELECT pg_advisory_unlock(%(lock_id)s) AS released;
+-- Releases a keeper's session-level advisory lock and gives the session back the idle_session_timeout it had
+-- (%(idle_session_timeout)s NULL: the server has no such setting, nothing to give back).
+SELECT pg_advisory_unlock(%(lock_id)s) AS released,
+       CASE WHEN %(idle_session_timeout)s::text IS NOT NULL
+            THEN set_config('idle_session_timeout', %(idle_session_timeout)s::text, false)
+       END AS restored;

@@ -196,8 +196,10 @@ def module_db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
 async def rolled_back_conn(module_db_url: str) -> AsyncIterator[db.Conn]:
     """Replaces the per-test database for single-connection tests (River's ``TestTx``): the test runs in
     a transaction that is rolled back, and the ledger's own transactions become savepoints inside it.
-    Tests that need several connections (races, NOTIFY, workers) take ``db_url`` instead."""
-    c = await db.connect(module_db_url)
+    Tests that need several connections (races, NOTIFY, workers) take ``db_url`` instead. The transaction
+    lasts the whole test by design, so the server's idle-in-transaction bound is off here: a test paused in a
+    debugger, or slowed on a loaded machine, is not a frozen process."""
+    c = await db.connect(module_db_url, idle_in_transaction_timeout=None)
     async with c, c.transaction(force_rollback=True):
         yield c
 

@@ -343,6 +343,15 @@ def test_an_unknown_key_with_nothing_close_still_says_so() -> None:
     assert caught.value.problems == ("eg.toml: gateway.zzz: is not a known setting (a typo?)",)
 
 
+def test_the_idle_in_transaction_bound_is_configurable_and_checked() -> None:
+    assert parse(MINIMAL, env=ENV).database.idle_bound == 30.0
+    assert parse(MINIMAL + "[database]\nidle_in_transaction_timeout = 5", env=ENV).database.idle_bound == 5
+    # 0 is no bound, as Postgres reads it: ledger.db takes None.
+    assert parse(MINIMAL + "[database]\nidle_in_transaction_timeout = 0", env=ENV).database.idle_bound is None
+    with pytest.raises(ConfigError, match=r"database\.idle_in_transaction_timeout: must be >= 0"):
+        parse(MINIMAL + "[database]\nidle_in_transaction_timeout = -1", env=ENV)
+
+
 def test_the_startup_wait_is_configurable_and_checked() -> None:
     assert parse(MINIMAL, env=ENV).database.startup_wait == 30.0
     assert parse(MINIMAL + "[database]\nstartup_wait = 0", env=ENV).database.startup_wait == 0
