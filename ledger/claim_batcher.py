@@ -11,6 +11,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import psycopg
+
 from . import topology
 from .claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries
 from .db import Pool, error_kind
@@ -331,8 +333,16 @@ class ClaimBatcher:
                     {"tenant": [k[0] for k in keys], "effect_key": [k[1] for k in keys]},
                 )
                 return {(row["tenant"], row["effect_key"]) for row in await cursor.fetchall()}
+        except psycopg.Error as exc:
+            # The database stalled or went away while the claim waited (a failover): expected, so one line with
+            # the error and no traceback; the requests are answered by the halving that follows.
+            log.warning(
+                "claims.lock_probe_failed",
+                extra={"error": f"{type(exc).__name__}: {exc}", "sqlstate": getattr(exc, "sqlstate", None)},
+            )
+            return set()
         except Exception:
-            log.warning("claims.lock_probe_failed", exc_info=True)
+            log.warning("claims.lock_probe_failed", exc_info=True)  # a bug: keep its traceback
             return set()
 
     @staticmethod
