@@ -12,6 +12,7 @@ any node is down: the fetch below raised ``ConnectionFailure`` and leased nothin
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -28,6 +29,7 @@ from effectgate.ledger.jobs.finishes import Finish, finish_many
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer
 from effectgate.ledger.maintenance.retention import RetentionConfig, RetentionKeeper
 from effectgate.ledger.maintenance.waker import PendingWaker
+from effectgate.ledger.queries import Q
 from effectgate.ledger.vocabulary import JobState
 
 from .chaos_run import node_data_dir, pg_ctl
@@ -191,3 +193,32 @@ async def test_a_lost_node_stops_only_its_own_tenants_and_they_resume_when_it_re
     purged = await retention.run_once(conn, now=purge_at)
     assert purged.purged["effects.payload"] == len(lost)
     assert not [r for r in caplog.records if r.getMessage() == "shards.skipped"]
+
+
+async def test_the_fetchs_discovery_stops_after_the_batch_in_each_shards_plan(conn: db.Conn) -> None:
+    """``job_tenants_due`` at 40,000 due jobs: each shard's task is a walk of an index under a Limit, with no
+    Sort and no subplan (the read grouped by tenant sorted every due row of each shard, and a subquery for the
+    clock or the paused kinds was a distributed subplan sent to every shard)."""
+    await conn.execute(
+        "INSERT INTO effects (tenant, effect_key, source, handler, event_id, event_type, fingerprint,"
+        " first_seen_at, last_seen_at)"
+        " SELECT 'plan-' || (g % 64), 'plan-' || g, 'stripe', 'h', 'e' || g, 't', 'f', now(), now()"
+        " FROM generate_series(1, 40000) g"
+    )
+    await conn.execute(
+        "INSERT INTO jobs (effect_id, tenant, kind, max_attempts, orphan_policy, run_at, created_at, updated_at)"
+        " SELECT id, tenant, 'plan', 5, 'redrive', now() - interval '1 hour', now(), now() FROM effects"
+        " WHERE tenant LIKE 'plan-%'"
+    )
+    await conn.execute("ANALYZE jobs")
+    cur = await conn.execute(
+        "EXPLAIN (FORMAT JSON) " + Q["job_tenants_due"],  # type: ignore[operator]
+        {"kinds": ["plan"], "limit": 10, "now": None},
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    plan = json.dumps(next(iter(row.values())))
+    assert "read_intermediate_result" not in plan, plan  # no distributed subplan
+    task = plan[plan.index('"Remote Plan"') :]
+    assert '"Node Type": "Limit"' in task and '"Node Type": "Sort"' not in task, task
+    assert "Index" in task, task
