@@ -37,12 +37,14 @@ log = logging.getLogger("effectgate.ledger")
 # Nodes of one cluster answer in milliseconds; two seconds is long past a slow handshake.
 DEFAULT_NODE_CONNECTION_TIMEOUT = 2.0
 
-# What Citus, master_run_on_worker and the remote node say when a worker node is not there; any other error is a
-# fault of the statement itself, which is raised, never passed off as a lost node. "marked as essential": a
-# session whose cached connection to the node broke (XX000, not a connection SQLSTATE).
-_UNREACHABLE = re.compile(
-    r"failed to connect to|connection to the remote node|server closed the connection|connection not open"
-    r"|could not connect|terminating connection|failure on connection marked as essential",
+# What Citus, master_run_on_worker (citus_tools.c) and the remote node say when a worker node is not there, or
+# went away during the read; any other error is a fault of the statement itself, which is raised, never passed
+# off as a lost node. "marked as essential": a session whose cached connection to the node broke (XX000, not a
+# connection SQLSTATE). "query result unavailable": the node stopped mid-read (seen in the chaos run).
+UNREACHABLE = re.compile(
+    r"failed to connect to|failed to send query to|connection lost|query result unavailable"
+    r"|connection to the remote node|server closed the connection|connection not open|could not connect"
+    r"|terminating connection|failure on connection marked as essential",
     re.IGNORECASE,
 )
 
@@ -101,7 +103,7 @@ async def tenants_on_live_nodes(
     for r in rows:
         if r["node"] is None:
             continue
-        if not _UNREACHABLE.search(r["error"] or ""):
+        if not UNREACHABLE.search(r["error"] or ""):
             raise ShardReadFailed(f"{command} on {r['node']}: {r['error']}")
         skipped.append(Skipped(r["node"], tuple(r["shards"]), r["error"]))
     return Discovered(tenants, skipped)
@@ -112,7 +114,7 @@ def node_lost(conn: Conn, exc: psycopg.Error) -> bool:
     error, so this session is fine; a lost connection to the coordinator itself is not this."""
     if conn.broken:
         return False
-    return bool(exc.sqlstate and exc.sqlstate.startswith("08")) or bool(_UNREACHABLE.search(str(exc)))
+    return bool(exc.sqlstate and exc.sqlstate.startswith("08")) or bool(UNREACHABLE.search(str(exc)))
 
 
 def log_skipped(pass_name: str, skipped: Iterable[Skipped]) -> None:
