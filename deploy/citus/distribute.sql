@@ -19,7 +19,6 @@ DROP TRIGGER IF EXISTS steps_tenant_fill ON steps;
 -- Referenced by the distributed tables' statements (the fetch reads paused_kinds): copies on every node.
 SELECT create_reference_table('paused_kinds');
 SELECT create_reference_table('kind_actions');
-SELECT create_reference_table('retention_purges');
 
 SELECT create_distributed_table('effects', 'tenant');
 SELECT create_distributed_table('jobs', 'tenant', colocate_with => 'effects');
@@ -42,4 +41,5 @@ SELECT create_distributed_function(
 
 -- Left on the coordinator, on purpose: schema_migrations (the runner's own), history_partitions (the keeper's
 -- registry, beside the DDL it records), signature_failures and transmissions (written before any tenant is
--- known, keyed by source).
+-- known, keyed by source), and retention_purges (retention's counters, written with every batch: a write to a
+-- reference table needs every node, so while one worker node was down no tenant's rows could be purged).

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
+from .. import shards
 from ..db import Conn
 from ..errors import LeaseLost
 from ..queries import Q, without_cte
@@ -126,8 +128,9 @@ async def fetch_and_lease(
 
     ``per_tenant`` (a ledger distributed by tenant on Citus, ``distributed``): the one statement over every
     tenant is a multi-shard ``FOR UPDATE``, which Citus refuses. Instead the tenants with the earliest due
-    jobs are read first (no lock), then each tenant's jobs are leased by the same statement restricted to
-    that tenant, which Citus routes to its shard: 1 + (tenants leased from) statements per fetch.
+    jobs are read first (no lock, ``tenants_due``: two statements), then each tenant's jobs are leased by the
+    same statement restricted to that tenant, which Citus routes to its shard: 2 + (tenants leased from)
+    statements per fetch.
 
     Inside the caller's transaction the statement runs in a savepoint, so a fetch that loses a lock key's
     race (retried here) or fails does not abort the caller's transaction. ``guarded=False`` leaves the
@@ -149,14 +152,56 @@ async def fetch_and_lease(
 
 
 async def tenants_due(
-    conn: Conn, *, kinds: Mapping[str, float], limit: int, now: datetime | None = None
+    conn: Conn,
+    *,
+    kinds: Mapping[str, float],
+    limit: int,
+    now: datetime | None = None,
+    node_connection_timeout: float = shards.DEFAULT_NODE_CONNECTION_TIMEOUT,
 ) -> list[str]:
     """The tenants of the earliest ``limit`` due pending jobs of ``kinds``, earliest first; read without a
-    lock, so a tenant may have nothing left to lease by the time it is asked."""
-    rows = await (
-        await conn.execute(Q["job_tenants_due"], {"kinds": list(kinds), "limit": limit, "now": now})
-    ).fetchall()
-    return [row["tenant"] for row in rows]
+    lock, so a tenant may have nothing left to lease by the time it is asked.
+
+    On Citus one statement reads every shard, its bound in each shard's plan. If a worker node cannot be
+    reached (Citus fails that statement whole), the same read goes node by node (``shards``): the tenants
+    of the nodes that answer come back, the lost node's shards are logged, and its tenants come back in the
+    first fetch after it returns. ``node_connection_timeout`` bounds how long a node that does not answer
+    holds the fetch (each of the two reads)."""
+    unpaused: list[str] | None = None
+    try:
+        # A transaction of its own (a savepoint inside the caller's, to whose commit the timeout then lasts), so a
+        # read refused for a lost node leaves the caller's transaction usable.
+        async with conn.transaction():
+            row = await (
+                await conn.execute(
+                    Q["job_tenants_due_prepare"],
+                    {"kinds": list(kinds), "timeout_ms": _ms(node_connection_timeout)},
+                )
+            ).fetchone()
+            unpaused = row["kinds"] if row else []
+            if not unpaused:
+                return []
+            params = {"kinds": unpaused, "limit": limit, "now": now}
+            rows = await (await conn.execute(Q["job_tenants_due"], params)).fetchall()
+    except psycopg.Error as exc:
+        if unpaused is None or not shards.node_lost(conn, exc):
+            raise
+        found = await shards.tenants_on_live_nodes(
+            conn,
+            "job_tenants_due_on_shard",
+            table="jobs",
+            params={"kinds": unpaused},
+            limit=limit,
+            now=now,
+            node_connection_timeout=node_connection_timeout,
+        )
+        shards.log_skipped("fetch", found.skipped)
+        return found.tenants
+    return list(dict.fromkeys(row["tenant"] for row in rows))
+
+
+def _ms(seconds: float) -> str:
+    return str(max(1, round(seconds * 1000)))
 
 
 async def _fetch_tenant(

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .. import topology
+from .. import shards, topology
 from ..db import Conn
 from ..queries import Q
 from ..vocabulary import JobState
@@ -61,6 +61,9 @@ class RescueResult:
     cancelled: list[int] = field(default_factory=list)
     hook_errors: dict[int, str] = field(default_factory=dict)
     repaired: list[Repaired] = field(default_factory=list, repr=False)
+    # Citus: the worker nodes whose shards could not be read, so their tenants' expired leases wait for the
+    # node's return (shards.log_skipped named them).
+    unreached: list[shards.Skipped] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -98,14 +101,16 @@ class LeaseRescuer:
         if not per_tenant:
             await self._rescue(conn, now, self.config.batch, None, result)
             return result
-        tenants = await (
-            await conn.execute(Q["job_tenants_expired"], {"now": now, "limit": self.config.batch})
-        ).fetchall()
-        for row in tenants:
+        found = await shards.tenants_on_live_nodes(
+            conn, "job_tenants_expired_on_shard", table="jobs", params={}, limit=self.config.batch, now=now
+        )
+        shards.log_skipped(self.name, found.skipped)
+        result.unreached = found.skipped
+        for tenant in found.tenants:
             left = self.config.batch - len(result.repaired)
             if left <= 0:
                 break
-            await self._rescue(conn, now, left, row["tenant"], result)
+            await self._rescue(conn, now, left, tenant, result)
         kinds = sorted({r.kind for r in result.repaired if r.state == JobState.PENDING})
         if kinds:
             await conn.execute(Q["jobs_notify"], {"kinds": kinds})

@@ -22,8 +22,9 @@ Each batch (``batch`` rows, ``DEFAULT_BATCH``) is a transaction of its own, and 
 longer than one batch (a whole pass in one transaction held them all until its end).
 
 On a ledger distributed by tenant (Citus, ``topology``) a statement over every tenant is a
-multi-shard ``FOR UPDATE``, which Citus refuses. There each statement's sibling ``<name>_tenants`` reads, without
-a lock, which tenants hold its oldest ``batch`` due rows; the statement then runs once per tenant (a batch, a
+multi-shard ``FOR UPDATE``, which Citus refuses. There each statement's sibling ``<name>_on_shard`` reads, without
+a lock and shard by shard, which tenants hold each shard's oldest ``batch`` due rows (a worker node that cannot be
+reached is skipped, logged once per pass, and its tenants purged after it returns: ``shards``); the statement then runs once per tenant (a batch, a
 transaction each), which Citus routes to that tenant's shard group, and the tenants are read again while a
 round purged a full batch's worth. The budget (``batches_per_pass`` per statement) is the same on one node and
 on many.
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import topology
+from .. import shards, topology
 from ..db import Conn
 from ..queries import Q
 
@@ -143,6 +144,7 @@ class RetentionKeeper:
     def __init__(self, config: RetentionConfig | None = None) -> None:
         self.config = config or RetentionConfig()
         self._per_tenant = False  # this pass's connection's topology.of(conn).distributed
+        self._skipped: list[shards.Skipped] = []  # this pass's unreached worker nodes (Citus), logged once
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RetentionResult:
         """One pass over every window, oldest rows first. Each batch is a transaction of its own, committed
@@ -151,6 +153,7 @@ class RetentionKeeper:
         c = self.config
         result = RetentionResult(dict.fromkeys(PURGED, 0))
         self._per_tenant = (await topology.of(conn)).distributed
+        self._skipped = []
         limit = {"now": now, "limit": c.batch, "tenant": None}
         payload_policy = {
             **limit,
@@ -238,6 +241,7 @@ class RetentionKeeper:
             _rowcount("signature_failures"),
             result,
         )
+        shards.log_skipped(self.name, self._skipped)
         # Every line's last run, purged or not (the batches counted what they purged as they committed).
         await conn.execute(
             Q["retention_purges_count"], {"now": now, "whats": list(PURGED), "counts": [0] * len(PURGED)}
@@ -257,8 +261,8 @@ class RetentionKeeper:
         over many tenants (one due row each) cannot hold a reconciler pass (and the next pass's lease
         rescue) for one statement per tenant."""
         c = self.config
-        tenants_query = _TENANTS_OF.get(query)
-        if not self._per_tenant or tenants_query is None:
+        read_from = _TENANTS_OF.get(query)
+        if not self._per_tenant or read_from is None:
             for _ in range(c.batches_per_pass):
                 if await self._batch(conn, query, params, tally, result) < c.batch:
                     return
@@ -267,16 +271,25 @@ class RetentionKeeper:
         statements_left = c.batches_per_pass * TENANT_STATEMENTS_PER_BATCH
         while rows_left > 0:
             asked = min(c.batch, rows_left)
-            rows = await (await conn.execute(Q[tenants_query], {**params, "limit": asked})).fetchall()
+            found = await shards.tenants_on_live_nodes(
+                conn,
+                read_from[0],
+                table=read_from[1],
+                joined=read_from[2],
+                params={k: v for k, v in params.items() if k not in ("limit", "tenant", "now")},
+                limit=asked,
+                now=params["now"],
+            )
+            self._skipped += found.skipped
             round_purged = 0
-            for row in rows:
+            for tenant in found.tenants:
                 if statements_left <= 0 or rows_left <= 0:
                     return
                 statements_left -= 1
                 n = await self._batch(
                     conn,
                     query,
-                    {**params, "limit": min(c.batch, rows_left), "tenant": row["tenant"]},
+                    {**params, "limit": min(c.batch, rows_left), "tenant": tenant},
                     tally,
                     result,
                 )
@@ -322,19 +335,28 @@ class RetentionKeeper:
         return first
 
 
-# The statements on distributed tables, and each one's sibling that reads which tenants it has due rows for
-# (Citus). The signature_failures ones have none: that table stays on the coordinator, keyed by source.
-_TENANTS_OF = {
-    "effect_payloads_purge_expired": "effect_payloads_purge_expired_tenants",
-    "reject_payloads_purge_expired": "reject_payloads_purge_expired_tenants",
-    "unmatched_payloads_purge_expired": "unmatched_payloads_purge_expired_tenants",
-    "unmatched_seen_purge_expired": "unmatched_seen_purge_expired_tenants",
-    "deliveries_delete_expired": "deliveries_delete_expired_tenants",
-    "deliveries_default_delete_expired": "deliveries_default_delete_expired_tenants",
-    "effect_rejects_delete_expired": "effect_rejects_delete_expired_tenants",
-    "effect_rejects_default_delete_expired": "effect_rejects_default_delete_expired_tenants",
-    "jobs_delete_expired": "jobs_delete_expired_tenants",
-    "effect_tombstones_delete_expired": "effect_tombstones_delete_expired_tenants",
+# The statements on distributed tables, and for each its read of one shard (``<name>_on_shard``), the table whose
+# shards it reads and the co-located table it joins, if any (Citus). The
+# signature_failures ones have none: that table stays on the coordinator, keyed by source.
+_TENANTS_OF: dict[str, tuple[str, str, str | None]] = {
+    "effect_payloads_purge_expired": ("effect_payloads_purge_expired_on_shard", "jobs", "effects"),
+    "reject_payloads_purge_expired": ("reject_payloads_purge_expired_on_shard", "effect_rejects", None),
+    "unmatched_payloads_purge_expired": ("unmatched_payloads_purge_expired_on_shard", "deliveries", None),
+    "unmatched_seen_purge_expired": ("unmatched_seen_purge_expired_on_shard", "unmatched_deliveries", None),
+    "deliveries_delete_expired": ("deliveries_delete_expired_on_shard", "deliveries", None),
+    "deliveries_default_delete_expired": (
+        "deliveries_default_delete_expired_on_shard",
+        "deliveries_default",
+        None,
+    ),
+    "effect_rejects_delete_expired": ("effect_rejects_delete_expired_on_shard", "effect_rejects", None),
+    "effect_rejects_default_delete_expired": (
+        "effect_rejects_default_delete_expired_on_shard",
+        "effect_rejects_default",
+        None,
+    ),
+    "jobs_delete_expired": ("jobs_delete_expired_on_shard", "jobs", None),
+    "effect_tombstones_delete_expired": ("effect_tombstones_delete_expired_on_shard", "effects", None),
 }
 
 # How one batch's answer becomes counts: (the row it returned, or None; its rowcount) -> ({PURGED name: n},

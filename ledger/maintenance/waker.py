@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import topology
+from .. import shards, topology
 from ..db import Conn
 from ..queries import Q
 
@@ -59,24 +59,28 @@ class PendingWaker:
         """One pass: wake up to ``batch`` stale due jobs.
 
         On a ledger distributed by tenant (Citus, ``topology``), as the lease rescuer: the
-        tenants with jobs pending past the shortest TTL are read first, then each is woken by the statement
+        tenants with jobs pending past the shortest TTL are read first (shard by shard: a worker node that cannot be
+        reached is skipped and logged, ``shards``), then each is woken by the statement
         restricted to it, and the wake-ups are sent from this session."""
         per_tenant = (await topology.of(conn)).distributed
         if not per_tenant:
             row = await self._wake(conn, now, self.config.batch, None)
             return WakeResult(int(row["woken"]) if row else 0)
         shortest = min([self.config.pending_ttl, *self.pending_ttls.values()])
-        tenants = await (
-            await conn.execute(
-                Q["job_tenants_stale_pending"],
-                {"now": now, "pending_ttl": shortest, "limit": self.config.batch},
-            )
-        ).fetchall()
+        found = await shards.tenants_on_live_nodes(
+            conn,
+            "job_tenants_stale_pending_on_shard",
+            table="jobs",
+            params={"pending_ttl": shortest},
+            limit=self.config.batch,
+            now=now,
+        )
+        shards.log_skipped(self.name, found.skipped)
         woken, kinds = 0, set[str]()
-        for t in tenants:
+        for tenant in found.tenants:
             if woken >= self.config.batch:
                 break
-            row = await self._wake(conn, now, self.config.batch - woken, t["tenant"])
+            row = await self._wake(conn, now, self.config.batch - woken, tenant)
             if row:
                 woken += int(row["woken"])
                 kinds.update(row["kinds"])

@@ -5,7 +5,7 @@
 -- (park). SKIP LOCKED passes over a job whose worker is inside a fenced write right now (the next pass sees
 -- it again) and lets two rescuers split the work; the state and expiry guard makes a second rescue of the
 -- same lease match nothing. %(tenant)s NULL: every tenant (one node); else that tenant's alone, which Citus
--- routes to its shard group (it refuses the FOR UPDATE over every shard; job_tenants_expired says which).
+-- routes to its shard group (it refuses the FOR UPDATE over every shard; job_tenants_expired_on_shard says which).
 WITH policy AS (
     SELECT p.kind, p.poison_threshold
     FROM unnest(%(kinds)s::text[], %(poison_thresholds)s::int[]) AS p(kind, poison_threshold)
@@ -66,17 +66,13 @@ FROM rescued r JOIN effects e ON e.id = r.effect_id AND e.tenant = r.tenant
 WHERE (%(tenant)s::text IS NULL OR e.tenant = %(tenant)s)
 ORDER BY r.id;
 
--- name: job_tenants_expired
--- Lease rescuer on Citus: the tenants of the %(limit)s earliest expired leases, earliest first. A read without a
--- lock, so Citus may run it on every shard; each tenant's are then rescued by job_rescue_expired_batch.
-SELECT tenant FROM (
-    SELECT j.tenant, j.lease_expires_at, j.id FROM jobs j
-    WHERE j.state = 'running' AND j.lease_expires_at < (SELECT coalesce(%(now)s, now()))
-    ORDER BY j.lease_expires_at, j.id
-    LIMIT %(limit)s
-) expired
-GROUP BY tenant
-ORDER BY min(lease_expires_at), min(id);
+-- name: job_tenants_expired_on_shard
+-- Lease rescuer on Citus, one shard's read (ledger/shards.py): %1$s the jobs shard, %3$L the parameters. The
+-- tenants of the shard's earliest expired leases; each tenant's are then rescued by job_rescue_expired_batch.
+SELECT tenant, lease_expires_at AS at, id FROM %1$s
+WHERE state = 'running' AND lease_expires_at < (%3$L::jsonb ->> 'now')::timestamptz
+ORDER BY lease_expires_at, id
+LIMIT (%3$L::jsonb ->> 'limit')::int;
 
 -- name: maintenance_lock_try
 -- One process runs each maintenance service (or sweep) per tick: a transaction-scoped advisory lock,

@@ -301,116 +301,106 @@ SELECT history_partition_drop_v2(%(name)s) AS rows;
 SELECT set_config('lock_timeout', %(lock_timeout)s, true);
 
 
--- name: effect_payloads_purge_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for effect_payloads_purge_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+-- name: effect_payloads_purge_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for effect_payloads_purge_expired
+-- (%1$s the shard of jobs, %2$s its effects shard, %3$L the parameters); that statement then runs once per tenant, routed.
 WITH policy AS (
-    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+    SELECT p.source, p.secs
+    FROM unnest(ARRAY(SELECT jsonb_array_elements_text(%3$L::jsonb -> 'sources')),
+                ARRAY(SELECT (jsonb_array_elements_text(%3$L::jsonb -> 'windows'))::float8)) AS p(source, secs)
 )
-SELECT tenant FROM (
-    SELECT j.tenant, j.finished_at FROM jobs j
-    JOIN effects e ON e.id = j.effect_id AND e.tenant = j.tenant LEFT JOIN policy p ON p.source = e.source
-    WHERE j.finished_at IS NOT NULL AND NOT j.payload_purged
-      AND j.finished_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
-    ORDER BY j.finished_at
-    LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(finished_at);
+SELECT j.tenant, j.finished_at AS at, j.id FROM %1$s j
+JOIN %2$s e ON e.id = j.effect_id AND e.tenant = j.tenant LEFT JOIN policy p ON p.source = e.source
+WHERE j.finished_at IS NOT NULL AND NOT j.payload_purged
+  AND j.finished_at < (%3$L::jsonb ->> 'now')::timestamptz - make_interval(secs => coalesce(p.secs, (%3$L::jsonb ->> 'window')::float8))
+ORDER BY j.finished_at, j.id
+LIMIT (%3$L::jsonb ->> 'limit')::int;
 
--- name: reject_payloads_purge_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for reject_payloads_purge_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+-- name: reject_payloads_purge_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for reject_payloads_purge_expired
+-- (%1$s the shard of effect_rejects, %3$L the parameters); that statement then runs once per tenant, routed.
 WITH policy AS (
-    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+    SELECT p.source, p.secs
+    FROM unnest(ARRAY(SELECT jsonb_array_elements_text(%3$L::jsonb -> 'sources')),
+                ARRAY(SELECT (jsonb_array_elements_text(%3$L::jsonb -> 'windows'))::float8)) AS p(source, secs)
 )
-SELECT tenant FROM (
-    SELECT r.tenant, r.received_at FROM effect_rejects r LEFT JOIN policy p ON p.source = r.source
-    WHERE r.rejected_payload IS NOT NULL
-      AND r.received_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
-    ORDER BY r.received_at
-    LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(received_at);
+SELECT r.tenant, r.received_at AS at, NULL::bigint AS id FROM %1$s r LEFT JOIN policy p ON p.source = r.source
+WHERE r.rejected_payload IS NOT NULL
+  AND r.received_at < (%3$L::jsonb ->> 'now')::timestamptz - make_interval(secs => coalesce(p.secs, (%3$L::jsonb ->> 'window')::float8))
+ORDER BY r.received_at
+LIMIT (%3$L::jsonb ->> 'limit')::int;
 
--- name: unmatched_payloads_purge_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for unmatched_payloads_purge_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+-- name: unmatched_payloads_purge_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for unmatched_payloads_purge_expired
+-- (%1$s the shard of deliveries, %3$L the parameters); that statement then runs once per tenant, routed.
 WITH policy AS (
-    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+    SELECT p.source, p.secs
+    FROM unnest(ARRAY(SELECT jsonb_array_elements_text(%3$L::jsonb -> 'sources')),
+                ARRAY(SELECT (jsonb_array_elements_text(%3$L::jsonb -> 'windows'))::float8)) AS p(source, secs)
 )
-SELECT tenant FROM (
-    SELECT d.tenant, d.received_at FROM deliveries d LEFT JOIN policy p ON p.source = d.source
-    WHERE d.payload IS NOT NULL
-      AND d.received_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
-    ORDER BY d.received_at
-    LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(received_at);
+SELECT d.tenant, d.received_at AS at, NULL::bigint AS id FROM %1$s d LEFT JOIN policy p ON p.source = d.source
+WHERE d.payload IS NOT NULL
+  AND d.received_at < (%3$L::jsonb ->> 'now')::timestamptz - make_interval(secs => coalesce(p.secs, (%3$L::jsonb ->> 'window')::float8))
+ORDER BY d.received_at
+LIMIT (%3$L::jsonb ->> 'limit')::int;
 
--- name: unmatched_seen_purge_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for unmatched_seen_purge_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+-- name: unmatched_seen_purge_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for unmatched_seen_purge_expired
+-- (%1$s the shard of unmatched_deliveries, %3$L the parameters); that statement then runs once per tenant, routed.
 WITH policy AS (
-    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+    SELECT p.source, p.secs
+    FROM unnest(ARRAY(SELECT jsonb_array_elements_text(%3$L::jsonb -> 'sources')),
+                ARRAY(SELECT (jsonb_array_elements_text(%3$L::jsonb -> 'windows'))::float8)) AS p(source, secs)
 )
-SELECT tenant FROM (
-    SELECT u.tenant, u.first_seen_at FROM unmatched_deliveries u LEFT JOIN policy p ON p.source = u.source
-    WHERE u.first_seen_at < coalesce(%(now)s, now()) - make_interval(secs => coalesce(p.secs, %(window)s))
-    ORDER BY u.first_seen_at
-    LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(first_seen_at);
+SELECT u.tenant, u.first_seen_at AS at, NULL::bigint AS id FROM %1$s u LEFT JOIN policy p ON p.source = u.source
+WHERE u.first_seen_at < (%3$L::jsonb ->> 'now')::timestamptz - make_interval(secs => coalesce(p.secs, (%3$L::jsonb ->> 'window')::float8))
+ORDER BY u.first_seen_at
+LIMIT (%3$L::jsonb ->> 'limit')::int;
 
--- name: deliveries_delete_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for deliveries_delete_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
-SELECT tenant FROM (
-    SELECT tenant, received_at FROM deliveries WHERE received_at < %(before)s ORDER BY received_at LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(received_at);
+-- name: deliveries_delete_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for deliveries_delete_expired
+-- (%1$s the shard of deliveries, %3$L the parameters); that statement then runs once per tenant, routed.
+SELECT tenant, received_at AS at, NULL::bigint AS id FROM %1$s WHERE received_at < (%3$L::jsonb ->> 'before')::timestamptz
+ORDER BY received_at LIMIT (%3$L::jsonb ->> 'limit')::int;
 
--- name: deliveries_default_delete_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for deliveries_default_delete_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
-SELECT tenant FROM (
-    SELECT tenant, received_at FROM deliveries_default
-    WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
-    ORDER BY received_at LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(received_at);
+-- name: deliveries_default_delete_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for deliveries_default_delete_expired
+-- (%1$s the shard of deliveries_default, %3$L the parameters); that statement then runs once per tenant, routed.
+SELECT tenant, received_at AS at, NULL::bigint AS id FROM %1$s
+WHERE received_at < (%3$L::jsonb ->> 'now')::timestamptz - make_interval(secs => (%3$L::jsonb ->> 'window')::float8)
+ORDER BY received_at LIMIT (%3$L::jsonb ->> 'limit')::int;
 
--- name: effect_rejects_delete_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for effect_rejects_delete_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
-SELECT tenant FROM (
-    SELECT tenant, received_at FROM effect_rejects WHERE received_at < %(before)s ORDER BY received_at LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(received_at);
+-- name: effect_rejects_delete_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for effect_rejects_delete_expired
+-- (%1$s the shard of effect_rejects, %3$L the parameters); that statement then runs once per tenant, routed.
+SELECT tenant, received_at AS at, NULL::bigint AS id FROM %1$s WHERE received_at < (%3$L::jsonb ->> 'before')::timestamptz
+ORDER BY received_at LIMIT (%3$L::jsonb ->> 'limit')::int;
 
--- name: effect_rejects_default_delete_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for effect_rejects_default_delete_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
-SELECT tenant FROM (
-    SELECT tenant, received_at FROM effect_rejects_default
-    WHERE received_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
-    ORDER BY received_at LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(received_at);
+-- name: effect_rejects_default_delete_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for effect_rejects_default_delete_expired
+-- (%1$s the shard of effect_rejects_default, %3$L the parameters); that statement then runs once per tenant, routed.
+SELECT tenant, received_at AS at, NULL::bigint AS id FROM %1$s
+WHERE received_at < (%3$L::jsonb ->> 'now')::timestamptz - make_interval(secs => (%3$L::jsonb ->> 'window')::float8)
+ORDER BY received_at LIMIT (%3$L::jsonb ->> 'limit')::int;
 
--- name: jobs_delete_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for jobs_delete_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
-SELECT tenant FROM (
-    SELECT tenant, finished_at FROM jobs
-    WHERE payload_purged AND finished_at < coalesce(%(now)s, now()) - make_interval(secs => %(window)s)
-    ORDER BY finished_at LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(finished_at);
+-- name: jobs_delete_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for jobs_delete_expired
+-- (%1$s the shard of jobs, %3$L the parameters); that statement then runs once per tenant, routed.
+SELECT tenant, finished_at AS at, id FROM %1$s
+WHERE payload_purged AND finished_at < (%3$L::jsonb ->> 'now')::timestamptz - make_interval(secs => (%3$L::jsonb ->> 'window')::float8)
+ORDER BY finished_at, id LIMIT (%3$L::jsonb ->> 'limit')::int;
 
--- name: effect_tombstones_delete_expired_tenants
--- Retention on Citus: the tenants with the oldest %(limit)s rows due for effect_tombstones_delete_expired, oldest first,
--- read without a lock (on every shard); that statement then runs once per tenant, routed to its shard group.
+-- name: effect_tombstones_delete_expired_on_shard
+-- Retention on Citus, one shard's read (ledger/shards.py): the tenants of the shard's oldest rows due for effect_tombstones_delete_expired
+-- (%1$s the shard of effects, %3$L the parameters); that statement then runs once per tenant, routed.
 WITH policy AS (
-    SELECT p.source, p.secs FROM unnest(%(sources)s::text[], %(windows)s::float8[]) AS p(source, secs)
+    SELECT p.source, p.secs
+    FROM unnest(ARRAY(SELECT jsonb_array_elements_text(%3$L::jsonb -> 'sources')),
+                ARRAY(SELECT (jsonb_array_elements_text(%3$L::jsonb -> 'windows'))::float8)) AS p(source, secs)
 )
-SELECT tenant FROM (
-    SELECT e.tenant, e.last_seen_at FROM effects e LEFT JOIN policy p ON p.source = e.source
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN p.source IS NULL THEN %(window)s::float8 ELSE p.secs END AS secs
-    ) w
-    WHERE e.purged_at IS NOT NULL AND w.secs IS NOT NULL
-      AND e.last_seen_at < coalesce(%(now)s, now()) - make_interval(secs => w.secs)
-    ORDER BY e.last_seen_at
-    LIMIT %(limit)s
-) due GROUP BY tenant ORDER BY min(last_seen_at);
+SELECT e.tenant, e.last_seen_at AS at, e.id FROM %1$s e LEFT JOIN policy p ON p.source = e.source
+CROSS JOIN LATERAL (SELECT CASE WHEN p.source IS NULL THEN (%3$L::jsonb ->> 'window')::float8 ELSE p.secs END AS secs) w
+WHERE e.purged_at IS NOT NULL AND w.secs IS NOT NULL
+  AND e.last_seen_at < (%3$L::jsonb ->> 'now')::timestamptz - make_interval(secs => w.secs)
+ORDER BY e.last_seen_at, e.id
+LIMIT (%3$L::jsonb ->> 'limit')::int;

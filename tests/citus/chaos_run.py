@@ -38,6 +38,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,10 @@ class Sent:
 
 async def send_all(url: str, orders: list[tuple[str, str]], copies: int, seconds: float, sent: Sent) -> None:
     """Each order's delivery ``copies`` times, in a shuffled order spread over ``seconds``, each retried on
-    a 5xx or a transport error (as a provider retries) until a 2xx or a 4xx, for at most 120 s."""
+    a 5xx or a transport error (as a provider retries, backing off from 0.5 s to 4 s) until a 2xx or a 4xx, for
+    at most 120 s. A delivery holds one of the 16 connections for each request, not while it waits to retry:
+    held across the waits, the retries of the stopped node's tenants took every connection, and the other
+    tenants' deliveries (which their nodes would have accepted) were not sent until it was back."""
     posts = [(tenant, order) for tenant, order in orders for _ in range(copies)]
     random.shuffle(posts)
     gap = seconds / max(len(posts), 1)
@@ -110,23 +114,25 @@ async def send_all(url: str, orders: list[tuple[str, str]], copies: int, seconds
     async def post(client: httpx.AsyncClient, tenant: str, order: str) -> None:
         body = event(order, f"evt_{order}", account=tenant)
         deadline = time.monotonic() + 120
-        async with slots:
-            while time.monotonic() < deadline:
-                try:
+        backoff = 0.5
+        while time.monotonic() < deadline:
+            try:
+                async with slots:
                     r = await client.post(url, content=body, headers=headers(body))
-                except httpx.TransportError as exc:
-                    sent.transport_errors[type(exc).__name__] += 1
-                else:
-                    sent.answers[r.status_code] += 1
-                    if r.status_code < 300:
-                        sent.acknowledged.add((tenant, f"charge:{order}"))
-                        return
-                    if r.status_code < 500:
-                        sent.refused.append(f"{r.status_code} {r.text[:120]}")
-                        return
-                    sent.unavailable[tenant] += 1
-                await asyncio.sleep(0.5)
-            sent.gave_up += 1
+            except httpx.TransportError as exc:
+                sent.transport_errors[type(exc).__name__] += 1
+            else:
+                sent.answers[r.status_code] += 1
+                if r.status_code < 300:
+                    sent.acknowledged.add((tenant, f"charge:{order}"))
+                    return
+                if r.status_code < 500:
+                    sent.refused.append(f"{r.status_code} {r.text[:120]}")
+                    return
+                sent.unavailable[tenant] += 1
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 4.0)
+        sent.gave_up += 1
 
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=16)) as client:
         tasks = []
@@ -221,6 +227,36 @@ def ledger(url: str, schema: str) -> dict[str, Any]:
         "node_of_tenant": dict(node_of),  # type: ignore[arg-type]
         "shards_per_node": dict(shards),  # type: ignore[arg-type]
     }
+
+
+def rates_per_node(
+    url: str, schema: str, node_of: dict[str, int], stopped: datetime, back: datetime
+) -> dict[int, tuple[float, float, float, float]]:
+    """Per worker node, its tenants' jobs claimed and leased (attempts opened) per second, in the as-long stretch
+    just before the node stop and while the node was down: a lost node must stop only its own tenants (issue 41).
+    The claims say whether the sender kept the node's tenants' deliveries coming, which the leases can follow."""
+    down = back - stopped
+    windows = (stopped - down, stopped, stopped, back)
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
+        leased = c.execute(
+            "SELECT tenant, count(*) FILTER (WHERE started_at >= %s AND started_at < %s),"
+            " count(*) FILTER (WHERE started_at >= %s AND started_at < %s) FROM job_attempts GROUP BY tenant",
+            windows,
+        ).fetchall()
+        claimed = c.execute(
+            "SELECT tenant, count(*) FILTER (WHERE created_at >= %s AND created_at < %s),"
+            " count(*) FILTER (WHERE created_at >= %s AND created_at < %s) FROM jobs GROUP BY tenant",
+            windows,
+        ).fetchall()
+    per_node: dict[int, list[int]] = {}
+    for offset, rows in ((0, claimed), (2, leased)):
+        for tenant, before, during in rows:
+            counts = per_node.setdefault(node_of.get(tenant, 0), [0, 0, 0, 0])
+            counts[offset] += before
+            counts[offset + 1] += during
+    s = down.total_seconds()
+    return {n: (cb / s, cd / s, lb / s, ld / s) for n, (cb, cd, lb, ld) in sorted(per_node.items())}
 
 
 def log_events(paths: list[Path]) -> tuple[Counter[str], set[int]]:
@@ -332,6 +368,7 @@ def main() -> int:
         if args.add_node:
             events.append((args.seconds / 2, "rebalance"))
         node_was_down, killed, added = 0.0, set[int](), False
+        node_stopped = node_back = None
         for at, what in sorted(events):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
             if what == "rebalance":
@@ -342,7 +379,9 @@ def main() -> int:
                 )
                 continue
             if what == "node":
+                node_stopped = datetime.now(UTC)
                 node_was_down = stop_node(data_dir, args.node_down)
+                node_back = datetime.now(UTC)
                 print(f"  {time.monotonic() - t0:5.1f} s node {node} was down {node_was_down:.1f} s")
                 continue
             victim = workers.pop(random.randrange(len(workers)))
@@ -365,6 +404,11 @@ def main() -> int:
         stats: dict[str, Any] = httpx.get(f"http://127.0.0.1:{fake_port}/_fake/stats", timeout=5).json()
         found = ledger(url, schema)
         expired = expired_leases(url, schema)
+        rates = (
+            rates_per_node(url, schema, found["node_of_tenant"], node_stopped, node_back)
+            if node_stopped and node_back
+            else {}
+        )
         exits = [p.popen.poll() for p in workers]
     finally:
         for proc in reversed(processes):
@@ -406,6 +450,12 @@ def main() -> int:
     for tenant, n in sent.unavailable.items():
         unavailable[node_of.get(tenant, 0)] += n
     print(f"5xx answers by the node of the delivery's tenant: {dict(sorted(unavailable.items()))}")
+    for port, (claimed_before, claimed_during, before, during) in rates.items():
+        ratio = f"{during / before:.2f}x" if before else "n/a"
+        print(
+            f"node {port}'s tenants, per second, in the {node_was_down:.1f} s before the stop / while {node} was"
+            f" down: leased {before:.2f} / {during:.2f} ({ratio}), claimed {claimed_before:.2f} / {claimed_during:.2f}"
+        )
     print(f"live workers' exit codes (None: running): {exits}; log lines at warning or error:")
     for what, n in sorted(events.items()):
         print(f"  {n:5d} {what}")

@@ -39,7 +39,7 @@ DISTRIBUTED = {
     "deliveries",
     "effect_rejects",
 }
-REFERENCE = {"paused_kinds", "retention_purges"}
+REFERENCE = {"paused_kinds"}
 
 
 def delivery(tenant: str, key: str, amount: int = 100, request: str = "r") -> Delivery:
