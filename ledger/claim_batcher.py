@@ -165,7 +165,7 @@ class ClaimBatcher:
             )
         )
 
-    def _take(self) -> list[_Waiting]:
+    def _take(self, max_rounds: int) -> list[_Waiting]:
         first: list[_Waiting] = []  # requests whose keys are new to the batch: its first statement
         repeats: list[_Waiting] = []  # passed over, in arrival order
         in_batch: set[tuple[str, str]] = set()
@@ -195,7 +195,7 @@ class ClaimBatcher:
             if (
                 len(batch) < self._max_batch
                 and waiting.keys.isdisjoint(blocked)
-                and all(depth.get(key, 0) < self._max_rounds for key in waiting.keys)
+                and all(depth.get(key, 0) < max_rounds for key in waiting.keys)
             ):
                 batch.append(waiting)
                 for key in waiting.keys:
@@ -215,7 +215,11 @@ class ClaimBatcher:
             while self._queue:
                 batch: list[_Waiting] = []
                 try:
-                    batch = self._take()
+                    # Routed by tenant (Citus): a key at most once a batch, so every batch is one routed call per
+                    # tenant; a key's repeat waits for the next batch rather than send the whole batch through
+                    # the coordinator in a multi-statement transaction (a two-phase commit, even for one tenant).
+                    rounds = 1 if await self.per_tenant() else self._max_rounds
+                    batch = self._take(rounds)
                     if batch:
                         await self._write(batch)
                 except Exception as exc:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import psycopg
+import psycopg_pool
 import pytest
+from psycopg.rows import DictRow, dict_row
 
 from effectgate.ledger import db, topology
 from effectgate.ledger.claim_batcher import ClaimBatcher
@@ -131,3 +134,45 @@ async def test_the_batcher_routes_a_batch_of_many_tenants_per_tenant(
             " FROM effects WHERE tenant LIKE 'batch-%%'",
         )
     assert counts == {"effects": 12, "deliveries": 24, "rejects": 12}
+
+
+async def test_a_key_repeated_across_requests_is_claimed_by_routed_calls_alone(
+    citus_url: str, citus_schema: str
+) -> None:
+    # The coordinator names every command it sends a worker node (citus.log_remote_commands, as NOTICEs): a
+    # batch that repeats a key used to go through the coordinator in one multi-statement transaction, which
+    # Citus commits with PREPARE TRANSACTION on both nodes even for one tenant. Now a key's repeat waits for the
+    # next batch, and each batch is one delegated call.
+    sent: list[str] = []
+
+    async def configure(c: db.Conn) -> None:
+        await c.set_autocommit(True)
+        await db.use_schema(c, citus_schema)
+        await c.execute("SET citus.log_remote_commands TO on")
+        c.add_notice_handler(lambda diag: sent.append(diag.message_primary or ""))
+
+    pool = psycopg_pool.AsyncConnectionPool(
+        citus_url,
+        connection_class=psycopg.AsyncConnection[DictRow],
+        kwargs={"row_factory": dict_row},
+        configure=configure,
+        min_size=1,
+        max_size=4,
+        open=False,
+    )
+    await pool.open()
+    batcher = ClaimBatcher(pool)
+    try:
+        assert await batcher.per_tenant()
+        same = [(delivery("repeat", "order-1", request=f"r{n}"), [effect("order-1")]) for n in range(6)]
+        other = [(delivery("repeat", "order-1", amount=999, request="x"), [effect("order-1")])]
+        sent.clear()
+        answered = await asyncio.gather(*(batcher.claim([item]) for item in same + other))
+        assert [type(o) for [[o]] in answered] == [Accepted] + [Duplicate] * 5 + [Rejected]
+    finally:
+        await batcher.close()
+        await pool.close()
+    two_phase = [m for m in sent if "PREPARE TRANSACTION" in m or "COMMIT PREPARED" in m]
+    assert not two_phase, two_phase
+    calls = [m for m in sent if "effect_claim_tenant_v1" in m]
+    assert len(calls) == len(same) + len(other), sent
