@@ -129,6 +129,7 @@ async def claim_deliveries(
     *,
     now: datetime | None = None,
     per_tenant: bool = False,
+    wake: bool = True,
 ) -> list[list[ClaimOutcome]]:
     """Claim the effects of several deliveries in one transaction, with one statement for all of them.
 
@@ -139,7 +140,9 @@ async def claim_deliveries(
     ``per_tenant`` (a ledger distributed by tenant on Citus, ``routed``): deliveries of one tenant, each key
     once, on an autocommit connection are claimed by one call of ``effect_claim_tenant_v1`` that Citus runs
     whole on that tenant's node; anything else takes the statement in a transaction, which Citus runs
-    correctly, through the coordinator.
+    correctly, through the coordinator. The routed call wakes no one; this sends the wake-up from here after
+    it, unless ``wake`` is false (a caller that claims for many tenants at once and wakes them in one go,
+    ``notify_kinds``).
     """
     rounds = _rounds(items)
     tenants = {delivery.tenant for delivery, _ in items}
@@ -147,7 +150,8 @@ async def claim_deliveries(
         # Distributed by tenant: one call Citus runs whole on the tenant's node, its own transaction there.
         [tenant] = tenants
         rows = await _claim_round(conn, items, rounds[0], now, tenant=tenant)
-        await _wake(conn, items, rows)
+        if wake:
+            await _wake(conn, items, rows)
     elif len(rounds) == 1 and not conn.info.transaction_status:
         # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT round trip.
         rows = await _claim_round(conn, items, rounds[0], now)
@@ -301,6 +305,11 @@ _COLUMNS = (
     "version",
     "trace_parent",
 )
+
+
+async def notify_kinds(conn: Conn, kinds: Sequence[str]) -> None:
+    """Wake the workers of ``kinds`` (after routed claims that sent no wake-up of their own)."""
+    await conn.execute(Q["jobs_notify"], {"kinds": list(kinds)})
 
 
 async def effects_missing(conn: Conn, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:

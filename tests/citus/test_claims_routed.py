@@ -8,7 +8,7 @@ batch of many tenants into routed calls with the right answers.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import psycopg_pool
@@ -143,7 +143,7 @@ async def test_a_key_repeated_across_requests_is_claimed_by_routed_calls_alone(
     # batch that repeats a key used to go through the coordinator in one multi-statement transaction, which
     # Citus commits with PREPARE TRANSACTION on both nodes even for one tenant. Now a key's repeat waits for the
     # next batch, and each batch is one delegated call.
-    sent: list[str] = []
+    sent: ClassVar[list[str]] = []
 
     async def configure(c: db.Conn) -> None:
         await c.set_autocommit(True)
@@ -176,3 +176,51 @@ async def test_a_key_repeated_across_requests_is_claimed_by_routed_calls_alone(
     assert not two_phase, two_phase
     calls = [m for m in sent if "effect_claim_tenant_v1" in m]
     assert len(calls) == len(same) + len(other), sent
+
+
+class Counted(psycopg.AsyncConnection[DictRow]):
+    """A connection that counts the statements sent through it (what the batcher sends), and is otherwise one."""
+
+    sent: ClassVar[list[str]] = []
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        Counted.sent.append(str(query))
+        return await super().execute(query, params, **kwargs)
+
+
+async def test_a_batch_for_many_tenants_is_one_call_each_and_one_wake_up(
+    citus_url: str, citus_schema: str
+) -> None:
+    async def configure(c: db.Conn) -> None:
+        await c.set_autocommit(True)
+        await db.use_schema(c, citus_schema)
+
+    pool = psycopg_pool.AsyncConnectionPool(
+        citus_url,
+        connection_class=Counted,
+        kwargs={"row_factory": dict_row},
+        configure=configure,
+        min_size=4,
+        max_size=8,
+        open=False,
+    )
+    await pool.open()
+    batcher = ClaimBatcher(pool)
+    try:
+        assert await batcher.per_tenant()
+        items = [(delivery(f"wide-{n}", "order-1"), [effect("order-1")]) for n in range(32)]
+        Counted.sent.clear()
+        # One request naming 32 tenants' deliveries would take the statement; 32 requests at once fill one batch.
+        answered = await asyncio.gather(*(batcher.claim([item]) for item in items))
+        assert all(isinstance(o, Accepted) for [[o]] in answered)
+    finally:
+        await batcher.close()
+        await pool.close()
+    calls = [q for q in Counted.sent if q == Q["effect_claim_tenant"]]
+    wakes = [q for q in Counted.sent if q == Q["jobs_notify"]]
+    assert len(calls) == 32, Counted.sent
+    # The first request is written alone (an idle batcher does not wait for company) and wakes its own kind.
+    assert len(wakes) <= 2, Counted.sent
+    # Nothing else but the pool's own set-up of the connections it opened meanwhile.
+    others = [q for q in Counted.sent if q not in calls + wakes and "search_path" not in q]
+    assert others == [], others
