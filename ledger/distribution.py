@@ -20,6 +20,7 @@ records), signature_failures and transmissions (written before any tenant is kno
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import psycopg
 from psycopg import sql
@@ -57,8 +58,8 @@ class Step:
     """One thing left to do to distribute the ledger; ``what`` says it for the operator."""
 
     what: str
-    # How the runner does it: "trigger", "reference", "effects", "table" or "function".
-    verb: str
+    # How the runner does it (ledger/sql/distribution.sql: one block each).
+    verb: Literal["trigger", "reference", "effects", "table", "function"]
     name: str
     # Whether this role owns the object (or is a member of its owner), as distributing it requires.
     owned: bool
@@ -103,10 +104,11 @@ async def missing(conn: Conn) -> list[Step]:
             _refuse_other_kind(name, row["kind"], "distributed")
             if row["kind"] is None:
                 if name == "effects":
-                    what, verb = "distribute effects by tenant in a colocation group of its own", "effects"
+                    what = "distribute effects by tenant in a colocation group of its own"
+                    steps.append(Step(what, "effects", name, row["owned"]))
                 else:
-                    what, verb = f"distribute {name} by tenant, colocated with effects", "table"
-                steps.append(Step(what, verb, name, row["owned"]))
+                    what = f"distribute {name} by tenant, colocated with effects"
+                    steps.append(Step(what, "table", name, row["owned"]))
     found = await (await conn.execute(Q["distribution_claim_function_read"])).fetchone()
     if found is not None and found["present"] and not found["distributed"]:
         what = f"distribute function {CLAIM_FUNCTION} by tenant, colocated with effects"
