@@ -31,6 +31,9 @@ from .queries import Q
 
 # The distributed statements read these (the fetch reads paused_kinds): a copy on every node.
 REFERENCE_TABLES = ("paused_kinds", "kind_actions")
+# Made reference tables by the distribute.sql of 0.3.0, kept on the coordinator since (above): a ledger distributed
+# then has them undistributed.
+COORDINATOR_TABLES = ("retention_purges",)
 # effects first: it founds the ledger's colocation group, which the others join.
 DISTRIBUTED_TABLES = (
     "effects",
@@ -59,7 +62,7 @@ class Step:
 
     what: str
     # How the runner does it (ledger/sql/distribution.sql: one block each).
-    verb: Literal["trigger", "reference", "effects", "table", "function"]
+    verb: Literal["trigger", "reference", "effects", "table", "function", "undistribute"]
     name: str
     # Whether this role owns the object (or is a member of its owner), as distributing it requires.
     owned: bool
@@ -77,7 +80,8 @@ async def missing(conn: Conn) -> list[Step]:
     installed or everything is done. Read-only. Objects a pending migration will create are not listed yet."""
     if not await on_citus(conn):
         return []
-    params = {"tables": [*REFERENCE_TABLES, *DISTRIBUTED_TABLES], "triggers": list(FILL_TRIGGERS.values())}
+    names = [*REFERENCE_TABLES, *DISTRIBUTED_TABLES, *COORDINATOR_TABLES]
+    params = {"tables": names, "triggers": list(FILL_TRIGGERS.values())}
     tables = {
         r["name"]: r for r in await (await conn.execute(Q["distribution_tables_read"], params)).fetchall()
     }
@@ -109,6 +113,11 @@ async def missing(conn: Conn) -> list[Step]:
                 else:
                     what = f"distribute {name} by tenant, colocated with effects"
                     steps.append(Step(what, "table", name, row["owned"]))
+    for name in COORDINATOR_TABLES:
+        row = tables[name]
+        if row["kind"] == "reference":
+            what = f"undistribute {name} (a reference table of earlier releases) onto the coordinator"
+            steps.append(Step(what, "undistribute", name, row["owned"]))
     found = await (await conn.execute(Q["distribution_claim_function_read"])).fetchone()
     if found is not None and found["present"] and not found["distributed"]:
         what = f"distribute function {CLAIM_FUNCTION} by tenant, colocated with effects"
@@ -171,5 +180,7 @@ async def _run(conn: Conn, step: Step) -> None:
         await conn.execute(Q["distribution_effects_create"])
     elif step.verb == "table":
         await conn.execute(Q["distribution_table_create_with_effects"], {"table": step.name})
+    elif step.verb == "undistribute":
+        await conn.execute(Q["distribution_table_undistribute"], {"table": step.name})
     else:
         await conn.execute(Q["distribution_claim_function_create_with_effects"])

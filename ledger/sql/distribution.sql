@@ -52,6 +52,10 @@ DROP TRIGGER IF EXISTS {trigger} ON {table};
 -- Makes %(table)s (in the ledger's schema) a reference table: a copy on every node.
 SELECT create_reference_table(%(table)s::regclass);
 
+-- name: distribution_table_undistribute
+-- Brings %(table)s (a reference table of an earlier release) back to the coordinator as a plain table.
+SELECT undistribute_table(%(table)s::regclass);
+
 -- name: distribution_effects_create
 -- Distributes effects by tenant in a colocation group of its own ('none'), which the ledger's other tables then
 -- join: isolating a tenant of this ledger (isolate_tenant_to_new_shard) splits this ledger's shards only, never

@@ -26,7 +26,8 @@ from effectgate.ledger.migrate import migrate_and_distribute, script
 
 pytestmark = pytest.mark.anyio
 
-# deploy/citus/distribute.sql as release 0.3.0 shipped it, for operators to run by hand after `migrate`.
+# deploy/citus/distribute.sql as operators ran it by hand after `migrate` (before issue 41 kept retention_purges
+# on the coordinator).
 PREVIOUS_SCRIPT = """
 SET citus.multi_shard_modify_mode TO 'sequential';
 DROP TRIGGER IF EXISTS job_attempts_tenant_fill ON job_attempts;
@@ -156,17 +157,20 @@ async def test_a_ledger_distributed_by_the_previous_script_is_accepted(
     async with conn:
         done = await migrate_and_distribute(conn, schema=schema)
         assert done.applied == []
-        # The script of a release before 0023 had no function line: migrate adds it, and only it.
-        assert done.distributed == (
-            []
-            if with_function
-            else ["distribute function effect_claim_tenant_v1 by tenant, colocated with effects"]
-        )
+        # That script made retention_purges a reference table, kept on the coordinator since; the script of a
+        # release before 0023 had no function line. migrate does just those.
+        function = "distribute function effect_claim_tenant_v1 by tenant, colocated with effects"
+        assert done.distributed == [
+            "undistribute retention_purges (a reference table of earlier releases) onto the coordinator",
+            *([] if with_function else [function]),
+        ]
         assert (await topology.read(conn)).claims_routed
         assert await distribution.missing(conn) == []
     after = by_name(catalog(citus_url, schema))
-    assert {n: r for n, r in after.items() if n != "effect_claim_tenant_v1"} == {
-        n: r for n, r in before.items() if n != "effect_claim_tenant_v1"
+    changed = {"effect_claim_tenant_v1", "retention_purges"}
+    assert "retention_purges" not in after
+    assert {n: r for n, r in after.items() if n not in changed} == {
+        n: r for n, r in before.items() if n not in changed
     }
     assert after["effect_claim_tenant_v1"]["colocation"] == after["effects"]["colocation"]
 
