@@ -31,8 +31,8 @@ from .queries import Q
 
 # The distributed statements read these (the fetch reads paused_kinds): a copy on every node.
 REFERENCE_TABLES = ("paused_kinds", "kind_actions")
-# Made reference tables by the distribute.sql of 0.3.0, kept on the coordinator since (above): a ledger distributed
-# then has them undistributed.
+# Made reference tables by the distribute.sql of earlier releases, kept on the coordinator since (above): a ledger
+# distributed then has them undistributed.
 COORDINATOR_TABLES = ("retention_purges",)
 # effects first: it founds the ledger's colocation group, which the others join.
 DISTRIBUTED_TABLES = (
