@@ -62,8 +62,8 @@ failover-check-async:
 chaos:
 	CHAOS_ORDERS=$${CHAOS_ORDERS:-200} CHAOS_KILLS=$${CHAOS_KILLS:-10} $(PYTHON) -m pytest -q -s -m chaos tests/e2e/test_chaos.py
 
-# The ledger on a running Citus cluster (tests/citus/): a fresh schema migrated on the coordinator, distributed by
-# tenant with deploy/citus/distribute.sql, then the claim's guarantees there. Needs CITUS_URL (the coordinator's
+# The ledger on a running Citus cluster (tests/citus/): a fresh schema migrated on the coordinator, which the runner
+# distributes by tenant (as `effectgate migrate` does), then the claim's guarantees there. Needs CITUS_URL (the coordinator's
 # URL, as `cluster.sh start` prints it); not part of `check`: CI has no cluster. deploy/README.md, "Past one Postgres".
 citus-check:
 	@test -n "$$CITUS_URL" || { echo "citus-check: set CITUS_URL to a Citus coordinator (deploy/README.md, Past one Postgres)" >&2; exit 2; }

@@ -9,6 +9,11 @@ pending (read-only), and ``script`` prints the pending files as one SQL script t
 way ``migrate`` does and runs inside that tool's transaction, so applying it leaves the database exactly
 as ``migrate`` would.
 
+Where the Citus extension is installed, ``migrate`` then distributes the ledger by tenant, each step only if
+not done (ledger/distribution.py). ``script`` leaves that out: its steps are Citus calls, each in a transaction
+of its own, not DDL for another tool's one transaction. Such a team runs ``effectgate migrate`` once after its
+tool, as the tables' owner: it finds nothing to apply and distributes; ``migrate --check`` says it is pending.
+
 Everything lives in one schema (``schema``, default ``effectgate``; docs/adr/0019-own-schema.md): the
 runner creates it and puts it alone on the search_path, so the files stay unqualified. A ledger of a
 release before 0021 lives in ``public``: the runner recognises it by what only effectgate wrote there
@@ -20,6 +25,7 @@ is never read or written.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,9 +36,12 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow
 
+from . import distribution
 from .db import DEFAULT_SCHEMA, Conn, use_schema
 from .errors import MigrationError
 from .queries import Q
+
+log = logging.getLogger("effectgate.ledger")
 
 # Shipped inside the package (effectgate.migrations), so an installed wheel finds them from any directory.
 MIGRATIONS_DIR: Traversable = files("effectgate.migrations")
@@ -192,11 +201,30 @@ async def _require_utf8(conn: Conn) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    """What one run of the runner did: the migrations it applied, and the steps it took to distribute the
+    ledger on Citus (``distribution.distribute``; empty on a single node or when done already)."""
+
+    applied: list[str]
+    distributed: list[str]
+
+
 async def migrate(
     conn: Conn, directory: Traversable = MIGRATIONS_DIR, *, schema: str = DEFAULT_SCHEMA
 ) -> list[str]:
     """Apply every pending migration in ``schema`` (created when missing, and left as ``conn``'s
-    search_path); returns the names applied (empty when up to date)."""
+    search_path), and where Citus is installed distribute the ledger by tenant; returns the names applied
+    (empty when up to date). The distribution steps taken are logged (``ledger.distributed``)."""
+    return (await migrate_and_distribute(conn, directory, schema=schema)).applied
+
+
+async def migrate_and_distribute(
+    conn: Conn, directory: Traversable = MIGRATIONS_DIR, *, schema: str = DEFAULT_SCHEMA
+) -> Migrated:
+    """``migrate``, saying what it did: the migrations applied, then, where the Citus extension is installed,
+    the steps that distributed the ledger by tenant (each only if not done; ledger/distribution.py), under the
+    same lock, so two processes starting together distribute it once."""
     await conn.execute(Q["migrations_lock"], {"lock_id": MIGRATION_LOCK_ID})
     try:
         row = await (await conn.execute(Q["schema_present"], {"schema": schema})).fetchone()
@@ -227,7 +255,10 @@ async def migrate(
             except psycopg.Error as exc:
                 raise MigrationError(f"migration {migration.name} failed: {exc}") from exc
             applied.append(migration.name)
-        return applied
+        distributed = await distribution.distribute(conn)
+        if distributed:
+            log.info("ledger.distributed", extra={"schema": schema, "steps": distributed})
+        return Migrated(applied, distributed)
     finally:
         await conn.execute(Q["migrations_unlock"], {"lock_id": MIGRATION_LOCK_ID})
 

@@ -1,11 +1,12 @@
 """Is the ledger distributed by tenant, and how statements route: asked once, kept once.
 
-On Citus (deploy/citus/distribute.sql), ``jobs`` is a distributed table and every job statement that names no
+On Citus (distributed by ``effectgate migrate``, ledger/distribution.py), ``jobs`` is a distributed table and every job statement that names no
 tenant either fans out to every shard or is refused (a multi-shard ``FOR UPDATE``). So the worker leases,
 heartbeats and finishes tenant by tenant, the rescuer and the waker read the tenants first, retention purges per
 tenant, and the operator's writes by id find the job's tenant before they write. Claims go per tenant only where
 the claim function was distributed with the table too (``claims_routed``); a distributed ledger without it
-(distribute.sql of a release before 0023) claims through the coordinator, correctly, and says so in the log.
+(the hand-run distribute.sql of a release before 0023) claims through the coordinator, correctly, and says so in
+the log until the next ``effectgate migrate`` distributes the function.
 
 A ledger is distributed before its processes start and stays so while they run, so the answer is read once per
 connection pool (``of_pool``) or, for code that is handed only a connection, once per connection (``of``):
@@ -54,9 +55,7 @@ async def read(conn: Conn) -> Topology:
     if not claims_routed:
         log.warning(
             "claims.not_routed",
-            extra={
-                "hint": "effect_claim_tenant_v1 is not distributed: run its line of deploy/citus/distribute.sql"
-            },
+            extra={"hint": "effect_claim_tenant_v1 is not distributed: run `effectgate migrate`"},
         )
     return Topology(distributed=True, claims_routed=claims_routed)
 

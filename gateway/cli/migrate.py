@@ -1,8 +1,9 @@
 """``effectgate migrate`` and the schema check of ``serve``/``worker --no-migrate``.
 
-    effectgate migrate               apply pending migrations
+    effectgate migrate               apply pending migrations; on Citus, then distribute the ledger by tenant
     effectgate migrate --status      applied and pending migrations (table, or --format json); read-only
-    effectgate migrate --check       exit 0 when up to date, EXIT_PENDING (5) while any is pending; read-only
+    effectgate migrate --check       exit 0 when up to date, EXIT_PENDING (5) while any is pending (a migration,
+                                     or on Citus a distribution step); read-only
     effectgate migrate --print-sql   the pending migrations as one SQL script on stdout; read-only
 
 ``--print-sql`` is for a team whose own migration tool (Flyway, Liquibase, Alembic, Rails …) owns the
@@ -26,9 +27,9 @@ import sys
 import time
 from typing import TextIO
 
-from effectgate.ledger import db
+from effectgate.ledger import db, distribution
 from effectgate.ledger.errors import MigrationError
-from effectgate.ledger.migrate import MigrationState, migrate, script, status
+from effectgate.ledger.migrate import MigrationState, migrate, migrate_and_distribute, script, status
 
 from ..config import Config
 from . import database, flags
@@ -64,13 +65,22 @@ def _state_json(state: MigrationState) -> dict[str, str | None]:
     }
 
 
-def print_status(states: list[MigrationState], fmt: str, out: TextIO = sys.stdout) -> None:
-    """Every migration with its state and when it was applied: a table, or ``fmt == "json"``."""
+def print_status(
+    states: list[MigrationState],
+    fmt: str,
+    out: TextIO = sys.stdout,
+    *,
+    undistributed: list[str] | None = None,
+) -> None:
+    """Every migration with its state and when it was applied: a table, or ``fmt == "json"``; then, on Citus,
+    the distribution steps ``migrate`` would still take (``undistributed``)."""
     pending = [s.name for s in states if s.pending]
+    undistributed = undistributed or []
     if fmt == "json":
         document = {
-            "up_to_date": not pending and not any(s.changed for s in states),
+            "up_to_date": not pending and not undistributed and not any(s.changed for s in states),
             "pending": pending,
+            "distribution_pending": undistributed,
             "migrations": [_state_json(s) for s in states],
         }
         out.write(json.dumps(document, indent=2) + "\n")
@@ -81,6 +91,8 @@ def print_status(states: list[MigrationState], fmt: str, out: TextIO = sys.stdou
     for name, state, applied_at in rows:
         out.write(f"{name:<{widths[0]}}  {state:<{widths[1]}}  {applied_at}\n")
     out.write(f"\n{len(states) - len(pending)} applied, {len(pending)} pending\n")
+    if undistributed:
+        out.write("pending distribution on Citus: " + "; ".join(undistributed) + "\n")
 
 
 def _version() -> str:
@@ -101,8 +113,10 @@ async def run(
     async with conn:
         async with db.translate_errors():
             if action == "apply":
-                applied = await migrate(conn, schema=schema)
-                print("applied: " + ", ".join(applied) if applied else "up to date")
+                done = await migrate_and_distribute(conn, schema=schema)
+                print("applied: " + ", ".join(done.applied) if done.applied else "up to date")
+                if done.distributed:
+                    print("distributed on Citus: " + "; ".join(done.distributed))
                 return 0
             if action == "print-sql":
                 names, text = await script(conn, schema=schema)
@@ -121,8 +135,11 @@ async def run(
                 print(f"effectgate: printed {len(names)} pending: {', '.join(names)}", file=sys.stderr)
                 return 0
             states = await status(conn)
+            # Where Citus is installed: what `migrate` would still do to distribute the ledger (objects of a
+            # pending migration are listed once it is applied).
+            undistributed = [s.what for s in await distribution.missing(conn)]
     if action == "status":
-        print_status(states, fmt)
+        print_status(states, fmt, undistributed=undistributed)
         return 0
     changed = [s.name for s in states if s.changed]
     if changed:
@@ -131,11 +148,22 @@ async def run(
             "match this version's files"
         )
     pending = [s.name for s in states if s.pending]
-    if pending:
-        print(f"pending: {', '.join(pending)}")
+    if pending or undistributed:
+        if pending:
+            print(f"pending: {', '.join(pending)}")
+        if undistributed:
+            # Citus is installed and the ledger is not (wholly) distributed: `migrate` does it.
+            print("pending distribution on Citus: " + "; ".join(undistributed))
         return EXIT_PENDING
     print(f"up to date ({len(states)} applied)")
     return 0
+
+
+def _lacking(pending: list[str], undistributed: list[str]) -> str:
+    parts = [f"migrations {', '.join(pending)}"] if pending else []
+    if undistributed:
+        parts.append("its distribution on Citus (" + "; ".join(undistributed) + ")")
+    return " and ".join(parts)
 
 
 async def wait_for_schema(
@@ -156,6 +184,9 @@ async def wait_for_schema(
         while True:
             async with db.translate_errors():
                 states = await status(conn)
+                # A process that starts before the ledger is distributed would read its topology as a single
+                # node's and keep it for its life (ledger/topology.py): it waits for the distribution too.
+                undistributed = [s.what for s in await distribution.missing(conn)]
             changed = [s.name for s in states if s.changed]
             if changed:
                 raise MigrationError(
@@ -163,7 +194,7 @@ async def wait_for_schema(
                     "schema does not match this version"
                 )
             pending = [s.name for s in states if s.pending]
-            if not pending:
+            if not pending and not undistributed:
                 if next_log:
                     log.info("schema.up_to_date", extra={"applied": len(states)})
                 return
@@ -171,7 +202,7 @@ async def wait_for_schema(
             remaining = deadline - now
             if remaining <= 0:
                 raise SchemaBehind(
-                    f"the ledger lacks migrations {', '.join(pending)} after waiting {migration_wait:g}s "
+                    f"the ledger lacks {_lacking(pending, undistributed)} after waiting {migration_wait:g}s "
                     "with --no-migrate: apply them first (`effectgate migrate`, or the script of "
                     "`effectgate migrate --print-sql` in your own migration tool), or start without "
                     "--no-migrate (to wait longer: --migration-wait, EFFECTGATE_MIGRATION_WAIT or "
@@ -180,7 +211,7 @@ async def wait_for_schema(
             if now >= next_log:
                 log.warning(
                     "schema.migrations_pending",
-                    extra={"pending": pending, "waiting_up_to": round(remaining, 1)},
+                    extra={"pending": pending + undistributed, "waiting_up_to": round(remaining, 1)},
                 )
                 next_log = now + SCHEMA_LOG_INTERVAL
             await asyncio.sleep(min(SCHEMA_POLL_INTERVAL, remaining))

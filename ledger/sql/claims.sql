@@ -192,12 +192,14 @@ SELECT * FROM effect_claim_tenant_v1(%(tenant_id)b::text, %(ord)b::int[], %(requ
     %(payloads)b::text[], %(now)s::timestamptz);
 
 -- name: claim_tenant_distributed
--- Whether effect_claim_tenant_v1 in this schema is a Citus distributed function (deploy/citus/distribute.sql
--- made it one); asked only where jobs is distributed.
+-- Whether effect_claim_tenant_v1 in this schema is a Citus distributed function (`effectgate migrate` made it
+-- one, ledger/distribution.py); asked only where jobs is distributed.
 SELECT EXISTS (
     SELECT 1 FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
     WHERE o.classid = 'pg_proc'::regclass AND p.proname = 'effect_claim_tenant_v1'
       AND p.pronamespace = current_schema()::regnamespace
+      -- By its tenant argument: Citus 12 also lists a function it merely propagated (no argument; not routed).
+      AND o.distribution_argument_index IS NOT NULL
 ) AS distributed;
 
 -- name: effects_missing_of

@@ -67,9 +67,7 @@ async def main() -> None:
     await distributed_ledger(url, schema)
     conn = await db.connect(url, schema=schema)
     async with conn:
-        assert (await topology.read(conn)).claims_routed, (
-            "distribute.sql did not distribute the claim function"
-        )
+        assert (await topology.read(conn)).claims_routed, "migrate did not distribute the claim function"
         rates: dict[str, list[float]] = {"statement": [], "per_tenant": []}
         try:
             for r in range(args.rounds):

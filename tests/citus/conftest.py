@@ -4,8 +4,8 @@
 this folder only when it is set: CI has no cluster (Citus is built from source), so these tests are a command
 of their own, like the chaos run, never part of `make check`.
 
-The session migrates a fresh schema on the coordinator with the migration runner and distributes it with
-deploy/citus/distribute.sql, the script the guide tells operators to run; the schema is dropped at the end.
+The session migrates a fresh schema on the coordinator with the migration runner, which distributes it by tenant
+as `effectgate migrate` does for operators; the schema is dropped at the end.
 (A schema, not a database: Citus 12.1 does not propagate CREATE DATABASE to the workers by default.)
 """
 

@@ -248,7 +248,7 @@ async def main() -> None:
             conn = await db.connect(args.url, schema=schema)
             async with conn:
                 assert (await topology.read(conn)).claims_routed, (
-                    "distribute.sql did not distribute the claim function"
+                    "migrate did not distribute the claim function"
                 )
             took = await fill(args.url, schema, args.jobs, n, args.clients)
             with psycopg.connect(args.url, autocommit=True) as c:

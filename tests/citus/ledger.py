@@ -1,27 +1,21 @@
-"""A fresh ledger on the cluster, the way the guide sets one up: migrated on the coordinator, then distributed by
-deploy/citus/distribute.sql (deploy/README.md, "Past one Postgres"). Shared by the tests and the run scripts."""
+"""A fresh ledger on the cluster, the way the guide sets one up: `effectgate migrate` on the coordinator, which
+distributes it by tenant (deploy/README.md, "Past one Postgres"). Shared by the tests and the run scripts."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import psycopg
 
 from effectgate.ledger import db
 from effectgate.ledger.migrate import migrate
 
-DISTRIBUTE = Path(__file__).parents[2] / "deploy" / "citus" / "distribute.sql"
-
 
 async def distributed_ledger(url: str, schema: str) -> None:
-    """Migrate ``schema`` on the coordinator at ``url`` and distribute it by tenant."""
+    """Migrate ``schema`` on the coordinator at ``url``: the runner distributes it by tenant, finding Citus."""
     conn = await db.connect(url, schema=schema)
     async with conn:
         await migrate(conn, schema=schema)
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-        c.execute(DISTRIBUTE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
 
 
 def rebalance_onto(url: str, schema: str, node: str) -> tuple[float, dict[int, int]]:

@@ -1,6 +1,6 @@
 """The claim routed by tenant on the cluster (effect_claim_tenant_v1; docs/adr/0023-claims-and-leases-on-citus.md).
 
-deploy/citus/distribute.sql distributed the claim function by its tenant argument with ``effects``. Checked: the call is one task on one worker node, the claim
+`effectgate migrate` distributed the claim function by its tenant argument with ``effects``. Checked: the call is one task on one worker node, the claim
 races resolve there as on one node, the wake-up reaches the coordinator, and the gateway's batcher splits a
 batch of many tenants into routed calls with the right answers.
 """

@@ -34,12 +34,13 @@ DISTRIBUTED = {
     "jobs",
     "job_attempts",
     "steps",
+    "job_actions",
     "effect_versions",
     "unmatched_deliveries",
     "deliveries",
     "effect_rejects",
 }
-REFERENCE = {"paused_kinds"}
+REFERENCE = {"paused_kinds", "kind_actions"}
 
 
 def delivery(tenant: str, key: str, amount: int = 100, request: str = "r") -> Delivery:

@@ -1,0 +1,79 @@
+-- The ledger distributed by tenant on Citus (ledger/distribution.py): what the catalog says is done, and each
+-- step of distributing it. Asked only where the Citus extension is installed (jobs_distributed_citus).
+
+-- name: distribution_tables_read
+-- Each of the named tables in the ledger's schema: whether it exists, how Citus holds it ('distributed' by hash,
+-- 'reference', another Citus kind, or NULL for a plain table), its colocation group, whether this role may
+-- distribute it (owns it, or is a member of its owner) and which of the named triggers it still has.
+SELECT t.name,
+       c.oid IS NOT NULL AS present,
+       CASE WHEN p.partmethod = 'h' THEN 'distributed'
+            WHEN p.repmodel = 't' THEN 'reference'
+            WHEN p.logicalrelid IS NOT NULL THEN 'other' END AS kind,
+       p.colocationid AS colocation,
+       c.oid IS NULL OR pg_has_role(c.relowner, 'USAGE') AS owned,
+       ARRAY(SELECT g.tgname::text FROM pg_trigger g
+             WHERE g.tgrelid = c.oid AND g.tgname = ANY(%(triggers)s::text[]) ORDER BY 1) AS triggers
+FROM unnest(%(tables)s::text[]) WITH ORDINALITY AS t(name, ord)
+LEFT JOIN pg_class c ON c.relname = t.name AND c.relnamespace = current_schema()::regnamespace
+LEFT JOIN pg_dist_partition p ON p.logicalrelid = c.oid
+ORDER BY t.ord;
+
+-- name: distribution_claim_function_read
+-- The claim for one tenant (migration 0023) in the ledger's schema: whether it exists, whether Citus
+-- distributed it by an argument, whether this role may distribute it, and the role asking. A row in
+-- pg_dist_object alone is not enough: Citus 12 propagates a function the distributed tables depend on by itself,
+-- with no distribution argument, and a call of that one runs on the coordinator.
+SELECT p.oid IS NOT NULL AS present,
+       p.oid IS NOT NULL AND EXISTS (
+           SELECT 1 FROM pg_dist_object o
+           WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid AND o.distribution_argument_index IS NOT NULL
+       ) AS distributed,
+       p.oid IS NULL OR pg_has_role(p.proowner, 'USAGE') AS owned,
+       current_user::text AS role
+FROM (SELECT to_regprocedure(
+    'effect_claim_tenant_v1(text, int[], text[], text[], text[], text[], text[], text[], text[], text[], int[],'
+    ' int[], text[], text[], int[], int8[], text[], text[], timestamptz)'
+) AS oid) f
+LEFT JOIN pg_proc p ON p.oid = f.oid;
+
+-- name: distribution_sequential_set_local
+-- One connection per worker node for the rest of this transaction, as the hand-run distribute.sql of earlier
+-- releases ran: create_distributed_function refuses a transaction that wrote to distributed tables over several
+-- connections.
+SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
+
+-- name: distribution_trigger_drop
+-- Drops a fill trigger of migration 0022 ({trigger} and {table} are identifiers composed by ledger/distribution.py
+-- from its own constants): Citus refuses to distribute a table with triggers.
+DROP TRIGGER IF EXISTS {trigger} ON {table};
+
+-- name: distribution_reference_table_create
+-- Makes %(table)s (in the ledger's schema) a reference table: a copy on every node.
+SELECT create_reference_table(%(table)s::regclass);
+
+-- name: distribution_table_undistribute
+-- Brings %(table)s (a reference table of an earlier release) back to the coordinator as a plain table.
+SELECT undistribute_table(%(table)s::regclass);
+
+-- name: distribution_effects_create
+-- Distributes effects by tenant in a colocation group of its own ('none'), which the ledger's other tables then
+-- join: isolating a tenant of this ledger (isolate_tenant_to_new_shard) splits this ledger's shards only, never
+-- those of another ledger on the cluster, as one group shared by every ledger did.
+SELECT create_distributed_table('effects'::regclass, 'tenant', colocate_with => 'none');
+
+-- name: distribution_table_create_with_effects
+-- Distributes %(table)s by tenant colocated with this schema's effects, so every key and every join on
+-- (id, tenant) stays within one tenant's shard group.
+SELECT create_distributed_table(
+    %(table)s::regclass, 'tenant', colocate_with => quote_ident(current_schema()) || '.effects'
+);
+
+-- name: distribution_claim_function_create_with_effects
+-- Distributes the claim for one tenant by its tenant argument, colocated with this schema's effects: a call
+-- outside a transaction block runs whole on the node holding that tenant's shards.
+SELECT create_distributed_function(
+    'effect_claim_tenant_v1(text, int[], text[], text[], text[], text[], text[], text[], text[], text[], int[],'
+    ' int[], text[], text[], int[], int8[], text[], text[], timestamptz)'::regprocedure,
+    '$1', colocate_with => quote_ident(current_schema()) || '.effects'
+);
