@@ -28,7 +28,7 @@ SELECT create_reference_table('kind_actions');
 -- and not in a migration: one Postgres never fetches per tenant, and its claims would write a second index of
 -- every pending job for nothing. Made before distributing, so each shard is made with it (in this
 -- script, after distributing, Citus fails to send the CREATE INDEX to the shards: "cannot insert multiple commands
--- into a prepared statement"); on a ledger distributed by an older distribute.sql, run this line alone once
+-- into a prepared statement"); on a ledger distributed by an older distribute.sql, run it once as a statement of its own
 -- (deploy/README.md, "Past one Postgres").
 CREATE INDEX IF NOT EXISTS jobs_tenant_kind_due_idx ON jobs (tenant, kind, run_at, id) WHERE state = 'pending';
 
