@@ -5,8 +5,9 @@
 -- takes at most one job per lock key: the partial unique index would refuse a second. Paused kinds wait.
 --
 -- Cost does not grow with the backlog (invariant 13): each kind is read in (run_at, id) order from its own
--- index (jobs_kind_due_tenant_idx, migrations 0014 and 0026) and stops after %(limit)s eligible rows, and "is this lock key
--- held?" is one probe of jobs_lock_key_running_unique per row read. The batch is then the earliest
+-- index (jobs_kind_due_tenant_idx, migrations 0014 and 0026; for one tenant on Citus jobs_tenant_kind_due_idx,
+-- deploy/citus/distribute.sql, so a tenant's walk never reads a shard-neighbour's rows) and stops after
+-- %(limit)s eligible rows, and "is this lock key held?" is one probe of jobs_lock_key_running_unique per row read. The batch is then the earliest
 -- %(limit)s across the kinds by (run_at, id): the global order a single scan would give, so no kind is
 -- favoured over another (the top %(limit)s of the union are among each kind's own top %(limit)s). Each kind
 -- locks up to %(limit)s rows; the ones the merge leaves out are unlocked when the statement commits.
