@@ -51,6 +51,12 @@ DISTRIBUTED_TABLES = (
 # 0022's fill triggers serve a previous release's inserts while it drains on one node; Citus refuses to
 # distribute a table with triggers, and a cluster is set up by this release, not upgraded from one before 0022.
 FILL_TRIGGERS = {"job_attempts": "job_attempts_tenant_fill", "steps": "steps_tenant_fill"}
+# The fetch on Citus is per tenant (a multi-shard FOR UPDATE is refused), and a shard holds many tenants: keyed by
+# tenant first, one tenant's fetch reads only its own rows, not a hot shard-neighbour's backlog (issue 41;
+# deploy/README.md, "Hot tenants"), and the fair discovery steps from tenant to tenant on it. A distribution step,
+# not a migration: one Postgres never fetches per tenant, and its claims would write a second index of every
+# pending job for nothing. Made before jobs is distributed where it can be (each shard is then made with it).
+FETCH_INDEX = "jobs_tenant_kind_due_idx"
 # The claim for one tenant (migration 0023), distributed by its tenant argument with effects. Its signature is
 # in the two distribution_claim_function_* blocks: a claim_v2 gets blocks of its own (ADR 0017).
 CLAIM_FUNCTION = "effect_claim_tenant_v1"
@@ -62,7 +68,7 @@ class Step:
 
     what: str
     # How the runner does it (ledger/sql/distribution.sql: one block each).
-    verb: Literal["trigger", "reference", "effects", "table", "function", "undistribute"]
+    verb: Literal["trigger", "reference", "index", "effects", "table", "function", "undistribute"]
     name: str
     # Whether this role owns the object (or is a member of its owner), as distributing it requires.
     owned: bool
@@ -80,7 +86,7 @@ async def missing(conn: Conn) -> list[Step]:
     installed or everything is done. Read-only. Objects a pending migration will create are not listed yet."""
     if not await on_citus(conn):
         return []
-    names = [*REFERENCE_TABLES, *DISTRIBUTED_TABLES, *COORDINATOR_TABLES]
+    names = [*REFERENCE_TABLES, *DISTRIBUTED_TABLES, *COORDINATOR_TABLES, FETCH_INDEX]
     params = {"tables": names, "triggers": list(FILL_TRIGGERS.values())}
     tables = {
         r["name"]: r for r in await (await conn.execute(Q["distribution_tables_read"], params)).fetchall()
@@ -102,6 +108,9 @@ async def missing(conn: Conn) -> list[Step]:
             _refuse_other_kind(name, row["kind"], "reference")
             if row["kind"] is None:
                 steps.append(Step(f"make {name} a reference table", "reference", name, row["owned"]))
+    if tables["jobs"]["present"] and not tables[FETCH_INDEX]["present"]:
+        what = f"create the tenant-keyed fetch index {FETCH_INDEX} on jobs"
+        steps.append(Step(what, "index", FETCH_INDEX, tables["jobs"]["owned"], "jobs"))
     for name in DISTRIBUTED_TABLES:
         row = tables[name]
         if row["present"]:
@@ -176,6 +185,8 @@ async def _run(conn: Conn, step: Step) -> None:
         await conn.execute(statement)
     elif step.verb == "reference":
         await conn.execute(Q["distribution_reference_table_create"], {"table": step.name})
+    elif step.verb == "index":
+        await conn.execute(Q["distribution_fetch_index_create"])
     elif step.verb == "effects":
         await conn.execute(Q["distribution_effects_create"])
     elif step.verb == "table":

@@ -83,8 +83,9 @@ async def tenants_on_live_nodes(
 ) -> Discovered:
     """The tenants whose rows ``command`` (the name of an ``_on_shard`` block) finds on the shards of ``table``
     that can be read now, earliest first, at most ``limit``; ``joined`` names a table co-located with it that the
-    read joins (``%2$s``). Each shard's read returns up to ``limit`` rows, so the tenants of the earliest
-    ``limit`` rows over all live shards are among those returned, in the same order."""
+    read joins (``%2$s``). Each shard's read returns up to ``limit`` rows (a tenant with the time and id that
+    order it: its earliest row, or, in a fair read, its oldest due job), so the first ``limit`` tenants over
+    all live shards by each one's earliest row are among those returned, in that order."""
     rows = await (
         await conn.execute(
             Q["shard_tenants_on_live_nodes"],

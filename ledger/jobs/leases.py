@@ -23,7 +23,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from .. import shards
+from .. import shards, topology
 from ..db import Conn
 from ..errors import LeaseLost
 from ..queries import Q, without_cte
@@ -127,10 +127,12 @@ async def fetch_and_lease(
     the caller to cancel with the hook in the cancel's transaction.
 
     ``per_tenant`` (a ledger distributed by tenant on Citus, ``distributed``): the one statement over every
-    tenant is a multi-shard ``FOR UPDATE``, which Citus refuses. Instead the tenants with the earliest due
-    jobs are read first (no lock, ``tenants_due``: two statements), then each tenant's jobs are leased by the
-    same statement restricted to that tenant, which Citus routes to its shard: 2 + (tenants leased from)
-    statements per fetch.
+    tenant is a multi-shard ``FOR UPDATE``, which Citus refuses. Instead up to ``limit`` tenants with due jobs
+    are read first, by their oldest due job (no lock, ``tenants_due``: two statements, three when one tenant
+    holds several of the earliest jobs), then each tenant's jobs are leased by the same statement restricted
+    to that tenant, which Citus routes to its shard: each tenant first up to an equal share of ``limit``, then
+    what is left to those that had more. 2 + (tenants leased from) statements per fetch, plus one per tenant
+    asked again.
 
     Inside the caller's transaction the statement runs in a savepoint, so a fetch that loses a lock key's
     race (retried here) or fails does not abort the caller's transaction. ``guarded=False`` leaves the
@@ -141,8 +143,25 @@ async def fetch_and_lease(
         return await _fetch_tenant(
             conn, owner, kinds, limit, now, scan_limit, hooked, to_supersede, None, guarded
         )
+    tenants = await tenants_due(conn, kinds=kinds, limit=limit, now=now)
+    if not tenants:
+        return []
+    # Each tenant found gets a fair share of the batch first (the earliest the odd places): asked in discovery's
+    # order for all it has, a hot tenant's backlog would take the whole batch and its neighbours none. What a
+    # tenant leaves unused goes to those that filled their share, in a second pass only when the first left room.
+    share = -(-limit // len(tenants))
     leases: list[Lease] = []
-    for tenant in await tenants_due(conn, kinds=kinds, limit=limit, now=now):
+    full: list[str] = []
+    for tenant in tenants:
+        got = await _fetch_tenant(
+            conn, owner, kinds, min(share, limit - len(leases)), now, scan_limit, hooked, to_supersede, tenant
+        )
+        leases += got
+        if len(got) >= share:
+            full.append(tenant)
+        if len(leases) >= limit:
+            return leases
+    for tenant in full:
         leases += await _fetch_tenant(
             conn, owner, kinds, limit - len(leases), now, scan_limit, hooked, to_supersede, tenant
         )
@@ -159,14 +178,19 @@ async def tenants_due(
     now: datetime | None = None,
     node_connection_timeout: float = shards.DEFAULT_NODE_CONNECTION_TIMEOUT,
 ) -> list[str]:
-    """The tenants of the earliest ``limit`` due pending jobs of ``kinds``, earliest first; read without a
-    lock, so a tenant may have nothing left to lease by the time it is asked.
+    """Up to ``limit`` distinct tenants with due pending jobs of ``kinds``, ordered by each one's oldest due
+    job; read without a lock, so a tenant may have nothing left to lease by the time it is asked. A tenant
+    with a large backlog takes one place, so tenants behind it are found in the same fetch.
 
-    On Citus one statement reads every shard, its bound in each shard's plan. If a worker node cannot be
-    reached (Citus fails that statement whole), the same read goes node by node (``shards``): the tenants
-    of the nodes that answer come back, the lost node's shards are logged, and its tenants come back in the
-    first fetch after it returns. ``node_connection_timeout`` bounds how long a node that does not answer
-    holds the fetch (each of the two reads)."""
+    On Citus one cheap statement reads the tenants of the earliest ``limit`` due jobs over every shard, its
+    bound in each shard's plan; that is the answer when they are ``limit`` distinct tenants or every due job.
+    Otherwise (one tenant holds several of the earliest jobs) the read goes node by node (``shards``), each
+    shard stepping from tenant to tenant on its tenant-keyed index (``job_tenants_due_on_shard``). If a worker
+    node cannot be reached (Citus fails the first statement whole), the same node-by-node read is made: the
+    tenants of the nodes that answer come back, the lost node's shards are logged, and its tenants come back
+    in the first fetch after it returns. On one Postgres (per-tenant leasing there is only for tests) the
+    second read is ``job_tenants_due_one_node``. ``node_connection_timeout`` bounds how long a node that does not
+    answer holds the fetch (each read)."""
     unpaused: list[str] | None = None
     try:
         # A transaction of its own (a savepoint inside the caller's, to whose commit the timeout then lasts), so a
@@ -183,21 +207,26 @@ async def tenants_due(
                 return []
             params = {"kinds": unpaused, "limit": limit, "now": now}
             rows = await (await conn.execute(Q["job_tenants_due"], params)).fetchall()
+        tenants = list(dict.fromkeys(row["tenant"] for row in rows))
+        if len(rows) < limit or len(tenants) >= limit:
+            return tenants
+        if not (await topology.of(conn)).distributed:
+            rows = await (await conn.execute(Q["job_tenants_due_one_node"], params)).fetchall()
+            return [row["tenant"] for row in rows]
     except psycopg.Error as exc:
         if unpaused is None or not shards.node_lost(conn, exc):
             raise
-        found = await shards.tenants_on_live_nodes(
-            conn,
-            "job_tenants_due_on_shard",
-            table="jobs",
-            params={"kinds": unpaused},
-            limit=limit,
-            now=now,
-            node_connection_timeout=node_connection_timeout,
-        )
-        shards.log_skipped("fetch", found.skipped)
-        return found.tenants
-    return list(dict.fromkeys(row["tenant"] for row in rows))
+    found = await shards.tenants_on_live_nodes(
+        conn,
+        "job_tenants_due_on_shard",
+        table="jobs",
+        params={"kinds": unpaused},
+        limit=limit,
+        now=now,
+        node_connection_timeout=node_connection_timeout,
+    )
+    shards.log_skipped("fetch", found.skipped)
+    return found.tenants
 
 
 def _ms(seconds: float) -> str:

@@ -56,6 +56,11 @@ SELECT create_reference_table(%(table)s::regclass);
 -- Brings %(table)s (a reference table of an earlier release) back to the coordinator as a plain table.
 SELECT undistribute_table(%(table)s::regclass);
 
+-- name: distribution_fetch_index_create
+-- The tenant-keyed index of pending jobs the per-tenant fetch and the fair discovery walk on Citus
+-- (ledger/distribution.py, FETCH_INDEX): a tenant's fetch then reads its own rows only. The name is FETCH_INDEX's.
+CREATE INDEX IF NOT EXISTS jobs_tenant_kind_due_idx ON jobs (tenant, kind, run_at, id) WHERE state = 'pending';
+
 -- name: distribution_effects_create
 -- Distributes effects by tenant in a colocation group of its own ('none'), which the ledger's other tables then
 -- join: isolating a tenant of this ledger (isolate_tenant_to_new_shard) splits this ledger's shards only, never

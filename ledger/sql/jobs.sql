@@ -5,8 +5,9 @@
 -- takes at most one job per lock key: the partial unique index would refuse a second. Paused kinds wait.
 --
 -- Cost does not grow with the backlog (invariant 13): each kind is read in (run_at, id) order from its own
--- index (jobs_kind_due_tenant_idx, migrations 0014 and 0026) and stops after %(limit)s eligible rows, and "is this lock key
--- held?" is one probe of jobs_lock_key_running_unique per row read. The batch is then the earliest
+-- index (jobs_kind_due_tenant_idx, migrations 0014 and 0026; for one tenant on Citus jobs_tenant_kind_due_idx,
+-- deploy/citus/distribute.sql, so a tenant's walk never reads a shard-neighbour's rows) and stops after
+-- %(limit)s eligible rows, and "is this lock key held?" is one probe of jobs_lock_key_running_unique per row read. The batch is then the earliest
 -- %(limit)s across the kinds by (run_at, id): the global order a single scan would give, so no kind is
 -- favoured over another (the top %(limit)s of the union are among each kind's own top %(limit)s). Each kind
 -- locks up to %(limit)s rows; the ones the merge leaves out are unlocked when the statement commits.
@@ -134,27 +135,68 @@ INSERT INTO job_attempts (job_id, tenant, attempt, lease_token, worker, started_
 VALUES (%(job_id)s, %(tenant)s, %(attempt)s, %(lease_token)s, %(owner)s, coalesce(%(now)s, now()));
 
 -- name: job_tenants_due
--- Leasing on Citus (jobs.fetch_and_lease with per_tenant): the tenants of the earliest %(limit)s due pending jobs
--- of the worker's kinds (those job_tenants_due_prepare found not paused), one row per job, earliest first (the caller keeps each tenant's
--- first). A read without a lock, so Citus runs it on every shard; the fetch then leases each tenant's jobs with
--- job_fetch_and_lease restricted to that tenant, one routed statement each. A plain ORDER BY ... LIMIT with no
--- subquery, so Citus pushes both into each shard's plan (a walk of jobs_due_idx that stops after %(limit)s rows):
--- grouped by tenant in SQL, each shard sorted every due row (70 ms at 10^5 due jobs), and a subquery for the clock
--- or the paused kinds is a distributed subplan sent to every shard (50-80 ms against 5-13 ms on the cluster here).
--- A lost node fails it: then job_tenants_due_on_shard (ledger/shards.py).
+-- Leasing on Citus (jobs.fetch_and_lease with per_tenant), the cheap first read: the tenants of the earliest %(limit)s
+-- due pending jobs of the worker's kinds (those job_tenants_due_prepare found not paused), one row per job, earliest
+-- first (the caller keeps each tenant's first). It is the answer when its rows are %(limit)s distinct tenants, or fewer
+-- than %(limit)s rows (every due job seen); when a tenant holds several of the earliest rows (a hot tenant's backlog
+-- holds them all), tenants behind it would be starved, so the caller asks job_tenants_due_on_shard instead. A read
+-- without a lock, so Citus runs it on every shard; the fetch then leases each tenant's jobs with job_fetch_and_lease
+-- restricted to that tenant, one routed statement each. A plain ORDER BY ... LIMIT with no subquery, so Citus pushes
+-- both into each shard's plan (a walk of jobs_due_idx that stops after %(limit)s rows): grouped by tenant in SQL,
+-- each shard sorted every due row (70 ms at 10^5 due jobs), and a subquery for the clock or the paused kinds is a
+-- distributed subplan sent to every shard (50-80 ms against 5-13 ms on the cluster here).
+-- A lost node fails it: then job_tenants_due_on_shard too (ledger/shards.py).
 SELECT w.tenant FROM jobs w
 WHERE w.state = 'pending' AND w.run_at <= coalesce(%(now)s::timestamptz, now()) AND w.kind = ANY(%(kinds)s::text[])
 ORDER BY w.run_at, w.id
 LIMIT %(limit)s;
 
 -- name: job_tenants_due_on_shard
--- One shard's part of job_tenants_due when a node cannot be reached (ledger/shards.py): %1$s the jobs shard, %3$L
--- the parameters. The kinds come without the paused ones (job_tenants_due_prepare).
-SELECT tenant, run_at AS at, id FROM %1$s
-WHERE state = 'pending' AND run_at <= (%3$L::jsonb ->> 'now')::timestamptz
-  AND kind = ANY(ARRAY(SELECT jsonb_array_elements_text(%3$L::jsonb -> 'kinds')))
-ORDER BY run_at, id
+-- Fair discovery, one shard's part (ledger/shards.py runs it on every shard a node answers for): up to the limit
+-- distinct tenants with due pending jobs of the kinds, ordered by each tenant's oldest due job, so a tenant's
+-- backlog, however large, takes one place. %1$s the jobs shard, %3$L the parameters; the kinds come without the
+-- paused ones (job_tenants_due_prepare). A loose index scan on jobs_tenant_kind_due_idx (deploy/citus/
+-- distribute.sql): one probe for the next tenant with a pending job, then one per kind for its oldest due job, so
+-- its cost grows with the tenants that have pending jobs in the shard, never with their jobs. Recursive, which Citus
+-- refuses in a statement over many shards; here each shard's read is plain PostgreSQL on its node.
+WITH RECURSIVE tenants AS (
+    (SELECT s.tenant FROM %1$s s WHERE s.state = 'pending' ORDER BY s.tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.tenant FROM %1$s s WHERE s.state = 'pending' AND s.tenant > t.tenant ORDER BY s.tenant LIMIT 1)
+    FROM tenants t WHERE t.tenant IS NOT NULL
+)
+SELECT t.tenant, d.run_at AS at, d.id
+FROM tenants t CROSS JOIN LATERAL (
+    SELECT h.run_at, h.id
+    FROM unnest(ARRAY(SELECT jsonb_array_elements_text(%3$L::jsonb -> 'kinds'))) AS k(kind)
+    CROSS JOIN LATERAL (
+        -- The tenant's oldest pending job of the kind is the first entry at or past (tenant, kind); it is due or
+        -- nothing of theirs is. Asked as a row comparison in the index's whole order, which only the tenant-keyed
+        -- index answers without a sort: asked as tenant = .. AND kind = .. ORDER BY run_at, id, the planner took
+        -- jobs_due_idx for a neighbour, whose tenant the statistics put beside a hot tenant's, and walked the hot
+        -- tenant's rows to find the neighbour's first (66,668 rows, tests/citus/test_hot_tenant.py).
+        SELECT j.tenant, j.kind, j.run_at, j.id FROM %1$s j
+        WHERE j.state = 'pending' AND (j.tenant, j.kind) >= (t.tenant, k.kind)
+        ORDER BY j.tenant, j.kind, j.run_at, j.id
+        LIMIT 1
+    ) h
+    WHERE h.tenant = t.tenant AND h.kind = k.kind AND h.run_at <= (%3$L::jsonb ->> 'now')::timestamptz
+    ORDER BY h.run_at, h.id
+    LIMIT 1
+) d
+ORDER BY d.run_at, d.id
 LIMIT (%3$L::jsonb ->> 'limit')::int;
+
+-- name: job_tenants_due_one_node
+-- Fair discovery on one Postgres (jobs.fetch_and_lease with per_tenant where jobs is not distributed: the tests that
+-- keep the Citus path covered in CI; a worker on one node fetches in one statement and never asks this): the same
+-- answer as job_tenants_due_on_shard, up to %(limit)s tenants by each one's oldest due job. Grouped over every due
+-- row, on purpose: one node has no tenant-keyed index to step over (deploy/citus/distribute.sql makes it).
+SELECT w.tenant FROM jobs w
+WHERE w.state = 'pending' AND w.run_at <= coalesce(%(now)s::timestamptz, now()) AND w.kind = ANY(%(kinds)s::text[])
+GROUP BY w.tenant
+ORDER BY min(w.run_at), min(w.id)
+LIMIT %(limit)s;
 
 -- name: job_tenants_due_prepare
 -- Before job_tenants_due, in its transaction, on the coordinator alone: which of %(kinds)s are not paused, and how

@@ -92,7 +92,7 @@ class Cluster:
         as_pg(
             str(self.bin / "pg_basebackup"),
             "-h", "127.0.0.1", "-p", str(self.ports[0]), "-U", "postgres",
-            "-D", str(self.standby), "-R", "-X", "stream",
+            "-D", str(self.standby), "-R", "-X", "stream", "-c", "fast",
         )  # fmt: skip
         # The standby names itself for synchronous_standby_names, and once promoted waits for no standby of
         # its own (it has none: every commit would hang).

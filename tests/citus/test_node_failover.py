@@ -122,6 +122,7 @@ async def test_a_worker_nodes_synchronous_standby_takes_over_with_nothing_acknow
         as_owner(
             str(PG_BIN / "pg_basebackup"),
             "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-D", str(standby), "-R", "-X", "stream",
+            "-c", "fast",  # a checkpoint now, not one spread over minutes
         )  # fmt: skip
         with (standby / "postgresql.auto.conf").open("a") as f:
             f.write(f"port = {standby_port}\nsynchronous_standby_names = ''\n")

@@ -104,10 +104,12 @@ ROUTER = {
         "status": "succeeded",
         "result": None,
         "error": None,
+        "found": None,
     },
     "steps_for_effect": {"effect_id": 1},
     "job_finish_if_leased": {
         "job_ids": [1],
+        "tenants": ["acme"],
         "lease_tokens": [1],
         "states": ["succeeded"],
         "bys": ["w"],
@@ -127,6 +129,7 @@ ROUTED_IN_STEPS = {
         "status": "succeeded",
         "result": None,
         "error": None,
+        "found": None,
     },
     "step_start_if_leased": {"name": "a", "idempotency_key": "k"},
     # The maintenance services' statements for one tenant (ledger.rescuer, ledger.waker).

@@ -69,6 +69,17 @@ async def test_a_per_tenant_fetch_leases_the_earliest_due_jobs_of_every_tenant(p
         assert given_up == [leases[1].job_id]
 
 
+async def test_a_tenants_backlog_takes_one_place_and_a_share_of_the_batch(pool: db.Pool) -> None:
+    """A hot tenant's six jobs, all older than another tenant's one: that one is found and leased in the first
+    fetch of four (the earliest four due jobs are all the hot tenant's), beside three of the hot tenant's."""
+    async with pool.connection() as conn:
+        hot = [await claim(conn, f"hot-{n}", tenant="hot", now=later(n - 60)) for n in range(6)]
+        cool = await claim(conn, "cool-1", tenant="cool", now=later(-30))
+        assert await jobs.tenants_due(conn, kinds={"k": 30.0}, limit=4) == ["hot", "cool"]
+        leases = await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 30.0}, limit=4, per_tenant=True)
+        assert [lease.job_id for lease in leases] == [*hot[:2], cool, hot[2]]
+
+
 async def test_a_fenced_write_with_another_tenant_changes_nothing(pool: db.Pool) -> None:
     async with pool.connection() as conn:
         await claim(conn, "x-1", tenant="x")

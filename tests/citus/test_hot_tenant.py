@@ -1,0 +1,236 @@
+"""A hot tenant on the cluster (issue 41, part 2): a tenant with 10^5 due jobs, older than anyone else's, neither
+slows its shard-neighbours' fetch nor keeps them out of a worker's batch.
+
+Run by `make citus-check` against ``CITUS_URL`` (deploy/README.md, "Past one Postgres"). A schema of its own: the
+hot tenant's backlog would otherwise sit at the head of every other test's fetch. Asserted on plans and rows read,
+never on time; tests/citus/hot_tenant_bench.py measures the neighbour's fetch time.
+
+Before the distribution made jobs_tenant_kind_due_idx, a neighbour's fetch walked the hot tenant's rows on
+jobs_kind_due_tenant_idx (kind, run_at, id) and discarded them (100,000 rows removed by its filter); and before the
+fair discovery, a fetch of 10 found only the hot tenant (the tenants of the earliest 10 due jobs) and leased none of
+the neighbours' jobs until its backlog drained.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from effectgate.ledger import db
+from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
+from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.queries import Q
+
+from .ledger import distributed_ledger
+from .test_ledger_on_citus import delivery
+
+pytestmark = pytest.mark.anyio
+
+KIND = "hot-work"
+HOT = "hot-tenant"
+BACKLOG = 100_000
+TTL = 30.0
+
+
+@pytest.fixture(scope="module")
+def own_schema(citus_url: str) -> Iterator[str]:
+    import asyncio
+
+    schema = f"effectgate_hot_{uuid.uuid4().hex[:8]}"
+    asyncio.run(distributed_ledger(citus_url, schema))
+    yield schema
+    with psycopg.connect(citus_url, autocommit=True) as c:
+        c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def conn(citus_url: str, own_schema: str) -> AsyncIterator[db.Conn]:
+    c = await db.connect(citus_url, schema=own_schema)
+    async with c:
+        yield c
+
+
+async def shard_of(conn: db.Conn, tenant: str) -> int:
+    row = await (
+        await conn.execute("SELECT get_shard_id_for_distribution_column('jobs', %s::text) AS s", (tenant,))
+    ).fetchone()
+    assert row is not None
+    return int(row["s"])
+
+
+async def tenants(conn: db.Conn) -> tuple[str, str]:
+    """A neighbour in the hot tenant's shard, and a tenant in another shard."""
+    hot = await shard_of(conn, HOT)
+    near = far = None
+    for n in range(5000):
+        tenant = f"cool-{n}"
+        shard = await shard_of(conn, tenant)
+        if shard == hot and near is None:
+            near = tenant
+        elif shard != hot and far is None:
+            far = tenant
+        if near and far:
+            return near, far
+    raise AssertionError("no tenant shares the hot tenant's shard")
+
+
+async def hot_backlog(conn: db.Conn, tenant: str, n: int, due: datetime) -> None:
+    """``n`` pending jobs of ``tenant``, all due at ``due`` (earlier than anyone's claims)."""
+    await conn.execute(
+        "INSERT INTO effects (tenant, effect_key, source, handler, event_id, event_type, fingerprint,"
+        " first_seen_at, last_seen_at)"
+        " SELECT %(t)s, 'hot-' || g, 'stripe', 'h', 'e' || g, 't', 'f', now(), now()"
+        " FROM generate_series(1, %(n)s) g",
+        {"t": tenant, "n": n},
+    )
+    await conn.execute(
+        "INSERT INTO jobs (effect_id, tenant, kind, max_attempts, orphan_policy, run_at, created_at, updated_at)"
+        " SELECT id, tenant, %(k)s, 5, 'redrive', %(due)s, now(), now() FROM effects WHERE tenant = %(t)s",
+        {"t": tenant, "k": KIND, "due": due},
+    )
+    await conn.execute("ANALYZE jobs")
+
+
+async def claim(conn: db.Conn, tenant: str, key: str) -> int:
+    [outcome] = await claim_delivery(conn, delivery(tenant, key), [EffectRequest(key, KIND, 5, "redrive")])
+    assert isinstance(outcome, Accepted), outcome
+    return outcome.job_id
+
+
+@pytest.fixture(scope="module")
+def world() -> dict[str, Any]:
+    return {}
+
+
+async def setup(conn: db.Conn, world: dict[str, Any]) -> dict[str, Any]:
+    """Once per module: the hot tenant's backlog (due an hour ago), then three jobs of its neighbour and two of
+    a tenant in another shard, claimed now; every job is due at a clock a minute ahead."""
+    if world:
+        return world
+    near, far = await tenants(conn)
+    row = await (await conn.execute("SELECT now() AS now")).fetchone()
+    assert row is not None
+    now: datetime = row["now"]
+    await hot_backlog(conn, HOT, BACKLOG, now - timedelta(hours=1))
+    world.update(
+        near=near,
+        far=far,
+        later=now + timedelta(minutes=1),
+        near_jobs={await claim(conn, near, f"{near}-{i}") for i in range(3)},
+        far_jobs={await claim(conn, far, f"{far}-{i}") for i in range(2)},
+    )
+    return world
+
+
+def nodes(plan: Any) -> Iterator[dict[str, Any]]:
+    """Every plan node of an EXPLAIN (FORMAT JSON), into Citus's remote plans."""
+    if isinstance(plan, dict):
+        if "Node Type" in plan:
+            yield plan
+        for value in plan.values():
+            yield from nodes(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            yield from nodes(value)
+
+
+async def test_a_neighbours_fetch_reads_only_its_own_rows_beside_a_hot_tenant(
+    conn: db.Conn, world: dict[str, Any]
+) -> None:
+    w = await setup(conn, world)
+    params = {
+        "tenant": w["near"],
+        "hooked": [],
+        "owner": "plan",
+        "kinds": [KIND],
+        "ttls": [TTL],
+        "limit": 10,
+        "scan_limit": jobs.FETCH_SCAN_LIMIT,
+        "now": w["later"],
+    }
+    async with conn.transaction(force_rollback=True):
+        cur = await conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + jobs._ROUTED_FETCH,  # type: ignore[operator]
+            params,
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    plan = next(iter(row.values()))
+    text = json.dumps(plan)
+    # Index names on a shard end in its shard id.
+    walks = [n for n in nodes(plan) if n.get("Index Name", "").startswith("jobs_tenant_kind_due_idx_")]
+    print("neighbour's walks:", [(n["Node Type"], n["Actual Rows"], n["Actual Loops"]) for n in walks])
+    # The walk is on the tenant-keyed index, and it reads the neighbour's three rows and nothing of the hot tenant's.
+    assert walks, text
+    assert all(n["Actual Rows"] <= 3 and n.get("Rows Removed by Filter", 0) == 0 for n in walks), walks
+    # Its index condition starts with the tenant, and it touches a few pages: the hot tenant's 10^5 entries span
+    # hundreds (a plan that filters the tenant inside a whole index scan removes no rows but reads every page).
+    assert all(n["Index Cond"].lstrip("(").startswith("tenant = ") for n in walks), walks
+    assert all(n["Shared Hit Blocks"] + n["Shared Read Blocks"] <= 4 * n["Actual Loops"] for n in walks), (
+        walks
+    )
+    assert not [n for n in nodes(plan) if n.get("Index Name", "").startswith("jobs_kind_due_tenant_idx")], (
+        text
+    )
+    assert max(n.get("Rows Removed by Filter", 0) for n in nodes(plan)) < 10, text
+
+
+async def test_the_fair_discovery_steps_over_the_hot_tenants_rows(
+    conn: db.Conn, world: dict[str, Any]
+) -> None:
+    """One shard's fair read, run on the node that holds the hot tenant's shard: the hot tenant's backlog costs
+    it one index probe, not 10^5 rows (EXPLAIN ANALYZE there: no node of its plan returns or removes more than a
+    handful of rows)."""
+    w = await setup(conn, world)
+    shard = await shard_of(conn, HOT)
+    row = await (
+        await conn.execute(
+            "SELECT format(%(cmd)s, shard_name('jobs'::regclass, %(shard)s), NULL,"
+            " jsonb_build_object('kinds', ARRAY[%(kind)s], 'limit', 10, 'now', %(now)s::timestamptz)::text) AS cmd,"
+            " n.nodename, n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n ON n.groupid = p.groupid"
+            " WHERE p.shardid = %(shard)s",
+            {"cmd": Q["job_tenants_due_on_shard"], "shard": shard, "kind": KIND, "now": w["later"]},
+        )
+    ).fetchone()
+    assert row is not None
+    search_path = (await (await conn.execute("SHOW search_path")).fetchone() or {}).get("search_path")
+    async with await psycopg.AsyncConnection.connect(
+        host=row["nodename"], port=row["nodeport"], user="postgres", dbname=conn.info.dbname, autocommit=True
+    ) as node:
+        await node.execute(f"SET search_path TO {search_path}")  # type: ignore[arg-type]
+        found = await (await node.execute(row["cmd"])).fetchall()
+        [(plan,)] = await (
+            await node.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + row["cmd"])
+        ).fetchall()
+    assert [r[0] for r in found] == [HOT, w["near"]]
+    print(
+        "fair read:",
+        [(n["Node Type"], n.get("Index Name"), n["Actual Rows"], n["Actual Loops"]) for n in nodes(plan)],
+    )
+    assert max(n["Actual Rows"] for n in nodes(plan)) <= 3, plan
+    assert max(n.get("Rows Removed by Filter", 0) for n in nodes(plan)) == 0, plan
+    assert not [n for n in nodes(plan) if n["Node Type"] == "Sort" and n.get("Actual Rows", 0) > 3], plan
+
+
+async def test_a_neighbours_jobs_are_leased_in_the_first_fetch_beside_a_hot_tenant(
+    conn: db.Conn, world: dict[str, Any]
+) -> None:
+    w = await setup(conn, world)
+    assert await jobs.tenants_due(conn, kinds={KIND: TTL}, limit=10, now=w["later"]) == [
+        HOT,
+        w["near"],
+        w["far"],
+    ]
+    leases = await jobs.fetch_and_lease(
+        conn, owner="hot-test", kinds={KIND: TTL}, limit=10, now=w["later"], per_tenant=True
+    )
+    leased = {lease.job_id for lease in leases}
+    # Every neighbour's job in the first fetch, the rest of the batch from the hot tenant's backlog.
+    assert w["near_jobs"] | w["far_jobs"] <= leased, leases
+    assert len(leases) == 10 and sum(lease.tenant == HOT for lease in leases) == 5
