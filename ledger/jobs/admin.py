@@ -189,9 +189,9 @@ async def redrive(
                 conn, "redrive", by=by, reason=reason, job_id=job_id, tenant=tenant, detail=detail, now=now
             )
     if row is not None:
-        if tenant is not None:
-            # Routed to the tenant's worker node, the statement's NOTIFY fired there, unheard: wake from here.
-            await conn.execute(Q["jobs_notify"], {"kinds": [row["kind"]]})
+        # After the commit, from this session (on Citus, the coordinator, where the workers listen). A wake-up
+        # lost to a crash right here costs the workers a poll interval, never the redrive.
+        await conn.execute(Q["jobs_notify"], {"kinds": [row["kind"]]})
         return None
     job = await get(conn, job_id)
     if job is None:

@@ -465,38 +465,46 @@ RETURNING j.state;
 -- are done; an unrecoverable failure, or a step's recorded terminal error, needs force; a lock key another live
 -- job holds refuses it; a job whose payload retention purged cannot run again. The row
 -- lock and the WHERE clause make two racing redrives one: the second re-reads a pending row and matches
--- nothing. %(tenant)s as job_cancel; on Citus the NOTIFY below fires on the worker node, and job_admin.redrive
--- wakes the workers from the coordinator.
-WITH redriven AS (
-    UPDATE jobs j SET
-        state = 'pending',
-        attempt = 0,
-        run_at = (SELECT coalesce(%(now)s, now())),
-        finished_at = NULL,
-        terminal_reason = NULL,
-        terminal_by = NULL,
-        unrecoverable = false,
-        cancel_requested = false,
-        releases_without_commit = 0,
-        committed_since_release = false,
-        updated_at = (SELECT coalesce(%(now)s, now()))
-    WHERE j.id = %(job_id)s AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
-      -- A step that recorded a terminal error (a decline) is replayed, not called, by the next run: without
-      -- force the redrive would only fail again the same way.
-      AND (%(force)s OR NOT EXISTS (
-          SELECT 1 FROM steps s WHERE s.effect_id = j.effect_id AND s.tenant = j.tenant AND s.status = 'failed'
-      ))
-      AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
-      -- Retention purged what it would run on (payload, recorded steps): a redrive could repeat a step.
-      AND NOT j.payload_purged
-      AND NOT EXISTS (
-          SELECT 1 FROM jobs holder
-          WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
-            AND holder.state IN ('pending', 'running') AND (%(tenant)s::text IS NULL OR holder.tenant = %(tenant)s)
-      )
-    RETURNING j.id, j.kind
+-- nothing. %(tenant)s as job_cancel. No NOTIFY here: job_admin.redrive wakes the workers after the commit, from
+-- the caller's session (on Citus a pg_notify in this statement made it a distributed subplan run on the
+-- coordinator, and the workers heard each redrive twice). The clock is read in `held`, as job_cancel reads it:
+-- in the UPDATE itself Citus planned it as a subplan and sent the update to all 32 shards.
+WITH held AS (
+    SELECT id, (SELECT coalesce(%(now)s, now())) AS now FROM jobs
+    WHERE id = %(job_id)s AND state IN ('failed', 'parked') AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+    -- The lock an UPDATE of these columns takes (no key changes): a child row's foreign-key check does not wait.
+    FOR NO KEY UPDATE
 )
-SELECT id, kind, (SELECT count(pg_notify('effectgate_jobs', kind)) FROM redriven) AS notified FROM redriven;
+UPDATE jobs j SET
+    state = 'pending',
+    attempt = 0,
+    run_at = held.now,
+    finished_at = NULL,
+    terminal_reason = NULL,
+    terminal_by = NULL,
+    unrecoverable = false,
+    cancel_requested = false,
+    releases_without_commit = 0,
+    committed_since_release = false,
+    updated_at = held.now
+FROM held
+WHERE j.id = held.id AND j.state IN ('failed', 'parked') AND (NOT j.unrecoverable OR %(force)s)
+  -- A step that recorded a terminal error (a decline) is replayed, not called, by the next run: without
+  -- force the redrive would only fail again the same way.
+  AND (%(force)s OR NOT EXISTS (
+      SELECT 1 FROM steps s
+      WHERE s.effect_id = j.effect_id AND s.tenant = j.tenant AND s.status = 'failed'
+        AND (%(tenant)s::text IS NULL OR s.tenant = %(tenant)s)
+  ))
+  AND (%(tenant)s::text IS NULL OR j.tenant = %(tenant)s)
+  -- Retention purged what it would run on (payload, recorded steps): a redrive could repeat a step.
+  AND NOT j.payload_purged
+  AND NOT EXISTS (
+      SELECT 1 FROM jobs holder
+      WHERE holder.tenant = j.tenant AND holder.lock_key = j.lock_key AND holder.id <> j.id
+        AND holder.state IN ('pending', 'running') AND (%(tenant)s::text IS NULL OR holder.tenant = %(tenant)s)
+  )
+RETURNING j.id, j.kind;
 
 -- name: job_tenant_get
 -- The tenant of one job, by id alone (on Citus a read of every shard): what routes an operator's write to it.
