@@ -99,6 +99,11 @@ def catalog(url: str, schema: str) -> list[dict[str, Any]]:
     return [*tables, *functions]
 
 
+# The fetch index a tenant's fetch walks on Citus (issue 41, hot tenants): made by migrate on a fresh ledger and on
+# one the previous script distributed, which did not make it.
+INDEX = f"create the tenant-keyed fetch index {distribution.FETCH_INDEX} on jobs"
+
+
 def by_name(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in rows}
 
@@ -116,9 +121,10 @@ async def test_migrate_alone_distributes_a_fresh_ledger_and_again_changes_nothin
     conn = await db.connect(citus_url, schema=schema)
     async with conn:
         first = await migrate_and_distribute(conn, schema=schema)
-        # 0022's two fill triggers dropped, every table, and the claim function.
+        # 0022's two fill triggers dropped, every table, the tenant-keyed fetch index, and the claim function.
         every = len(distribution.REFERENCE_TABLES) + len(distribution.DISTRIBUTED_TABLES)
-        assert first.applied and len(first.distributed) == len(distribution.FILL_TRIGGERS) + every + 1
+        assert first.applied and len(first.distributed) == len(distribution.FILL_TRIGGERS) + every + 1 + 1
+        assert INDEX in first.distributed
         assert await topology.read(conn) == topology.Topology(distributed=True, claims_routed=True)
     before = catalog(citus_url, schema)
     tables = by_name(before)
@@ -157,10 +163,11 @@ async def test_a_ledger_distributed_by_the_previous_script_is_accepted(
     async with conn:
         done = await migrate_and_distribute(conn, schema=schema)
         assert done.applied == []
-        # That script made retention_purges a reference table, kept on the coordinator since; the script of a
-        # release before 0023 had no function line. migrate does just those.
+        # That script made no tenant-keyed fetch index and made retention_purges a reference table, kept on the
+        # coordinator since; the script of a release before 0023 had no function line. migrate does just those.
         function = "distribute function effect_claim_tenant_v1 by tenant, colocated with effects"
         assert done.distributed == [
+            INDEX,
             "undistribute retention_purges (a reference table of earlier releases) onto the coordinator",
             *([] if with_function else [function]),
         ]
