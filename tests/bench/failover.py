@@ -307,9 +307,11 @@ def errors_after(root: Path, since: float) -> dict[str, int]:
     return dict(sorted(counted.items()))
 
 
-def gateway_reports(log: Path) -> dict[str, int]:
-    """The timeline changes the gateway's processes logged, and the acknowledged claims they found lost."""
+def gateway_reports(log: Path) -> tuple[dict[str, int], set[str]]:
+    """The timeline changes the gateway's processes logged, the acknowledged claims they found lost (each process
+    counts its own; one claim two processes answered is counted by both), and the event ids they named."""
     found: Counter[str] = Counter()
+    named: set[str] = set()
     for line in log.read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)
@@ -319,9 +321,11 @@ def gateway_reports(log: Path) -> dict[str, int]:
             found["timeline_changes"] += 1
         elif record.get("event") == "ledger.acknowledged_lost":
             found["acknowledged_lost"] += int(record["lost"])
+            named.update(str(a["event_id"]) for a in record["named"])
         elif record.get("event") == "ledger.acknowledged_intact":
             found["checks_intact"] += 1
-    return dict(sorted(found.items()))
+    found["event_ids_named"] = len(named)
+    return dict(sorted(found.items())), named
 
 
 def main() -> int:
@@ -450,6 +454,7 @@ def main() -> int:
         )
         not_done = {s: n for s, n in states.items() if s != "succeeded"}
         after = [t for t in deliveries.ok_times if t >= promoted_at]
+        reported, named = gateway_reports(root / "gateway.log")
         summary = {
             "replication": "asynchronous" if args.asynchronous else "synchronous",
             "primary_found_by": args.via,
@@ -472,17 +477,17 @@ def main() -> int:
             # the pools checking each connection before use.
             "errors_after_promotion": errors_after(root, promoted_wall),
             # What the gateway processes found and named themselves (gateway/ingress/acknowledged.py): with
-            # --lag it should equal acknowledged_missing, counted per effect rather than per order.
-            "gateway_reported": gateway_reports(root / "gateway.log"),
+            # --lag, event_ids_named should equal acknowledged_missing (one effect per order here).
+            "gateway_reported": reported,
         }
         print(json.dumps(summary, indent=2))
         lost = bool(missing) and not args.asynchronous
         if args.lag:
             # A standby cut off loses claims and finishes: the loss is what is measured, and a job whose finish
             # was lost is an orphan to the rescuer (parked under orphan_policy = "park"). What must hold is that
-            # nothing ran twice and that the gateways named every acknowledged claim that was lost.
-            reported = summary["gateway_reported"].get("acknowledged_lost", 0)
-            failed = doubled > 0 or reported != len(missing)
+            # nothing ran twice and that the gateways named every acknowledged claim that was lost, and only those:
+            # compared by event id across the gateway's processes, each of which names what it answered.
+            failed = doubled > 0 or named != {f"evt_{n}" for n in missing}
         else:
             failed = lost or doubled > 0 or bool(not_done)
         if missing:
