@@ -8,6 +8,7 @@ user project whose own ``handlers/`` package shadows ours fails here and nowhere
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -46,6 +47,20 @@ class Installed:
         return env
 
 
+def build_checkout(*args: str) -> None:
+    """``python -m build`` of the checkout, one build at a time across pytest-xdist's workers: two builds of one
+    tree at once share its egg-info and build/ directories (the sdist build failed once in CI while the wheel
+    fixture built on another worker). The builder's own output is the failure message."""
+    lock = ROOT / "build" / "test-wheel-build.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = subprocess.run(
+            [sys.executable, "-m", "build", *args, str(ROOT)], capture_output=True, text=True, check=False
+        )
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+
+
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     base = tmp_path_factory.mktemp("wheel")
@@ -53,11 +68,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     # As a release builds it: the sdist, then the wheel from the unpacked sdist. A wheel built straight from
     # the checkout takes setuptools' build/lib as it finds it, and after a module moved that still held the
     # old module: the wheel carried both.
-    subprocess.run(
-        [sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
+    build_checkout("--outdir", str(dist))
     (wheel,) = dist.glob("effectgate-*.whl")
     env_dir = base / "venv"
     venv.create(env_dir, with_pip=True)
@@ -88,11 +99,7 @@ def test_the_wheel_carries_one_namespace_its_migrations_sql_and_types(installed:
 
 
 def test_the_sdist_carries_every_migration_and_sql_file(tmp_path: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
+    build_checkout("--sdist", "--outdir", str(tmp_path))
     (sdist,) = tmp_path.glob("effectgate-*.tar.gz")
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
