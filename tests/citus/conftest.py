@@ -12,15 +12,13 @@ as `effectgate migrate` does for operators; the schema is dropped at the end.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
-import psycopg
 import pytest
 
 from effectgate.ledger import db
 
-from .ledger import distributed_ledger
+from .ledger import own_ledger
 
 
 @pytest.fixture
@@ -39,14 +37,8 @@ def citus_url() -> str:
 @pytest.fixture(scope="session")
 def citus_schema(citus_url: str) -> Iterator[str]:
     """A freshly migrated and distributed ledger schema on the cluster."""
-    import asyncio
-
-    schema = f"effectgate_citus_{uuid.uuid4().hex[:8]}"
-
-    asyncio.run(distributed_ledger(citus_url, schema))
-    yield schema
-    with psycopg.connect(citus_url, autocommit=True) as c:
-        c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
+    with own_ledger(citus_url, "citus") as schema:
+        yield schema
 
 
 @pytest.fixture

@@ -3,7 +3,11 @@ distributes it by tenant (deploy/README.md, "Past one Postgres"). Shared by the 
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 
@@ -16,6 +20,18 @@ async def distributed_ledger(url: str, schema: str) -> None:
     conn = await db.connect(url, schema=schema)
     async with conn:
         await migrate(conn, schema=schema)
+
+
+@contextmanager
+def own_ledger(url: str, prefix: str) -> Iterator[str]:
+    """A fresh schema named after ``prefix``, migrated (so distributed) on the cluster at ``url``; dropped after."""
+    schema = f"effectgate_{prefix}_{uuid.uuid4().hex[:8]}"
+    asyncio.run(distributed_ledger(url, schema))
+    try:
+        yield schema
+    finally:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
 
 
 def rebalance_onto(url: str, schema: str, node: str) -> tuple[float, dict[int, int]]:

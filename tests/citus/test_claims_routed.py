@@ -8,6 +8,8 @@ batch of many tenants into routed calls with the right answers.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
 import psycopg
@@ -136,6 +138,42 @@ async def test_the_batcher_routes_a_batch_of_many_tenants_per_tenant(
     assert counts == {"effects": 12, "deliveries": 24, "rejects": 12}
 
 
+@asynccontextmanager
+async def observed_batcher(
+    url: str,
+    schema: str,
+    *,
+    connection_class: type[psycopg.AsyncConnection[DictRow]] = psycopg.AsyncConnection[DictRow],
+    also: Callable[[db.Conn], Awaitable[None]] | None = None,
+    min_size: int = 1,
+) -> AsyncIterator[ClaimBatcher]:
+    """The gateway's batcher on a pool of its own whose connections the test watches: of ``connection_class``,
+    and each set up by ``also`` after the schema."""
+
+    async def configure(c: db.Conn) -> None:
+        await c.set_autocommit(True)
+        await db.use_schema(c, schema)
+        if also is not None:
+            await also(c)
+
+    pool = psycopg_pool.AsyncConnectionPool(
+        url,
+        connection_class=connection_class,
+        kwargs={"row_factory": dict_row},
+        configure=configure,
+        min_size=min_size,
+        max_size=8,
+        open=False,
+    )
+    await pool.open()
+    batcher = ClaimBatcher(pool)
+    try:
+        yield batcher
+    finally:
+        await batcher.close()
+        await pool.close()
+
+
 async def test_a_key_repeated_across_requests_is_claimed_by_routed_calls_alone(
     citus_url: str, citus_schema: str
 ) -> None:
@@ -145,33 +183,17 @@ async def test_a_key_repeated_across_requests_is_claimed_by_routed_calls_alone(
     # next batch, and each batch is one delegated call.
     sent: ClassVar[list[str]] = []
 
-    async def configure(c: db.Conn) -> None:
-        await c.set_autocommit(True)
-        await db.use_schema(c, citus_schema)
+    async def logging_remote_commands(c: db.Conn) -> None:
         await c.execute("SET citus.log_remote_commands TO on")
         c.add_notice_handler(lambda diag: sent.append(diag.message_primary or ""))
 
-    pool = psycopg_pool.AsyncConnectionPool(
-        citus_url,
-        connection_class=psycopg.AsyncConnection[DictRow],
-        kwargs={"row_factory": dict_row},
-        configure=configure,
-        min_size=1,
-        max_size=4,
-        open=False,
-    )
-    await pool.open()
-    batcher = ClaimBatcher(pool)
-    try:
+    async with observed_batcher(citus_url, citus_schema, also=logging_remote_commands) as batcher:
         assert await batcher.per_tenant()
         same = [(delivery("repeat", "order-1", request=f"r{n}"), [effect("order-1")]) for n in range(6)]
         other = [(delivery("repeat", "order-1", amount=999, request="x"), [effect("order-1")])]
         sent.clear()
         answered = await asyncio.gather(*(batcher.claim([item]) for item in same + other))
         assert [type(o) for [[o]] in answered] == [Accepted] + [Duplicate] * 5 + [Rejected]
-    finally:
-        await batcher.close()
-        await pool.close()
     two_phase = [m for m in sent if "PREPARE TRANSACTION" in m or "COMMIT PREPARED" in m]
     assert not two_phase, two_phase
     calls = [m for m in sent if "effect_claim_tenant_v1" in m]
@@ -191,31 +213,13 @@ class Counted(psycopg.AsyncConnection[DictRow]):
 async def test_a_batch_for_many_tenants_is_one_call_each_and_one_wake_up(
     citus_url: str, citus_schema: str
 ) -> None:
-    async def configure(c: db.Conn) -> None:
-        await c.set_autocommit(True)
-        await db.use_schema(c, citus_schema)
-
-    pool = psycopg_pool.AsyncConnectionPool(
-        citus_url,
-        connection_class=Counted,
-        kwargs={"row_factory": dict_row},
-        configure=configure,
-        min_size=4,
-        max_size=8,
-        open=False,
-    )
-    await pool.open()
-    batcher = ClaimBatcher(pool)
-    try:
+    async with observed_batcher(citus_url, citus_schema, connection_class=Counted, min_size=4) as batcher:
         assert await batcher.per_tenant()
         items = [(delivery(f"wide-{n}", "order-1"), [effect("order-1")]) for n in range(32)]
         Counted.sent.clear()
         # One request naming 32 tenants' deliveries would take the statement; 32 requests at once fill one batch.
         answered = await asyncio.gather(*(batcher.claim([item]) for item in items))
         assert all(isinstance(o, Accepted) for [[o]] in answered)
-    finally:
-        await batcher.close()
-        await pool.close()
     calls = [q for q in Counted.sent if q == Q["effect_claim_tenant"]]
     wakes = [q for q in Counted.sent if q == Q["jobs_notify"]]
     assert len(calls) == 32, Counted.sent

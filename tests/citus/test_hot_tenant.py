@@ -14,7 +14,6 @@ the neighbours' jobs until its backlog drained.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,7 +26,7 @@ from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.queries import Q
 
-from .ledger import distributed_ledger
+from .ledger import own_ledger
 from .test_ledger_on_citus import delivery
 
 pytestmark = pytest.mark.anyio
@@ -40,13 +39,8 @@ TTL = 30.0
 
 @pytest.fixture(scope="module")
 def own_schema(citus_url: str) -> Iterator[str]:
-    import asyncio
-
-    schema = f"effectgate_hot_{uuid.uuid4().hex[:8]}"
-    asyncio.run(distributed_ledger(citus_url, schema))
-    yield schema
-    with psycopg.connect(citus_url, autocommit=True) as c:
-        c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
+    with own_ledger(citus_url, "hot") as schema:
+        yield schema
 
 
 @pytest.fixture

@@ -15,11 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
 
-import psycopg
 import pytest
 
 from effectgate.ledger import db
@@ -33,7 +31,7 @@ from effectgate.ledger.queries import Q
 from effectgate.ledger.vocabulary import JobState
 
 from .chaos_run import node_data_dir, pg_ctl
-from .ledger import distributed_ledger
+from .ledger import own_ledger
 from .test_ledger_on_citus import delivery
 
 pytestmark = pytest.mark.anyio
@@ -46,13 +44,8 @@ DAY = 86400.0
 
 @pytest.fixture(scope="module")
 def own_schema(citus_url: str) -> Iterator[str]:
-    import asyncio
-
-    schema = f"effectgate_lost_{uuid.uuid4().hex[:8]}"
-    asyncio.run(distributed_ledger(citus_url, schema))
-    yield schema
-    with psycopg.connect(citus_url, autocommit=True) as c:
-        c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
+    with own_ledger(citus_url, "lost") as schema:
+        yield schema
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from effectgate.ledger.jobs import leases as jobs
 from tests.e2e.processes import free_port
 
 from .chaos_run import PG_BIN, node_data_dir, pg_ctl
-from .ledger import distributed_ledger
+from .ledger import own_ledger
 from .test_ledger_on_citus import delivery
 
 pytestmark = pytest.mark.anyio
@@ -40,13 +39,8 @@ KIND = "node-failover"
 
 @pytest.fixture(scope="module")
 def own_schema(citus_url: str) -> Iterator[str]:
-    import asyncio
-
-    schema = f"effectgate_ha_{uuid.uuid4().hex[:8]}"
-    asyncio.run(distributed_ledger(citus_url, schema))
-    yield schema
-    with psycopg.connect(citus_url, autocommit=True) as c:
-        c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
+    with own_ledger(citus_url, "ha") as schema:
+        yield schema
 
 
 @pytest.fixture
