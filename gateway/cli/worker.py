@@ -25,7 +25,7 @@ from effectgate.handlers.downstream import clients as downstream_clients
 from effectgate.handlers.downstream.payments import PaymentsClient
 from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.registry import REGISTRY
-from effectgate.handlers.worker.config import worker_pool_max
+from effectgate.handlers.worker.config import worker_connections
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db, timeline
 
@@ -102,14 +102,20 @@ async def _run_worker(
     if concurrency is not None:
         worker_config = replace(worker_config, concurrency=concurrency)
     tracing.configure(config.tracing, role="worker")
-    pool = db.make_pool(
-        url,
-        max_size=worker_pool_max(worker_config.concurrency),
-        name="effectgate-worker",
-        schema=database.schema(config),
-        idle_in_transaction_timeout=config.database.idle_bound,
-    )
+
+    def pool_of(size: int, name: str) -> db.Pool:
+        return db.make_pool(
+            url,
+            max_size=size,
+            name=name,
+            schema=database.schema(config),
+            idle_in_transaction_timeout=config.database.idle_bound,
+        )
+
+    own, handlers = worker_connections(worker_config)
+    pool, handler_pool = pool_of(own, "effectgate-worker"), pool_of(handlers, "effectgate-worker-handlers")
     await pool.open(wait=False)
+    await handler_pool.open(wait=False)
     # A failover this worker lives through is counted (and logged by the watch itself).
     unwatch = timeline.WATCH.listen(metrics.timeline_changed)
     counted = metrics.downstream_call
@@ -121,7 +127,13 @@ async def _run_worker(
             downstreams=downstream_clients(http, config.downstreams.items(), on_call=counted),
         )
         worker = Worker(
-            pool, REGISTRY, url=url, config=worker_config, services=services, observer=metrics.WORKER_OBSERVER
+            pool,
+            REGISTRY,
+            url=url,
+            config=worker_config,
+            services=services,
+            observer=metrics.WORKER_OBSERVER,
+            handler_pool=handler_pool,
         )
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, worker.stop)
@@ -140,6 +152,7 @@ async def _run_worker(
             # After the drain: a handler still running could be using one. Before the loop ends, whose
             # transports the SDK clients' pooled connections hold.
             await providers.close_clients()
+            await handler_pool.close()
             await pool.close()
             unwatch()
             if tracing.enabled():

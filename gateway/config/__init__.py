@@ -28,6 +28,7 @@ from effectgate.handlers.worker.config import (
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_CONCURRENCY,
+    DEFAULT_HANDLER_CONNECTIONS,
     DEFAULT_POLL_INTERVAL,
     WorkerConfig,
 )
@@ -201,6 +202,9 @@ def parse(
         backoff_cap = backoff_base
     worker = WorkerConfig(
         concurrency=wk.number("concurrency", DEFAULT_CONCURRENCY, minimum=1, integer=True),
+        handler_connections=wk.number(
+            "handler_connections", DEFAULT_HANDLER_CONNECTIONS, minimum=1, integer=True
+        ),
         poll_interval=wk.number("poll_interval", DEFAULT_POLL_INTERVAL, minimum=0.001),
         drain_timeout=wk.number("drain_timeout", 30.0, minimum=0),
         backoff_base=backoff_base,

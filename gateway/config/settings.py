@@ -308,6 +308,15 @@ SETTINGS: tuple[Setting, ...] = (
     # [worker]
     Setting("worker.concurrency", "integer", 16, "jobs a worker runs at once", minimum=1, roles=_W),
     Setting(
+        "worker.handler_connections",
+        "integer",
+        16,
+        "the most connections a worker's running jobs share for their writes (steps, checkpoints, fenced "
+        "writes); a job holds one only while it writes",
+        minimum=1,
+        roles=_W,
+    ),
+    Setting(
         "worker.poll_interval",
         "number",
         2.0,

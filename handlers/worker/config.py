@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 
-__all__ = ["WorkerConfig", "worker_pool_max"]
+__all__ = ["WorkerConfig", "worker_connections"]
 
 # Handlers wait on payment and shipping APIs: a slot spends most of a job awaiting the network, so the
 # drain rate grows with the slots (measured by tests/bench/worker_sweep.py; docs/performance.md). 16 runs
@@ -26,9 +26,14 @@ DEFAULT_DRAIN_TIMEOUT = 30.0
 # (handlers.worker.backoff.RetrySchedule; `effectgate config show` prints it).
 DEFAULT_BACKOFF_BASE = 1.0
 DEFAULT_BACKOFF_CAP = 3600.0
-# The worker's own statements (fetch, heartbeat, finish batch, reconciler tick) each hold at most one pooled
-# connection at a time.
-WORKER_OWN_CONNECTIONS = 4
+# The worker's own statements (fetch, heartbeat, finish batch, reconciler tick, a /metrics scrape's ledger
+# gauges) each hold at most one pooled connection at a time, on a pool of their own that no handler can exhaust.
+WORKER_OWN_CONNECTIONS = 5
+# The most connections a worker's running jobs share for their own writes (step records and markers,
+# checkpoints, fenced writes, retry and yield transitions, a resumed job's recorded steps). A job holds one only
+# for a statement or a fenced write, not while it awaits a downstream call, so slots need not each have one
+# (worker_connections).
+DEFAULT_HANDLER_CONNECTIONS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,7 @@ class WorkerConfig:
     """
 
     concurrency: int = DEFAULT_CONCURRENCY
+    handler_connections: int = DEFAULT_HANDLER_CONNECTIONS
     poll_interval: float = DEFAULT_POLL_INTERVAL
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     backoff_base: float = DEFAULT_BACKOFF_BASE
@@ -50,6 +56,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("worker concurrency must be >= 1")
+        if self.handler_connections < 1:
+            raise ValueError("worker handler_connections must be >= 1")
         if not self.poll_interval > 0:
             raise ValueError("worker poll_interval must be > 0 seconds")
         if not self.drain_timeout >= 0:
@@ -58,14 +66,16 @@ class WorkerConfig:
             raise ValueError("worker backoff needs 0 <= backoff_base <= backoff_cap")
 
 
-def worker_pool_max(concurrency: int) -> int:
-    """The most connections a worker's pool may open: one per slot plus the worker's own statements.
+def worker_connections(config: WorkerConfig) -> tuple[int, int]:
+    """The most connections a worker's two pools may open: its own statements', and its running jobs'.
 
-    A slot holds at most one connection at a time (a step record, a checkpoint, a fenced write; a step
-    recorded inside a fenced write would wait on that write's own row lock, so none nests), and the
-    worker's own statements give theirs back within a statement: every slot and every heartbeat gets a
-    connection without waiting on a handler. (The LISTEN connection is not pooled.) It was
-    ``concurrency * 2 + 2``, which made a worker with enough slots for network-bound handlers too dear in
-    connections; measured, a worker at 64 slots held 3 (docs/performance.md).
+    The worker's own statements (fetch, heartbeat, finish batch, reconciler tick, a scrape's gauges) each give
+    their connection back within a statement, and have a pool of their own: a heartbeat never waits on a handler. The running
+    jobs share the other, at most one connection per slot (a step record, a checkpoint, a fenced write; a step
+    recorded inside a fenced write would wait on that write's own row lock, so none nests) and at most
+    ``handler_connections``: a job holds one only while it writes, so with more slots than connections a
+    write waits for one (retried like a lost database, within the kind's lease TTL) instead of each slot
+    costing the server a connection. (The LISTEN connection is not pooled.) It was ``concurrency + 4`` on one
+    pool, which made a worker with enough slots for a backlog of quick jobs too dear in connections.
     """
-    return concurrency + WORKER_OWN_CONNECTIONS
+    return WORKER_OWN_CONNECTIONS, min(config.concurrency, config.handler_connections)

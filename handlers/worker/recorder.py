@@ -63,6 +63,7 @@ class OutcomeRecorder:
         observer: WorkerObserver | None,
         finishes: FinishBatcher,
     ) -> None:
+        # The running jobs' pool: a retry's or a yield's transition is one slot's own write.
         self.pool = pool
         self.owner = owner
         self.config = config

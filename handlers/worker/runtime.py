@@ -66,6 +66,10 @@ class Worker:
 
     ``observer``, when given, hears of every slice's end, every retry and every reclaim by this worker's
     reconciler (metrics); without one the worker reports nothing.
+
+    ``pool`` carries the worker's own statements (fetch, heartbeat, finish batch, reconciler); the running
+    jobs' writes go on ``handler_pool`` (default: ``pool``), so that with pools of their own no handler can
+    hold the connection a heartbeat waits for (``config.worker_connections``).
     """
 
     def __init__(
@@ -78,8 +82,10 @@ class Worker:
         services: Services | None = None,
         owner: str | None = None,
         observer: WorkerObserver | None = None,
+        handler_pool: db.Pool | None = None,
     ) -> None:
         self.pool = pool
+        self.handler_pool = pool if handler_pool is None else handler_pool
         self.registry = registry
         self.url = url
         self.config = config or WorkerConfig()
@@ -103,7 +109,7 @@ class Worker:
         self._heartbeat = Heartbeat(pool)
         # Terminal transitions of many jobs, one statement (and one commit) per batch.
         self._finishes = FinishBatcher(pool)
-        self._recorder = OutcomeRecorder(pool, self.owner, self.config, observer, self._finishes)
+        self._recorder = OutcomeRecorder(self.handler_pool, self.owner, self.config, observer, self._finishes)
         # Held from a fetch's free-slot count until its jobs' tasks are started: the run loop's fetch and a
         # finish batch's refill must not both fill the same free slots.
         self._fetching = asyncio.Lock()
@@ -492,11 +498,11 @@ class Worker:
             return None
         recorded: dict[str, steps.RecordedStep] = {}
         if lease.has_steps:
-            async with db.connection(self.pool) as conn:
+            async with db.connection(self.handler_pool) as conn:
                 recorded = await steps.for_effect(conn, lease.effect_id, tenant=lease.tenant)
         event = Event(lease.source, lease.event_id, lease.event_type, lease.payload, lease.tenant)
         ctx = EffectContext(
-            pool=self.pool,
+            pool=self.handler_pool,
             lease=lease,
             event=event,
             recorded=recorded,

@@ -30,8 +30,8 @@ from typing import Any
 
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import EffectKind, Registry
-from effectgate.handlers.worker.config import DEFAULT_POLL_INTERVAL
-from effectgate.handlers.worker.runtime import Worker, WorkerConfig, worker_pool_max
+from effectgate.handlers.worker.config import DEFAULT_POLL_INTERVAL, worker_connections
+from effectgate.handlers.worker.runtime import Worker, WorkerConfig
 from effectgate.ledger import db
 
 from .common import drop_database, fresh_database, server_url
@@ -73,13 +73,17 @@ def child(url: str, concurrency: int, delay: float, log_level: str, log_path: st
     async def run() -> None:
         registry = Registry()
         registry.register(EffectKind(name=KIND, source="bench", events=("*",), fn=handler))
-        pool = db.make_pool(url, max_size=worker_pool_max(concurrency), name="effectgate-worker")
-        await pool.open(wait=True)
         config = WorkerConfig(concurrency=concurrency, run_reconciler=False, poll_interval=poll)
-        worker = Worker(pool, registry, url=url, config=config)
+        own, handlers = worker_connections(config)
+        pool = db.make_pool(url, max_size=own, name="effectgate-worker")
+        handler_pool = db.make_pool(url, max_size=handlers, name="effectgate-worker-handlers")
+        await pool.open(wait=True)
+        await handler_pool.open(wait=True)
+        worker = Worker(pool, registry, url=url, config=config, handler_pool=handler_pool)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, worker.stop)
         await worker.run()
+        await handler_pool.close()
         await pool.close()
 
     asyncio.run(run())

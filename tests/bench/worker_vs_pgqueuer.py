@@ -1,7 +1,7 @@
 """Benchmark: a real ``effectgate worker`` and PgQueuer drain the same backlog, each timed by its completion.
 
     python -m tests.bench.worker_vs_pgqueuer [--jobs 100000] [--rounds 3] [--concurrency 16[,64...]]
-                                             [--no-analyze]
+                                             [--handler-connections N] [--steps MS] [--no-analyze]
 
 Each round, on a fresh database each, effectgate then PgQueuer (issue 40, "a comparison that times both
 queues the same way"):
@@ -17,6 +17,10 @@ queues the same way"):
   process (``QueueManager.run()``: batch size 10, no concurrency limit), timed from the start of ``run`` to
   the start of its last handler, counted by the handler itself: its own completion, with no poll of its
   table during the drain.
+
+``--handler-connections`` sets ``[worker] handler_connections`` (the connections the running jobs share). With
+``--steps MS`` each effectgate job records two steps around a downstream call of MS ms each (a payment's
+shape; PgQueuer's jobs stay no-ops, so its figure and the ratio are then printed for scale only).
 
 With ``--no-analyze`` the backlog is drained as built; by default both tables are ``VACUUM ANALYZE``d first,
 the state autovacuum leaves a backlog in when it built up over an outage longer than a minute. No live
@@ -61,12 +65,13 @@ def _analyze(url: str, enabled: bool) -> None:
             conn.execute("VACUUM ANALYZE")
 
 
-def _worker_env(url: str) -> dict[str, str]:
+def _worker_env(url: str, steps_ms: float) -> dict[str, str]:
     # The worker's own defaults: no log level or other setting of ours but the database and the secret.
     return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("EFFECTGATE_")},
+        **{k: v for k, v in os.environ.items() if not k.startswith(("EFFECTGATE_", "BENCH_"))},
         "DATABASE_URL": url,
         "BENCH_SECRET": "unused-by-the-worker",
+        "BENCH_STEPS_MS": str(steps_ms),
         "PYTHONPATH": str(backlog.ROOT),
     }
 
@@ -87,18 +92,35 @@ class Round:
     peak_connections: int
 
 
-def effectgate_round(server: str, jobs: int, concurrency: int | None, analyze: bool, tmp: Path) -> Round:
+@dataclass(frozen=True)
+class Shape:
+    """What the effectgate side runs beyond its defaults: ``--handler-connections`` and ``--steps``."""
+
+    handler_connections: int | None = None
+    steps_ms: float = 0.0
+
+
+def effectgate_round(
+    server: str, jobs: int, concurrency: int | None, analyze: bool, tmp: Path, shape: Shape = Shape()
+) -> Round:
     url = fresh_database(server)
     try:
         backlog.pause(url, backlog.KIND)
         asyncio.run(backlog.claim_directly(url, jobs))
         _analyze(url, analyze)
         config = tmp / "worker.toml"
-        config.write_text(backlog.CONFIG)
+        worker_table = (
+            ""
+            if shape.handler_connections is None
+            else f"[worker]\nhandler_connections = {shape.handler_connections}\n"
+        )
+        config.write_text(backlog.CONFIG + worker_table)
         command = [sys.executable, "-m", "effectgate.gateway.cli", "worker", "--config", str(config)]
         command += ["--no-migrate"] + ([] if concurrency is None else ["--concurrency", str(concurrency)])
         with (tmp / "worker.log").open("ab") as log:
-            proc = subprocess.Popen(command, cwd=backlog.ROOT, env=_worker_env(url), stdout=log, stderr=log)
+            proc = subprocess.Popen(
+                command, cwd=backlog.ROOT, env=_worker_env(url, shape.steps_ms), stdout=log, stderr=log
+            )
         try:
             _wait_listening(url, proc)
             poll = backlog.Poll(url, backlog.PENDING, (backlog.KIND,))
@@ -142,13 +164,20 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", default="", help="comma-separated worker concurrencies (default: the worker's own)"
     )
+    parser.add_argument(
+        "--handler-connections", type=int, help="[worker] handler_connections (default: its own)"
+    )
+    parser.add_argument(
+        "--steps", type=float, default=0.0, metavar="MS", help="two recorded steps of MS ms a job"
+    )
     parser.add_argument("--no-analyze", action="store_true", help="drain the backlogs as built")
     args = parser.parse_args()
+    shape = Shape(args.handler_connections, args.steps)
     concurrencies: list[int | None] = [int(c) for c in args.concurrency.split(",") if c] or [None]
     server = server_url()
     print(
         f"== worker vs PgQueuer: {args.jobs} jobs, 2 KB payloads, {args.rounds} rounds, "
-        f"{'as built' if args.no_analyze else 'analyzed'}; load average {os.getloadavg()[0]:.2f}",
+        f"{'as built' if args.no_analyze else 'analyzed'}; {shape}; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     rates: dict[str, list[float]] = {}
@@ -163,7 +192,7 @@ def main() -> None:
             line = f"round {n + 1}: PgQueuer {pgq:,.0f} jobs/s"
             for c in concurrencies:
                 label = f"effectgate worker, concurrency {c or 'default'}"
-                done = effectgate_round(server, args.jobs, c, not args.no_analyze, Path(tmp_name))
+                done = effectgate_round(server, args.jobs, c, not args.no_analyze, Path(tmp_name), shape)
                 rates.setdefault(label, []).append(done.rate)
                 ratios.setdefault(label, []).append(done.rate / pgq)
                 line += (
