@@ -312,13 +312,27 @@ async def notify_kinds(conn: Conn, kinds: Sequence[str]) -> None:
     await conn.execute(Q["jobs_notify"], {"kinds": list(kinds)})
 
 
+# Keys a statement of ``effects_missing`` asks for at most: an index scan's array, not a backlog.
+MISSING_CHECK_CHUNK = 1_000
+
+
 async def effects_missing(conn: Conn, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
     """Of the (tenant, effect key) pairs ``keys``, those the ledger holds no effect for: after a failover,
-    claims that were acknowledged on the old primary and never reached the new one (ledger/timeline.py)."""
-    cur = await conn.execute(
-        Q["effects_missing_of"], {"tenants": [t for t, _ in keys], "keys": [k for _, k in keys]}
-    )
-    return {(row["tenant"], row["effect_key"]) for row in await cur.fetchall()}
+    claims that were acknowledged on the old primary and never reached the new one (ledger/timeline.py).
+
+    One statement per tenant and ``MISSING_CHECK_CHUNK`` keys, each an index scan (a router statement on Citus).
+    """
+    by_tenant: dict[str, list[str]] = {}
+    for tenant, key in keys:
+        by_tenant.setdefault(tenant, []).append(key)
+    missing: set[tuple[str, str]] = set()
+    for tenant, tenant_keys in by_tenant.items():
+        for start in range(0, len(tenant_keys), MISSING_CHECK_CHUNK):
+            chunk = tenant_keys[start : start + MISSING_CHECK_CHUNK]
+            cur = await conn.execute(Q["effects_held_of"], {"tenant": tenant, "keys": chunk})
+            held = {row["effect_key"] for row in await cur.fetchall()}
+            missing.update((tenant, key) for key in chunk if key not in held)
+    return missing
 
 
 async def record_signature_failure(

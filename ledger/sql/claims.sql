@@ -202,10 +202,12 @@ SELECT EXISTS (
       AND o.distribution_argument_index IS NOT NULL
 ) AS distributed;
 
--- name: effects_missing_of
--- Of the given (tenant, effect key) pairs, those with no effect row: after a failover, claims a gateway answered 2xx
--- for that the new primary never received (gateway/ingress/acknowledged.py). One probe of effects_tenant_key_unique
--- each.
-SELECT w.tenant, w.effect_key
-FROM unnest(%(tenants)s::text[], %(keys)s::text[]) AS w (tenant, effect_key)
-WHERE NOT EXISTS (SELECT 1 FROM effects e WHERE e.tenant = w.tenant AND e.effect_key = w.effect_key);
+-- name: effects_held_of
+-- Of one tenant's given effect keys, those the ledger holds (so the rest are missing): after a failover, the check of
+-- the claims a gateway answered 2xx for that the new primary never received (gateway/ingress/acknowledged.py). One
+-- index-only scan of effects_tenant_key_unique, and on Citus a router statement to the tenant's shard. (A join of
+-- unnest() with effects was a hash anti-join reading all of effects at 50,000 keys, and Citus refuses one:
+-- tests/integration/test_query_plans.py, tests/citus/test_ledger_on_citus.py.)
+SELECT effect_key
+FROM effects
+WHERE tenant = %(tenant)s AND effect_key = ANY(%(keys)s::text[]);

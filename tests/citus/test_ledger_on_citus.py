@@ -22,6 +22,7 @@ from effectgate.ledger.claims import (
     EffectRequest,
     Rejected,
     claim_delivery,
+    effects_missing,
 )
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.jobs import leases as jobs
@@ -213,6 +214,27 @@ async def explain(conn: db.Conn, name: str, params: dict[str, Any]) -> str:
 
 async def test_a_lookup_by_tenant_and_key_is_a_router_plan(conn: db.Conn) -> None:
     text = await explain(conn, "effect_by_key", {"tenant": "acme", "effect_key": "order-1"})
+    assert "Task Count: 1" in text and "Distributed Subplan" not in text, text
+
+
+async def test_the_failover_gap_check_runs_routed_on_the_cluster(conn: db.Conn) -> None:
+    # After a failover of the coordinator (or a node), a gateway asks which of its acknowledged claims are
+    # missing: each tenant's keys in one router statement (a join of unnest() with effects is refused here).
+    for tenant in ("acme", "globex"):
+        await claim_delivery(conn, delivery(tenant, "held"), [effect("held")])
+    asked = [
+        ("acme", "held"),
+        ("acme", "lost-1"),
+        ("globex", "held"),
+        ("globex", "lost-2"),
+        ("initech", "held"),
+    ]
+    assert await effects_missing(conn, asked) == {
+        ("acme", "lost-1"),
+        ("globex", "lost-2"),
+        ("initech", "held"),
+    }
+    text = await explain(conn, "effects_held_of", {"tenant": "acme", "keys": ["held", "lost-1"]})
     assert "Task Count: 1" in text and "Distributed Subplan" not in text, text
 
 

@@ -29,7 +29,7 @@ import pytest
 from psycopg import sql
 
 from effectgate.gateway.operator import reporting
-from effectgate.ledger import db, reports
+from effectgate.ledger import claims, db, reports
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.jobs import filters as bulk
@@ -452,3 +452,16 @@ async def test_per_request_views_and_gauges_are_index_bounded(conn: db.Conn) -> 
         ("activity 30d", lambda c: reports.activity(c, since=now - timedelta(days=30), until=now)),
     ]:
         assert_bounded(await plans_of(conn, call), label)
+
+
+@pytest.mark.parametrize("keys", [1, 100, 50_000])
+async def test_the_failover_gap_check_probes_each_key_not_the_ledger(conn: db.Conn, keys: int) -> None:
+    # After a failover a gateway asks the new primary which of its last acknowledged claims it lacks: up to
+    # acknowledged.KEPT keys, half of them held here (the other half "lost"), each an index probe.
+    cur = await conn.execute(
+        "SELECT tenant, effect_key FROM effects ORDER BY id LIMIT %s", [keys - keys // 2]
+    )
+    held = [(r["tenant"], r["effect_key"]) for r in await cur.fetchall()]
+    asked = held + [("default", f"lost-{n}") for n in range(keys // 2)]
+    plans = await plans_of(conn, lambda c: claims.effects_missing(c, asked))
+    assert_bounded(plans, f"gap check of {keys}")
