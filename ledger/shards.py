@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 
 from .db import Conn
 from .errors import LedgerError
+from .listeners import Listeners
 from .queries import Q
 
 log = logging.getLogger("effectgate.ledger")
@@ -119,30 +120,8 @@ def node_lost(conn: Conn, exc: psycopg.Error) -> bool:
     return bool(exc.sqlstate and exc.sqlstate.startswith("08")) or bool(UNREACHABLE.search(str(exc)))
 
 
-# Told of each node a pass skipped: (pass, node, how many of its shards). Metrics listen (gateway.metrics).
-SkipListener = Callable[[str, str, int], None]
-
-
-class SkipWatch:
-    """The listeners ``log_skipped`` tells of each node it skipped, so a lost node shows on ``/metrics``."""
-
-    def __init__(self) -> None:
-        self._listeners: list[SkipListener] = []
-
-    def listen(self, listener: SkipListener) -> Callable[[], None]:
-        """Call ``listener`` for every node skipped from now on; returns the function that stops it."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
-
-    def tell(self, pass_name: str, node: str, shards: int) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(pass_name, node, shards)
-            except Exception as exc:  # one listener's bug must not fail the pass
-                log.error("shards.skip_listener_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-
-
-SKIPS = SkipWatch()
+#: Told of each node a pass skipped: ``(pass, node, how many of its shards)``.
+SKIPS: Listeners[[str, str, int]] = Listeners("shards.skip")
 
 
 def log_skipped(pass_name: str, skipped: Iterable[Skipped]) -> None:
