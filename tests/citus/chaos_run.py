@@ -48,7 +48,14 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.citus.ledger import TRANSFER_MODES, distributed_ledger, rebalance_onto, remove_node
+from tests.citus.ledger import (
+    TRANSFER_MODES,
+    distributed_ledger,
+    logical_wal,
+    preferred_transfer_mode,
+    rebalance_onto,
+    remove_node,
+)
 from tests.e2e.conftest import SECRET, event, headers
 from tests.e2e.processes import Process, free_port
 
@@ -317,8 +324,8 @@ def main() -> int:
     parser.add_argument(
         "--transfer-mode",
         choices=TRANSFER_MODES,
-        default="block_writes",
-        help="how the rebalance moves shards (auto and force_logical need wal_level = logical on every node)",
+        help="how the rebalance moves shards (auto and force_logical need wal_level = logical on every node);"
+        " default: auto where every node has it, else block_writes",
     )
     parser.add_argument(
         "--rebalance-at",
@@ -334,6 +341,14 @@ def main() -> int:
     url = os.environ["CITUS_URL"]
     random.seed(args.seed)
     node, data_dir = node_data_dir(url, args.node_stop)
+    if args.add_node:
+        behind = logical_wal(url, args.add_node)
+        if args.transfer_mode is None:
+            args.transfer_mode = preferred_transfer_mode(url, args.add_node)
+        elif args.transfer_mode != "block_writes" and behind:
+            parser.error(
+                f"--transfer-mode {args.transfer_mode} needs wal_level = logical on {', '.join(behind)}"
+            )
     schema = f"effectgate_chaos_{uuid.uuid4().hex[:8]}"
     print(
         f"schema {schema}; seed {args.seed}; {args.orders} orders over {args.tenants} tenants, x{args.copies}"

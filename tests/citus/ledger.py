@@ -76,15 +76,24 @@ def remove_node(url: str, node: str, *, mode: str = "block_writes") -> None:
         c.execute("SELECT citus_remove_node(%s, %s)", (host, int(port)))
 
 
-def logical_wal(url: str) -> list[str]:
-    """The nodes (coordinator and every worker, ``host:port``) whose ``wal_level`` is not ``logical``: a logical
+def logical_wal(url: str, *also: str) -> list[str]:
+    """The nodes (the cluster's, and ``also`` as ``host:port``) whose ``wal_level`` is not ``logical``: a logical
     move needs it on both ends, and setting it takes a restart (ALTER SYSTEM SET wal_level = logical)."""
     with psycopg.connect(url, autocommit=True) as c:
-        nodes = c.execute("SELECT nodename, nodeport FROM pg_dist_node ORDER BY nodeport").fetchall()
+        nodes = [
+            f"{h}:{p}" for h, p in c.execute("SELECT nodename, nodeport FROM pg_dist_node ORDER BY nodeport")
+        ]
     behind = []
-    for host, port in nodes:
+    for node in dict.fromkeys([*nodes, *also]):
+        host, port = node.rsplit(":", 1)
         with psycopg.connect(host=host, port=int(port), user="postgres", dbname="postgres") as n:
             [(level,)] = n.execute("SHOW wal_level").fetchall()
         if level != "logical":
-            behind.append(f"{host}:{port}")
+            behind.append(node)
     return behind
+
+
+def preferred_transfer_mode(url: str, *also: str) -> str:
+    """``auto`` (a logical move: every table of the ledger has a primary key, so a replica identity) when every
+    node runs ``wal_level = logical``, else ``block_writes``, the only mode those nodes allow."""
+    return "block_writes" if logical_wal(url, *also) else "auto"
