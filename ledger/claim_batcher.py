@@ -210,7 +210,11 @@ class ClaimBatcher:
             if waiting.expired:
                 self._expired -= 1
                 continue
-            if waiting.tenants.isdisjoint(self._busy) and waiting.keys.isdisjoint(in_batch | blocked):
+            if (
+                waiting.keys.isdisjoint(in_batch)
+                and waiting.keys.isdisjoint(blocked)
+                and waiting.tenants.isdisjoint(self._busy)
+            ):
                 first.append(waiting)
                 in_batch |= waiting.keys
             else:
