@@ -409,8 +409,7 @@ def main() -> int:
         if args.add_node:
             at = args.seconds / 5 if args.rebalance_at is None else args.rebalance_at
             events.append((at, "rebalance"))
-        node_was_down, killed, added = 0.0, set[int](), False
-        node_stopped = node_back = None
+        killed, added = set[int](), False
         # The rebalance runs in a thread of its own: the kills, the node stop and the sending go on while shards
         # move (called from this loop, it held the kills back until the move ended).
         moving: list[float] = []  # the move's start and end, monotonic
@@ -426,6 +425,18 @@ def main() -> int:
             print(f"  {moving[-1] - t0:5.1f} s rebalance ended: {moved[-1]}", flush=True)
 
         mover = threading.Thread(target=rebalance, daemon=True)
+        # The node stop too (down, then a start that waits out crash recovery, which took 52 s in a run whose
+        # move had written 390 MB of WAL): in this loop it held the kills back until the node was up.
+        down: list[datetime] = []  # stopped, back
+        was_down: list[float] = []
+
+        def stop() -> None:
+            down.append(datetime.now(UTC))
+            was_down.append(stop_node(data_dir, args.node_down))
+            down.append(datetime.now(UTC))
+            print(f"  {time.monotonic() - t0:5.1f} s node {node} was down {was_down[0]:.1f} s", flush=True)
+
+        stopper = threading.Thread(target=stop, daemon=True)
         for at, what in sorted(events):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
             if what == "rebalance":
@@ -436,10 +447,8 @@ def main() -> int:
                 added = True
                 continue
             if what == "node":
-                node_stopped = datetime.now(UTC)
-                node_was_down = stop_node(data_dir, args.node_down)
-                node_back = datetime.now(UTC)
-                print(f"  {time.monotonic() - t0:5.1f} s node {node} was down {node_was_down:.1f} s")
+                print(f"  {time.monotonic() - t0:5.1f} s stopping node {node}")
+                stopper.start()
                 continue
             victim = workers.pop(random.randrange(len(workers)))
             victim.popen.kill()
@@ -451,6 +460,10 @@ def main() -> int:
             )
         if args.add_node:
             mover.join()
+        if not args.no_node_stop:
+            stopper.join()
+        node_was_down = was_down[0] if was_down else 0.0
+        node_stopped, node_back = (down[0], down[1]) if len(down) == 2 else (None, None)
         sender.join()
         sent_took = time.monotonic() - t0
         deadline = time.monotonic() + args.wait
@@ -518,12 +531,12 @@ def main() -> int:
     moved_ok = True
     if args.add_node and len(moving) == 2:
         start, end = moving
-        during = [(status, code) for at, status, code in sent.timeline if start <= at <= end]
-        refused = Counter(f"{status} {code}" for status, code in during if status >= 300)
+        while_moving = [(status, code) for at, status, code in sent.timeline if start <= at <= end]
+        refused = Counter(f"{status} {code}" for status, code in while_moving if status >= 300)
         covered = sent.last >= end
         moved_ok = covered and not isinstance(moved[0], Exception)
         print(
-            f"rebalance ({args.transfer_mode}) {end - start:.1f} s: {len(during)} answers while shards moved,"
+            f"rebalance ({args.transfer_mode}) {end - start:.1f} s: {len(while_moving)} answers while shards moved,"
             f" non-2xx {dict(sorted(refused.items()))}; the sending went on "
             + (
                 "past the move's end"
