@@ -368,6 +368,7 @@ def main() -> int:
         "CHAOS_PAUSE": "0.2",
     }
     processes: list[Process] = []
+    added = False  # read in the finally below, which a failed start reaches before the schedule
     started = time.monotonic()
     try:
         fake = Process(["fake-providers", "--port", str(fake_port)], env, logs / "fake.log")
@@ -409,7 +410,7 @@ def main() -> int:
         if args.add_node:
             at = args.seconds / 5 if args.rebalance_at is None else args.rebalance_at
             events.append((at, "rebalance"))
-        killed, added = set[int](), False
+        killed = set[int]()
         # The rebalance runs in a thread of its own: the kills, the node stop and the sending go on while shards
         # move (called from this loop, it held the kills back until the move ended).
         moving: list[float] = []  # the move's start and end, monotonic
@@ -509,7 +510,7 @@ def main() -> int:
     )
     for r in sent.refused[:3]:
         print(f"  {r}")
-    events, crashed = log_events([p.log_path for p in processes])
+    logged, crashed = log_events([p.log_path for p in processes])
     if expired:
         given_up = [i for i, _ in expired if i in crashed]
         of_killed = [i for i, owner in expired if i not in crashed and int(owner.split(":")[1]) in killed]
@@ -545,7 +546,7 @@ def main() -> int:
             )
         )
     print(f"live workers' exit codes (None: running): {exits}; log lines at warning or error:")
-    for what, n in sorted(events.items()):
+    for what, n in sorted(logged.items()):
         print(f"  {n:5d} {what}")
     print(
         f"effects per worker node: {found['effects_per_node']}; lost {len(lost)}, double {double_n}, "
