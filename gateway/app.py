@@ -171,12 +171,13 @@ def create_app(
         app.state.readiness = readiness
         # The claim path has a pool of its own, so its lock and statement timeouts bound claims and nothing else
         # (reports and maintenance on the other pool may rightly run longer): one connection per batch in
-        # flight, and one for the probe that finds a locked key.
+        # flight, one per tenant's call left going while its shard moves (Citus), and one for the probe that
+        # finds a locked key.
         gw = config.gateway
         claim_pool = db.make_pool(
             database_url,
             min_size=1,
-            max_size=claim_batcher.DEFAULT_MAX_IN_FLIGHT + 1,
+            max_size=claim_batcher.ClaimBatcher.connections(),
             timeout=pool_timeout,
             name="effectgate-claims",
             lock_timeout=gw.claim_lock_timeout,
