@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from effectgate.handlers import tracing
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.maintenance import reconcile_forever
-from effectgate.ledger import claim_batcher, db, timeline
+from effectgate.ledger import claim_batcher, db, shards, timeline
 from effectgate.ledger.readiness import ReadinessProbe
 from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
 from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
@@ -171,12 +171,13 @@ def create_app(
         app.state.readiness = readiness
         # The claim path has a pool of its own, so its lock and statement timeouts bound claims and nothing else
         # (reports and maintenance on the other pool may rightly run longer): one connection per batch in
-        # flight, and one for the probe that finds a locked key.
+        # flight, one per tenant's call left going while its shard moves (Citus), and one for the probe that
+        # finds a locked key.
         gw = config.gateway
         claim_pool = db.make_pool(
             database_url,
             min_size=1,
-            max_size=claim_batcher.DEFAULT_MAX_IN_FLIGHT + 1,
+            max_size=claim_batcher.ClaimBatcher.connections(),
             timeout=pool_timeout,
             name="effectgate-claims",
             lock_timeout=gw.claim_lock_timeout,
@@ -196,7 +197,12 @@ def create_app(
         acknowledged = Acknowledged()
         app.state.acknowledged = acknowledged
         gap_check = GapCheck(pool, acknowledged, on_lost=metrics.acknowledged_lost)
-        unwatch = [timeline.WATCH.listen(metrics.timeline_changed), timeline.WATCH.listen(gap_check)]
+        # And a Citus worker node its reconciler could not read (ledger.shards).
+        unwatch = [
+            timeline.WATCH.listen(metrics.timeline_changed),
+            timeline.WATCH.listen(gap_check),
+            shards.SKIPS.listen(metrics.shard_reads_skipped),
+        ]
         # Failed verifications are counted in memory and written by this flusher on its own connection, never
         # through the claim pool per request (a flood of 401s would otherwise queue genuine claims).
         failures = SignatureFailures(FailureCounter())

@@ -224,6 +224,13 @@ TIMELINE_CHANGES = Counter(
     "Times this process's database connections reached another Postgres timeline (a failover or a restore).",
     registry=REGISTRY,
 )
+SHARD_READS_SKIPPED = Counter(
+    "effectgate_shard_reads_skipped_total",
+    "Passes (the fetch, the rescuer, the waker, retention) that could not read a Citus worker node's shards: the "
+    "tenants on that node are not leased, rescued or purged until it answers again.",
+    ["pass_name", "node"],
+    registry=REGISTRY,
+)
 ACKNOWLEDGED_LOST = Counter(
     "effectgate_acknowledged_lost_total",
     "Claims this gateway answered 2xx for that the ledger lacked after a failover (asynchronous replication).",
@@ -320,6 +327,11 @@ def reconciler_ticked() -> None:
 def timeline_changed(change: object) -> None:
     """Count a timeline change this process saw (a ``ledger.timeline`` listener)."""
     TIMELINE_CHANGES.inc()
+
+
+def shard_reads_skipped(pass_name: str, node: str, shards: int) -> None:
+    """Count a pass that skipped ``node``'s shards (a ``ledger.shards`` listener)."""
+    SHARD_READS_SKIPPED.labels(pass_name, node).inc()
 
 
 def acknowledged_lost(count: int) -> None:

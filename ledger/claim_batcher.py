@@ -45,6 +45,16 @@ DEFAULT_MAX_ROUNDS = 2
 # long one held key can stall the process's claims. statement_timeout bounds the rest of the statement.
 DEFAULT_LOCK_TIMEOUT = 0.5
 DEFAULT_STATEMENT_TIMEOUT = 5.0
+# On a ledger claimed per tenant (Citus), seconds a batch waits for its slowest tenant's call before it lets that
+# call go on alone and starts the next batch, and how many such calls may be left going at once. A tenant whose
+# shard is being moved has its claim wait on the worker node for the move's lock (block_writes: the whole copy of
+# the shard; logical: the switch-over), where the claim pool's lock_timeout does not reach; waited for, that one
+# call held every other tenant's claims in the queue until their deadline (issue 41: 102 503s a rebalance).
+# A routed claim takes milliseconds; a call past this is waiting on something. Its tenant's later claims stay
+# queued (a key's claims resolve in arrival order), the others go on. Each call left going holds a connection:
+# the claim pool has room for them (``ClaimBatcher.connections``).
+DEFAULT_STRAGGLE_AFTER = 0.25
+DEFAULT_MAX_STRAGGLING = 2
 
 log = logging.getLogger("effectgate.ledger")
 
@@ -54,6 +64,7 @@ class _Waiting:
     items: Sequence[tuple[Delivery, Sequence[EffectRequest]]]
     keys: frozenset[tuple[str, str]]
     future: asyncio.Future[list[list[ClaimOutcome]]]
+    tenants: frozenset[str] = frozenset()
     timer: asyncio.TimerHandle | None = None
     # Taken into a batch: from then on only the batch's own outcome answers it.
     taken: bool = False
@@ -100,11 +111,15 @@ class ClaimBatcher:
         max_queue: int = DEFAULT_MAX_QUEUE,
         deadline: float = DEFAULT_DEADLINE,
         max_rounds: int = DEFAULT_MAX_ROUNDS,
+        straggle_after: float = DEFAULT_STRAGGLE_AFTER,
+        max_straggling: int = DEFAULT_MAX_STRAGGLING,
     ) -> None:
         if min(max_batch, max_in_flight, max_queue, max_rounds) < 1 or not deadline > 0:
             raise ValueError(
                 "claim batcher needs max_batch, max_in_flight, max_queue, max_rounds >= 1 and deadline > 0"
             )
+        if max_straggling < 0 or not straggle_after > 0:
+            raise ValueError("claim batcher needs max_straggling >= 0 and straggle_after > 0")
         self._pool = pool
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
@@ -115,6 +130,19 @@ class ClaimBatcher:
         self._expired = 0  # expired requests still in the queue: they hold no room
         self._flushers: set[asyncio.Task[None]] = set()
         self._active = 0
+        self._straggle_after = straggle_after
+        self._max_straggling = max_straggling
+        # Tenants with a routed call left going (see DEFAULT_STRAGGLE_AFTER): their requests wait in the queue.
+        self._busy: set[str] = set()
+        self._stragglers: set[asyncio.Task[None]] = set()
+
+    @staticmethod
+    def connections(
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, max_straggling: int = DEFAULT_MAX_STRAGGLING
+    ) -> int:
+        """The claim pool's size for a batcher of these settings: a connection per batch in flight, per call left
+        going, and one for the probe that finds a locked key."""
+        return max_in_flight + max_straggling + 1
 
     def check_room(self) -> None:
         """Raise ``ClaimOverloaded`` when the queue is full, as ``claim`` would: ingress asks before it reads
@@ -136,9 +164,14 @@ class ClaimBatcher:
         self.check_room()
         keys = frozenset((d.tenant, e.effect_key) for d, effects in items for e in effects)
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(items, keys, loop.create_future())
+        tenants = frozenset(d.tenant for d, _ in items)
+        waiting = _Waiting(items, keys, loop.create_future(), tenants)
         waiting.timer = loop.call_later(self._deadline, self._expire, waiting)
         self._queue.append(waiting)
+        self._kick()
+        return await waiting.future
+
+    def _kick(self) -> None:
         if self._active < self._max_in_flight:
             # Counted here and uncounted in the flusher's last synchronous step (not by a done callback,
             # which runs a loop iteration later): a request arriving in between would find no flusher.
@@ -146,12 +179,11 @@ class ClaimBatcher:
             task = asyncio.create_task(self._flush())
             self._flushers.add(task)
             task.add_done_callback(self._flushers.discard)
-        return await waiting.future
 
     async def close(self) -> None:
         """Wait for the batches in flight and those queued to be written."""
-        while self._flushers:
-            await asyncio.gather(*self._flushers, return_exceptions=True)
+        while self._flushers or self._stragglers:
+            await asyncio.gather(*self._flushers, *self._stragglers, return_exceptions=True)
 
     def _expire(self, waiting: _Waiting) -> None:
         if waiting.taken or waiting.future.done():
@@ -178,7 +210,11 @@ class ClaimBatcher:
             if waiting.expired:
                 self._expired -= 1
                 continue
-            if waiting.keys.isdisjoint(in_batch) and waiting.keys.isdisjoint(blocked):
+            if (
+                waiting.keys.isdisjoint(in_batch)
+                and waiting.keys.isdisjoint(blocked)
+                and waiting.tenants.isdisjoint(self._busy)
+            ):
                 first.append(waiting)
                 in_batch |= waiting.keys
             else:
@@ -194,6 +230,7 @@ class ClaimBatcher:
         for waiting in repeats:
             if (
                 len(batch) < self._max_batch
+                and waiting.tenants.isdisjoint(self._busy)
                 and waiting.keys.isdisjoint(blocked)
                 and all(depth.get(key, 0) < max_rounds for key in waiting.keys)
             ):
@@ -220,8 +257,10 @@ class ClaimBatcher:
                     # the coordinator in a multi-statement transaction (a two-phase commit, even for one tenant).
                     rounds = 1 if await self.per_tenant() else self._max_rounds
                     batch = self._take(rounds)
-                    if batch:
-                        await self._write(batch)
+                    if not batch:
+                        # Whatever waits is a busy tenant's: the end of its call starts the next flusher.
+                        break
+                    await self._write_batch(batch)
                 except Exception as exc:
                     # _write answers every failure it knows; this is for the one it does not (a bug): the
                     # requests it held are answered, and the loop goes on to the next batch.
@@ -277,6 +316,61 @@ class ClaimBatcher:
             end = start + len(waiting.items)
             waiting.answer(results[start:end])
             start = end
+
+    async def _write_batch(self, batch: list[_Waiting]) -> None:
+        # A batch as the flusher sends it: per tenant, a slow tenant's call is left going (DEFAULT_STRAGGLE_AFTER).
+        # Splits after a failure go through _write, which waits for all its calls.
+        if not (self._max_straggling and await self.per_tenant()):
+            await self._write(batch)
+            return
+        groups = _by_tenant(batch)
+        woken = [set[str]() for _ in groups]
+        calls = [
+            # A lone tenant's call carries its own wake-up, as _write sends it.
+            asyncio.create_task(self._write(g) if len(groups) == 1 else self._write(g, woken=k))
+            for g, k in zip(groups, woken, strict=True)
+        ]
+        room = self._max_straggling - len(self._stragglers)
+        done, slow = await asyncio.wait(calls, timeout=self._straggle_after if room > 0 else None)
+        if len(slow) > room:
+            # No room to leave them going: wait, as a batch always did.
+            await asyncio.wait(slow)
+            done, slow = set(calls), set()
+        for call, group, k in zip(calls, groups, woken, strict=True):
+            if call in slow:
+                self._straggle(call, group, k)
+        kinds = set[str]().union(*(k for c, k in zip(calls, woken, strict=True) if c in done))
+        if kinds:
+            await self._wake(kinds)
+        for call in done:
+            call.result()  # a bug's exception: the flusher answers the batch's requests still waiting
+
+    def _straggle(self, call: asyncio.Task[None], group: list[_Waiting], kinds: set[str]) -> None:
+        # A tenant's call left going (its shard moving): the next batch goes on without that tenant, whose
+        # requests stay queued behind it, so its claims still resolve in arrival order.
+        tenants = {t for waiting in group for t in waiting.tenants}
+        self._busy |= tenants
+        log.info("claims.tenant_waiting", extra={"tenants": len(tenants), "requests": len(group)})
+
+        async def finish() -> None:
+            try:
+                await call
+                if kinds:
+                    await self._wake(kinds)
+            except Exception as exc:  # a bug, as in _flush: answer what the call held
+                log.exception("claims.batch_failed", extra={"requests": len(group)})
+                for waiting in group:
+                    waiting.answer(
+                        _cause(LedgerError("the claim could not be written; nothing was acknowledged"), exc)
+                    )
+            finally:
+                self._busy -= tenants
+                if self._queue:
+                    self._kick()
+
+        task = asyncio.create_task(finish())
+        self._stragglers.add(task)
+        task.add_done_callback(self._stragglers.discard)
 
     async def _wake(self, kinds: set[str]) -> None:
         # The claims have committed: a wake-up lost now costs the workers a poll interval, never a claim.

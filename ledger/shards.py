@@ -5,8 +5,9 @@ have due rows, then run one routed statement per tenant. That first read is the 
 reaches every shard, and Citus fails a multi-shard SELECT whole when one node cannot be reached: with one worker
 node down, no tenant was leased or rescued, on any node. ``tenants_on_live_nodes`` runs the read on each node
 for that node's shards instead (``shard_tenants_on_live_nodes``), and a node that does not answer is *skipped*:
-its shards are named in the answer, the caller logs them once per pass (``log_skipped``), and its tenants
-appear again in the next pass's read once the node is back. Each shard's read has its own ``ORDER BY … LIMIT``.
+its shards are named in the answer, the caller logs them once per pass (``log_skipped``, which also tells the
+``SKIPS`` listeners: the processes' ``effectgate_shard_reads_skipped_total``), and its tenants appear again in the
+next pass's read once the node is back. Each shard's read has its own ``ORDER BY … LIMIT``.
 
 A read of one shard is a named block ending in ``_on_shard``, written for ``format()``: ``%1$s`` is the shard,
 ``%2$s`` the co-located shard of a joined table, and ``%3$L`` every parameter as one jsonb literal (``now`` is
@@ -28,6 +29,7 @@ from psycopg.types.json import Jsonb
 
 from .db import Conn
 from .errors import LedgerError
+from .listeners import Listeners
 from .queries import Q
 
 log = logging.getLogger("effectgate.ledger")
@@ -118,9 +120,14 @@ def node_lost(conn: Conn, exc: psycopg.Error) -> bool:
     return bool(exc.sqlstate and exc.sqlstate.startswith("08")) or bool(UNREACHABLE.search(str(exc)))
 
 
+#: Told of each node a pass skipped: ``(pass, node, how many of its shards)``.
+SKIPS: Listeners[[str, str, int]] = Listeners("shards.skip")
+
+
 def log_skipped(pass_name: str, skipped: Iterable[Skipped]) -> None:
     """One warning for a pass that could not read some nodes' shards: which nodes, which shards (no traceback:
-    a lost node is an expected outage, and its tenants are read again by the next pass)."""
+    a lost node is an expected outage, and its tenants are read again by the next pass); and each node told to
+    ``SKIPS``."""
     by_node: dict[str, set[int]] = {}
     for s in skipped:
         by_node.setdefault(s.node, set()).update(s.shards)
@@ -133,6 +140,8 @@ def log_skipped(pass_name: str, skipped: Iterable[Skipped]) -> None:
                 "shards": {node: sorted(ids) for node, ids in sorted(by_node.items())},
             },
         )
+    for node, ids in sorted(by_node.items()):
+        SKIPS.tell(pass_name, node, len(ids))
 
 
 def _dumps(value: Any) -> str:

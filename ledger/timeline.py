@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .listeners import Listeners
+
 log = logging.getLogger("effectgate.ledger")
 
 
@@ -38,12 +40,11 @@ class TimelineWatch:
 
     def __init__(self) -> None:
         self.timeline: int | None = None
-        self._listeners: list[Listener] = []
+        self._listeners: Listeners[[TimelineChange]] = Listeners("ledger.timeline")
 
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener`` on every change from now on; returns the function that stops it."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+        return self._listeners.listen(listener)
 
     def observe(self, timeline: int | None) -> TimelineChange | None:
         """Record the timeline a connection reached (None: not known, e.g. a standby); the change, if any."""
@@ -62,11 +63,8 @@ class TimelineWatch:
                 "replicated are gone (none with synchronous replication)",
             },
         )
-        for listener in list(self._listeners):
-            try:
-                listener(change)
-            except Exception as exc:  # one listener's bug must not fail the checkout that saw the change
-                log.error("ledger.timeline_listener_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+        # One listener's bug must not fail the checkout that saw the change.
+        self._listeners.tell(change)
         return change
 
 

@@ -27,7 +27,7 @@ from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.config import worker_connections
 from effectgate.handlers.worker.runtime import Worker
-from effectgate.ledger import db, timeline
+from effectgate.ledger import db, shards, timeline
 
 from .. import metrics
 from ..config import Config, ConfigError
@@ -116,8 +116,12 @@ async def _run_worker(
     pool, handler_pool = pool_of(own, "effectgate-worker"), pool_of(handlers, "effectgate-worker-handlers")
     await pool.open(wait=False)
     await handler_pool.open(wait=False)
-    # A failover this worker lives through is counted (and logged by the watch itself).
-    unwatch = timeline.WATCH.listen(metrics.timeline_changed)
+    # A failover this worker lives through is counted (and logged by the watch itself), and a Citus worker node
+    # its fetch or reconciler could not read.
+    unwatch = [
+        timeline.WATCH.listen(metrics.timeline_changed),
+        shards.SKIPS.listen(metrics.shard_reads_skipped),
+    ]
     counted = metrics.downstream_call
     async with httpx.AsyncClient() as http:
         services = Services(
@@ -154,7 +158,8 @@ async def _run_worker(
             await providers.close_clients()
             await handler_pool.close()
             await pool.close()
-            unwatch()
+            for stop_watching in unwatch:
+                stop_watching()
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)
 

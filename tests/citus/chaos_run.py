@@ -19,9 +19,12 @@ double (double), succeeded effects the provider never charged (uncharged), jobs 
 a summary with the placement of effects and tenants per node, drops the schema, and exits 1 on any of them.
 Not part of `make citus-check`: it stops a node of the cluster. `make citus-chaos` runs it.
 
-``--add-node HOST:PORT`` (a running Citus node not yet in the cluster) adds a rebalance half-way in: the node is
-added and the shards rebalanced onto it while deliveries, workers and kills go on; ``--no-node-stop`` leaves
-the node stop out. The added node is drained and removed at the end.
+``--add-node HOST:PORT`` (a running Citus node not yet in the cluster) adds a rebalance ``--rebalance-at``
+seconds in: the node is added and the shards rebalanced onto it (moved by ``--transfer-mode``) from a thread of
+its own, while deliveries, workers and kills go on over the whole move; ``--no-node-stop`` leaves the node stop
+out. The answers given while shards moved are counted by status and error code, and the run fails if the
+sending ended before the move did (the move's end then saw no traffic: raise ``--seconds``). The added node is
+drained and removed at the end.
 """
 
 from __future__ import annotations
@@ -45,7 +48,14 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.citus.ledger import distributed_ledger, rebalance_onto, remove_node
+from tests.citus.ledger import (
+    TRANSFER_MODES,
+    distributed_ledger,
+    logical_wal,
+    preferred_transfer_mode,
+    rebalance_onto,
+    remove_node,
+)
 from tests.e2e.conftest import SECRET, event, headers
 from tests.e2e.processes import Process, free_port
 
@@ -96,6 +106,9 @@ class Sent:
     transport_errors: Counter[str] = field(default_factory=Counter)
     acknowledged: set[tuple[str, str]] = field(default_factory=set)
     unavailable: Counter[str] = field(default_factory=Counter)  # 5xx answers by tenant
+    # Every answer: (monotonic time, status, error code or ""), to count those given while shards moved.
+    timeline: list[tuple[float, int, str]] = field(default_factory=list)
+    last: float = 0.0  # monotonic time of the last delivery's first send
     refused: list[str] = field(default_factory=list)
     gave_up: int = 0
 
@@ -123,6 +136,13 @@ async def send_all(url: str, orders: list[tuple[str, str]], copies: int, seconds
                 sent.transport_errors[type(exc).__name__] += 1
             else:
                 sent.answers[r.status_code] += 1
+                code = ""
+                if r.status_code >= 300:
+                    try:
+                        code = str(r.json().get("error", ""))
+                    except ValueError:
+                        code = "?"
+                sent.timeline.append((time.monotonic(), r.status_code, code))
                 if r.status_code < 300:
                     sent.acknowledged.add((tenant, f"charge:{order}"))
                     return
@@ -138,6 +158,7 @@ async def send_all(url: str, orders: list[tuple[str, str]], copies: int, seconds
         tasks = []
         for tenant, order in posts:
             tasks.append(asyncio.create_task(post(client, tenant, order)))
+            sent.last = time.monotonic()
             await asyncio.sleep(gap)
         await asyncio.gather(*tasks)
 
@@ -300,6 +321,18 @@ def main() -> int:
         help="host:port of a running Citus node not yet in the cluster: added and rebalanced onto half-way in,"
         " drained and removed again at the end",
     )
+    parser.add_argument(
+        "--transfer-mode",
+        choices=TRANSFER_MODES,
+        help="how the rebalance moves shards (auto and force_logical need wal_level = logical on every node);"
+        " default: auto where every node has it, else block_writes",
+    )
+    parser.add_argument(
+        "--rebalance-at",
+        type=float,
+        default=None,
+        help="seconds in to start the rebalance (default: a fifth)",
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds the deliveries are spread over")
     parser.add_argument("--wait", type=float, default=60.0, help="most seconds to wait for terminal jobs")
     parser.add_argument("--lease-ttl", type=float, default=3.0, help="the effect kind's lease, in seconds")
@@ -308,6 +341,14 @@ def main() -> int:
     url = os.environ["CITUS_URL"]
     random.seed(args.seed)
     node, data_dir = node_data_dir(url, args.node_stop)
+    if args.add_node:
+        behind = logical_wal(url, args.add_node)
+        if args.transfer_mode is None:
+            args.transfer_mode = preferred_transfer_mode(url, args.add_node)
+        elif args.transfer_mode != "block_writes" and behind:
+            parser.error(
+                f"--transfer-mode {args.transfer_mode} needs wal_level = logical on {', '.join(behind)}"
+            )
     schema = f"effectgate_chaos_{uuid.uuid4().hex[:8]}"
     print(
         f"schema {schema}; seed {args.seed}; {args.orders} orders over {args.tenants} tenants, x{args.copies}"
@@ -327,6 +368,7 @@ def main() -> int:
         "CHAOS_PAUSE": "0.2",
     }
     processes: list[Process] = []
+    added = False  # read in the finally below, which a failed start reaches before the schedule
     started = time.monotonic()
     try:
         fake = Process(["fake-providers", "--port", str(fake_port)], env, logs / "fake.log")
@@ -366,23 +408,48 @@ def main() -> int:
         if not args.no_node_stop:
             events.append((args.seconds / 3, "node"))
         if args.add_node:
-            events.append((args.seconds / 2, "rebalance"))
-        node_was_down, killed, added = 0.0, set[int](), False
-        node_stopped = node_back = None
+            at = args.seconds / 5 if args.rebalance_at is None else args.rebalance_at
+            events.append((at, "rebalance"))
+        killed = set[int]()
+        # The rebalance runs in a thread of its own: the kills, the node stop and the sending go on while shards
+        # move (called from this loop, it held the kills back until the move ended).
+        moving: list[float] = []  # the move's start and end, monotonic
+        moved: list[Any] = []  # (seconds, placement) or the exception
+
+        def rebalance() -> None:
+            moving.append(time.monotonic())
+            try:
+                moved.append(rebalance_onto(url, schema, args.add_node, mode=args.transfer_mode))
+            except Exception as exc:
+                moved.append(exc)
+            moving.append(time.monotonic())
+            print(f"  {moving[-1] - t0:5.1f} s rebalance ended: {moved[-1]}", flush=True)
+
+        mover = threading.Thread(target=rebalance, daemon=True)
+        # The node stop too (down, then a start that waits out crash recovery, which took 52 s in a run whose
+        # move had written 390 MB of WAL): in this loop it held the kills back until the node was up.
+        down: list[datetime] = []  # stopped, back
+        was_down: list[float] = []
+
+        def stop() -> None:
+            down.append(datetime.now(UTC))
+            was_down.append(stop_node(data_dir, args.node_down))
+            down.append(datetime.now(UTC))
+            print(f"  {time.monotonic() - t0:5.1f} s node {node} was down {was_down[0]:.1f} s", flush=True)
+
+        stopper = threading.Thread(target=stop, daemon=True)
         for at, what in sorted(events):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
             if what == "rebalance":
-                took, placement = rebalance_onto(url, schema, args.add_node)
-                added = True
                 print(
-                    f"  {time.monotonic() - t0:5.1f} s added {args.add_node}, rebalanced in {took:.1f} s: {placement}"
+                    f"  {time.monotonic() - t0:5.1f} s adding {args.add_node}, rebalancing ({args.transfer_mode})"
                 )
+                mover.start()
+                added = True
                 continue
             if what == "node":
-                node_stopped = datetime.now(UTC)
-                node_was_down = stop_node(data_dir, args.node_down)
-                node_back = datetime.now(UTC)
-                print(f"  {time.monotonic() - t0:5.1f} s node {node} was down {node_was_down:.1f} s")
+                print(f"  {time.monotonic() - t0:5.1f} s stopping node {node}")
+                stopper.start()
                 continue
             victim = workers.pop(random.randrange(len(workers)))
             victim.popen.kill()
@@ -392,6 +459,12 @@ def main() -> int:
             print(
                 f"  {time.monotonic() - t0:5.1f} s {what}: SIGKILLed worker {victim.popen.pid}, started another"
             )
+        if args.add_node:
+            mover.join()
+        if not args.no_node_stop:
+            stopper.join()
+        node_was_down = was_down[0] if was_down else 0.0
+        node_stopped, node_back = (down[0], down[1]) if len(down) == 2 else (None, None)
         sender.join()
         sent_took = time.monotonic() - t0
         deadline = time.monotonic() + args.wait
@@ -417,7 +490,7 @@ def main() -> int:
             c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
         if args.add_node and added:
             print(f"draining {args.add_node} and removing it from the cluster (as it was before the run)")
-            remove_node(url, args.add_node)
+            remove_node(url, args.add_node, mode=args.transfer_mode)
 
     effects: dict[tuple[str, str], str | None] = found["effects"]
     charged: dict[str, int] = stats["captures_by_intent"]
@@ -437,7 +510,7 @@ def main() -> int:
     )
     for r in sent.refused[:3]:
         print(f"  {r}")
-    events, crashed = log_events([p.log_path for p in processes])
+    logged, crashed = log_events([p.log_path for p in processes])
     if expired:
         given_up = [i for i, _ in expired if i in crashed]
         of_killed = [i for i, owner in expired if i not in crashed and int(owner.split(":")[1]) in killed]
@@ -456,8 +529,24 @@ def main() -> int:
             f"node {port}'s tenants, per second, in the {node_was_down:.1f} s before the stop / while {node} was"
             f" down: leased {before:.2f} / {during:.2f} ({ratio}), claimed {claimed_before:.2f} / {claimed_during:.2f}"
         )
+    moved_ok = True
+    if args.add_node and len(moving) == 2:
+        start, end = moving
+        while_moving = [(status, code) for at, status, code in sent.timeline if start <= at <= end]
+        refused = Counter(f"{status} {code}" for status, code in while_moving if status >= 300)
+        covered = sent.last >= end
+        moved_ok = covered and not isinstance(moved[0], Exception)
+        print(
+            f"rebalance ({args.transfer_mode}) {end - start:.1f} s: {len(while_moving)} answers while shards moved,"
+            f" non-2xx {dict(sorted(refused.items()))}; the sending went on "
+            + (
+                "past the move's end"
+                if covered
+                else f"only {sent.last - start:.1f} s into it (raise --seconds)"
+            )
+        )
     print(f"live workers' exit codes (None: running): {exits}; log lines at warning or error:")
-    for what, n in sorted(events.items()):
+    for what, n in sorted(logged.items()):
         print(f"  {n:5d} {what}")
     print(
         f"effects per worker node: {found['effects_per_node']}; lost {len(lost)}, double {double_n}, "
@@ -466,7 +555,7 @@ def main() -> int:
     )
     ok = not lost and not double_n and not stuck and not uncharged and not sent.refused and not sent.gave_up
     ok = ok and len(sent.acknowledged) == len(orders) and (node_was_down > 0 or args.no_node_stop)
-    ok = ok and (added or not args.add_node)
+    ok = ok and (added or not args.add_node) and moved_ok
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

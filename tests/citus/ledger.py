@@ -34,14 +34,25 @@ def own_ledger(url: str, prefix: str) -> Iterator[str]:
             c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
 
 
-def rebalance_onto(url: str, schema: str, node: str) -> tuple[float, dict[int, int]]:
-    """Adds ``node`` to the cluster and rebalances (copying shards, writes to a moving shard blocked: cluster.sh's
-    nodes have no logical replication), while the run goes on; the seconds it took and effects' shards per node."""
+# How a shard moves (``shard_transfer_mode``): ``block_writes`` copies it with writes to it blocked for the whole
+# copy; ``force_logical`` copies it by logical replication, writes flowing until a short switch-over; ``auto`` is
+# logical when every table has a replica identity and refuses the move otherwise. Logical needs
+# ``wal_level = logical`` on every node (``logical_wal``).
+TRANSFER_MODES = ("auto", "force_logical", "block_writes")
+
+
+def rebalance_onto(
+    url: str, schema: str, node: str, *, mode: str = "block_writes"
+) -> tuple[float, dict[int, int]]:
+    """Adds ``node`` to the cluster and rebalances, moving shards by ``mode``, while the run goes on; the seconds
+    it took and effects' shards per node."""
     host, port = node.rsplit(":", 1)
     started = time.monotonic()
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("SELECT citus_add_node(%s, %s)", (host, int(port)))
-        c.execute("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
+        c.execute(
+            "SELECT citus_rebalance_start(shard_transfer_mode => %s::citus.shard_transfer_mode)", (mode,)
+        )
         c.execute("SELECT citus_rebalance_wait()")
         took = time.monotonic() - started
         placement = c.execute(
@@ -51,12 +62,38 @@ def rebalance_onto(url: str, schema: str, node: str) -> tuple[float, dict[int, i
     return took, {int(p): int(n) for p, n in placement}
 
 
-def remove_node(url: str, node: str) -> None:
-    """Moves every shard off ``node`` and removes it: the cluster as it was before ``rebalance_onto``. The moved
-    shards' old copies are deleted first (Citus defers that): removed with them still on it, the node could not be
-    added again (a later move onto it fails on "the orphaned shard … could not be cleaned up")."""
+def remove_node(url: str, node: str, *, mode: str = "block_writes") -> None:
+    """Moves every shard off ``node`` (by ``mode``) and removes it: the cluster as it was before ``rebalance_onto``.
+    The moved shards' old copies are deleted first (Citus defers that): removed with them still on it, the node
+    could not be added again (a later move onto it fails on "the orphaned shard … could not be cleaned up")."""
     host, port = node.rsplit(":", 1)
     with psycopg.connect(url, autocommit=True) as c:
-        c.execute("SELECT citus_drain_node(%s, %s, shard_transfer_mode => 'block_writes')", (host, int(port)))
+        c.execute(
+            "SELECT citus_drain_node(%s, %s, shard_transfer_mode => %s::citus.shard_transfer_mode)",
+            (host, int(port), mode),
+        )
         c.execute("CALL citus_cleanup_orphaned_resources()")
         c.execute("SELECT citus_remove_node(%s, %s)", (host, int(port)))
+
+
+def logical_wal(url: str, *also: str) -> list[str]:
+    """The nodes (the cluster's, and ``also`` as ``host:port``) whose ``wal_level`` is not ``logical``: a logical
+    move needs it on both ends, and setting it takes a restart (ALTER SYSTEM SET wal_level = logical)."""
+    with psycopg.connect(url, autocommit=True) as c:
+        nodes = [
+            f"{h}:{p}" for h, p in c.execute("SELECT nodename, nodeport FROM pg_dist_node ORDER BY nodeport")
+        ]
+    behind = []
+    for node in dict.fromkeys([*nodes, *also]):
+        host, port = node.rsplit(":", 1)
+        with psycopg.connect(host=host, port=int(port), user="postgres", dbname="postgres") as n:
+            [(level,)] = n.execute("SHOW wal_level").fetchall()
+        if level != "logical":
+            behind.append(node)
+    return behind
+
+
+def preferred_transfer_mode(url: str, *also: str) -> str:
+    """``auto`` (a logical move: every table of the ledger has a primary key, so a replica identity) when every
+    node runs ``wal_level = logical``, else ``block_writes``, the only mode those nodes allow."""
+    return "block_writes" if logical_wal(url, *also) else "auto"

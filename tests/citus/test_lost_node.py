@@ -20,7 +20,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from effectgate.ledger import db
+from effectgate.gateway import metrics
+from effectgate.ledger import db, shards
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs.finishes import Finish, finish_many
@@ -29,6 +30,7 @@ from effectgate.ledger.maintenance.retention import RetentionConfig, RetentionKe
 from effectgate.ledger.maintenance.waker import PendingWaker
 from effectgate.ledger.queries import Q
 from effectgate.ledger.vocabulary import JobState
+from tests.prometheus import value
 
 from .chaos_run import node_data_dir, pg_ctl
 from .ledger import own_ledger
@@ -37,6 +39,7 @@ from .test_ledger_on_citus import delivery
 pytestmark = pytest.mark.anyio
 
 KIND = "lost-node-work"
+SKIPPED = "effectgate_shard_reads_skipped_total"
 DONE = "lost-node-done"  # finished before the stop: retention's rows
 TTL = 30.0
 DAY = 86400.0
@@ -147,6 +150,8 @@ async def test_a_lost_node_stops_only_its_own_tenants_and_they_resume_when_it_re
     retention = RetentionKeeper(RetentionConfig(payloads=DAY))
     purge_at = now + timedelta(seconds=2 * DAY)
 
+    counted_before = metrics.render()
+    unlisten = shards.SKIPS.listen(metrics.shard_reads_skipped)  # as `serve` and `worker` do
     pg_ctl(data_dir, "-m", "immediate", "stop")
     try:
         caplog.set_level(logging.WARNING, logger="effectgate.ledger")
@@ -172,7 +177,15 @@ async def test_a_lost_node_stops_only_its_own_tenants_and_they_resume_when_it_re
             "retention",
         ]
         assert all(r.__dict__["nodes"] == [lost_node] and r.exc_info is None for r in skipped)
+        # And on /metrics, each pass once against the lost node (EffectgateCitusNodeUnreachable).
+        counted = metrics.render()
+        for pass_name in ("fetch", "lease_rescuer", "pending_waker", "retention"):
+            grew = value(counted, SKIPPED, pass_name=pass_name, node=lost_node) - value(
+                counted_before, SKIPPED, pass_name=pass_name, node=lost_node
+            )
+            assert grew == 1, pass_name
     finally:
+        unlisten()
         if not (data_dir / "postmaster.pid").exists():
             pg_ctl(data_dir, "-l", f"{data_dir}.log", "-w", "start")
 
