@@ -306,7 +306,14 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
     ),
     # [worker]
-    Setting("worker.concurrency", "integer", 16, "jobs a worker runs at once", minimum=1, roles=_W),
+    Setting(
+        "worker.concurrency",
+        "integer",
+        64,
+        "jobs a worker runs at once (and the most downstream calls it makes at once)",
+        minimum=1,
+        roles=_W,
+    ),
     Setting(
         "worker.handler_connections",
         "integer",

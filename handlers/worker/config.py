@@ -13,9 +13,10 @@ from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 __all__ = ["WorkerConfig", "worker_connections"]
 
 # Handlers wait on payment and shipping APIs: a slot spends most of a job awaiting the network, so the
-# drain rate grows with the slots (measured by tests/bench/worker_sweep.py; docs/performance.md). 16 runs
-# 3.5x the jobs of 4 at a 20-50 ms downstream call and keeps a worker at 21 connections (worker_pool_max).
-DEFAULT_CONCURRENCY = 16
+# drain rate grows with the slots (tests/bench/worker_sweep.py), and a backlog of quick jobs drains at the size
+# of the batch the slots that end together make (tests/bench/worker_vs_pgqueuer.py; docs/performance.md, "A real
+# worker against PgQueuer"). Slots cost no connections past handler_connections (worker_connections).
+DEFAULT_CONCURRENCY = 64
 # A fallback only: LISTEN/NOTIFY wakes the loop for new jobs, and a finished job wakes it for its slot (unless
 # its finish batch's refill already offered that slot to a fetch).
 DEFAULT_POLL_INTERVAL = 2.0

@@ -67,6 +67,25 @@ def other_shard_tenants(url: str, schema: str, held: str, n: int) -> list[str]:
     raise AssertionError("no tenants on other shards")
 
 
+async def wait_for_lock_waiter(nodes: list[tuple[str, int]], within: float = 10.0) -> None:
+    """Poll the nodes until a backend waits on a lock there (the held tenant's routed claim); fail after ``within``.
+    Each poll on a new connection: pg_stat_activity is a snapshot per transaction."""
+    deadline = time.monotonic() + within
+    while True:
+        for host, port in nodes:
+            with psycopg.connect(
+                host=host, port=port, user="postgres", dbname="postgres", autocommit=True
+            ) as c:
+                row = c.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                ).fetchone()
+                if row and row[0] > 0:
+                    return
+        if time.monotonic() > deadline:
+            pytest.fail(f"no claim waited on the move's lock within {within:g} s")
+        await asyncio.sleep(0.02)
+
+
 async def test_a_tenant_whose_shard_is_moving_holds_back_no_other_tenant(
     citus_url: str, citus_schema: str
 ) -> None:
@@ -90,7 +109,8 @@ async def test_a_tenant_whose_shard_is_moving_holds_back_no_other_tenant(
             h.execute("SELECT lock_shard_metadata(7, %s::bigint[])", (shards,))
             holders.append(h)
         held = asyncio.create_task(batcher.claim([(delivery("moving", "m-1"), [effect("m-1")])]))
-        await asyncio.sleep(0.1)
+        # Sent once the moving tenant's claim waits on a node for the move's lock.
+        await wait_for_lock_waiter(nodes)
         # The other tenants' claims, sent while the moving tenant's call waits: none may wait for it.
         started = time.monotonic()
         answers = await asyncio.gather(

@@ -32,7 +32,7 @@ def test_minimal_configuration_has_documented_defaults() -> None:
     assert source.tenant_from is None
     assert config.gateway.max_body_bytes == 1024 * 1024
     assert (config.gateway.host, config.gateway.port) == ("127.0.0.1", 8000)
-    assert config.worker.concurrency == DEFAULT_CONCURRENCY == 16
+    assert config.worker.concurrency == DEFAULT_CONCURRENCY == 64
     assert config.worker.reconciler.tick == 15.0
     assert config.payments is None and config.handler_modules == ()
 

@@ -117,7 +117,7 @@ def test_a_config_edit_changes_the_pod_templates_so_the_pods_roll(tmp_path: Path
     before, mounted_before = config_names(kustomize.render(copy / "overlays" / "ci"))
     assert mounted_before == {before}
     toml = copy / "base" / "effectgate.toml"
-    toml.write_text(toml.read_text().replace("concurrency = 16", "concurrency = 8"))
+    toml.write_text(toml.read_text().replace("concurrency = 64", "concurrency = 8"))
     after, mounted_after = config_names(kustomize.render(copy / "overlays" / "ci"))
     print(f"configmap before the edit: {before}; after: {after}")
     assert before.startswith("effectgate-config-") and after.startswith("effectgate-config-")
