@@ -71,12 +71,12 @@ def worker_connections(config: WorkerConfig) -> tuple[int, int]:
     """The most connections a worker's two pools may open: its own statements', and its running jobs'.
 
     The worker's own statements (fetch, heartbeat, finish batch, reconciler tick, a scrape's gauges) each give
-    their connection back within a statement, and have a pool of their own: a heartbeat never waits on a handler. The running
-    jobs share the other, at most one connection per slot (a step record, a checkpoint, a fenced write; a step
-    recorded inside a fenced write would wait on that write's own row lock, so none nests) and at most
-    ``handler_connections``: a job holds one only while it writes, so with more slots than connections a
-    write waits for one (retried like a lost database, within the kind's lease TTL) instead of each slot
-    costing the server a connection. (The LISTEN connection is not pooled.) It was ``concurrency + 4`` on one
+    their connection back within a statement, and have a pool of their own: a heartbeat never waits on a
+    handler. The running jobs share the other, at most one connection per slot (a step record, a checkpoint, a
+    fenced write; a step recorded inside a fenced write would wait on that write's own row lock, so none nests)
+    and at most ``handler_connections``: a job holds one only while it writes, so with more slots than
+    connections a write waits for one (past the pool's wait, a step's write is retried like a lost database,
+    within the kind's lease TTL) instead of each slot costing the server a connection. (The LISTEN connection is not pooled.) It was ``concurrency + 4`` on one
     pool, which made a worker with enough slots for a backlog of quick jobs too dear in connections.
     """
     return WORKER_OWN_CONNECTIONS, min(config.concurrency, config.handler_connections)
