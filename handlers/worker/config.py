@@ -13,9 +13,9 @@ from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 __all__ = ["WorkerConfig", "worker_connections"]
 
 # Handlers wait on payment and shipping APIs: a slot spends most of a job awaiting the network, so the
-# drain rate grows with the slots (tests/bench/worker_sweep.py), and a backlog of quick jobs drains at the size
-# of the batch the slots that end together make (tests/bench/worker_vs_pgqueuer.py; docs/performance.md, "A real
-# worker against PgQueuer"). Slots cost no connections past handler_connections (worker_connections).
+# drain rate grows with the slots (tests/bench/worker_sweep.py), and a backlog of quick jobs drains at the
+# size of the batch the slots that end together make (tests/bench/worker_vs_pgqueuer.py; docs/performance.md,
+# "A real worker against PgQueuer"). Slots cost no connections past handler_connections (worker_connections).
 DEFAULT_CONCURRENCY = 64
 # A fallback only: LISTEN/NOTIFY wakes the loop for new jobs, and a finished job wakes it for its slot (unless
 # its finish batch's refill already offered that slot to a fetch).
@@ -28,12 +28,13 @@ DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_BACKOFF_BASE = 1.0
 DEFAULT_BACKOFF_CAP = 3600.0
 # The worker's own statements (fetch, heartbeat, finish batch, reconciler tick, a /metrics scrape's ledger
-# gauges) each hold at most one pooled connection at a time, on a pool of their own that no handler can exhaust.
+# gauges) each hold at most one pooled connection at a time, on a pool of their own that no handler can
+# exhaust.
 WORKER_OWN_CONNECTIONS = 5
 # The most connections a worker's running jobs share for their own writes (step records and markers,
-# checkpoints, fenced writes, retry and yield transitions, a resumed job's recorded steps). A job holds one only
-# for a statement or a fenced write, not while it awaits a downstream call, so slots need not each have one
-# (worker_connections).
+# checkpoints, fenced writes, retry and yield transitions, a resumed job's recorded steps). A job holds one
+# only for a statement or a fenced write, not while it awaits a downstream call, so slots need not each have
+# one (worker_connections).
 DEFAULT_HANDLER_CONNECTIONS = 16
 
 
@@ -72,11 +73,12 @@ def worker_connections(config: WorkerConfig) -> tuple[int, int]:
 
     The worker's own statements (fetch, heartbeat, finish batch, reconciler tick, a scrape's gauges) each give
     their connection back within a statement, and have a pool of their own: a heartbeat never waits on a
-    handler. The running jobs share the other, at most one connection per slot (a step record, a checkpoint, a
-    fenced write; a step recorded inside a fenced write would wait on that write's own row lock, so none nests)
-    and at most ``handler_connections``: a job holds one only while it writes, so with more slots than
+    handler. The running jobs share the other, at most one connection per slot (a step record, a checkpoint,
+    a fenced write; a step recorded inside a fenced write would wait on that write's own row lock, so none
+    nests) and at most ``handler_connections``: a job holds one only while it writes, so with more slots than
     connections a write waits for one (past the pool's wait, a step's write is retried like a lost database,
-    within the kind's lease TTL) instead of each slot costing the server a connection. (The LISTEN connection is not pooled.) It was ``concurrency + 4`` on one
-    pool, which made a worker with enough slots for a backlog of quick jobs too dear in connections.
+    within the kind's lease TTL) instead of each slot costing the server a connection. (The LISTEN connection
+    is not pooled.) It was ``concurrency + 4`` on one pool, which made a worker with enough slots for a
+    backlog of quick jobs too dear in connections.
     """
     return WORKER_OWN_CONNECTIONS, min(config.concurrency, config.handler_connections)
