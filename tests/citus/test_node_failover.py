@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psycopg
@@ -29,7 +28,7 @@ from effectgate.ledger.jobs import leases as jobs
 from tests.e2e.processes import free_port
 
 from .chaos_run import PG_BIN, node_data_dir, pg_ctl
-from .ledger import own_ledger
+from .ledger import own_ledger_fixtures
 from .test_ledger_on_citus import delivery
 
 pytestmark = pytest.mark.anyio
@@ -37,17 +36,7 @@ pytestmark = pytest.mark.anyio
 KIND = "node-failover"
 
 
-@pytest.fixture(scope="module")
-def own_schema(citus_url: str) -> Iterator[str]:
-    with own_ledger(citus_url, "ha") as schema:
-        yield schema
-
-
-@pytest.fixture
-async def conn(citus_url: str, own_schema: str) -> AsyncIterator[db.Conn]:
-    c = await db.connect(citus_url, schema=own_schema)
-    async with c:
-        yield c
+own_schema, conn = own_ledger_fixtures("ha")
 
 
 def as_owner(*args: str) -> None:

@@ -79,6 +79,22 @@ class Process:
         return self.popen.returncode
 
 
+def pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copy ``source`` into ``sink`` until either side closes, then shut both down: one direction of a TCP proxy
+    the tests cut or switch (tests/e2e/test_worker_healthz_e2e.py, tests/bench/failover.py). A socket the other
+    direction already shut down refuses the shutdown (``OSError``), which is the end it was going to."""
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    for sock in (source, sink):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tests.prometheus import value
 
 from .conftest import Stack
-from .processes import free_port, wait_until
+from .processes import free_port, pump, wait_until
 
 
 class Forwarder:
@@ -56,20 +56,7 @@ class Forwarder:
                     return
                 self.sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        for s in (source, sink):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
     def cut(self) -> None:
         self.listener.close()
