@@ -4,14 +4,20 @@ Where the Citus extension is installed, the migration runner (``migrate.migrate_
 the ledger after applying the migrations, under the same advisory lock, so ``effectgate migrate`` alone sets a
 ledger up on a cluster. Each step is done only if the catalog says it is not (``pg_dist_partition`` for the
 tables, ``pg_dist_object`` for the claim function): a second run changes nothing, a ledger distributed by the
-hand-run ``distribute.sql`` of earlier releases is accepted as it is, and what a later migration adds (a table,
-a claim function) is distributed by the next run. ``missing`` asks the same question read-only, for
-``migrate --check`` and the processes that wait for their schema.
+hand-run ``distribute.sql`` of earlier releases is accepted and given what it lacks, and what a later migration
+adds (a table, a claim function) is distributed by the next run. ``missing`` asks the same question read-only,
+for ``migrate --check`` and the processes that wait for their schema.
 
 The plan (docs/adr/0023-claims-and-leases-on-citus.md, deploy/README.md "Past one Postgres"): the tables that
 grow with traffic are hash-distributed by ``tenant``; effects founds a colocation group of its own and every
 other distributed table joins it, so each ledger on a cluster has its own group and isolating a tenant in one
-never splits another's shards. The small global tables the distributed statements read are reference tables.
+never splits another's shards. A ledger that shares effects' group with a table of another schema (the old
+``distribute.sql`` put every ledger in Citus's default group, and a table distributed later with the default
+colocation joins the oldest matching group, a ledger's own too) is moved out of it in one transaction:
+``update_distributed_table_colocation`` gives effects a new group and brings the ledger's other tables (each
+partition too) into it, and the claim function is distributed again with effects, since its
+``pg_dist_object.colocationid`` does not follow. Metadata only: no shard moves, the other ledger keeps the old
+group. The small global tables the distributed statements read are reference tables.
 schema_migrations (the runner's), history_partitions (the partition keeper's registry, beside the DDL it
 records), signature_failures and transmissions (written before any tenant is known) and retention_purges
 (written with every retention batch: a write to a reference table needs every node) stay on the coordinator.
@@ -68,7 +74,7 @@ class Step:
 
     what: str
     # How the runner does it (ledger/sql/distribution.sql: one block each).
-    verb: Literal["trigger", "reference", "index", "effects", "table", "function", "undistribute"]
+    verb: Literal["trigger", "reference", "index", "effects", "table", "function", "undistribute", "regroup"]
     name: str
     # Whether this role owns the object (or is a member of its owner), as distributing it requires.
     owned: bool
@@ -127,6 +133,16 @@ async def missing(conn: Conn) -> list[Step]:
         if row["kind"] == "reference":
             what = f"undistribute {name} (a reference table of earlier releases) onto the coordinator"
             steps.append(Step(what, "undistribute", name, row["owned"]))
+    group = await (await conn.execute(Q["distribution_colocation_read"])).fetchone()
+    if group is not None and group["shared"]:
+        what = (
+            "move effects out of the colocation group it shares with another schema's tables into one of its "
+            "own, the ledger's other tables and claim function with it (metadata only, no shard moves)"
+        )
+        steps.append(Step(what, "regroup", "effects", group["owned"]))
+    elif group is not None and (group["tables"] or group["function"]):
+        joining = ", ".join([*group["tables"], *([CLAIM_FUNCTION] if group["function"] else [])])
+        steps.append(Step(f"colocate {joining} with effects", "regroup", "effects", group["owned"]))
     found = await (await conn.execute(Q["distribution_claim_function_read"])).fetchone()
     if found is not None and found["present"] and not found["distributed"]:
         what = f"distribute function {CLAIM_FUNCTION} by tenant, colocated with effects"
@@ -193,5 +209,25 @@ async def _run(conn: Conn, step: Step) -> None:
         await conn.execute(Q["distribution_table_create_with_effects"], {"table": step.name})
     elif step.verb == "undistribute":
         await conn.execute(Q["distribution_table_undistribute"], {"table": step.name})
+    elif step.verb == "regroup":
+        await _regroup(conn)
     else:
+        await conn.execute(Q["distribution_claim_function_create_with_effects"])
+
+
+async def _regroup(conn: Conn) -> None:
+    # Read again inside the step's transaction, under the migration lock: what joins is what is there now (a
+    # table an earlier step of this run distributed into the shared group too). All of it in this one
+    # transaction, so a failure leaves the ledger in the group it was in, never split between two.
+    group = await (await conn.execute(Q["distribution_colocation_read"])).fetchone()
+    if group is None:
+        return
+    if group["shared"]:
+        await conn.execute(Q["distribution_effects_colocation_break"])
+    for table in group["tables"]:
+        await conn.execute(Q["distribution_table_colocation_join_effects"], {"table": table})
+    if group["function"]:
+        # update_distributed_table_colocation leaves pg_dist_object.colocationid alone: the function would stay
+        # with the old group, its calls routed by the other ledger's shards. Distributing it again with effects
+        # records effects' group.
         await conn.execute(Q["distribution_claim_function_create_with_effects"])

@@ -82,3 +82,54 @@ SELECT create_distributed_function(
     ' int[], text[], text[], int[], int8[], text[], text[], timestamptz)'::regprocedure,
     '$1', colocate_with => quote_ident(current_schema()) || '.effects'
 );
+
+-- name: distribution_colocation_read
+-- Where the ledger's distributed parts sit against effects' colocation group (no row while effects is not
+-- distributed): whether a distributed table of another schema shares that group (a ledger distributed by the
+-- distribute.sql of earlier releases sits in Citus's default group with every other ledger so distributed, and a
+-- later create_distributed_table with the default colocation joins the oldest matching group, a 'none' one
+-- too); which of this schema's hash-distributed tables (partitions each on their own) must join effects, every
+-- one when the group is shared, else those in another group; the same for the claim function; and whether this
+-- role owns effects and all of those, as update_distributed_table_colocation requires.
+WITH e AS (
+    SELECT p.colocationid,
+           EXISTS (SELECT 1 FROM pg_dist_partition o JOIN pg_class c ON c.oid = o.logicalrelid
+                   WHERE o.colocationid = p.colocationid
+                     AND c.relnamespace <> current_schema()::regnamespace) AS shared,
+           pg_has_role(k.relowner, 'USAGE') AS owned
+    FROM pg_dist_partition p JOIN pg_class k ON k.oid = p.logicalrelid
+    WHERE k.relname = 'effects' AND k.relnamespace = current_schema()::regnamespace AND p.partmethod = 'h'
+), t AS (
+    SELECT o.logicalrelid::regclass::text AS name, pg_has_role(c.relowner, 'USAGE') AS owned
+    FROM e, pg_dist_partition o JOIN pg_class c ON c.oid = o.logicalrelid
+    WHERE c.relnamespace = current_schema()::regnamespace AND c.relname <> 'effects' AND o.partmethod = 'h'
+      AND (e.shared OR o.colocationid <> e.colocationid)
+), f AS (
+    SELECT pg_has_role(p.proowner, 'USAGE') AS owned
+    FROM e, pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
+    WHERE o.classid = 'pg_proc'::regclass AND o.distribution_argument_index IS NOT NULL
+      AND p.oid = to_regprocedure(
+          'effect_claim_tenant_v1(text, int[], text[], text[], text[], text[], text[], text[], text[], text[],'
+          ' int[], int[], text[], text[], int[], int8[], text[], text[], timestamptz)'
+      )
+      AND (e.shared OR o.colocationid IS DISTINCT FROM e.colocationid)
+)
+SELECT e.shared,
+       ARRAY(SELECT t.name FROM t ORDER BY 1) AS tables,
+       EXISTS (SELECT 1 FROM f) AS function,
+       e.owned AND (SELECT coalesce(bool_and(t.owned), true) FROM t)
+           AND (SELECT coalesce(bool_and(f.owned), true) FROM f) AS owned
+FROM e;
+
+-- name: distribution_effects_colocation_break
+-- Moves effects into a colocation group of its own, leaving the group it shared to the tables still in it.
+-- Metadata only (pg_dist_partition and pg_dist_colocation, synced to the nodes): no shard moves or is copied.
+SELECT update_distributed_table_colocation('effects'::regclass, colocate_with => 'none');
+
+-- name: distribution_table_colocation_join_effects
+-- Puts %(table)s (hash-distributed, in this schema) in the colocation group of this schema's effects. Metadata
+-- only: Citus checks that the two tables' shards have the same ranges on the same nodes, as tables that were
+-- colocated before have, and refuses otherwise.
+SELECT update_distributed_table_colocation(
+    %(table)s::regclass, colocate_with => quote_ident(current_schema()) || '.effects'
+);

@@ -2,6 +2,7 @@
 
     python -m tests.citus.lease_bench --url postgresql://postgres@127.0.0.1:9720/postgres [--jobs 20000]
         [--tenants 10,1000,10000] [--limit 16] [--seconds 8] [--rounds 2] [--drainers 1] [--sketch] [--explain]
+        [--node-statements]
 
 One fresh schema per tenant count, migrated and distributed (tests/citus/ledger.py). Each is filled with ``--jobs``
 pending jobs by real claims: one delivery, one effect per call of ``claim_deliveries(per_tenant=True)``, which
@@ -14,6 +15,12 @@ limit=--limit)`` (16 is the worker's default concurrency), then ``finish_many(pe
 as succeeded. Every statement a drainer sends is timed on the client: per poll, how many the fetch and the finish
 sent, the ``job_tenants_due`` read alone, the whole fetch, the finish. The rate is the succeeded jobs each phase
 left in the database, per second; the ratios are against the statement at the fewest tenants, in the same run.
+Per job, with ``--node-statements``: the statements the coordinator ran in the phase (what the drainers sent it)
+and those the worker nodes ran (what the coordinator sent them), from ``pg_stat_statements`` reset on every node
+before the phase and summed after. Unlike the per-poll counts above (statements sent through ``execute``) these
+count all: BEGIN, SAVEPOINT and COMMIT, each row of an ``executemany``, and the little the Citus daemons send in
+those seconds. That needs ``pg_stat_statements`` in every node's ``shared_preload_libraries`` and the extension
+created (on the coordinator: Citus creates it on the workers too).
 
 ``--sketch`` adds a mode with the per-tenant statement replaced by ``lease_sketch`` (tests/citus/lease_sketch.sql,
 never shipped): the candidate of a routed per-tenant function, measured before anyone writes it. A last line
@@ -86,6 +93,9 @@ class Phase:
     finished: int
     seconds: float
     polls: list[Poll] = field(default_factory=list)
+    # What the coordinator and the worker nodes ran in the phase (--node-statements), else None.
+    coordinator_statements: int | None = None
+    node_statements: int | None = None
 
     @property
     def rate(self) -> float:
@@ -131,9 +141,55 @@ async def sketch_fetch(conn: db.Conn, limit: int) -> list[tuple[int, int, str]]:
     return leased
 
 
+def worker_nodes(url: str) -> list[str]:
+    """The active worker nodes' conninfo, with the coordinator's user and database."""
+    with psycopg.connect(url, autocommit=True) as c:
+        nodes = c.execute(
+            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND isactive AND noderole = 'primary'"
+            " ORDER BY nodeport"
+        ).fetchall()
+    return [psycopg.conninfo.make_conninfo(url, host=host, port=port) for host, port in nodes]
+
+
+def node_statements(nodes: list[str], *, reset: bool) -> int:
+    """The statements ``nodes`` ran since the last reset (the reset and this read left out); with ``reset``,
+    starts the count again."""
+    total = 0
+    for node in nodes:
+        with psycopg.connect(node, autocommit=True) as c:
+            [(calls,)] = c.execute(
+                "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements"
+                " WHERE query NOT LIKE '%pg_stat_statements%'"
+            ).fetchall()
+            total += int(calls)
+            if reset:
+                c.execute("SELECT pg_stat_statements_reset()")
+    return total
+
+
+def statements_per_job(phases: list[Phase]) -> str:
+    """Per job finished, the medians over ``phases`` of the statements the coordinator ran (the drainers sent
+    them) and the worker nodes ran (the coordinator sent them); empty without --node-statements."""
+    counted = [p for p in phases if p.coordinator_statements is not None and p.node_statements is not None]
+    if not counted:
+        return ""
+    sent = statistics.median((p.coordinator_statements or 0) / max(p.finished, 1) for p in counted)
+    ran = statistics.median((p.node_statements or 0) / max(p.finished, 1) for p in counted)
+    return f"; per job {sent:.2f} statements to the coordinator, {ran:.2f} from it to the worker nodes"
+
+
 async def drain(
-    url: str, schema: str, tenants: int, mode: str, limit: int, seconds: float, drainers: int
+    url: str,
+    schema: str,
+    tenants: int,
+    mode: str,
+    limit: int,
+    seconds: float,
+    drainers: int,
+    nodes: list[str],
 ) -> Phase:
+    """One phase; ``nodes`` (the worker nodes' conninfo, --node-statements) has its statements counted."""
+
     async def loop(until: float) -> list[Poll]:
         conn = await db.connect(url, schema=schema)
         async with conn:
@@ -174,10 +230,17 @@ async def drain(
     conn = await db.connect(url, schema=schema)
     async with conn:
         before = await succeeded(conn)
+        if nodes:
+            node_statements([url, *nodes], reset=True)
         started = time.monotonic()
         polls = await asyncio.gather(*(loop(started + seconds) for _ in range(drainers)))
         took = time.monotonic() - started
-        return Phase(tenants, await succeeded(conn) - before, took, [x for p in polls for x in p])
+        phase = Phase(tenants, 0, took, [x for p in polls for x in p])
+        if nodes:
+            phase.coordinator_statements = node_statements([url], reset=False)
+            phase.node_statements = node_statements(nodes, reset=False)
+        phase.finished = await succeeded(conn) - before
+        return phase
 
 
 # The discovery read with no subplans: the same rows' tenants as job_tenants_due (deduplicated by the caller), the
@@ -236,7 +299,9 @@ async def main() -> None:
     parser.add_argument("--drainers", type=int, default=1)
     parser.add_argument("--sketch", action="store_true")
     parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--node-statements", action="store_true")
     args = parser.parse_args()
+    nodes = worker_nodes(args.url) if args.node_statements else []
     counts = [int(n) for n in args.tenants.split(",")]
     modes = ["statement", "sketch"] if args.sketch else ["statement"]
     run = uuid.uuid4().hex[:6]
@@ -262,7 +327,7 @@ async def main() -> None:
         for r in range(args.rounds):
             for n, schema in schemas.items():
                 for mode in modes:
-                    p = await drain(args.url, schema, n, mode, args.limit, args.seconds, args.drainers)
+                    p = await drain(args.url, schema, n, mode, args.limit, args.seconds, args.drainers, nodes)
                     phases[n, mode].append(p)
                     polls = [x for x in p.polls if x.leased]
                     print(
@@ -272,7 +337,7 @@ async def main() -> None:
                         f" {statistics.mean(x.fetch_statements for x in polls):.1f} fetch and"
                         f" {statistics.mean(x.finish_statements for x in polls):.1f} finish statements;"
                         f" tenants_due {ms([x.due for x in polls])}; whole fetch {ms([x.fetch for x in polls])};"
-                        f" finish {ms([x.finish for x in polls])}",
+                        f" finish {ms([x.finish for x in polls])}" + statements_per_job([p]),
                         flush=True,
                     )
         shapes = await floor(args.url, schemas[counts[-1]], counts[-1], args.limit)
@@ -315,6 +380,7 @@ def summary(phases: dict[tuple[int, str], list[Phase]], counts: list[int], modes
                 f" finish {finish * 1000:.1f} ms ({finish / median(first, mode, lambda x: x.finish):.2f}x);"
                 f" per tenant: fetch statement {median(n, mode, per_fetch) * 1000:.1f} ms,"
                 f" finish statement {median(n, mode, lambda x: x.finish / x.finish_statements) * 1000:.1f} ms"
+                + statements_per_job(phases[n, mode])
             )
     if "sketch" in modes:
         for n in counts:

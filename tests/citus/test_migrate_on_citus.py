@@ -1,9 +1,10 @@
 """`effectgate migrate` alone distributes the ledger by tenant where it finds Citus (ledger/distribution.py).
 
 A fresh schema is migrated and distributed in one run, a second run changes nothing, a ledger distributed by the
-hand-run ``deploy/citus/distribute.sql`` of earlier releases is accepted (and given what it lacks), ``--check``
-reports an undistributed ledger as pending, a role that does not own the tables is told so, and each ledger
-gets a colocation group of its own, so isolating a tenant in one leaves another's shards alone.
+hand-run ``deploy/citus/distribute.sql`` of earlier releases is accepted (and given what it lacks, a colocation
+group of its own among them), ``--check`` reports an undistributed ledger as pending, a role that does not own the
+tables is told so, and each ledger gets a colocation group of its own, so isolating a tenant in one leaves
+another's shards alone.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ from psycopg.rows import dict_row
 
 from effectgate.gateway.cli.migrate import SchemaBehind, wait_for_schema
 from effectgate.ledger import db, distribution, topology
+from effectgate.ledger.claims import Accepted, claim_deliveries
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import migrate_and_distribute, script
+from effectgate.ledger.queries import Q
+
+from .test_ledger_on_citus import claim_params, delivery, effect
 
 pytestmark = pytest.mark.anyio
 
@@ -68,6 +73,15 @@ def new_schema(citus_url: str) -> Iterator[Callable[[], str]]:
             c.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')  # type: ignore[arg-type]
 
 
+async def distributed_the_old_way(url: str, schema: str, *, with_function: bool = True) -> None:
+    """Migrated without distributing, then distributed by the previous distribute.sql, run by hand: effects in
+    Citus's default colocation group for 32-shard text-keyed tables, which every such ledger joins."""
+    await migrated_not_distributed(url, schema)
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
+        c.execute(PREVIOUS_SCRIPT + (PREVIOUS_FUNCTION_LINE if with_function else ""))  # type: ignore[arg-type]
+
+
 async def migrated_not_distributed(url: str, schema: str) -> None:
     """Every migration applied the way a team's own tool applies them (`migrate --print-sql`), which does not
     distribute: the ledger a previous release's operator had before running distribute.sql."""
@@ -104,8 +118,37 @@ def catalog(url: str, schema: str) -> list[dict[str, Any]]:
 INDEX = f"create the tenant-keyed fetch index {distribution.FETCH_INDEX} on jobs"
 
 
+# The step that moves a ledger distributed the old way out of the colocation group it shares with another's.
+REGROUP = "move effects out of the colocation group it shares"
+
+
 def by_name(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in rows}
+
+
+def without_group(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "colocation"}
+
+
+def groups(url: str, schema: str) -> set[int]:
+    """The colocation groups of ``schema``'s hash-distributed tables (partitions too) and its claim function."""
+    return {r["colocation"] for r in catalog(url, schema) if r.get("method") in ("h", None)}
+
+
+def worker_urls(url: str) -> list[str]:
+    with psycopg.connect(url, autocommit=True) as c:
+        nodes = c.execute(
+            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 ORDER BY 2"
+        ).fetchall()
+    return [f"postgresql://postgres@{host}:{port}/postgres" for host, port in nodes]
+
+
+def row_counts(url: str, schema: str) -> dict[str, int]:
+    with psycopg.connect(url, autocommit=True) as c:
+        return {
+            name: c.execute(f'SELECT count(*) FROM "{schema}".{name}').fetchall()[0][0]  # type: ignore[arg-type]
+            for name in distribution.DISTRIBUTED_TABLES
+        }
 
 
 def effectgate(url: str, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -154,10 +197,7 @@ async def test_a_ledger_distributed_by_the_previous_script_is_accepted(
     citus_url: str, new_schema: Callable[[], str], with_function: bool
 ) -> None:
     schema = new_schema()
-    await migrated_not_distributed(citus_url, schema)
-    with psycopg.connect(citus_url, autocommit=True) as c:
-        c.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-        c.execute(PREVIOUS_SCRIPT + (PREVIOUS_FUNCTION_LINE if with_function else ""))  # type: ignore[arg-type]
+    await distributed_the_old_way(citus_url, schema, with_function=with_function)
     before = by_name(catalog(citus_url, schema))
     conn = await db.connect(citus_url, schema=schema)
     async with conn:
@@ -166,7 +206,10 @@ async def test_a_ledger_distributed_by_the_previous_script_is_accepted(
         # That script made no tenant-keyed fetch index and made retention_purges a reference table, kept on the
         # coordinator since; the script of a release before 0023 had no function line. migrate does just those.
         function = "distribute function effect_claim_tenant_v1 by tenant, colocated with effects"
-        assert done.distributed == [
+        # Whether the ledger also shares its group depends on what else is on the cluster (Citus's default
+        # colocation joins the oldest matching group, one another ledger founded with 'none' too); when it does,
+        # migrate moves it out (test_a_ledger_in_a_group_shared_with_another_gets_one_of_its_own).
+        assert [s for s in done.distributed if not s.startswith(REGROUP)] == [
             INDEX,
             "undistribute retention_purges (a reference table of earlier releases) onto the coordinator",
             *([] if with_function else [function]),
@@ -176,10 +219,12 @@ async def test_a_ledger_distributed_by_the_previous_script_is_accepted(
     after = by_name(catalog(citus_url, schema))
     changed = {"effect_claim_tenant_v1", "retention_purges"}
     assert "retention_purges" not in after
-    assert {n: r for n, r in after.items() if n not in changed} == {
-        n: r for n, r in before.items() if n not in changed
+    assert {n: without_group(r) for n, r in after.items() if n not in changed} == {
+        n: without_group(r) for n, r in before.items() if n not in changed
     }
-    assert after["effect_claim_tenant_v1"]["colocation"] == after["effects"]["colocation"]
+    assert {r["colocation"] for r in after.values() if r.get("method") != "n"} == {
+        after["effects"]["colocation"]
+    }
 
 
 async def test_check_reports_an_undistributed_ledger_as_pending_and_migrate_says_it_distributed(
@@ -263,3 +308,97 @@ async def test_each_ledger_has_its_own_colocation_group_and_isolating_a_tenant_s
     assert after[one]["jobs"]["shards"] == shards[one] + 2
     assert after[other]["effects"]["shards"] == shards[other]
     assert after[other]["jobs"]["shards"] == shards[other]
+
+
+async def test_a_ledger_in_a_group_shared_with_another_gets_one_of_its_own(
+    citus_url: str, new_schema: Callable[[], str]
+) -> None:
+    one, other = new_schema(), new_schema()
+    for schema in (one, other):
+        await distributed_the_old_way(citus_url, schema)
+    before = {s: catalog(citus_url, s) for s in (one, other)}
+    # Both ledgers, every table (the partitions of deliveries and effect_rejects too) and both claim functions,
+    # in one group: the one Citus's default colocation chose.
+    [shared] = groups(citus_url, one)
+    assert groups(citus_url, other) == {shared}
+    tenants = [f"regroup-{n}" for n in range(8)]
+    conn = await db.connect(citus_url, schema=one)
+    async with conn:
+        claimed = await claim_deliveries(
+            conn, [(delivery(t, "order-1"), [effect("order-1")]) for t in tenants]
+        )
+        assert all(isinstance(o, Accepted) for [o] in claimed)
+    counts = row_counts(citus_url, one)
+    assert counts["effects"] == counts["jobs"] == len(tenants)
+
+    check = effectgate(citus_url, one, "--check")
+    assert check.returncode == 5 and REGROUP in check.stdout, check.stdout + check.stderr
+    run = effectgate(citus_url, one)
+    assert run.returncode == 0 and REGROUP in run.stdout, run.stdout + run.stderr
+    check = effectgate(citus_url, one, "--check")
+    assert check.returncode == 0 and check.stdout.startswith("up to date ("), check.stdout
+
+    # One new group for the whole ledger; the other ledger keeps the old one, its catalog untouched; nothing moved
+    # (metadata only: the same shards, the same rows).
+    [own] = groups(citus_url, one)
+    assert own != shared
+    assert catalog(citus_url, other) == before[other]
+    # The worker nodes, which route the delegated claim by their own copy of the metadata, have the same.
+    for node in worker_urls(citus_url):
+        assert catalog(node, one) == catalog(citus_url, one)
+        assert catalog(node, other) == before[other]
+    after = by_name(catalog(citus_url, one))
+    assert {n: without_group(r) for n, r in after.items() if n != "retention_purges"} == {
+        r["name"]: without_group(r) for r in before[one] if r["name"] != "retention_purges"
+    }
+    assert row_counts(citus_url, one) == counts
+    conn = await db.connect(citus_url, schema=one)
+    async with conn:
+        assert await distribution.missing(conn) == []
+        assert (await topology.read(conn)).claims_routed
+        # Routed as before: one task on the tenant's node, and the ledger answers from the rows it had.
+        params = {**claim_params(tenants[0], "order-2"), "tenant_id": tenants[0]}
+        # Outside a transaction block, as the gateway calls it: only there Citus delegates the call.
+        cur = await conn.execute("EXPLAIN " + Q["effect_claim_tenant"], params)  # type: ignore[operator]
+        plan = "\n".join(next(iter(r.values())) for r in await cur.fetchall())
+        assert "Task Count: 1" in plan and "Distributed Subplan" not in plan, plan
+        again = await claim_deliveries(
+            conn, [(delivery(t, "order-1"), [effect("order-1")]) for t in tenants], per_tenant=True
+        )
+        assert [type(o).__name__ for [o] in again] == ["Duplicate"] * len(tenants)
+        again_done = await migrate_and_distribute(conn, schema=one)
+    assert (again_done.applied, again_done.distributed) == ([], [])
+    assert groups(citus_url, one) == {own}
+
+    with psycopg.connect(citus_url, autocommit=True) as c:
+        c.execute(
+            "SELECT isolate_tenant_to_new_shard(%s, 'acme', cascade_option => 'CASCADE',"
+            " shard_transfer_mode => 'block_writes')",
+            (f'"{one}".effects',),
+        )
+    shards = {s: by_name(catalog(citus_url, s)) for s in (one, other)}
+    assert shards[one]["effects"]["shards"] == shards[one]["jobs"]["shards"] == 34
+    assert shards[other]["effects"]["shards"] == shards[other]["jobs"]["shards"] == 32
+
+
+async def test_a_table_or_the_function_out_of_effects_group_is_brought_back(
+    citus_url: str, new_schema: Callable[[], str]
+) -> None:
+    schema = new_schema()
+    conn = await db.connect(citus_url, schema=schema)
+    async with conn:
+        await migrate_and_distribute(conn, schema=schema)
+    [own] = groups(citus_url, schema)
+    with psycopg.connect(citus_url, autocommit=True) as c:
+        # By hand (a regroup is one transaction, so no run of migrate leaves this): jobs in a group of its own.
+        c.execute(
+            "SELECT update_distributed_table_colocation(%s, colocate_with => 'none')", (f'"{schema}".jobs',)
+        )
+    assert len(groups(citus_url, schema)) == 2
+    conn = await db.connect(citus_url, schema=schema)
+    async with conn:
+        assert [s.what for s in await distribution.missing(conn)] == ["colocate jobs with effects"]
+        done = await migrate_and_distribute(conn, schema=schema)
+        assert done.distributed == ["colocate jobs with effects"]
+        assert await distribution.missing(conn) == []
+    assert groups(citus_url, schema) == {own}
