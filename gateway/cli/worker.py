@@ -22,6 +22,7 @@ import httpx
 from effectgate.handlers import providers, tracing
 from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import clients as downstream_clients
+from effectgate.handlers.downstream import paces as downstream_paces
 from effectgate.handlers.downstream.payments import PaymentsClient
 from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.registry import REGISTRY
@@ -123,12 +124,22 @@ async def _run_worker(
         shards.SKIPS.listen(metrics.shard_reads_skipped),
     ]
     counted = metrics.downstream_call
+    # One pace per [downstream.NAME] in this process, shared by every client of that name.
+    turns = downstream_paces(config.downstreams.items())
     async with httpx.AsyncClient() as http:
         services = Services(
             http=http,
-            payments=PaymentsClient(http, config.payments, on_call=counted) if config.payments else None,
-            shipping=ShippingClient(http, config.shipping, on_call=counted) if config.shipping else None,
-            downstreams=downstream_clients(http, config.downstreams.items(), on_call=counted),
+            payments=(
+                PaymentsClient(http, config.payments, on_call=counted, pace=turns.get("payments"))
+                if config.payments
+                else None
+            ),
+            shipping=(
+                ShippingClient(http, config.shipping, on_call=counted, pace=turns.get("shipping"))
+                if config.shipping
+                else None
+            ),
+            downstreams=downstream_clients(http, config.downstreams.items(), on_call=counted, paces=turns),
         )
         worker = Worker(
             pool,

@@ -1,5 +1,5 @@
-"""``[downstream.NAME]``: the APIs effects call, each with its key (never in the file in clear), timeouts
-and idempotency header.
+"""``[downstream.NAME]``: the APIs effects call, each with its key (never in the file in clear), timeouts,
+idempotency header, and the pace of a worker process's calls (``max_in_flight``, ``max_per_second``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def _downstream(reader: TableReader, env: Mapping[str, str] | None) -> Downstrea
         reader.problem("idempotency_header", "must be a header name, or false for an API that takes no key")
     timeout = reader.number("timeout", 10.0, minimum=0.001)
     connect_timeout = reader.number("connect_timeout", 5.0, minimum=0.001)
+    max_in_flight = reader.number("max_in_flight", None, minimum=1, integer=True)
+    max_per_second = reader.number("max_per_second", None, minimum=0.001)
     reader.no_unknown_keys()
     if reader.failed:
         return None
@@ -43,6 +45,8 @@ def _downstream(reader: TableReader, env: Mapping[str, str] | None) -> Downstrea
             connect_timeout=connect_timeout,
             auth_scheme=auth_scheme,
             idempotency_header=idempotency_header,
+            max_in_flight=max_in_flight,
+            max_per_second=max_per_second,
         )
     except ValueError as exc:
         # DownstreamConfig's messages begin with the field they are about.

@@ -450,6 +450,24 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("downstream.*.timeout", "number", 10.0, "seconds per request", minimum=0.001, roles=_W),
     Setting("downstream.*.connect_timeout", "number", 5.0, "seconds to connect", minimum=0.001, roles=_W),
+    Setting(
+        "downstream.*.max_in_flight",
+        "integer",
+        None,
+        "calls to it at once per worker process (none: as many as the worker's slots); a call waits for "
+        "its turn at most `timeout` seconds, then is retried later, not sent",
+        minimum=1,
+        roles=_W,
+    ),
+    Setting(
+        "downstream.*.max_per_second",
+        "number",
+        None,
+        "calls to it started a second per worker process (none: no limit), spaced evenly; divide the "
+        "provider's limit between the worker processes (Stripe: 100 a second live, 25 in a sandbox)",
+        minimum=0.001,
+        roles=_W,
+    ),
     # [effects.NAME] and [effects.NAME.forward]
     Setting("effects.*.source", "string", REQUIRED, "the configured source whose deliveries it takes"),
     Setting("effects.*.events", "strings", REQUIRED, "event types it takes (patterns with '*' allowed)"),

@@ -36,13 +36,17 @@ from effectgate.handlers import tracing
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
 from effectgate.handlers.observe import CallObserver, report_call
 
+from .pace import Pace, PaceExceeded
+
 __all__ = [
     "DEFAULT_IDEMPOTENCY_HEADER",
     "MAX_IDEMPOTENCY_KEY_LENGTH",
     "DownstreamClient",
     "DownstreamConfig",
+    "Pace",
     "classify_response",
     "clients",
+    "paces",
     "retry_after_seconds",
     "send_idempotent",
 ]
@@ -69,7 +73,8 @@ class DownstreamConfig:
     value, which names the header the key is sent in as it is (`X-Shopify-Access-Token`).
     `idempotency_header` names the header a step's key travels in (`PayPal-Request-Id`), or is None for an
     API that takes none. `timeout` bounds each read/write/pool wait and `connect_timeout` the TCP connect,
-    both in seconds.
+    both in seconds. `max_in_flight` and `max_per_second` pace a worker process's calls to this API
+    (`handlers.downstream.pace`; None: no limit), a call waiting for its turn at most `timeout` seconds.
     """
 
     base_url: str
@@ -78,6 +83,8 @@ class DownstreamConfig:
     connect_timeout: float = 5.0
     auth_scheme: str = "bearer"
     idempotency_header: str | None = DEFAULT_IDEMPOTENCY_HEADER
+    max_in_flight: int | None = None
+    max_per_second: float | None = None
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.base_url)
@@ -105,6 +112,14 @@ class DownstreamConfig:
             raise ValueError(
                 f"idempotency_header must be a header name or None, got {self.idempotency_header!r}"
             )
+        # Pace checks its limits; built once here, its message names the field that is wrong.
+        self.pace()
+
+    def pace(self) -> Pace:
+        """A new `Pace` for this API's calls (one per process and downstream: `paces`)."""
+        return Pace(
+            max_in_flight=self.max_in_flight, max_per_second=self.max_per_second, max_wait=self.timeout
+        )
 
     def headers(self, idempotency_key: str | None) -> dict[str, str]:
         """The headers of one request: `Accept`, the credentials, and the step's key where the API takes one."""
@@ -137,6 +152,7 @@ async def send_idempotent(
     json: Any = None,
     service: str = "downstream",
     on_call: CallObserver | None = None,
+    pace: Pace | None = None,
 ) -> dict[str, Any]:
     """Send one mutating request carrying `Idempotency-Key` and return the provider's JSON object.
 
@@ -146,6 +162,8 @@ async def send_idempotent(
     caller, with the same `idempotency_key`, so the provider can replay instead of acting twice.
     `on_call(service, status, seconds)`, when given, hears of every request sent: the HTTP status, or the
     transport error's class name (`ConnectError`, `ReadTimeout`, …) when no answer came, and how long it took.
+    `pace`, when given, is the downstream's (`paces`): the request waits for its turn, or is not sent at all
+    (`PaceExceeded`, a `TransientError`; `on_call` hears `paced`), and a `429` holds its next calls back.
     """
     _check_idempotency_key(idempotency_key)
     return await _send(
@@ -158,6 +176,7 @@ async def send_idempotent(
         json=json,
         service=service,
         on_call=on_call,
+        pace=pace,
     )
 
 
@@ -173,6 +192,7 @@ async def _send(
     params: Mapping[str, Any] | None = None,
     service: str,
     on_call: CallObserver | None,
+    pace: Pace | None = None,
 ) -> dict[str, Any]:
     if form is not None and json is not None:
         raise ValueError("pass either form or json, not both")
@@ -182,6 +202,35 @@ async def _send(
     headers = config.headers(idempotency_key)
     # The step's span, so the provider's side of the call joins the trace (when tracing is on).
     tracing.inject(headers)
+    request = (http, config, method, path, headers, idempotency_key, form, json, params, service, on_call)
+    if pace is None:
+        response = await _request(*request)
+    else:
+        try:
+            async with pace.turn():
+                response = await _request(*request)
+        except PaceExceeded as exc:
+            logger.debug("downstream %s %s key=%s not sent: %s", method, path, idempotency_key, exc)
+            report_call(on_call, service, "paced", 0.0)
+            raise
+        if response.status_code == 429:
+            pace.hold(_retry_after(response))
+    return classify_response(response)
+
+
+async def _request(
+    http: httpx.AsyncClient,
+    config: DownstreamConfig,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    idempotency_key: str | None,
+    form: Mapping[str, str] | None,
+    json: Any,
+    params: Mapping[str, Any] | None,
+    service: str,
+    on_call: CallObserver | None,
+) -> httpx.Response:
     started = time.perf_counter()
     try:
         response = await http.request(
@@ -201,7 +250,7 @@ async def _send(
         raise TransientError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
     logger.debug("downstream %s %s key=%s -> %d", method, path, idempotency_key, response.status_code)
     report_call(on_call, service, response.status_code, time.perf_counter() - started)
-    return classify_response(response)
+    return response
 
 
 class DownstreamClient:
@@ -219,9 +268,13 @@ class DownstreamClient:
         config: DownstreamConfig,
         *,
         on_call: CallObserver | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.name = name
         self.config = config
+        #: The turns of this API's calls in this process, shared with the payments or shipping client of
+        #: the same name and with a provider SDK's calls (`handlers.providers`); None: not paced.
+        self.pace = pace
         self._http = http
         self._on_call = on_call
 
@@ -257,7 +310,14 @@ class DownstreamClient:
             params=params,
             service=self.name,
             on_call=self._on_call,
+            pace=self.pace,
         )
+
+
+def paces(configs: Iterable[tuple[str, DownstreamConfig]]) -> dict[str, Pace]:
+    """One `Pace` per configured downstream, by name: built once per process (inside its event loop) and
+    handed to every client of that name, so `ctx.payments` and `ctx.downstream("payments")` share turns."""
+    return {name: config.pace() for name, config in configs}
 
 
 def clients(
@@ -265,9 +325,14 @@ def clients(
     configs: Iterable[tuple[str, DownstreamConfig]],
     *,
     on_call: CallObserver | None = None,
+    paces: Mapping[str, Pace] | None = None,
 ) -> dict[str, DownstreamClient]:
-    """One `DownstreamClient` per configured downstream, by name, sharing `http`."""
-    return {name: DownstreamClient(name, http, config, on_call=on_call) for name, config in configs}
+    """One `DownstreamClient` per configured downstream, by name, sharing `http` (and each its `paces[name]`)."""
+    given = paces or {}
+    return {
+        name: DownstreamClient(name, http, config, on_call=on_call, pace=given.get(name))
+        for name, config in configs
+    }
 
 
 def classify_response(response: httpx.Response) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from effectgate.handlers.downstream import DownstreamConfig, send_idempotent
+from effectgate.handlers.downstream import DownstreamConfig, Pace, send_idempotent
 from effectgate.handlers.observe import CallObserver
 
 __all__ = ["PaymentsClient"]
@@ -32,11 +32,17 @@ class PaymentsClient:
     """
 
     def __init__(
-        self, http: httpx.AsyncClient, config: DownstreamConfig, *, on_call: CallObserver | None = None
+        self,
+        http: httpx.AsyncClient,
+        config: DownstreamConfig,
+        *,
+        on_call: CallObserver | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self._http = http
         self._config = config
         self._on_call = on_call
+        self._pace = pace
 
     async def capture_payment_intent(
         self,
@@ -63,6 +69,7 @@ class PaymentsClient:
             form=form,
             service="payments",
             on_call=self._on_call,
+            pace=self._pace,
         )
 
     async def create_refund(
@@ -94,6 +101,7 @@ class PaymentsClient:
             form=form,
             service="payments",
             on_call=self._on_call,
+            pace=self._pace,
         )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from effectgate.handlers.downstream import DownstreamConfig, send_idempotent
+from effectgate.handlers.downstream import DownstreamConfig, Pace, send_idempotent
 from effectgate.handlers.observe import CallObserver
 
 __all__ = ["ShippingClient"]
@@ -26,11 +26,17 @@ class ShippingClient:
     """
 
     def __init__(
-        self, http: httpx.AsyncClient, config: DownstreamConfig, *, on_call: CallObserver | None = None
+        self,
+        http: httpx.AsyncClient,
+        config: DownstreamConfig,
+        *,
+        on_call: CallObserver | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self._http = http
         self._config = config
         self._on_call = on_call
+        self._pace = pace
 
     async def create_shipment(
         self,
@@ -71,4 +77,5 @@ class ShippingClient:
             json=body,
             service="shipping",
             on_call=self._on_call,
+            pace=self._pace,
         )

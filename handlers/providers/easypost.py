@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from effectgate.handlers.context import EffectContext
-from effectgate.handlers.downstream import DownstreamConfig
+from effectgate.handlers.downstream import DownstreamConfig, Pace
 from effectgate.handlers.errors import HandlerError, TerminalError, TransientError
 from effectgate.handlers.providers.already_done import ALREADY_BOUGHT, recovered
 
@@ -100,20 +100,24 @@ async def buy_label(
     carrier_accounts: Sequence[str],
     options: Mapping[str, Any] | None = None,
     step: str = "label",
+    downstream: str | None = "easypost",
 ) -> dict[str, Any]:
     """Buy one label per (effect, `step`) and return the shipment (`id`, `tracking_code`, `postage_label`).
 
     The shipment's `reference` is the step's key; nothing else may be written there. A label bought
     already under that reference is returned, marked `recovered: "already_bought"`, instead of a second.
+    Each call takes its turn by the `Pace` of `[downstream.NAME]` `downstream` (the name `easypost_for`
+    was given; None, or a name not configured, as for a client from `easypost_client`: not paced).
     """
     if not service or not carrier_accounts:
         raise ValueError("service and carrier_accounts are required: the label is bought in the create call")
+    pace = _pace_of(ctx, downstream)
 
     async def by_reference(key: str) -> dict[str, Any] | None:
         from easypost.errors.api.not_found_error import NotFoundError
 
         try:
-            return _plain(await _call(partial(client.shipment.retrieve, key)))
+            return _plain(await _call(partial(client.shipment.retrieve, key), pace))
         except TerminalError as exc:
             if isinstance(exc.__cause__, NotFoundError):
                 return None
@@ -140,7 +144,8 @@ async def buy_label(
                 carrier_accounts=list(carrier_accounts),
                 options=dict(options or {}),
                 reference=key,
-            )
+            ),
+            pace,
         )
         return _plain(shipment)
 
@@ -178,14 +183,29 @@ def outcome_of(exc: EasyPostError) -> HandlerError:
     return TerminalError(message, code=code if isinstance(code, str) and code else f"http_{status}")
 
 
-async def _call(fn: Callable[[], T]) -> T:
+def _pace_of(ctx: EffectContext, downstream: str | None) -> Pace | None:
+    if downstream is None:
+        return None
+    try:
+        return ctx.downstream(downstream).pace
+    except TerminalError:
+        return None  # a client built by easypost_client, not from a [downstream.NAME]
+
+
+async def _call(fn: Callable[[], T], pace: Pace | None) -> T:
+    from easypost.errors.api.rate_limit_error import RateLimitError
     from easypost.errors.general.easypost_error import EasyPostError
 
     try:
         # abandon_on_cancel: a slice abandoned at its deadline must not wait for a blocked socket; the
         # thread ends at the client's timeout, and the step was never recorded, so find runs next time.
-        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+        if pace is None:
+            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+        async with pace.turn():
+            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
     except EasyPostError as exc:
+        if pace is not None and isinstance(exc, RateLimitError):
+            pace.hold(None)  # the SDK's error carries no Retry-After
         raise outcome_of(exc) from exc
 
 

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from effectgate.handlers.context import EffectContext
-from effectgate.handlers.downstream import DownstreamConfig, retry_after_seconds
+from effectgate.handlers.downstream import DownstreamConfig, Pace, retry_after_seconds
 from effectgate.handlers.errors import HandlerError, TerminalError, TransientError, UnrecoverableError
 from effectgate.handlers.providers.already_done import ALREADY_CAPTURED, ALREADY_REFUNDED, recovered
 
@@ -101,7 +101,7 @@ def stripe_steps(ctx: EffectContext, name: str = "stripe") -> StripeSteps:
         client = stripe_client(
             config.api_key, base_url=config.base_url, timeout=config.timeout, http_client=http
         )
-        steps = _STEPS[(name, config)] = StripeSteps(client)
+        steps = _STEPS[(name, config)] = StripeSteps(client, downstream=name)
         _HTTP[(name, config)] = http
     return steps
 
@@ -124,8 +124,14 @@ class StripeSteps:
     ledger records and a later attempt gets back without calling Stripe again.
     """
 
-    def __init__(self, client: stripe.StripeClient) -> None:
+    def __init__(self, client: stripe.StripeClient, *, downstream: str | None = None) -> None:
+        """`downstream` names the `[downstream.NAME]` whose `Pace` (its `max_in_flight`, `max_per_second`
+        and a 429's hold) the calls take turns by; None: not paced (`stripe_steps` passes its name)."""
         self._client = client
+        self._downstream = downstream
+
+    def _pace(self, ctx: EffectContext) -> Pace | None:
+        return ctx.downstream(self._downstream).pace if self._downstream is not None else None
 
     async def capture(
         self,
@@ -148,16 +154,20 @@ class StripeSteps:
         if amount_to_capture is not None:
             params["amount_to_capture"] = amount_to_capture
         service = self._client.v1.payment_intents
+        pace = self._pace(ctx)
 
         async def capture(key: str) -> dict[str, Any]:
             try:
                 return await call_stripe(
-                    lambda: service.capture_async(payment_intent, params, _options(key))  # type: ignore[arg-type]
+                    lambda: service.capture_async(payment_intent, params, _options(key)),  # type: ignore[arg-type]
+                    pace=pace,
                 )
             except TerminalError as refused:
                 if refused.code != "payment_intent_unexpected_state":
                     raise
-                intent = await call_stripe(lambda: service.retrieve_async(payment_intent, None, _READ))
+                intent = await call_stripe(
+                    lambda: service.retrieve_async(payment_intent, None, _READ), pace=pace
+                )
                 return _captured_already(intent, amount_to_capture, refused)
 
         return await ctx.step(step, capture)
@@ -187,16 +197,23 @@ class StripeSteps:
             params["reason"] = reason
         refunds = self._client.v1.refunds
         intents = self._client.v1.payment_intents
+        pace = self._pace(ctx)
 
         async def refund(key: str) -> dict[str, Any]:
             try:
-                return await call_stripe(lambda: refunds.create_async(params, _options(key)))  # type: ignore[arg-type]
+                return await call_stripe(
+                    lambda: refunds.create_async(params, _options(key)),  # type: ignore[arg-type]
+                    pace=pace,
+                )
             except TerminalError as refused:
                 if refused.code != "charge_already_refunded":
                     raise
-                intent = await call_stripe(lambda: intents.retrieve_async(payment_intent, None, _READ))
+                intent = await call_stripe(
+                    lambda: intents.retrieve_async(payment_intent, None, _READ), pace=pace
+                )
                 listed = await call_stripe(
-                    lambda: refunds.list_async({"payment_intent": payment_intent, "limit": 100}, _READ)
+                    lambda: refunds.list_async({"payment_intent": payment_intent, "limit": 100}, _READ),
+                    pace=pace,
                 )
                 return _refunded_already(intent, listed.get("data") or [], refused)
 
@@ -220,23 +237,37 @@ class StripeSteps:
         if metadata:
             params["metadata"] = dict(metadata)
         service = self._client.v1.transfers
+        pace = self._pace(ctx)
         return await ctx.step(
             step,
-            lambda key: call_stripe(lambda: service.create_async(params, _options(key))),  # type: ignore[arg-type]
+            lambda key: call_stripe(
+                lambda: service.create_async(params, _options(key)),  # type: ignore[arg-type]
+                pace=pace,
+            ),
         )
 
 
-async def call_stripe(call: Callable[[], Awaitable[stripe.StripeObject]]) -> dict[str, Any]:
+async def call_stripe(
+    call: Callable[[], Awaitable[stripe.StripeObject]], *, pace: Pace | None = None
+) -> dict[str, Any]:
     """Await one SDK call; return its object as a JSON-ready dict, or raise the handler outcome.
 
     For calls `StripeSteps` does not wrap: `ctx.step("payout", lambda key: call_stripe(lambda:
-    client.v1.payouts.create_async(params, {"idempotency_key": key, "max_network_retries": 0})))`.
+    client.v1.payouts.create_async(params, {"idempotency_key": key, "max_network_retries": 0}),
+    pace=ctx.downstream("stripe").pace))`. With `pace`, the call waits for its turn or is not sent
+    (`PaceExceeded`, a `TransientError`), and a `RateLimitError` holds the downstream's next calls back.
     """
     import stripe
 
     try:
-        answer = await call()
+        if pace is None:
+            answer = await call()
+        else:
+            async with pace.turn():
+                answer = await call()
     except stripe.StripeError as exc:
+        if pace is not None and isinstance(exc, stripe.RateLimitError):
+            pace.hold(_retry_after(exc))
         raise outcome_of(exc) from exc
     return answer.to_dict(for_json=True)
 

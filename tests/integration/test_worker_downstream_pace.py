@@ -1,0 +1,128 @@
+"""A worker's slots against a paced downstream: more slots than `max_in_flight` never call it more often at
+once, every job still succeeds, each call once; and a call refused by the pace is retried, never lost.
+
+The provider is an httpx transport that holds each request until the test opens its gate and counts how many
+it holds at once; the clients are built as `effectgate worker` builds them (`paces`, `clients`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+
+import httpx
+import pytest
+
+from effectgate.handlers import EffectContext, Event
+from effectgate.handlers.context import Services
+from effectgate.handlers.downstream import DownstreamConfig, clients, paces
+from effectgate.handlers.worker.runtime import Worker
+from effectgate.ledger import db
+from tests.integration import jobs_fixtures as jf
+from tests.integration.jobs_fixtures import claim, kind, registry, wait_for, wait_state, worker_config
+
+pytestmark = pytest.mark.anyio
+pool = jf.pool
+
+BASE = "https://labels.example.test"
+
+
+class Provider:
+    """Holds every request until ``gate`` opens; counts requests, per idempotency key, and the most held."""
+
+    def __init__(self) -> None:
+        self.keys: Counter[str] = Counter()
+        self.held = 0
+        self.most_held = 0
+        self.gate = asyncio.Event()
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.keys[request.headers["Idempotency-Key"]] += 1
+        self.held += 1
+        self.most_held = max(self.most_held, self.held)
+        try:
+            await self.gate.wait()
+        finally:
+            self.held -= 1
+        return httpx.Response(201, json={"id": f"lbl_{sum(self.keys.values())}"})
+
+
+async def label(ctx: EffectContext, ev: Event) -> None:
+    labels = ctx.downstream("labels")
+    await ctx.step("label", lambda key: labels.request("POST", "/v1/labels", json={}, idempotency_key=key))
+
+
+async def test_eight_slots_call_an_api_paced_at_two_at_most_two_at_once_and_every_job_succeeds(
+    pool: db.Pool, db_url: str
+) -> None:
+    provider = Provider()
+    configs = [("labels", DownstreamConfig(BASE, None, max_in_flight=2, timeout=60))]
+    turns = paces(configs)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(provider)) as http:
+        worker = Worker(
+            pool,
+            registry(kind(label, name="label")),
+            url=db_url,
+            config=worker_config(concurrency=8),
+            owner=f"test-{uuid.uuid4().hex[:6]}",
+            services=Services(http=http, downstreams=clients(http, configs, paces=turns)),
+        )
+        async with pool.connection() as conn:
+            ids = [await claim(conn, kind="label") for _ in range(8)]
+            running = asyncio.create_task(worker.run())
+            try:
+
+                async def all_eight_calling() -> bool:
+                    return provider.held + turns["labels"].waiting == 8
+
+                # Every slot has made its call: two are at the provider and six wait for their turn.
+                await wait_for(all_eight_calling, 10.0, "eight slots to call the API")
+                provider.gate.set()
+                for job_id in ids:
+                    await wait_state(conn, job_id, "succeeded", within=10.0)
+            finally:
+                provider.gate.set()
+                worker.stop()
+                await running
+    assert provider.most_held == 2
+    assert len(provider.keys) == 8 and set(provider.keys.values()) == {1}
+
+
+async def test_a_call_refused_by_the_pace_is_never_sent_and_its_job_is_retried_after_its_turn(
+    pool: db.Pool, db_url: str
+) -> None:
+    provider = Provider()
+    provider.gate.set()
+    # One call a second, a turn waited for at most half a second: of two jobs run together, the second's call
+    # is a second away, so it is refused unsent and its job retried when its turn has come.
+    configs = [("labels", DownstreamConfig(BASE, None, max_per_second=1, timeout=0.5))]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(provider)) as http:
+        worker = Worker(
+            pool,
+            registry(kind(label, name="label")),
+            url=db_url,
+            config=worker_config(concurrency=2),
+            owner=f"test-{uuid.uuid4().hex[:6]}",
+            services=Services(http=http, downstreams=clients(http, configs, paces=paces(configs))),
+        )
+        async with pool.connection() as conn:
+            ids = [await claim(conn, kind="label") for _ in range(2)]
+            running = asyncio.create_task(worker.run())
+            try:
+                for job_id in ids:
+                    await wait_state(conn, job_id, "succeeded", within=10.0)
+            finally:
+                worker.stop()
+                await running
+            attempts = await (
+                await conn.execute(
+                    "SELECT error_type, error_message FROM job_attempts WHERE job_id = ANY(%s) ORDER BY job_id, attempt",
+                    (ids,),
+                )
+            ).fetchall()
+    refused = [row for row in attempts if row["error_type"] is not None]
+    assert len(attempts) == 3, attempts
+    assert len(refused) == 1 and refused[0]["error_type"] == "PaceExceeded", refused
+    # Each job's call reached the provider once: the refused attempt sent nothing.
+    assert len(provider.keys) == 2 and set(provider.keys.values()) == {1}
