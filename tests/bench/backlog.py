@@ -584,6 +584,12 @@ def main() -> None:
     )
     parser.add_argument("--live-pool", type=int, default=LIVE_POOL, help="distinct live deliveries per drain")
     parser.add_argument("--drain-timeout", type=float, default=1800, help="give up on one drain after this")
+    parser.add_argument(
+        "--no-pgqueuer",
+        action="store_true",
+        help="skip PgQueuer's drain (its rate at 10^6 is bounded by --drain-timeout; "
+        "tests.bench.worker_vs_pgqueuer times both queues alike)",
+    )
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -627,19 +633,23 @@ def main() -> None:
                     f"(runs {rates[0]:.0f}-{rates[-1]:.0f} jobs/s)",
                     flush=True,
                 )
-        print(f"PgQueuer, backlog {args.backlog}:", flush=True)
-        pgq = pgqueuer_drain(
-            wrk,
-            server,
-            tmp,
-            args.backlog,
-            args.workers,
-            args.live_connections,
-            args.drain_timeout,
-            args.live_pool,
-        )
+        pgq = None
+        if not args.no_pgqueuer:
+            print(f"PgQueuer, backlog {args.backlog}:", flush=True)
+            pgq = pgqueuer_drain(
+                wrk,
+                server,
+                tmp,
+                args.backlog,
+                args.workers,
+                args.live_connections,
+                args.drain_timeout,
+                args.live_pool,
+            )
         drains["pgqueuer"] = pgq
-        if pgq is None:
+        if args.no_pgqueuer:
+            print("  PgQueuer: not run (--no-pgqueuer)")
+        elif pgq is None:
             print("  PgQueuer: no figure — not installed (pip install -e '.[bench]')")
         else:
             print(pgq.line(f"  PgQueuer drain, its defaults, backlog {args.backlog}"), flush=True)

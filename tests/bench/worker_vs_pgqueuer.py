@@ -2,6 +2,7 @@
 
     python -m tests.bench.worker_vs_pgqueuer [--jobs 100000] [--rounds 3] [--concurrency 16[,64...]]
                                              [--handler-connections N] [--steps MS] [--no-analyze]
+                                             [--live CONNECTIONS]
 
 Each round, on a fresh database each, effectgate then PgQueuer (issue 40, "a comparison that times both
 queues the same way"):
@@ -23,8 +24,13 @@ queues the same way"):
 shape; PgQueuer's jobs stay no-ops, so its figure and the ratio are then printed for scale only).
 
 With ``--no-analyze`` the backlog is drained as built; by default both tables are ``VACUUM ANALYZE``d first,
-the state autovacuum leaves a backlog in when it built up over an outage longer than a minute. No live
-ingress: ``make bench-backlog`` drains with wrk sending deliveries meanwhile. Prints every round and the
+the state autovacuum leaves a backlog in when it built up over an outage longer than a minute.
+
+``--live N``: each drain, both queues', runs beside live ingress, as ``make bench-backlog``'s do: a real
+``effectgate serve --workers 2`` on the drain's own database, wrk sending it signed 2 KB deliveries on N
+connections (re-signed every 4 minutes) into a paused kind, started before the clock and stopped after the
+drain; its req/s, p99 and errors are printed beside each rate. The timing of each side is unchanged (PgQueuer
+by its own last handler, not by polling its table). Without it, no live ingress. Prints every round and the
 median and range of each figure and of the ratio; asserts nothing. Run it on a quiet machine (load under 1.5,
 nothing else running): the ratio is the figure, and only within one run.
 """
@@ -35,18 +41,23 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
 from . import backlog
+from . import wrk as load
 from .common import drop_database, fresh_database, server_url
+from .ingress import free_port
 from .pgqueuer_drain import drain as pgqueuer_drain
 
 POLL_SECONDS = 0.5
@@ -87,9 +98,60 @@ def _wait_listening(url: str, proc: subprocess.Popen[bytes]) -> None:
 
 
 @dataclass(frozen=True)
+class Live:
+    """Live ingress beside a drain: wrk's ``connections`` (0: none); ``result`` once it stopped."""
+
+    connections: int = 0
+    tmp: Path | None = None
+    result: list[load.WrkResult] | None = None
+
+    def line(self) -> str:
+        if not self.result:
+            return ""
+        r = self.result[0]
+        return f", live {r.rate:,.0f} req/s p99 {r.p99_ms:.1f} ms {r.errors} errors"
+
+
+@contextmanager
+def live_ingress(url: str, live: Live) -> Iterator[Live]:
+    """``live.connections`` of wrk against a real gateway on ``url`` for the block (module docstring)."""
+    if not live.connections:
+        yield live
+        return
+    wrk = shutil.which("wrk")
+    if wrk is None or live.tmp is None:
+        raise SystemExit("--live needs wrk on PATH (apt-get install wrk)")
+    config = live.tmp / "live.toml"
+    config.write_text(backlog.CONFIG)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    gateway = backlog.serve(config, port, url)
+    running: backlog.LiveLoad | None = None
+    done = Live(live.connections, live.tmp, [])
+    try:
+        backlog.wait_until_up(base)
+        backlog.pause(url, backlog.LIVE_KIND)
+        running = backlog.LiveLoad(wrk, base, live.tmp, live.connections, backlog.LIVE_POOL)
+        time.sleep(1)  # wrk's connections up before the clock starts
+        yield done
+        assert done.result is not None
+        done.result.append(running.stop())
+        running = None
+    finally:
+        if running is not None:
+            running.stop()
+        gateway.terminate()
+        try:
+            gateway.wait(30)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+
+
+@dataclass(frozen=True)
 class Round:
     rate: float
     peak_connections: int
+    live: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,7 +163,13 @@ class Shape:
 
 
 def effectgate_round(
-    server: str, jobs: int, concurrency: int | None, analyze: bool, tmp: Path, shape: Shape = Shape()
+    server: str,
+    jobs: int,
+    concurrency: int | None,
+    analyze: bool,
+    tmp: Path,
+    shape: Shape = Shape(),
+    live: Live = Live(),
 ) -> Round:
     url = fresh_database(server)
     try:
@@ -126,15 +194,18 @@ def effectgate_round(
             poll = backlog.Poll(url, backlog.PENDING, (backlog.KIND,))
             connections = backlog.Poll(url, WORKER_CONNECTIONS)
             peak = 0
-            started = backlog.resume(url, backlog.KIND)
-            while True:
-                time.sleep(POLL_SECONDS)
-                asked = time.monotonic()
-                peak = max(peak, connections())
-                if poll() == 0:
-                    return Round(jobs / (asked - started), peak)
-                if asked - started > 1800:
-                    raise RuntimeError("the drain did not finish within 30 minutes")
+            with live_ingress(url, live) as beside:
+                started = backlog.resume(url, backlog.KIND)
+                while True:
+                    time.sleep(POLL_SECONDS)
+                    asked = time.monotonic()
+                    peak = max(peak, connections())
+                    if poll() == 0:
+                        break
+                    if asked - started > 1800:
+                        raise RuntimeError("the drain did not finish within 30 minutes")
+            # The gateway's own connections are counted too while live ingress runs.
+            return Round(jobs / (asked - started), peak, beside.line())
         finally:
             proc.terminate()
             proc.wait(30)
@@ -142,10 +213,14 @@ def effectgate_round(
         drop_database(server, url)
 
 
-def pgqueuer_round(server: str, jobs: int, analyze: bool) -> float | None:
+def pgqueuer_round(server: str, jobs: int, analyze: bool, live: Live = Live()) -> tuple[float | None, str]:
     url = fresh_database(server)
     try:
-        return asyncio.run(pgqueuer_drain(url, jobs, payload=PAYLOAD, before=lambda: _analyze(url, analyze)))
+        with live_ingress(url, live) as beside:
+            rate = asyncio.run(
+                pgqueuer_drain(url, jobs, payload=PAYLOAD, before=lambda: _analyze(url, analyze))
+            )
+        return rate, beside.line()
     finally:
         drop_database(server, url)
 
@@ -171,33 +246,40 @@ def main() -> None:
         "--steps", type=float, default=0.0, metavar="MS", help="two recorded steps of MS ms a job"
     )
     parser.add_argument("--no-analyze", action="store_true", help="drain the backlogs as built")
+    parser.add_argument(
+        "--live", type=int, default=0, metavar="CONNECTIONS", help="live ingress beside each drain (wrk)"
+    )
     args = parser.parse_args()
     shape = Shape(args.handler_connections, args.steps)
     concurrencies: list[int | None] = [int(c) for c in args.concurrency.split(",") if c] or [None]
     server = server_url()
     print(
         f"== worker vs PgQueuer: {args.jobs} jobs, 2 KB payloads, {args.rounds} rounds, "
-        f"{'as built' if args.no_analyze else 'analyzed'}; {shape}; load average {os.getloadavg()[0]:.2f}",
+        f"{'as built' if args.no_analyze else 'analyzed'}; {shape}; live ingress on {args.live} connections; "
+        f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     rates: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
+        live = Live(args.live, Path(tmp_name))
         for n in range(args.rounds):
-            pgq = pgqueuer_round(server, args.jobs, not args.no_analyze)
+            pgq, pgq_live = pgqueuer_round(server, args.jobs, not args.no_analyze, live)
             if pgq is None:
                 print("PgQueuer is not installed (pip install -e '.[bench]'): no comparison")
                 return
             rates.setdefault("PgQueuer", []).append(pgq)
-            line = f"round {n + 1}: PgQueuer {pgq:,.0f} jobs/s"
+            line = f"round {n + 1}: PgQueuer {pgq:,.0f} jobs/s{pgq_live}"
             for c in concurrencies:
                 label = f"effectgate worker, concurrency {c or 'default'}"
-                done = effectgate_round(server, args.jobs, c, not args.no_analyze, Path(tmp_name), shape)
+                done = effectgate_round(
+                    server, args.jobs, c, not args.no_analyze, Path(tmp_name), shape, live
+                )
                 rates.setdefault(label, []).append(done.rate)
                 ratios.setdefault(label, []).append(done.rate / pgq)
                 line += (
                     f"; {label} {done.rate:,.0f} ({done.rate / pgq:.2f}x, "
-                    f"at most {done.peak_connections} connections)"
+                    f"at most {done.peak_connections} connections{done.live})"
                 )
             print(f"{line}; load average {os.getloadavg()[0]:.2f}", flush=True)
     for label, values in rates.items():

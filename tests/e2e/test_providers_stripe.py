@@ -16,6 +16,7 @@ import pytest
 import stripe
 
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError, UnrecoverableError
+from effectgate.handlers.downstream.pace import Pace, PaceExceeded
 from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.stripe import StripeSteps, call_stripe, stripe_client
 from effectgate.ledger import db
@@ -56,6 +57,12 @@ async def client(fake_url: str) -> AsyncIterator[stripe.StripeClient]:
 async def stats(fake: httpx.AsyncClient) -> dict[str, Any]:
     result: dict[str, Any] = (await fake.get("/_fake/stats")).json()
     return result
+
+
+def capture_call_async(client: stripe.StripeClient, intent: str, key: str) -> Any:
+    return client.v1.payment_intents.capture_async(
+        intent, {}, {"idempotency_key": key, "max_network_retries": 0}
+    )
 
 
 def capture_call(client: stripe.StripeClient, intent: str, key: str, **params: Any) -> Any:
@@ -155,6 +162,22 @@ async def test_rate_limit_is_transient_and_carries_retry_after(
     assert raised.value.retry_after == 7
     assert isinstance(raised.value.__cause__, stripe.RateLimitError)
     # max_network_retries=0: one request, not the SDK's own retry loop inside the step.
+    assert (await stats(fake))["requests"] == 1
+
+
+async def test_a_rate_limit_holds_the_paced_sdk_calls_and_the_next_one_is_not_sent(
+    fake: httpx.AsyncClient, client: stripe.StripeClient
+) -> None:
+    # The fake's 429 says Retry-After: 7; a pace whose calls wait at most 2 s refuses the next one unsent.
+    pace = Pace(max_wait=2.0)
+    await fake.post("/_fake/faults", json={"mode": "rate_limit"})
+    with pytest.raises(TransientError) as limited:
+        await call_stripe(lambda: capture_call_async(client, "pi_held", "key-held-1"), pace=pace)
+    assert isinstance(limited.value.__cause__, stripe.RateLimitError)
+    await fake.post("/_fake/faults", json={"mode": "none"})
+    with pytest.raises(PaceExceeded) as refused:
+        await call_stripe(lambda: capture_call_async(client, "pi_held", "key-held-2"), pace=pace)
+    assert refused.value.retry_after == pytest.approx(7, abs=1)
     assert (await stats(fake))["requests"] == 1
 
 
