@@ -157,6 +157,17 @@ def effectgate(url: str, schema: str, *args: str) -> subprocess.CompletedProcess
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+def isolate_acme(citus_url: str, schema: str) -> None:
+    """Tenant ``acme`` of ``schema``'s ledger on a shard of its own, with every table of its ledger."""
+    with psycopg.connect(citus_url, autocommit=True) as c:
+        # block_writes: cluster.sh's nodes have no logical replication, which the default transfer mode needs.
+        c.execute(
+            "SELECT isolate_tenant_to_new_shard(%s, 'acme', cascade_option => 'CASCADE',"
+            " shard_transfer_mode => 'block_writes')",
+            (f'"{schema}".effects',),
+        )
+
+
 async def test_migrate_alone_distributes_a_fresh_ledger_and_again_changes_nothing(
     citus_url: str, new_schema: Callable[[], str]
 ) -> None:
@@ -295,13 +306,7 @@ async def test_each_ledger_has_its_own_colocation_group_and_isolating_a_tenant_s
     }
     assert len(groups[one]) == len(groups[other]) == 1 and groups[one] != groups[other]
     shards = {s: by_name(catalog(citus_url, s))["effects"]["shards"] for s in (one, other)}
-    with psycopg.connect(citus_url, autocommit=True) as c:
-        # block_writes: cluster.sh's nodes have no logical replication, which the default transfer mode needs.
-        c.execute(
-            "SELECT isolate_tenant_to_new_shard(%s, 'acme', cascade_option => 'CASCADE',"
-            " shard_transfer_mode => 'block_writes')",
-            (f'"{one}".effects',),
-        )
+    isolate_acme(citus_url, one)
     after = {s: by_name(catalog(citus_url, s)) for s in (one, other)}
     # The tenant's shard split in three (below it, the tenant, above it), with every table of its ledger.
     assert after[one]["effects"]["shards"] == shards[one] + 2
@@ -370,12 +375,7 @@ async def test_a_ledger_in_a_group_shared_with_another_gets_one_of_its_own(
     assert (again_done.applied, again_done.distributed) == ([], [])
     assert groups(citus_url, one) == {own}
 
-    with psycopg.connect(citus_url, autocommit=True) as c:
-        c.execute(
-            "SELECT isolate_tenant_to_new_shard(%s, 'acme', cascade_option => 'CASCADE',"
-            " shard_transfer_mode => 'block_writes')",
-            (f'"{one}".effects',),
-        )
+    isolate_acme(citus_url, one)
     shards = {s: by_name(catalog(citus_url, s)) for s in (one, other)}
     assert shards[one]["effects"]["shards"] == shards[one]["jobs"]["shards"] == 34
     assert shards[other]["effects"]["shards"] == shards[other]["jobs"]["shards"] == 32

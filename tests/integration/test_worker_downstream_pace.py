@@ -16,7 +16,7 @@ import pytest
 
 from effectgate.handlers import EffectContext, Event
 from effectgate.handlers.context import Services
-from effectgate.handlers.downstream import DownstreamConfig, clients, paces
+from effectgate.handlers.downstream import DownstreamConfig, Pace, clients, paces
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 from tests.integration import jobs_fixtures as jf
@@ -53,6 +53,26 @@ async def label(ctx: EffectContext, ev: Event) -> None:
     await ctx.step("label", lambda key: labels.request("POST", "/v1/labels", json={}, idempotency_key=key))
 
 
+def labelling_worker(
+    pool: db.Pool,
+    db_url: str,
+    http: httpx.AsyncClient,
+    configs: list[tuple[str, DownstreamConfig]],
+    turns: dict[str, Pace],
+    *,
+    concurrency: int,
+) -> Worker:
+    """A worker running ``label`` jobs, its clients built as ``effectgate worker`` builds them."""
+    return Worker(
+        pool,
+        registry(kind(label, name="label")),
+        url=db_url,
+        config=worker_config(concurrency=concurrency),
+        owner=f"test-{uuid.uuid4().hex[:6]}",
+        services=Services(http=http, downstreams=clients(http, configs, paces=turns)),
+    )
+
+
 async def test_eight_slots_call_an_api_paced_at_two_at_most_two_at_once_and_every_job_succeeds(
     pool: db.Pool, db_url: str
 ) -> None:
@@ -60,14 +80,7 @@ async def test_eight_slots_call_an_api_paced_at_two_at_most_two_at_once_and_ever
     configs = [("labels", DownstreamConfig(BASE, None, max_in_flight=2, timeout=60))]
     turns = paces(configs)
     async with httpx.AsyncClient(transport=httpx.MockTransport(provider)) as http:
-        worker = Worker(
-            pool,
-            registry(kind(label, name="label")),
-            url=db_url,
-            config=worker_config(concurrency=8),
-            owner=f"test-{uuid.uuid4().hex[:6]}",
-            services=Services(http=http, downstreams=clients(http, configs, paces=turns)),
-        )
+        worker = labelling_worker(pool, db_url, http, configs, turns, concurrency=8)
         async with pool.connection() as conn:
             ids = [await claim(conn, kind="label") for _ in range(8)]
             running = asyncio.create_task(worker.run())
@@ -98,14 +111,7 @@ async def test_a_call_refused_by_the_pace_is_never_sent_and_its_job_is_retried_a
     # is a second away, so it is refused unsent and its job retried when its turn has come.
     configs = [("labels", DownstreamConfig(BASE, None, max_per_second=1, timeout=0.5))]
     async with httpx.AsyncClient(transport=httpx.MockTransport(provider)) as http:
-        worker = Worker(
-            pool,
-            registry(kind(label, name="label")),
-            url=db_url,
-            config=worker_config(concurrency=2),
-            owner=f"test-{uuid.uuid4().hex[:6]}",
-            services=Services(http=http, downstreams=clients(http, configs, paces=paces(configs))),
-        )
+        worker = labelling_worker(pool, db_url, http, configs, paces(configs), concurrency=2)
         async with pool.connection() as conn:
             ids = [await claim(conn, kind="label") for _ in range(2)]
             running = asyncio.create_task(worker.run())
