@@ -26,7 +26,7 @@ import httpx
 
 from effectgate.gateway.fakes.providers import MOUNTS, create_all
 from effectgate.handlers.context import Services
-from effectgate.handlers.downstream import DownstreamConfig, clients, paces
+from effectgate.handlers.downstream import DownstreamConfig, clients
 from effectgate.handlers.downstream.payments import PaymentsClient
 from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.providers.paypal import IDEMPOTENCY_HEADER as PAYPAL_IDEMPOTENCY_HEADER
@@ -83,15 +83,15 @@ class FakeProviders:
         clients the handlers built (``providers.stripe.close_clients``): their connections would otherwise
         outlive the test's event loop and the fakes."""
         configs = self.downstreams()
-        # Paced per name, as a worker process is (gateway.cli.worker): a 429 holds that API's next calls.
-        turns = paces(configs.items())
         async with httpx.AsyncClient() as client:
             try:
+                # Not paced, unlike a worker's clients: a test runs the next attempt at once (backoff off), where
+                # a pace would hold it for a 429's Retry-After on the real clock.
                 yield Services(
                     http=client,
-                    payments=PaymentsClient(client, configs["payments"], pace=turns["payments"]),
-                    shipping=ShippingClient(client, configs["shipping"], pace=turns["shipping"]),
-                    downstreams=clients(client, configs.items(), paces=turns),
+                    payments=PaymentsClient(client, configs["payments"]),
+                    shipping=ShippingClient(client, configs["shipping"]),
+                    downstreams=clients(client, configs.items()),
                 )
             finally:
                 await close_stripe_clients()
