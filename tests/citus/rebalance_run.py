@@ -1,13 +1,15 @@
 """A third worker node joins a running cluster and the shards are rebalanced onto it while deliveries flow.
 
     CITUS_URL=... python -m tests.citus.rebalance_run --add-node 127.0.0.1:9703 [--seconds 20]
+                                                     [--transfer-mode auto|force_logical|block_writes]
 
 The new node must be running with Citus loaded (`cluster.sh` does it for three; deploy/README.md, "Past one
 Postgres", shows the commands for a fourth) and not yet in the cluster. A fresh schema is migrated and
 distributed; claimers send deliveries over 40 tenants (every key twice, so half the answers are duplicates)
 through ``ledger.claims`` (per tenant, the routed claim function) before, during and after ``citus_rebalance_start``; then the ledger is compared with
 what the claimers were answered. Prints a summary and exits 1 on any loss, double or unexpected answer, or if no claim was answered while
-the rebalance ran. Not a test of the default run: it changes the cluster (the node stays added, unless
+the rebalance ran. Shards move by ``--transfer-mode``: by default ``auto`` (logical) where every node runs
+``wal_level = logical``, else ``block_writes``, as ``chaos_run`` chooses. Not a test of the default run: it changes the cluster (the node stays added, unless
 ``--remove-after``).
 """
 
@@ -26,7 +28,14 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
 
-from .ledger import distributed_ledger, rebalance_onto, remove_node
+from .ledger import (
+    TRANSFER_MODES,
+    distributed_ledger,
+    logical_wal,
+    preferred_transfer_mode,
+    rebalance_onto,
+    remove_node,
+)
 
 TENANTS = 40
 
@@ -79,8 +88,19 @@ async def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--claimers", type=int, default=8)
     parser.add_argument("--remove-after", action="store_true", help="drain and remove the node at the end")
+    parser.add_argument(
+        "--transfer-mode",
+        choices=TRANSFER_MODES,
+        help="how shards move (auto and force_logical need wal_level = logical on every node);"
+        " default: auto where every node has it, else block_writes",
+    )
     args = parser.parse_args()
     url = os.environ["CITUS_URL"]
+    behind = logical_wal(url, args.add_node)
+    if args.transfer_mode is None:
+        args.transfer_mode = preferred_transfer_mode(url, args.add_node)
+    elif args.transfer_mode != "block_writes" and behind:
+        parser.error(f"--transfer-mode {args.transfer_mode} needs wal_level = logical on {', '.join(behind)}")
     schema = f"effectgate_rebalance_{uuid.uuid4().hex[:8]}"
     await distributed_ledger(url, schema)
     placement_sql = (
@@ -99,7 +119,7 @@ async def main() -> int:
     # In a thread: the claimers are tasks of this event loop, and a blocking call here would stop them for the
     # whole rebalance (as it did before: the claims then paused instead of flowing through it).
     during = sum(answers.values())
-    took, _ = await asyncio.to_thread(rebalance_onto, url, schema, args.add_node)
+    took, _ = await asyncio.to_thread(rebalance_onto, url, schema, args.add_node, mode=args.transfer_mode)
     during = sum(answers.values()) - during
     await asyncio.sleep(args.seconds / 4)
     stop.set()
@@ -116,7 +136,8 @@ async def main() -> int:
     lost = accepted - effects
     extra = effects - accepted
     print(
-        f"schema {schema}; {args.claimers} claimers, {args.seconds:.0f} s; rebalance took {took:.1f} s,"
+        f"schema {schema}; {args.claimers} claimers, {args.seconds:.0f} s; rebalance ({args.transfer_mode}) took"
+        f" {took:.1f} s,"
         f" {during} answers while it ran"
     )
     print(f"effects shards per node before: {before}")
@@ -139,7 +160,7 @@ async def main() -> int:
     print("OK" if ok else "FAILED")
     if args.remove_after:
         print(f"draining {args.add_node} and removing it from the cluster")
-        remove_node(url, args.add_node)
+        remove_node(url, args.add_node, mode=args.transfer_mode)
     return 0 if ok else 1
 
 
