@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import Counter
 
 import httpx
 import pytest
@@ -19,6 +18,7 @@ from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import DownstreamConfig, Pace, clients, paces
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
+from tests.held_provider import HeldProvider
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import claim, kind, registry, wait_for, wait_state, worker_config
 
@@ -26,26 +26,6 @@ pytestmark = pytest.mark.anyio
 pool = jf.pool
 
 BASE = "https://labels.example.test"
-
-
-class Provider:
-    """Holds every request until ``gate`` opens; counts requests, per idempotency key, and the most held."""
-
-    def __init__(self) -> None:
-        self.keys: Counter[str] = Counter()
-        self.held = 0
-        self.most_held = 0
-        self.gate = asyncio.Event()
-
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.keys[request.headers["Idempotency-Key"]] += 1
-        self.held += 1
-        self.most_held = max(self.most_held, self.held)
-        try:
-            await self.gate.wait()
-        finally:
-            self.held -= 1
-        return httpx.Response(201, json={"id": f"lbl_{sum(self.keys.values())}"})
 
 
 async def label(ctx: EffectContext, ev: Event) -> None:
@@ -76,7 +56,7 @@ def labelling_worker(
 async def test_eight_slots_call_an_api_paced_at_two_at_most_two_at_once_and_every_job_succeeds(
     pool: db.Pool, db_url: str
 ) -> None:
-    provider = Provider()
+    provider = HeldProvider()
     configs = [("labels", DownstreamConfig(BASE, None, max_in_flight=2, timeout=60))]
     turns = paces(configs)
     async with httpx.AsyncClient(transport=httpx.MockTransport(provider)) as http:
@@ -105,11 +85,11 @@ async def test_eight_slots_call_an_api_paced_at_two_at_most_two_at_once_and_ever
 async def test_a_call_refused_by_the_pace_is_never_sent_and_its_job_is_retried_after_its_turn(
     pool: db.Pool, db_url: str
 ) -> None:
-    provider = Provider()
+    provider = HeldProvider()
     provider.gate.set()
-    # One call a second, a turn waited for at most half a second: of two jobs run together, the second's call
-    # is a second away, so it is refused unsent and its job retried when its turn has come.
-    configs = [("labels", DownstreamConfig(BASE, None, max_per_second=1, timeout=0.5))]
+    # One call every two seconds, a turn waited for at most half a second: of two jobs run together, the second's
+    # call is refused unsent (unless it started 1.5 s after the first) and its job retried when its turn has come.
+    configs = [("labels", DownstreamConfig(BASE, None, max_per_second=0.5, timeout=0.5))]
     async with httpx.AsyncClient(transport=httpx.MockTransport(provider)) as http:
         worker = labelling_worker(pool, db_url, http, configs, paces(configs), concurrency=2)
         async with pool.connection() as conn:

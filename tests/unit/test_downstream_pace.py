@@ -19,6 +19,7 @@ from effectgate.gateway import metrics
 from effectgate.handlers.downstream import DownstreamConfig, paces, send_idempotent
 from effectgate.handlers.downstream.pace import MAX_HOLD, NO_RETRY_AFTER_HOLD, Pace, PaceExceeded
 from effectgate.handlers.errors import TransientError
+from tests.held_provider import HeldProvider
 from tests.prometheus import value
 
 pytestmark = pytest.mark.anyio
@@ -189,30 +190,8 @@ async def test_a_call_waiting_for_a_slot_longer_than_its_wait_is_refused() -> No
 # -- over HTTP: the shared request path ------------------------------------------------------------------
 
 
-class Provider:
-    """An httpx transport that holds every request until released and counts how many it holds at once."""
-
-    def __init__(self, *, answer: Callable[[int], httpx.Response] | None = None) -> None:
-        self.requests = 0
-        self.held = 0
-        self.most_held = 0
-        self.gate = asyncio.Event()
-        self.answer = answer or (lambda n: httpx.Response(200, json={"n": n}))
-
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests += 1
-        n = self.requests
-        self.held += 1
-        self.most_held = max(self.most_held, self.held)
-        try:
-            await self.gate.wait()
-        finally:
-            self.held -= 1
-        return self.answer(n)
-
-
 async def test_send_idempotent_keeps_to_max_in_flight_and_every_call_is_answered() -> None:
-    provider = Provider()
+    provider = HeldProvider()
     config = DownstreamConfig(BASE, "sk_test", max_in_flight=2)
     pace = paces([("payments", config)])["payments"]
     async with httpx.AsyncClient(transport=httpx.MockTransport(provider)) as http:
@@ -233,7 +212,7 @@ async def test_after_a_429_the_next_call_is_not_sent_until_retry_after_and_paced
     def limited(n: int) -> httpx.Response:
         return httpx.Response(429, headers={"Retry-After": "30"}, json={"error": {"type": "rate_limit"}})
 
-    provider = Provider(answer=limited)
+    provider = HeldProvider(answer=limited)
     provider.gate.set()
     config = DownstreamConfig(BASE, "sk_test", timeout=10)
     pace = config.pace()
@@ -264,7 +243,7 @@ async def test_after_a_429_the_next_call_is_not_sent_until_retry_after_and_paced
 
 
 async def test_without_a_pace_nothing_holds_after_a_429() -> None:
-    provider = Provider(answer=lambda n: httpx.Response(429, headers={"Retry-After": "30"}, json={}))
+    provider = HeldProvider(answer=lambda n: httpx.Response(429, headers={"Retry-After": "30"}, json={}))
     provider.gate.set()
     config = DownstreamConfig(BASE, "sk_test")
     async with httpx.AsyncClient(transport=httpx.MockTransport(provider)) as http:
