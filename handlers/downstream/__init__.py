@@ -36,7 +36,7 @@ from effectgate.handlers import tracing
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
 from effectgate.handlers.observe import CallObserver, report_call
 
-from .pace import Pace, PaceExceeded
+from .pace import Pace, PaceExceeded, check_limits
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_HEADER",
@@ -112,8 +112,7 @@ class DownstreamConfig:
             raise ValueError(
                 f"idempotency_header must be a header name or None, got {self.idempotency_header!r}"
             )
-        # Pace checks its limits; built once here, its message names the field that is wrong.
-        self.pace()
+        check_limits(self.max_in_flight, self.max_per_second)
 
     def pace(self) -> Pace:
         """A new `Pace` for this API's calls (one per process and downstream: `paces`)."""

@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 
 from effectgate.handlers.errors import TransientError
 
-__all__ = ["MAX_HOLD", "NO_RETRY_AFTER_HOLD", "Pace", "PaceExceeded"]
+__all__ = ["MAX_HOLD", "NO_RETRY_AFTER_HOLD", "Pace", "PaceExceeded", "check_limits"]
 
 #: The longest a ``Retry-After`` holds a downstream's calls back, seconds: a header of hours is a provider's
 #: mistake or an outage, and the job's own backoff (``retry_after`` on its error) already honours it in full.
@@ -35,6 +35,22 @@ MAX_HOLD = 60.0
 #: How long a ``429`` without ``Retry-After`` holds the downstream's next calls back, seconds: Stripe sends
 #: none and asks for backoff; a second lets the limiter's window move before the other slots call again.
 NO_RETRY_AFTER_HOLD = 1.0
+
+
+def check_limits(max_in_flight: int | None, max_per_second: float | None) -> None:
+    """Raise ``ValueError`` naming the first wrong limit: ``max_in_flight`` must be ``None`` or an integer >= 1,
+    ``max_per_second`` ``None`` or a finite number > 0."""
+    if max_in_flight is not None and (
+        isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1
+    ):
+        raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
+    if max_per_second is not None and not (
+        isinstance(max_per_second, int | float)
+        and not isinstance(max_per_second, bool)
+        and math.isfinite(max_per_second)
+        and max_per_second > 0
+    ):
+        raise ValueError(f"max_per_second must be a number > 0, got {max_per_second!r}")
 
 
 class PaceExceeded(TransientError):
@@ -58,17 +74,7 @@ class Pace:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        if max_in_flight is not None and (
-            isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1
-        ):
-            raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
-        if max_per_second is not None and not (
-            isinstance(max_per_second, int | float)
-            and not isinstance(max_per_second, bool)
-            and math.isfinite(max_per_second)
-            and max_per_second > 0
-        ):
-            raise ValueError(f"max_per_second must be a number > 0, got {max_per_second!r}")
+        check_limits(max_in_flight, max_per_second)
         if not (isinstance(max_wait, int | float) and math.isfinite(max_wait) and max_wait >= 0):
             raise ValueError(f"max_wait must be a number of seconds >= 0, got {max_wait!r}")
         self.max_in_flight = max_in_flight
