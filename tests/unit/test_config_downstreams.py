@@ -157,3 +157,23 @@ def test_the_documented_examples_are_valid_as_written() -> None:
     assert len(pythons) == 3
     for block in pythons:
         ast.parse(block)
+
+
+def test_a_downstream_s_pace_is_read_and_a_wrong_limit_is_named_by_its_key() -> None:
+    table = '[downstream.stripe]\nbase_url = "http://127.0.0.1:9"\napi_key_env = "CARRIER_KEY"\n'
+    config = parse(MINIMAL + table + "max_in_flight = 8\nmax_per_second = 20\n", env=ENV)
+    stripe = config.downstreams["stripe"]
+    assert (stripe.max_in_flight, stripe.max_per_second) == (8, 20)
+    pace = stripe.pace()
+    assert (pace.max_in_flight, pace.max_per_second, pace.max_wait) == (8, 20, stripe.timeout)
+    unset = parse(MINIMAL + table, env=ENV).downstreams["stripe"]
+    assert (unset.max_in_flight, unset.max_per_second) == (None, None)
+    for wrong, message in (
+        ("max_in_flight = 0", r"downstream\.stripe\.max_in_flight: must be >= 1"),
+        ("max_in_flight = 2.5", r"downstream\.stripe\.max_in_flight: "),
+        ('max_per_second = "fast"', r"downstream\.stripe\.max_per_second: "),
+        ("max_per_second = 0", r"downstream\.stripe\.max_per_second: must be >= 0\.001"),
+        ("max_in_flgiht = 4", r"downstream\.stripe\.max_in_flgiht: .*did you mean 'max_in_flight'"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse(MINIMAL + table + wrong + "\n", path="eg.toml", env=ENV)
