@@ -28,7 +28,7 @@ BACKENDS = (
 )
 # Every statement of this database but the bench's own: its reads of these counters and its polls, whose text
 # carries /* bench */ (pg_stat_statements is per server: a query of another database is not this drain's).
-STATEMENTS = """
+STATEMENTS = r"""
 SELECT s.queryid, left(regexp_replace(s.query, '\s+', ' ', 'g'), 70) AS query, s.calls
 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
 WHERE d.datname = current_database() AND s.query NOT LIKE '%pg_stat_%' AND s.query NOT LIKE '%/* bench */%'
