@@ -4,7 +4,7 @@ job, and optionally a py-spy profile of the consumer, for ``tests.bench.worker_v
 CPU is read from /proc (user + system seconds), so Postgres must run on this host. The backends are the
 database's client backends but the bench's own polls; Postgres's shared processes (WAL writer, checkpointer)
 are not counted, for either queue. Statements per job (BEGIN and COMMIT among them), and the most frequent
-ones, come from ``pg_stat_statements`` when the server preloads it (``shared_preload_libraries``), else they
+ones with their planning and execution time per job, come from ``pg_stat_statements`` when the server preloads it (``shared_preload_libraries``), else they
 are not given. (Not ``pg_stat_database``'s commits: a backend flushes those up to 10 s after it goes idle.)
 """
 
@@ -29,7 +29,8 @@ BACKENDS = (
 # Every statement of this database but the bench's own: its reads of these counters and its polls, whose text
 # carries /* bench */ (pg_stat_statements is per server: a query of another database is not this drain's).
 STATEMENTS = r"""
-SELECT s.queryid, left(regexp_replace(s.query, '\s+', ' ', 'g'), 70) AS query, s.calls
+SELECT s.queryid, left(regexp_replace(s.query, '\s+', ' ', 'g'), 70) AS query, s.calls,
+       s.total_exec_time + s.total_plan_time AS ms
 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
 WHERE d.datname = current_database() AND s.query NOT LIKE '%pg_stat_%' AND s.query NOT LIKE '%/* bench */%'
 """
@@ -45,7 +46,7 @@ class Cost:
     consumer_us: float
     postgres_us: float
     statements: float | None
-    top: tuple[tuple[str, float], ...] = ()
+    top: tuple[tuple[str, float, float], ...] = ()
 
     def line(self) -> str:
         statements = "n/a" if self.statements is None else f"{self.statements:.3f}"
@@ -55,7 +56,7 @@ class Cost:
         )
 
     def breakdown(self) -> list[str]:
-        return [f"    {calls:.4f}/job  {query}" for query, calls in self.top]
+        return [f"    {calls:.4f}/job {us:6.1f} µs/job  {query}" for query, calls, us in self.top]
 
 
 class Meter:
@@ -68,7 +69,7 @@ class Meter:
         self.spy = spy
         self._spying: subprocess.Popen[bytes] | None = None
         self._statements = self._has_statements()
-        self._before: tuple[float, dict[int, float], dict[int, tuple[str, int]] | None] | None = None
+        self._before: tuple[float, dict[int, float], dict[int, tuple[str, int, float]] | None] | None = None
 
     def _has_statements(self) -> bool:
         try:
@@ -87,10 +88,11 @@ class Meter:
     def _backends(self) -> dict[int, float]:
         return {pid: cpu_seconds(pid) for (pid,) in self.conn.execute(BACKENDS).fetchall()}
 
-    def _statements_now(self) -> dict[int, tuple[str, int]] | None:
+    def _statements_now(self) -> dict[int, tuple[str, int, float]] | None:
         if not self._statements:
             return None
-        return {queryid: (query, calls) for queryid, query, calls in self.conn.execute(STATEMENTS).fetchall()}
+        rows = self.conn.execute(STATEMENTS).fetchall()
+        return {queryid: (query, calls, ms) for queryid, query, calls, ms in rows}
 
     def start(self) -> None:
         if self.spy is not None and self.consumer is not None:
@@ -115,10 +117,14 @@ class Meter:
         postgres = sum(cpu - was_backends.get(pid, 0.0) for pid, cpu in backends.items())
         self.conn.close()
         calls: dict[str, float] = {}
+        micros: dict[str, float] = {}
         if statements is not None and was_statements is not None:
-            for queryid, (query, n) in statements.items():
-                calls[query] = calls.get(query, 0) + (n - was_statements.get(queryid, ("", 0))[1]) / jobs
-        top = sorted(((q, c) for q, c in calls.items() if c > 0), key=lambda qc: -qc[1])[:TOP_STATEMENTS]
+            for queryid, (query, n, ms) in statements.items():
+                _, was_n, was_ms = was_statements.get(queryid, ("", 0, 0.0))
+                calls[query] = calls.get(query, 0) + (n - was_n) / jobs
+                micros[query] = micros.get(query, 0) + 1000 * (ms - was_ms) / jobs
+        top = sorted(((q, c, micros[q]) for q, c in calls.items() if c > 0), key=lambda qc: -qc[1])
+        top = top[:TOP_STATEMENTS]
         return Cost(
             consumer_us=1e6 * (consumer_cpu - was_consumer) / jobs,
             postgres_us=1e6 * postgres / jobs,
