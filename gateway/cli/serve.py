@@ -7,7 +7,6 @@ touched (a port taken is exit 1 with a message, not uvicorn's exit 3 after a mig
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import socket
 import sys
@@ -25,6 +24,7 @@ from ..config.operator import DEFAULT_OPERATOR_HOST
 from ..edge import client_slots, guard
 from . import database, flags, migrate
 from .common import EXIT_FAILURE, EXIT_OK, UsageError, check_port_free, log
+from .loop import event_loop
 
 # What uvicorn exits with when the server could not start (port taken, lifespan failed).
 UVICORN_STARTUP_FAILURE = 3
@@ -74,15 +74,6 @@ _SESSION_KEY_ENV = "EFFECTGATE_SESSION_KEY"
 _OPERATOR_PORT_ENV = "EFFECTGATE_OPERATOR_PORT"
 _TRUSTED_ENV = "EFFECTGATE_FORWARDED_ALLOW_IPS"
 _APP_FACTORY = "effectgate.gateway.cli.serve:serve_app"
-
-
-def event_loop() -> str:
-    """uvloop where it is installed (the production default), else asyncio's own loop.
-
-    uvloop has no wheel for Windows or PyPy; there the gateway still runs, slower, rather than failing.
-    (The HTTP parser is always httptools, under the guarded protocol in ``guard.py``.)
-    """
-    return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

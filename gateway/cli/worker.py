@@ -37,6 +37,7 @@ from ..edge import guard
 from ..operator import metrics as metrics_endpoint
 from . import database, flags, migrate
 from .common import EXIT_OK, SUPERVISED_ENV, StartFailure
+from .loop import run as run_on_loop
 
 
 def _listen_metrics(host: str, port: int) -> socket.socket:
@@ -183,7 +184,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     sock = None if args.metrics_port is None else _listen_metrics(args.metrics_host, args.metrics_port)
     with database.ledger_url(args) as url:
         migrate.prepare_schema(args, config, url, wait)
-        asyncio.run(_run_worker(config, url, args.concurrency, sock))
+        run_on_loop(_run_worker(config, url, args.concurrency, sock))
     return EXIT_OK
 
 

@@ -164,7 +164,11 @@ class Worker:
 
     async def run(self) -> None:
         """Fetch and run jobs until ``stop()``; then drain and return."""
-        log.info("worker.started", extra={"owner": self.owner, "kinds": self._ttls()})
+        # Which loop runs it: asyncio's, or uvloop's under `effectgate worker` (gateway/cli/loop.py).
+        event_loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
+        log.info(
+            "worker.started", extra={"owner": self.owner, "kinds": self._ttls(), "event_loop": event_loop}
+        )
         self._finishes.refill = self._refill
         background = [asyncio.create_task(self._listen())]
         if self.config.run_reconciler:

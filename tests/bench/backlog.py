@@ -330,14 +330,17 @@ def pending(db_url: str, kind: str) -> int:
     return count(db_url, PENDING, (kind,))
 
 
-PENDING = "SELECT count(*) FROM jobs WHERE kind = %s AND state IN ('pending', 'running')"
+PENDING = "SELECT count(*) /* bench */ FROM jobs WHERE kind = %s AND state IN ('pending', 'running')"
+# The application_name of the bench's own connections (its polls, tests/bench/drain_cost.py's meter), so that
+# what it counts of a database's backends leaves them out.
+BENCH_APPLICATION = "effectgate-bench"
 
 
 class Poll:
     """One count, asked again and again on one connection (a connection per poll is a fork per poll)."""
 
     def __init__(self, db_url: str, sql: str, params: tuple[object, ...] = ()) -> None:
-        self.conn = psycopg.connect(db_url, autocommit=True)
+        self.conn = psycopg.connect(db_url, autocommit=True, application_name=BENCH_APPLICATION)
         self.sql, self.params = sql, params
 
     def __call__(self) -> int:

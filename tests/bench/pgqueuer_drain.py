@@ -25,9 +25,11 @@ async def drain(
     *,
     payload: bytes | None = None,
     before: Callable[[], None] | None = None,
+    after: Callable[[], None] | None = None,
 ) -> float | None:
     """Jobs per second, or ``None`` when PgQueuer is not installed. Each job carries ``payload``; ``before``
-    runs once the jobs are enqueued, before the clock starts (an ANALYZE, say)."""
+    runs once the jobs are enqueued, before the clock starts (an ANALYZE, say), ``after`` once the consumer
+    stopped, its connection still open."""
     try:
         from pgqueuer.db import PsycopgDriver
         from pgqueuer.qm import QueueManager
@@ -58,6 +60,8 @@ async def drain(
 
         started = time.monotonic()
         await asyncio.wait_for(manager.run(batch_size=batch_size), 600)
+        if after is not None:
+            after()
         # Up to the last handler's start, as effectgate's drain is timed: shutting down is not draining.
         return jobs / (finished - started)
 

@@ -57,13 +57,18 @@ import psycopg
 from . import backlog
 from . import wrk as load
 from .common import drop_database, fresh_database, server_url
+from .drain_cost import Cost, Meter
 from .ingress import free_port
+from .ingress_cost import summarise
 from .pgqueuer_drain import drain as pgqueuer_drain
 
 POLL_SECONDS = 0.5
 # The worker's connections to the ledger at a poll (every backend of the database but the two polls'):
 # the most seen during a drain is printed beside its rate, against the pool's bound (worker_pool_max).
-WORKER_CONNECTIONS = "SELECT count(*) - 2 FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+WORKER_CONNECTIONS = (
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+    f" AND application_name <> '{backlog.BENCH_APPLICATION}'"
+)
 # The payload claim_directly stores for each delivery, as PgQueuer's job payload: the same bytes each side.
 PAYLOAD = json.dumps(
     {"id": "evt_direct_00000000_0", "type": "bench.event", "data": {"object": {"n": 0, "pad": "x" * 1900}}}
@@ -152,6 +157,22 @@ class Round:
     rate: float
     peak_connections: int
     live: str = ""
+    cost: Cost | None = None
+
+
+@dataclass(frozen=True)
+class Costs:
+    """``--cost``: each drain's CPU, transactions and statements per job; ``spy``: a py-spy profile of each
+    effectgate worker's drain is written into this folder (``--py-spy``), one file a drain."""
+
+    enabled: bool = False
+    spy: Path | None = None
+
+    def meter(self, url: str, consumer: int | None, name: str) -> Meter | None:
+        if not self.enabled:
+            return None
+        spy = None if self.spy is None or consumer is None else self.spy / f"{name}.txt"
+        return Meter(url, consumer, spy)
 
 
 @dataclass(frozen=True)
@@ -170,6 +191,8 @@ def effectgate_round(
     tmp: Path,
     shape: Shape = Shape(),
     live: Live = Live(),
+    costs: Costs = Costs(),
+    name: str = "effectgate",
 ) -> Round:
     url = fresh_database(server)
     try:
@@ -194,7 +217,10 @@ def effectgate_round(
             poll = backlog.Poll(url, backlog.PENDING, (backlog.KIND,))
             connections = backlog.Poll(url, WORKER_CONNECTIONS)
             peak = 0
+            meter = costs.meter(url, proc.pid, name)
             with live_ingress(url, live) as beside:
+                if meter is not None:
+                    meter.start()
                 started = backlog.resume(url, backlog.KIND)
                 while True:
                     time.sleep(POLL_SECONDS)
@@ -204,8 +230,9 @@ def effectgate_round(
                         break
                     if asked - started > 1800:
                         raise RuntimeError("the drain did not finish within 30 minutes")
+                cost = None if meter is None else meter.stop(jobs)
             # The gateway's own connections are counted too while live ingress runs.
-            return Round(jobs / (asked - started), peak, beside.line())
+            return Round(jobs / (asked - started), peak, beside.line(), cost)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -213,14 +240,27 @@ def effectgate_round(
         drop_database(server, url)
 
 
-def pgqueuer_round(server: str, jobs: int, analyze: bool, live: Live = Live()) -> tuple[float | None, str]:
+def pgqueuer_round(
+    server: str, jobs: int, analyze: bool, live: Live = Live(), costs: Costs = Costs()
+) -> tuple[float | None, str, Cost | None]:
     url = fresh_database(server)
+    meter = costs.meter(url, None, "pgqueuer")
+
+    cost: list[Cost] = []
+
+    def before() -> None:
+        _analyze(url, analyze)
+        if meter is not None:
+            meter.start()
+
+    def after() -> None:
+        if meter is not None:
+            cost.append(meter.stop(jobs))
+
     try:
         with live_ingress(url, live) as beside:
-            rate = asyncio.run(
-                pgqueuer_drain(url, jobs, payload=PAYLOAD, before=lambda: _analyze(url, analyze))
-            )
-        return rate, beside.line()
+            rate = asyncio.run(pgqueuer_drain(url, jobs, payload=PAYLOAD, before=before, after=after))
+        return rate, beside.line(), cost[0] if cost else None
     finally:
         drop_database(server, url)
 
@@ -249,7 +289,19 @@ def main() -> None:
     parser.add_argument(
         "--live", type=int, default=0, metavar="CONNECTIONS", help="live ingress beside each drain (wrk)"
     )
+    parser.add_argument(
+        "--cost", action="store_true", help="CPU, transactions and statements per job of each drain"
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="with --cost: record each worker's drain with py-spy into DIR",
+    )
     args = parser.parse_args()
+    if args.py_spy is not None:
+        args.py_spy.mkdir(parents=True, exist_ok=True)
+    costs = Costs(args.cost or args.py_spy is not None, args.py_spy)
     shape = Shape(args.handler_connections, args.steps)
     concurrencies: list[int | None] = [int(c) for c in args.concurrency.split(",") if c] or [None]
     server = server_url()
@@ -264,28 +316,47 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         live = Live(args.live, Path(tmp_name))
         for n in range(args.rounds):
-            pgq, pgq_live = pgqueuer_round(server, args.jobs, not args.no_analyze, live)
+            pgq, pgq_live, pgq_cost = pgqueuer_round(server, args.jobs, not args.no_analyze, live, costs)
             if pgq is None:
                 print("PgQueuer is not installed (pip install -e '.[bench]'): no comparison")
                 return
             rates.setdefault("PgQueuer", []).append(pgq)
             line = f"round {n + 1}: PgQueuer {pgq:,.0f} jobs/s{pgq_live}"
+            drained: list[tuple[str, Cost]] = []
             for c in concurrencies:
                 label = f"effectgate worker, concurrency {c or 'default'}"
                 done = effectgate_round(
-                    server, args.jobs, c, not args.no_analyze, Path(tmp_name), shape, live
+                    server,
+                    args.jobs,
+                    c,
+                    not args.no_analyze,
+                    Path(tmp_name),
+                    shape,
+                    live,
+                    costs,
+                    name=f"effectgate-{c or 'default'}-round{n + 1}",
                 )
                 rates.setdefault(label, []).append(done.rate)
+                if done.cost is not None:
+                    drained.append((label, done.cost))
                 ratios.setdefault(label, []).append(done.rate / pgq)
                 line += (
                     f"; {label} {done.rate:,.0f} ({done.rate / pgq:.2f}x, "
                     f"at most {done.peak_connections} connections{done.live})"
                 )
             print(f"{line}; load average {os.getloadavg()[0]:.2f}", flush=True)
+            if pgq_cost is not None:
+                print("\n".join([f"  PgQueuer, {pgq_cost.line()}", *pgq_cost.breakdown()]))
+            for label, cost in drained:
+                print("\n".join([f"  {label}, {cost.line()}", *cost.breakdown()]), flush=True)
     for label, values in rates.items():
         print(_summary(f"{label}, jobs/s", values))
     for label, values in ratios.items():
         print(_summary(f"{label} / PgQueuer", values))
+    if args.py_spy is not None:
+        for profile in sorted(args.py_spy.glob("effectgate-*.txt")):
+            print(f"== {profile.name}")
+            print("\n".join(summarise([profile], top=24)))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,25 @@ def _lines(log: Path, event: str) -> list[dict[str, Any]]:
     return found
 
 
+def test_the_worker_runs_on_uvloop_and_one_signal_stops_it_idle(db_url: str, tmp_path: Path) -> None:
+    """uvloop is a dependency wherever it has a wheel, and the worker's loop is mostly scheduling: tasks,
+    futures and socket readiness (docs/performance.md, "The worker's event loop"). On it, SIGTERM still drains."""
+    project = _project(tmp_path / "project")
+    log = tmp_path / "worker.log"
+    proc = cli(["worker", "--config", "effectgate.toml", "--no-migrate"], log, project, DATABASE_URL=db_url)
+    try:
+        wait_log(proc, log, "worker.started")
+        [started] = _lines(log, "worker.started")
+        assert started["event_loop"] == "uvloop"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert _lines(log, "worker.stopped")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_second_signal_hands_the_running_jobs_back_now_fenced(
     sig: signal.Signals, db_url: str, tmp_path: Path
