@@ -25,7 +25,8 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)`` on ``event_loop()``'s loop.
 
     A worker's loop is mostly scheduling: a task and futures per job, socket readiness per statement. uvloop
-    does that in C, and a real worker drains faster on it (docs/performance.md, "The worker's event loop").
+    does that in C: a ninth less of the worker's CPU per job, and a drain beside live ingress 10 % faster
+    (docs/performance.md, "What a real worker's drain costs").
     """
     factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     if event_loop() == "uvloop":

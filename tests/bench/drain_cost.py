@@ -1,11 +1,12 @@
-"""What a drain costs: CPU per job of the consumer and of its Postgres backends, transactions and statements per
-job, and optionally a py-spy profile of the consumer, for ``tests.bench.worker_vs_pgqueuer --cost``.
+"""What a drain costs: CPU per job of the consumer and of its Postgres backends, statements per job, and optionally
+a py-spy profile of the consumer, for ``tests.bench.worker_vs_pgqueuer --cost``.
 
 CPU is read from /proc (user + system seconds), so Postgres must run on this host. The backends are the
-database's client backends but the bench's own polls; Postgres's shared processes (WAL writer, checkpointer)
-are not counted, for either queue. Statements per job (BEGIN and COMMIT among them), and the most frequent
-ones with their planning and execution time per job, come from ``pg_stat_statements`` when the server preloads it (``shared_preload_libraries``), else they
-are not given. (Not ``pg_stat_database``'s commits: a backend flushes those up to 10 s after it goes idle.)
+database's client backends but the bench's own connections; Postgres's shared processes (WAL writer,
+checkpointer) are not counted, for either queue. Statements per job (BEGIN and COMMIT among them), and the most
+frequent ones with their planning and execution time per job, come from ``pg_stat_statements`` when the server
+preloads it (``shared_preload_libraries``), else they are not given. (Not ``pg_stat_database``'s commits: a
+backend flushes those up to 10 s after it goes idle.)
 """
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ def _lines(log: Path, event: str) -> list[dict[str, Any]]:
 
 def test_the_worker_runs_on_uvloop_and_one_signal_stops_it_idle(db_url: str, tmp_path: Path) -> None:
     """uvloop is a dependency wherever it has a wheel, and the worker's loop is mostly scheduling: tasks,
-    futures and socket readiness (docs/performance.md, "The worker's event loop"). On it, SIGTERM still drains."""
+    futures and socket readiness (docs/performance.md, "What a real worker's drain costs"). On it, SIGTERM still
+    drains."""
     project = _project(tmp_path / "project")
     log = tmp_path / "worker.log"
     proc = cli(["worker", "--config", "effectgate.toml", "--no-migrate"], log, project, DATABASE_URL=db_url)
