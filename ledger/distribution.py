@@ -160,6 +160,18 @@ def _refuse_other_kind(name: str, kind: str | None, wanted: str) -> None:
         )
 
 
+def not_owned_message(role: str, foreign: list[Step]) -> str:
+    """What ``distribute`` says when ``role`` does not own what the ``foreign`` steps change: those steps, by
+    what they do (a first distribution, or only a regroup of a ledger distributed long ago), and the objects."""
+    names = ", ".join(dict.fromkeys(s.table or s.name for s in foreign))
+    steps = "; ".join(s.what for s in foreign)
+    return (
+        f"the ledger on Citus needs: {steps}; but role {role} does not own {names}: Citus changes only what the "
+        "role owns; run `effectgate migrate` as the role that owns the ledger's tables (the one that applied the "
+        "migrations), or as a member of it; nothing was changed"
+    )
+
+
 async def distribute(conn: Conn) -> list[str]:
     """Do what ``missing`` lists, each step in its own transaction; returns what was done (empty when the
     ledger is distributed already or Citus is not installed). Call under the migration lock."""
@@ -170,12 +182,7 @@ async def distribute(conn: Conn) -> list[str]:
     if foreign:
         row = await (await conn.execute(Q["distribution_claim_function_read"])).fetchone()
         role = row["role"] if row is not None else "this role"
-        names = ", ".join(dict.fromkeys(s.table or s.name for s in foreign))
-        raise MigrationError(
-            f"the ledger is on Citus and not yet distributed, but role {role} does not own {names}: Citus "
-            "distributes only what the role owns; run `effectgate migrate` as the role that owns the ledger's "
-            "tables (the one that applied the migrations), or as a member of it; nothing was distributed"
-        )
+        raise MigrationError(not_owned_message(role, foreign))
     done: list[str] = []
     for step in todo:
         try:

@@ -281,7 +281,7 @@ async def test_a_role_that_does_not_own_the_ledger_is_told_what_it_lacks(
         assert (
             f"role {role} does not own" in message
             and "effects" in message
-            and "nothing was distributed" in message
+            and "nothing was changed" in message
         )
         cli = effectgate(url, schema)
         assert cli.returncode != 0 and "Traceback" not in cli.stderr, cli.stderr
