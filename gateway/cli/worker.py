@@ -29,6 +29,7 @@ from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.config import worker_connections
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db, shards, timeline
+from effectgate.ledger.paces import LedgerTurns
 
 from .. import metrics
 from ..config import Config, ConfigError
@@ -125,8 +126,10 @@ async def _run_worker(
         shards.SKIPS.listen(metrics.shard_reads_skipped),
     ]
     counted = metrics.downstream_call
-    # One pace per [downstream.NAME] in this process, shared by every client of that name.
-    turns = downstream_paces(config.downstreams.items())
+    # One pace per [downstream.NAME] in this process, shared by every client of that name; its max_per_second
+    # reserved from the ledger's schedule, every worker's together (pace_scope = "ledger"). A reservation is the
+    # job's own statement: on the running jobs' pool, never crowding the fetch and the heartbeat.
+    turns = downstream_paces(config.downstreams.items(), LedgerTurns(handler_pool))
     async with httpx.AsyncClient() as http:
         services = Services(
             http=http,
@@ -168,6 +171,8 @@ async def _run_worker(
             # After the drain: a handler still running could be using one. Before the loop ends, whose
             # transports the SDK clients' pooled connections hold.
             await providers.close_clients()
+            for pace in turns.values():
+                await pace.settled()  # a 429's hold on its way to the ledger, before its pool closes
             await handler_pool.close()
             await pool.close()
             for stop_watching in unwatch:

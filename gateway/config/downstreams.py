@@ -1,5 +1,5 @@
 """``[downstream.NAME]``: the APIs effects call, each with its key (never in the file in clear), timeouts,
-idempotency header, and the pace of a worker process's calls (``max_in_flight``, ``max_per_second``).
+idempotency header, and the pace of the workers' calls (``max_in_flight``, ``max_per_second``, ``pace_scope``).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from effectgate.handlers.downstream import DEFAULT_IDEMPOTENCY_HEADER, DownstreamConfig
+from effectgate.handlers.downstream import DEFAULT_IDEMPOTENCY_HEADER, PACE_SCOPES, DownstreamConfig
 
 from .reader import ConfigError as ConfigError
 from .reader import TableReader
@@ -34,6 +34,9 @@ def _downstream(reader: TableReader, env: Mapping[str, str] | None) -> Downstrea
     connect_timeout = reader.number("connect_timeout", 5.0, minimum=0.001)
     max_in_flight = reader.number("max_in_flight", None, minimum=1, integer=True)
     max_per_second = reader.number("max_per_second", None, minimum=0.001)
+    pace_scope = reader.get("pace_scope", str, "ledger")
+    if isinstance(pace_scope, str) and pace_scope not in PACE_SCOPES:
+        reader.problem("pace_scope", f"must be 'ledger' or 'process', got {pace_scope!r}")
     reader.no_unknown_keys()
     if reader.failed:
         return None
@@ -47,6 +50,7 @@ def _downstream(reader: TableReader, env: Mapping[str, str] | None) -> Downstrea
             idempotency_header=idempotency_header,
             max_in_flight=max_in_flight,
             max_per_second=max_per_second,
+            pace_scope=pace_scope,
         )
     except ValueError as exc:
         # DownstreamConfig's messages begin with the field they are about.

@@ -463,9 +463,19 @@ SETTINGS: tuple[Setting, ...] = (
         "downstream.*.max_per_second",
         "number",
         None,
-        "calls to it started a second per worker process (none: no limit), spaced evenly; divide the "
-        "provider's limit between the worker processes (Stripe: 100 a second live, 25 in a sandbox)",
+        "calls to it started a second (none: no limit), spaced evenly, by every worker process of the ledger "
+        "together (`pace_scope`); leave room below the provider's limit (Stripe: 100 a second live, 25 in a "
+        "sandbox)",
         minimum=0.001,
+        roles=_W,
+    ),
+    Setting(
+        "downstream.*.pace_scope",
+        "string",
+        "ledger",
+        "who shares `max_per_second` and a 429's hold: `ledger`, every worker process of the ledger (one "
+        "schedule in its `downstream_paces` table, a statement a call), or `process`, each alone",
+        choices=("ledger", "process"),
         roles=_W,
     ),
     # [effects.NAME] and [effects.NAME.forward]

@@ -26,8 +26,8 @@ counts as refunded.
 
 Control endpoints: `POST /_fake/payment_intents` (an intent in a given status), `GET /_fake/stats`,
 `POST /_fake/reset`, `GET|POST /_fake/faults`, and `GET /_fake/requests`:
-the latest provider requests (method, path and the headers a test asserts on: `Idempotency-Key`,
-`traceparent`, `tracestate`), oldest first, at most `_RECORDED_REQUESTS` of them.
+the latest provider requests (method, path, the headers a test asserts on: `Idempotency-Key`,
+`traceparent`, `tracestate`, and `at`, when it arrived), oldest first, at most `_RECORDED_REQUESTS` of them.
 
 The faults are `faults.py`, the answers' shapes `answers.py`. Why the rest stays one module over
 400 lines: `_FakeProviders` is one state behind one lock. The idempotency layer's claim (look up, then
@@ -158,6 +158,8 @@ class _FakeProviders:
                     "method": request.method,
                     "path": request.url.path,
                     "headers": {h: request.headers[h] for h in _RECORDED_HEADERS if h in request.headers},
+                    # When it arrived (this host's clock, seconds): how fast the callers together sent.
+                    "at": time.time(),
                 }
             )
             if mutating and key is None:

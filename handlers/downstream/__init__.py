@@ -36,14 +36,16 @@ from effectgate.handlers import tracing
 from effectgate.handlers.errors import TerminalError, TransientError, UnrecoverableError
 from effectgate.handlers.observe import CallObserver, report_call
 
-from .pace import Pace, PaceExceeded, check_limits
+from .pace import Pace, PaceExceeded, SharedTurns, check_limits
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_HEADER",
     "MAX_IDEMPOTENCY_KEY_LENGTH",
+    "PACE_SCOPES",
     "DownstreamClient",
     "DownstreamConfig",
     "Pace",
+    "SharedTurns",
     "classify_response",
     "clients",
     "paces",
@@ -60,6 +62,8 @@ DEFAULT_IDEMPOTENCY_HEADER = "Idempotency-Key"
 # RFC 9110 token characters: a header name outside them is refused by httpx at the first request.
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _AUTH_SCHEMES = ("bearer", "basic")
+#: Who shares a downstream's `max_per_second`: every worker process of the ledger, or each process alone.
+PACE_SCOPES = ("ledger", "process")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +77,10 @@ class DownstreamConfig:
     value, which names the header the key is sent in as it is (`X-Shopify-Access-Token`).
     `idempotency_header` names the header a step's key travels in (`PayPal-Request-Id`), or is None for an
     API that takes none. `timeout` bounds each read/write/pool wait and `connect_timeout` the TCP connect,
-    both in seconds. `max_in_flight` and `max_per_second` pace a worker process's calls to this API
-    (`handlers.downstream.pace`; None: no limit), a call waiting for its turn at most `timeout` seconds.
+    both in seconds. `max_in_flight` and `max_per_second` pace the calls to this API
+    (`handlers.downstream.pace`; None: no limit), a call waiting for its turn at most `timeout` seconds:
+    `max_in_flight` per worker process, `max_per_second` for every worker of the ledger together where
+    `pace_scope` is `"ledger"` (and the worker is given the ledger's schedule), per process where `"process"`.
     """
 
     base_url: str
@@ -85,6 +91,7 @@ class DownstreamConfig:
     idempotency_header: str | None = DEFAULT_IDEMPOTENCY_HEADER
     max_in_flight: int | None = None
     max_per_second: float | None = None
+    pace_scope: str = "ledger"
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.base_url)
@@ -113,11 +120,18 @@ class DownstreamConfig:
                 f"idempotency_header must be a header name or None, got {self.idempotency_header!r}"
             )
         check_limits(self.max_in_flight, self.max_per_second)
+        if self.pace_scope not in PACE_SCOPES:
+            raise ValueError(f"pace_scope must be 'ledger' or 'process', got {self.pace_scope!r}")
 
-    def pace(self) -> Pace:
-        """A new `Pace` for this API's calls (one per process and downstream: `paces`)."""
+    def pace(self, name: str = "", shared: SharedTurns | None = None) -> Pace:
+        """A new `Pace` for this API's calls (one per process and downstream: `paces`), its `max_per_second`
+        kept in `shared` under `name` where `pace_scope` is `"ledger"`."""
         return Pace(
-            max_in_flight=self.max_in_flight, max_per_second=self.max_per_second, max_wait=self.timeout
+            max_in_flight=self.max_in_flight,
+            max_per_second=self.max_per_second,
+            max_wait=self.timeout,
+            name=name,
+            shared=shared if self.pace_scope == "ledger" else None,
         )
 
     def headers(self, idempotency_key: str | None) -> dict[str, str]:
@@ -313,10 +327,14 @@ class DownstreamClient:
         )
 
 
-def paces(configs: Iterable[tuple[str, DownstreamConfig]]) -> dict[str, Pace]:
+def paces(
+    configs: Iterable[tuple[str, DownstreamConfig]], shared: SharedTurns | None = None
+) -> dict[str, Pace]:
     """One `Pace` per configured downstream, by name: built once per process (inside its event loop) and
-    handed to every client of that name, so `ctx.payments` and `ctx.downstream("payments")` share turns."""
-    return {name: config.pace() for name, config in configs}
+    handed to every client of that name, so `ctx.payments` and `ctx.downstream("payments")` share turns.
+    With `shared` (the ledger's schedule, `ledger.paces.LedgerTurns`), a `max_per_second` of `pace_scope`
+    `"ledger"` is every worker process's together."""
+    return {name: config.pace(name, shared) for name, config in configs}
 
 
 def clients(

@@ -1,11 +1,18 @@
-"""How fast one worker process calls one downstream API: at most ``max_in_flight`` calls at once, at most
-``max_per_second`` started a second, and none started before a ``429``'s ``Retry-After`` has passed.
+"""How fast worker processes call one downstream API: at most ``max_in_flight`` calls at once (per process), at
+most ``max_per_second`` started a second (per process, or for every worker of the ledger together: ``shared``),
+and none started before a ``429``'s ``Retry-After`` has passed.
 
 A worker's slots are not a rate limit: 64 slots draining a backlog of captures would call Stripe 64 times at
 once, and Stripe answers ``429`` past 100 operations a second in live mode (25 in a sandbox, 25 a second for
 most single endpoints). A ``429`` is retried with the same idempotency key, so nothing is charged twice, but
-each costs an attempt. A ``Pace`` keeps the calls under the provider's limit instead, per ``[downstream.NAME]``
-and per process (N worker processes may send N times the limit: divide it between them).
+each costs an attempt. A ``Pace`` keeps the calls under the provider's limit instead, per ``[downstream.NAME]``.
+
+The limit is the provider account's, not a process's. With ``shared`` (``SharedTurns``: the ledger's
+``downstream_paces`` row of the name, ``ledger/paces.py``; ``pace_scope = "ledger"``, the default) every worker
+process reserves its calls' starts from one schedule kept by the database's clock, so N processes together start
+at most ``max_per_second`` a second, and a ``429`` one of them sees holds the others' calls back too. Without it
+the schedule is this process's own (N processes may send N times the limit). ``max_in_flight`` is always per
+process: a count of calls at once kept in a database would outlive a process killed mid-call.
 
 A call waits for its turn in its job's slot, the job's lease renewed meanwhile, but never longer than
 ``max_wait`` (the downstream's ``timeout``): a call whose turn is further off is not sent at all and raises
@@ -13,21 +20,26 @@ A call waits for its turn in its job's slot, the job's lease renewed meanwhile, 
 and the slot goes to other work. Nothing was sent, so nothing can have happened.
 
 Start times are reserved in order (a turn is taken before the wait, with no ``await`` between reading and
-writing the schedule), so callers never start together after waiting for the same moment. ``clock`` and
-``sleep`` are parameters, so tests drive the schedule without sleeping.
+writing the schedule; shared, by one upsert of the row), so callers never start together after waiting for the
+same moment. ``clock`` and ``sleep`` are parameters, so tests drive the schedule without sleeping. A shared
+schedule that cannot be reached (the ledger down) refuses the call unsent, as a turn too far off does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from effectgate.handlers.errors import TransientError
 
-__all__ = ["MAX_HOLD", "NO_RETRY_AFTER_HOLD", "Pace", "PaceExceeded", "check_limits"]
+__all__ = ["MAX_HOLD", "NO_RETRY_AFTER_HOLD", "Pace", "PaceExceeded", "SharedTurns", "check_limits"]
+
+logger = logging.getLogger(__name__)
 
 #: The longest a ``Retry-After`` holds a downstream's calls back, seconds: a header of hours is a provider's
 #: mistake or an outage, and the job's own backoff (``retry_after`` on its error) already honours it in full.
@@ -57,12 +69,33 @@ class PaceExceeded(TransientError):
     """The call's turn to be sent was further off than its downstream's ``timeout``: it was not sent."""
 
 
+class SharedTurns(Protocol):
+    """A schedule of turns every worker process of a ledger reads and writes (``ledger.paces.LedgerTurns``).
+
+    Times are the schedule's own clock; what crosses this interface is seconds from now."""
+
+    async def take(self, name: str, interval: float, max_wait: float) -> tuple[bool, float]:
+        """Reserve ``name``'s next turn and move the one after ``interval`` seconds past it: ``(True, seconds
+        to wait for it)``; or, when it is more than ``max_wait`` seconds away, ``(False, seconds away)`` with
+        nothing reserved."""
+        ...
+
+    async def hold(self, name: str, seconds: float) -> None:
+        """No turn of ``name`` starts sooner than ``seconds`` from now (a longer hold is kept)."""
+        ...
+
+    async def held(self, name: str) -> float:
+        """Seconds left of ``name``'s hold (0: none)."""
+        ...
+
+
 class Pace:
     """The turns of one downstream's calls in this process (module docstring); ``turn()`` around each call.
 
     ``max_in_flight`` (calls at once) and ``max_per_second`` (calls started a second) are each ``None`` for
     no limit; ``max_wait`` bounds how long a call waits for its turn. ``hold(seconds)`` delays every call not
-    yet started until that many seconds from now (what a ``429`` asks for).
+    yet started until that many seconds from now (what a ``429`` asks for). With ``shared`` (and a
+    ``max_per_second``), the starts and holds are ``name``'s in that schedule, every worker process's together.
     """
 
     def __init__(
@@ -73,8 +106,12 @@ class Pace:
         max_wait: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        name: str = "",
+        shared: SharedTurns | None = None,
     ) -> None:
         check_limits(max_in_flight, max_per_second)
+        if shared is not None and not name:
+            raise ValueError("a shared pace needs the downstream's name")
         if not (isinstance(max_wait, int | float) and math.isfinite(max_wait) and max_wait >= 0):
             raise ValueError(f"max_wait must be a number of seconds >= 0, got {max_wait!r}")
         self.max_in_flight = max_in_flight
@@ -89,6 +126,11 @@ class Pace:
         # The earliest start the next caller may reserve, and the end of a 429's hold.
         self._next = -math.inf
         self._held_until = -math.inf
+        self.name = name
+        # A schedule without a rate would cost a statement a call for holds alone: holds stay local then.
+        self.shared = shared if max_per_second else None
+        # Holds on their way to the shared schedule (``hold`` is called where no await may happen).
+        self._writes: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"Pace(max_in_flight={self.max_in_flight!r}, max_per_second={self.max_per_second!r})"
@@ -98,7 +140,27 @@ class Pace:
         a ``429`` without ``Retry-After``); at most ``MAX_HOLD``, and never shortening a longer hold."""
         if seconds is None or not math.isfinite(seconds) or seconds < 0:
             seconds = NO_RETRY_AFTER_HOLD
-        self._held_until = max(self._held_until, self._clock() + min(seconds, MAX_HOLD))
+        seconds = min(seconds, MAX_HOLD)
+        self._held_until = max(self._held_until, self._clock() + seconds)
+        if self.shared is not None:
+            # This process's calls wait for it at once (above); the others' once it is written.
+            write = asyncio.get_running_loop().create_task(self._share_hold(seconds))
+            self._writes.add(write)
+            write.add_done_callback(self._writes.discard)
+
+    async def _share_hold(self, seconds: float) -> None:
+        assert self.shared is not None
+        try:
+            await self.shared.hold(self.name, seconds)
+        except Exception as exc:  # the hold still holds this process; the others may 429 once
+            logger.warning(
+                "downstream %s: the 429's hold of %.3g s was not shared: %s", self.name, seconds, exc
+            )
+
+    async def settled(self) -> None:
+        """Return once every hold this pace was given is written to the shared schedule (or failed to be)."""
+        while self._writes:
+            await asyncio.gather(*self._writes)
 
     @asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
@@ -117,7 +179,10 @@ class Pace:
             raise
         try:
             try:
-                await self._wait_for_start(started)
+                if self.shared is not None:
+                    await self._wait_for_shared_start(started)
+                else:
+                    await self._wait_for_start(started)
             finally:
                 self.waiting -= 1
             yield
@@ -156,3 +221,39 @@ class Pace:
             if self._held_until <= self._clock():
                 return
             # A 429 arrived while this call waited: its reserved start is void; take a turn after the hold.
+
+    async def _wait_for_shared_start(self, started: float) -> None:
+        assert self.shared is not None and self.max_per_second
+        while True:
+            now = self._clock()
+            if self._held_until > now:
+                # This process's own 429, perhaps not written yet: wait it out before taking a turn.
+                if self._held_until - started > self.max_wait:
+                    raise PaceExceeded(
+                        f"calls are held for {self._held_until - now:.3g} s after a 429, past the "
+                        f"{self.max_wait:g} s wait",
+                        retry_after=self._held_until - now,
+                    )
+                await self._sleep(self._held_until - now)
+                continue
+            budget = max(0.0, self.max_wait - (now - started))
+            try:
+                reserved, wait = await self.shared.take(self.name, self._interval, budget)
+            except Exception as exc:  # whatever failed, nothing was sent
+                raise PaceExceeded(f"the shared pace of {self.name} could not be read: {exc}") from exc
+            if not reserved:
+                raise PaceExceeded(
+                    f"the next turn to call is {wait:.3g} s away, past the {self.max_wait:g} s wait "
+                    "(shared by the ledger's workers)",
+                    retry_after=wait,
+                )
+            if wait <= 0:
+                return
+            await self._sleep(wait)
+            try:
+                held = await self.shared.held(self.name)
+            except Exception as exc:
+                raise PaceExceeded(f"the shared pace of {self.name} could not be read: {exc}") from exc
+            if held <= 0 and self._held_until <= self._clock():
+                return
+            # A 429 arrived (here or in another process) while this call waited: its turn is void; take another.

@@ -8,6 +8,7 @@ Run by `make citus-check` against ``CITUS_URL``; what ran and what does not hold
 from __future__ import annotations
 
 import asyncio
+import itertools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +27,7 @@ from effectgate.ledger.claims import (
 )
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.paces import LedgerTurns
 from effectgate.ledger.queries import Q
 
 pytestmark = pytest.mark.anyio
@@ -288,3 +290,23 @@ async def test_a_fenced_write_runs_on_the_cluster(conn: db.Conn) -> None:
     await jobs.save_checkpoint(conn, claimed.job_id, 1, {"at": 2}, tenant="acme")
     job = await jobs.get(conn, claimed.job_id)
     assert job is not None and job["checkpoint"] == {"at": 2}
+
+
+async def test_a_downstreams_pace_is_one_schedule_on_the_coordinator(
+    citus_url: str, citus_schema: str
+) -> None:
+    # Two pools, as two worker processes hold them: one call a second between them, the turns reserved in order.
+    pools = [db.make_pool(citus_url, min_size=1, max_size=2, schema=citus_schema) for _ in range(2)]
+    for pool in pools:
+        await pool.open(wait=True)
+    try:
+        turns = [LedgerTurns(pool) for pool in pools]
+        reserved = [await turns[i % 2].take("citus-api", 1.0, 10.0) for i in range(4)]
+        refused = await turns[0].take("citus-api", 1.0, 0.5)
+    finally:
+        for pool in pools:
+            await pool.close()
+    assert [ok for ok, _ in reserved] == [True] * 4
+    waits = [wait for _, wait in reserved]
+    assert all(b - a > 0.9 for a, b in itertools.pairwise(waits)), waits
+    assert refused[0] is False and refused[1] > 3.0

@@ -37,6 +37,9 @@ LOCAL_TABLES = {
     # Signed transmission ids (PayPal's), checked after the signature and before any tenant is read, keyed by
     # source and kept for minutes: a local table, like the failure counters.
     "transmissions": "per-source replay memory of signed transmission ids, minutes long",
+    # A downstream's shared pace (migration 0027): a provider account's limit is the deployment's, not a
+    # tenant's; a row per downstream, on the coordinator.
+    "downstream_paces": "the shared pace of each downstream API, a row per name",
 }
 
 # Known violations among distributed tables: (table, constraint or index) -> reason. Each must be fixed by a

@@ -168,12 +168,18 @@ def test_a_downstream_s_pace_is_read_and_a_wrong_limit_is_named_by_its_key() -> 
     assert (pace.max_in_flight, pace.max_per_second, pace.max_wait) == (8, 20, stripe.timeout)
     unset = parse(MINIMAL + table, env=ENV).downstreams["stripe"]
     assert (unset.max_in_flight, unset.max_per_second) == (None, None)
+    # Shared by the ledger's workers unless said otherwise.
+    assert stripe.pace_scope == unset.pace_scope == "ledger"
+    own = parse(MINIMAL + table + 'pace_scope = "process"\n', env=ENV).downstreams["stripe"]
+    assert own.pace_scope == "process"
     for wrong, message in (
         ("max_in_flight = 0", r"downstream\.stripe\.max_in_flight: must be >= 1"),
         ("max_in_flight = 2.5", r"downstream\.stripe\.max_in_flight: "),
         ('max_per_second = "fast"', r"downstream\.stripe\.max_per_second: "),
         ("max_per_second = 0", r"downstream\.stripe\.max_per_second: must be >= 0\.001"),
         ("max_in_flgiht = 4", r"downstream\.stripe\.max_in_flgiht: .*did you mean 'max_in_flight'"),
+        ('pace_scope = "cluster"', r"downstream\.stripe\.pace_scope: must be 'ledger' or 'process'"),
+        ("pace_scope = 1", r"downstream\.stripe\.pace_scope: "),
     ):
         with pytest.raises(ConfigError, match=message):
             parse(MINIMAL + table + wrong + "\n", path="eg.toml", env=ENV)

@@ -485,6 +485,9 @@ async def test_requests_are_recorded_with_the_headers_tests_assert_on_until_rese
     )
     await http.get("/v1/payment_intents/pi_rec", headers={"Authorization": "Bearer sk_secret"})
     recorded = (await http.get("/_fake/requests")).json()
+    # Each with its arrival time, in order.
+    arrivals = [request.pop("at") for request in recorded]
+    assert all(isinstance(at, float) for at in arrivals) and arrivals == sorted(arrivals)
     assert recorded == [
         {
             "method": "POST",

@@ -26,6 +26,10 @@ SLEEPING_MODULES = frozenset({"time", "asyncio", "anyio", "trio"})
 # (file under tests/, enclosing function as outer.inner) -> why time passing is what is tested there.
 ALLOWED: dict[tuple[str, str], str] = {
     (
+        "integration/test_shared_pace.py",
+        "test_a_429_while_a_call_waits_for_its_turn_voids_that_turn.sleep",
+    ): "the pace's own wait for a reserved turn, which signals when it starts: the turn's wait in time is what is tested",
+    (
         "e2e/test_penalty_box_turns.py",
         "test_a_genuine_delivery_from_a_boxed_address_is_served_while_the_flood_costs_one_request_a_turn",
     ): "the flood's answers are bounded by its duration (one per 10 ms turn); the flood running for a while is the test",
