@@ -240,7 +240,7 @@ class Pace:
             try:
                 reserved, wait = await self.shared.take(self.name, self._interval, budget)
             except Exception as exc:  # whatever failed, nothing was sent
-                raise PaceExceeded(f"the shared pace of {self.name} could not be read: {exc}") from exc
+                raise self._unreadable(exc) from exc
             if not reserved:
                 raise PaceExceeded(
                     f"the next turn to call is {wait:.3g} s away, past the {self.max_wait:g} s wait "
@@ -253,7 +253,10 @@ class Pace:
             try:
                 held = await self.shared.held(self.name)
             except Exception as exc:
-                raise PaceExceeded(f"the shared pace of {self.name} could not be read: {exc}") from exc
+                raise self._unreadable(exc) from exc
             if held <= 0 and self._held_until <= self._clock():
                 return
             # A 429 arrived (here or in another process) while this call waited: its turn is void; take another.
+
+    def _unreadable(self, exc: Exception) -> PaceExceeded:
+        return PaceExceeded(f"the shared pace of {self.name} could not be read: {exc}")

@@ -44,10 +44,9 @@ async def other_pool(db_url: str) -> AsyncIterator[db.Pool]:
 def pace_on(
     pool: db.Pool, *, per_second: float, max_wait: float = 10.0, name: str = "api", **kw: object
 ) -> Pace:
-    config = DownstreamConfig(BASE, None, max_per_second=per_second, timeout=max_wait)
     return Pace(
-        max_per_second=config.max_per_second,
-        max_wait=config.timeout,
+        max_per_second=per_second,
+        max_wait=max_wait,
         name=name,
         shared=LedgerTurns(pool),
         **kw,  # type: ignore[arg-type]
@@ -114,8 +113,7 @@ async def test_a_429_in_one_process_holds_the_other_s_calls(pool: db.Pool, other
         pace_on(pool, per_second=100, max_wait=0.5),
         pace_on(other_pool, per_second=100, max_wait=0.5),
     )
-    async with other.turn():
-        pass  # a call goes through before the 429
+    await calls(other, 1, [])  # a call goes through before the 429
     one.hold(2.0)
     await one.settled()
     sent = 0
@@ -138,8 +136,7 @@ async def test_a_429_while_a_call_waits_for_its_turn_voids_that_turn(
     one = pace_on(pool, per_second=100)
     # Two a second: the second call's turn is half a second off, and it sleeps for it.
     other = pace_on(other_pool, per_second=2, sleep=sleep, name="api")
-    async with other.turn():
-        pass
+    await calls(other, 1, [])
     started: list[float] = []
     waiting = asyncio.create_task(calls(other, 1, started))
     await asyncio.wait_for(sleeping.wait(), 5.0)
