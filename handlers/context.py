@@ -18,6 +18,7 @@ from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.jobs.steps import RecordedStep
 from effectgate.ledger.storable import jsonb_problem
+from effectgate.ledger.topology import SINGLE_NODE, Topology
 from effectgate.ledger.vocabulary import StepStatus
 
 from . import tracing
@@ -61,7 +62,7 @@ class EffectContext:
         services: Services,
         slice_budget: float,
         clock: Callable[[], float] = time.monotonic,
-        per_tenant: bool = False,
+        topology: Topology = SINGLE_NODE,
         outage_wait: float = 0.0,
     ) -> None:
         self._pool = pool
@@ -70,8 +71,8 @@ class EffectContext:
         # an orphan. Past the TTL the lease may be rescued anyway, and the fence refuses a late write.
         self._outage_wait = outage_wait
         self._lease = lease
-        # A ledger distributed by tenant (Citus): a step's write is two router statements (ledger.steps).
-        self._per_tenant = per_tenant
+        # On a ledger distributed by tenant (Citus) a step's write is two router statements (ledger.jobs.steps).
+        self._topology = topology
         self.event = event
         self._recorded = recorded
         self._services = services
@@ -285,7 +286,7 @@ class EffectContext:
                         job_id=self._lease.job_id,
                         lease_token=self._lease.lease_token,
                         tenant=self._lease.tenant,
-                        per_tenant=self._per_tenant,
+                        topology=self._topology,
                         name=name,
                         idempotency_key=key,
                         status=status,
@@ -323,7 +324,7 @@ class EffectContext:
                     job_id=self._lease.job_id,
                     lease_token=self._lease.lease_token,
                     tenant=self._lease.tenant,
-                    per_tenant=self._per_tenant,
+                    topology=self._topology,
                     name=name,
                     idempotency_key=key,
                 )

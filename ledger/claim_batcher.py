@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import psycopg
 
-from . import topology
 from .claims import Accepted, ClaimOutcome, Delivery, EffectRequest, claim_deliveries, notify_kinds
 from .db import Pool, error_kind
 from .errors import ClaimOverloaded, ClaimTimeout, DeliveryRefused, LedgerError, LedgerUnavailable
 from .queries import Q
+from .topology import SINGLE_NODE, Topology, of_pool
 
 DEFAULT_MAX_BATCH = 64
 # One batch in flight per process: measured against 2 (serve --workers 2, 64 connections, ABBA order on a loaded
@@ -255,7 +255,7 @@ class ClaimBatcher:
                     # Routed by tenant (Citus): a key at most once a batch, so every batch is one routed call per
                     # tenant; a key's repeat waits for the next batch rather than send the whole batch through
                     # the coordinator in a multi-statement transaction (a two-phase commit, even for one tenant).
-                    rounds = 1 if await self.per_tenant() else self._max_rounds
+                    rounds = 1 if (await self.topology()).claims_routed else self._max_rounds
                     batch = self._take(rounds)
                     if not batch:
                         # Whatever waits is a busy tenant's: the end of its call starts the next flusher.
@@ -280,18 +280,19 @@ class ClaimBatcher:
         finally:
             self._active -= 1
 
-    async def per_tenant(self) -> bool:
-        """Whether batches are claimed per tenant (``Topology.claims_routed``, kept once per pool). A failed
-        question is asked again by the next batch, which meanwhile takes the statement, correct everywhere."""
+    async def topology(self) -> Topology:
+        """How claims route (kept once per pool; batches are claimed per tenant where ``claims_routed``). A
+        failed question is asked again by the next batch, which meanwhile takes the statement through the
+        coordinator, correct everywhere."""
         try:
-            return (await topology.of_pool(self._pool)).claims_routed
+            return await of_pool(self._pool)
         except Exception as exc:
             log.warning("claims.routing_unknown", extra={"error": type(exc).__name__})
-            return False
+            return SINGLE_NODE
 
     async def _write(self, batch: list[_Waiting], *, woken: set[str] | None = None) -> None:
-        per_tenant = await self.per_tenant()
-        if per_tenant and woken is None:
+        routes = await self.topology()
+        if routes.claims_routed and woken is None:
             groups = _by_tenant(batch)
             if len(groups) > 1:
                 # One routed transaction per tenant, side by side; each answers and fails on its own, so a
@@ -305,7 +306,7 @@ class ClaimBatcher:
         items = [item for waiting in batch for item in waiting.items]
         try:
             async with self._pool.connection() as conn:
-                results = await claim_deliveries(conn, items, per_tenant=per_tenant, wake=woken is None)
+                results = await claim_deliveries(conn, items, topology=routes, wake=woken is None)
         except Exception as exc:
             await self._failed(batch, exc)
             return
@@ -320,7 +321,7 @@ class ClaimBatcher:
     async def _write_batch(self, batch: list[_Waiting]) -> None:
         # A batch as the flusher sends it: per tenant, a slow tenant's call is left going (DEFAULT_STRAGGLE_AFTER).
         # Splits after a failure go through _write, which waits for all its calls.
-        if not (self._max_straggling and await self.per_tenant()):
+        if not (self._max_straggling and (await self.topology()).claims_routed):
             await self._write(batch)
             return
         groups = _by_tenant(batch)

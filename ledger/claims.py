@@ -22,6 +22,7 @@ import psycopg
 from .db import Conn
 from .fingerprints import canonical_json
 from .queries import Q
+from .topology import SINGLE_NODE, Topology
 from .vocabulary import DeliveryOutcome
 
 log = logging.getLogger("effectgate.ledger")
@@ -128,7 +129,7 @@ async def claim_deliveries(
     items: Sequence[tuple[Delivery, Sequence[EffectRequest]]],
     *,
     now: datetime | None = None,
-    per_tenant: bool = False,
+    topology: Topology = SINGLE_NODE,
     wake: bool = True,
 ) -> list[list[ClaimOutcome]]:
     """Claim the effects of several deliveries in one transaction, with one statement for all of them.
@@ -137,8 +138,8 @@ async def claim_deliveries(
     key is accepted, the same payload later is a duplicate, another payload is rejected — also when
     one key comes several times here. Returns, per delivery, one outcome per effect in input order.
 
-    ``per_tenant`` (a ledger distributed by tenant on Citus, ``routed``): deliveries of one tenant, each key
-    once, on an autocommit connection are claimed by one call of ``effect_claim_tenant_v1`` that Citus runs
+    Where ``topology.claims_routed`` (the claim function distributed by tenant on Citus): deliveries of one
+    tenant, each key once, on an autocommit connection are claimed by one call of ``effect_claim_tenant_v1`` that Citus runs
     whole on that tenant's node; anything else takes the statement in a transaction, which Citus runs
     correctly, through the coordinator. The routed call wakes no one; this sends the wake-up from here after
     it, unless ``wake`` is false (a caller that claims for many tenants at once and wakes them in one go,
@@ -146,7 +147,7 @@ async def claim_deliveries(
     """
     rounds = _rounds(items)
     tenants = {delivery.tenant for delivery, _ in items}
-    if per_tenant and len(rounds) == 1 and len(tenants) == 1 and not conn.info.transaction_status:
+    if topology.claims_routed and len(rounds) == 1 and len(tenants) == 1 and not conn.info.transaction_status:
         # Distributed by tenant: one call Citus runs whole on the tenant's node, its own transaction there.
         [tenant] = tenants
         rows = await _claim_round(conn, items, rounds[0], now, tenant=tenant)

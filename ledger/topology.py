@@ -28,15 +28,25 @@ log = logging.getLogger("effectgate.ledger")
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """How statements route on this ledger."""
+    """What the database under a ledger is, each fact a service acts on named on its own.
 
-    # jobs is a Citus distributed table: job statements go tenant by tenant.
+    On a real cluster ``distributed`` implies ``citus``. A test may build ``Topology(citus=False,
+    distributed=True, claims_routed=True)`` to run the distributed statements' shapes on one Postgres: every
+    statement goes tenant by tenant, and the tenants with work are read by the one-node statement instead of
+    node by node.
+    """
+
+    # The Citus extension is installed: its catalog can be read, and tenants with work are read node by node
+    # (ledger/shards.py), so a lost worker node is skipped instead of failing the read whole.
+    citus: bool
+    # jobs is a distributed table: every job statement names its tenant (leases, heartbeats, finishes, steps,
+    # retries, the operator's writes by id, the maintenance passes), and a wake-up is sent from the coordinator.
     distributed: bool
-    # effect_claim_tenant_v1 is distributed with it: claims go per tenant (claims.claim_deliveries(per_tenant=True)).
+    # effect_claim_tenant_v1 is distributed with it: one tenant's batch of claims is one call routed to its node.
     claims_routed: bool
 
 
-SINGLE_NODE = Topology(distributed=False, claims_routed=False)
+SINGLE_NODE = Topology(citus=False, distributed=False, claims_routed=False)
 
 _by_pool: weakref.WeakKeyDictionary[Pool, Topology] = weakref.WeakKeyDictionary()
 _by_connection: weakref.WeakKeyDictionary[Conn, Topology] = weakref.WeakKeyDictionary()
@@ -49,7 +59,7 @@ async def read(conn: Conn) -> Topology:
         return SINGLE_NODE
     row = await (await conn.execute(Q["jobs_distributed_table"])).fetchone()
     if row is None or not row["distributed"]:
-        return SINGLE_NODE
+        return Topology(citus=True, distributed=False, claims_routed=False)
     row = await (await conn.execute(Q["claim_tenant_distributed"])).fetchone()
     claims_routed = row is not None and bool(row["distributed"])
     if not claims_routed:
@@ -57,7 +67,7 @@ async def read(conn: Conn) -> Topology:
             "claims.not_routed",
             extra={"hint": "effect_claim_tenant_v1 is not distributed: run `effectgate migrate`"},
         )
-    return Topology(distributed=True, claims_routed=claims_routed)
+    return Topology(citus=True, distributed=True, claims_routed=claims_routed)
 
 
 async def of(conn: Conn) -> Topology:

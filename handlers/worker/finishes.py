@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
 from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.topology import SINGLE_NODE
 
 from ..effect_kind import EffectKind
 from ..event import Transition
@@ -47,8 +48,8 @@ class FinishBatcher:
     def __init__(self, pool: db.Pool, max_batch: int = 256) -> None:
         self._pool = pool
         self._max_batch = max_batch
-        # A ledger distributed by tenant: one statement per tenant (set by the worker's first fetch).
-        self.per_tenant = False
+        # What the ledger is (set by the worker's first fetch): distributed by tenant, one statement per tenant.
+        self.topology = SINGLE_NODE
         self._queue: list[_Finishing] = []
         self.flusher: asyncio.Task[None] | None = None
         # Set by a running worker: leases the next jobs in the batch's own transaction (Worker._refill).
@@ -93,10 +94,8 @@ class FinishBatcher:
             hooks = any(item.kind.on_transition is not None for item in batch)
             if self.refill is None and not hooks:
                 # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
-                return await jobs.finish_many(
-                    conn, [item.finish for item in batch], per_tenant=self.per_tenant
-                )
-            if not hooks and not self.per_tenant:
+                return await jobs.finish_many(conn, [item.finish for item in batch], topology=self.topology)
+            if not hooks and not self.topology.distributed:
                 # First without savepoints around the finish and the refill's fetch: four round trips fewer
                 # per batch (they were a fifth of a draining worker's busy time, docs/performance.md). An
                 # error then aborts the whole transaction, which rolls back before anything was answered or
@@ -146,7 +145,7 @@ class FinishBatcher:
         start: Callable[[], None] | None = None
         async with conn.transaction():
             answers = await jobs.finish_many(
-                conn, [item.finish for item in batch], per_tenant=self.per_tenant, guarded=guarded
+                conn, [item.finish for item in batch], topology=self.topology, guarded=guarded
             )
             for item, reached in zip(batch, answers, strict=True):
                 hook = item.kind.on_transition

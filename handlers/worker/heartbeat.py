@@ -16,6 +16,7 @@ from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError
 from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.topology import SINGLE_NODE
 
 from ..context import EffectContext
 from ..effect_kind import EffectKind
@@ -46,8 +47,8 @@ class Heartbeat:
 
     def __init__(self, pool: db.Pool) -> None:
         self.pool = pool
-        # A ledger distributed by tenant: one statement per tenant (set by the worker's first fetch).
-        self.per_tenant = False
+        # What the ledger is (set by the worker's first fetch): distributed by tenant, one statement per tenant.
+        self.topology = SINGLE_NODE
         # One heartbeat for every lease this worker holds, one statement per beat.
         self._beats: dict[int, Beat] = {}
         self._beat_changed = asyncio.Event()
@@ -86,7 +87,7 @@ class Heartbeat:
                     beat_result = await heartbeats.extend_leases(
                         conn,
                         [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due],
-                        tenants=[b.lease.tenant for b in due] if self.per_tenant else None,
+                        tenants=[b.lease.tenant for b in due] if self.topology.distributed else None,
                     )
             except LedgerError as exc:
                 log.warning(

@@ -159,7 +159,7 @@ class OutcomeRecorder:
                 error=error,
                 now=now,
                 tenant=lease.tenant,
-                per_tenant=self._finishes.per_tenant,
+                topology=self._finishes.topology,
             ),
         )
         if reached.state == JobState.PENDING:

@@ -35,6 +35,7 @@ from effectgate.ledger.errors import LeaseLost, LedgerError
 from effectgate.ledger.jobs import heartbeats, steps
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import ReconcileResult
+from effectgate.ledger.topology import Topology
 
 from .. import tracing
 from ..actions import control
@@ -101,10 +102,10 @@ class Worker:
         # Set by a second stop(): the drain gives up at once instead of at its deadline.
         self._stop_now = asyncio.Event()
         self._leases: dict[int, jobs.Lease] = {}
-        # Whether the ledger is distributed by tenant (Citus): then the fetch, the heartbeat and the batched
-        # writes go one tenant at a time, each routed to its shard (jobs.fetch_and_lease). Asked at the first
-        # fetch; None until then.
-        self._per_tenant: bool | None = None
+        # What the ledger is: distributed by tenant (Citus), the fetch, the heartbeat and the batched writes go
+        # one tenant at a time, each routed to its shard (jobs.fetch_and_lease). Asked at the first fetch; None
+        # until then.
+        self._topology: Topology | None = None
         # One heartbeat for every lease this worker holds, one statement per beat.
         self._heartbeat = Heartbeat(pool)
         # Terminal transitions of many jobs, one statement (and one commit) per batch.
@@ -248,7 +249,9 @@ class Worker:
                     given_up = await heartbeats.abandon_leases(
                         conn,
                         [(lease.job_id, lease.lease_token) for lease in leases],
-                        tenants=[lease.tenant for lease in leases] if self._per_tenant else None,
+                        tenants=[lease.tenant for lease in leases]
+                        if self._topology and self._topology.distributed
+                        else None,
                     )
             except LedgerError as exc:
                 log.error(
@@ -308,9 +311,9 @@ class Worker:
                 return 0
             to_supersede: list[int] = []
             async with db.connection(self.pool) as conn:
-                if self._per_tenant is None:
-                    self._per_tenant = (await topology.of(conn)).distributed
-                    self._finishes.per_tenant = self._heartbeat.per_tenant = self._per_tenant
+                if self._topology is None:
+                    self._topology = await topology.of(conn)
+                    self._finishes.topology = self._heartbeat.topology = self._topology
                 leases = await jobs.fetch_and_lease(
                     conn,
                     owner=self.owner,
@@ -318,7 +321,7 @@ class Worker:
                     limit=limit,
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
-                    per_tenant=self._per_tenant,
+                    topology=self._topology,
                     now=self._now,
                 )
             self._start(leases)
@@ -370,7 +373,7 @@ class Worker:
                     limit=free,
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
-                    per_tenant=bool(self._per_tenant),
+                    topology=self._topology or topology.SINGLE_NODE,
                     now=self._now,
                     guarded=guarded,
                 )
@@ -512,7 +515,7 @@ class Worker:
             recorded=recorded,
             services=self.services,
             slice_budget=kind.slice_budget,
-            per_tenant=bool(self._per_tenant),
+            topology=self._topology or topology.SINGLE_NODE,
             outage_wait=kind.lease_ttl,
         )
         ctx.draining = self._stopping.is_set()

@@ -18,6 +18,7 @@ from ..db import Conn, error_kind
 from ..errors import LeaseLost, LedgerError
 from ..queries import Q
 from ..storable import storable_record, storable_text
+from ..topology import SINGLE_NODE, Topology
 from ..vocabulary import TERMINAL_STATES, JobState
 
 # How much of Postgres's refusal a stand-in terminal reason quotes.
@@ -54,7 +55,7 @@ class Finish:
     error: dict[str, Any] | None = None
     unrecoverable: bool = False
     # The job's tenant, which the statement matches the row on (read from the job where not given); with
-    # ``finish_many(per_tenant=True)`` the batch is written one tenant at a time.
+    # ``finish_many`` on a distributed ledger the batch is written one tenant at a time.
     tenant: str | None = None
 
 
@@ -90,7 +91,7 @@ async def finish_many(
     transitions: Sequence[Finish],
     *,
     now: datetime | None = None,
-    per_tenant: bool = False,
+    topology: Topology = SINGLE_NODE,
     guarded: bool = True,
 ) -> list[Reached | LedgerError | None]:
     """Many terminal transitions in one statement, each fenced by its own token; as ``finish`` each.
@@ -104,20 +105,20 @@ async def finish_many(
     refuses for what a row holds is split until that row stands alone, and that row alone is then
     written with a replacement reason and error record naming the refusal (``UnstorableOutcome``).
 
-    ``per_tenant`` (a ledger distributed by tenant on Citus): one statement per tenant, each routed to its
-    shard (deploy/README.md, "Past one Postgres").
+    Where ``topology.distributed`` (a ledger distributed by tenant on Citus): one statement per tenant, each
+    routed to its shard (deploy/README.md, "Past one Postgres").
 
     Inside the caller's transaction each statement runs in a savepoint, so that a batch Postgres refuses
-    can be split there. ``guarded=False`` (not with ``per_tenant``) sends the one statement without the
+    can be split there. ``guarded=False`` (not where distributed) sends the one statement without the
     savepoint, two round trips fewer, and does not split: any error propagates, the caller's transaction is
     aborted, and the caller must roll it back and may do it all again guarded (the worker's finish batch).
     """
     if not transitions:
         return []
     storable = await _with_tenants([_storable_finish(t) for t in transitions], conn)
-    if not guarded and not per_tenant:
+    if not guarded and not topology.distributed:
         return [*await _finish_rows(conn, storable, now, savepoint=False)]
-    if not per_tenant:
+    if not topology.distributed:
         return await _finish_split(conn, storable, now)
     groups: dict[str | None, list[Finish]] = {}
     for t in storable:
@@ -203,7 +204,7 @@ async def _finish_rows(
         "errors": [json.dumps(t.error) if t.error is not None else None for t in transitions],
         "unrecoverables": [t.unrecoverable for t in transitions],
         "now": now,
-        # One tenant's batch (per_tenant), else none: each row is still matched on its own tenant.
+        # One tenant's batch (distributed), else none: each row is still matched on its own tenant.
         "tenant": transitions[0].tenant if len({t.tenant for t in transitions}) == 1 else None,
     }
     if savepoint and conn.info.transaction_status:

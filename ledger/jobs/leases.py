@@ -23,11 +23,12 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from .. import shards, topology
+from .. import shards
 from ..db import Conn
 from ..errors import LeaseLost
 from ..queries import Q, without_cte
 from ..storable import storable_record
+from ..topology import SINGLE_NODE, Topology
 from ..vocabulary import JobState
 from .admin import AttemptRow, JobRow, Refused, attempts, cancel, get, redrive
 from .finishes import Finish, Reached, finish, finish_many
@@ -113,7 +114,7 @@ async def fetch_and_lease(
     scan_limit: int = FETCH_SCAN_LIMIT,
     hooked: Collection[str] = (),
     to_supersede: list[int] | None = None,
-    per_tenant: bool = False,
+    topology: Topology = SINGLE_NODE,
     guarded: bool = True,
 ) -> list[Lease]:
     """Lease up to ``limit`` due jobs to ``owner``; ``kinds`` maps each kind it runs to its lease TTL.
@@ -126,7 +127,7 @@ async def fetch_and_lease(
     (those with an ``on_transition`` hook) it is left pending and its id appended to ``to_supersede``, for
     the caller to cancel with the hook in the cancel's transaction.
 
-    ``per_tenant`` (a ledger distributed by tenant on Citus, ``distributed``): the one statement over every
+    Where ``topology.distributed`` (a ledger distributed by tenant on Citus) the one statement over every
     tenant is a multi-shard ``FOR UPDATE``, which Citus refuses. Instead up to ``limit`` tenants with due jobs
     are read first, by their oldest due job (no lock, ``tenants_due``: two statements, three when one tenant
     holds several of the earliest jobs), then each tenant's jobs are leased by the same statement restricted
@@ -139,11 +140,11 @@ async def fetch_and_lease(
     savepoint out, two round trips fewer: any error then propagates at once, the caller's transaction is
     aborted, and the caller must roll it back and may do it all again guarded (the worker's finish batch).
     """
-    if not per_tenant:
+    if not topology.distributed:
         return await _fetch_tenant(
             conn, owner, kinds, limit, now, scan_limit, hooked, to_supersede, None, guarded
         )
-    tenants = await tenants_due(conn, kinds=kinds, limit=limit, now=now)
+    tenants = await tenants_due(conn, kinds=kinds, limit=limit, now=now, topology=topology)
     if not tenants:
         return []
     # Each tenant found gets a fair share of the batch first (the earliest the odd places): asked in discovery's
@@ -176,6 +177,7 @@ async def tenants_due(
     kinds: Mapping[str, float],
     limit: int,
     now: datetime | None = None,
+    topology: Topology,
     node_connection_timeout: float = shards.DEFAULT_NODE_CONNECTION_TIMEOUT,
 ) -> list[str]:
     """Up to ``limit`` distinct tenants with due pending jobs of ``kinds``, ordered by each one's oldest due
@@ -188,8 +190,8 @@ async def tenants_due(
     shard stepping from tenant to tenant on its tenant-keyed index (``job_tenants_due_on_shard``). If a worker
     node cannot be reached (Citus fails the first statement whole), the same node-by-node read is made: the
     tenants of the nodes that answer come back, the lost node's shards are logged, and its tenants come back
-    in the first fetch after it returns. On one Postgres (per-tenant leasing there is only for tests) the
-    second read is ``job_tenants_due_one_node``. ``node_connection_timeout`` bounds how long a node that does not
+    in the first fetch after it returns. Without Citus (``topology.citus`` false: per-tenant leasing on one
+    Postgres is only for tests) the second read is ``job_tenants_due_one_node``. ``node_connection_timeout`` bounds how long a node that does not
     answer holds the fetch (each read)."""
     unpaused: list[str] | None = None
     try:
@@ -210,7 +212,7 @@ async def tenants_due(
         tenants = list(dict.fromkeys(row["tenant"] for row in rows))
         if len(rows) < limit or len(tenants) >= limit:
             return tenants
-        if not (await topology.of(conn)).distributed:
+        if not topology.citus:
             rows = await (await conn.execute(Q["job_tenants_due_one_node"], params)).fetchall()
             return [row["tenant"] for row in rows]
     except psycopg.Error as exc:
@@ -420,13 +422,12 @@ async def retry(
     error: dict[str, Any],
     now: datetime | None = None,
     tenant: str | None = None,
-    per_tenant: bool = False,
+    topology: Topology = SINGLE_NODE,
 ) -> Reached:
     """Give the job back for another attempt after ``delay`` seconds, fenced; ``cancelled`` if a cancel
     was asked meanwhile. The attempt's error is stored with it. Raises ``LeaseLost``.
 
-    A retry due at once wakes the workers of its kind. ``per_tenant`` (a ledger distributed by tenant,
-    ``distributed``): the statement runs on the tenant's worker node, where its NOTIFY is heard by nobody, so
+    A retry due at once wakes the workers of its kind. Where ``topology.distributed`` the statement runs on the tenant's worker node, where its NOTIFY is heard by nobody, so
     the wake-up is sent again from this session (the coordinator)."""
     row = await (
         await conn.execute(
@@ -442,7 +443,7 @@ async def retry(
         )
     ).fetchone()
     reached = _reached(job_id, lease_token, row)
-    if per_tenant and delay <= 0 and reached.state == JobState.PENDING:
+    if topology.distributed and delay <= 0 and reached.state == JobState.PENDING:
         assert row is not None  # _reached raised LeaseLost otherwise
         await conn.execute(Q["jobs_notify"], {"kinds": [row["kind"]]})
     return reached

@@ -12,6 +12,7 @@ from ..db import Conn
 from ..errors import LeaseLost, StepAlreadyRecorded
 from ..queries import Q
 from ..storable import storable_error
+from ..topology import SINGLE_NODE, Topology
 from ..vocabulary import StepStatus
 
 
@@ -52,15 +53,15 @@ async def record(
     error: Any = None,
     found: bool = False,
     now: datetime | None = None,
-    per_tenant: bool = False,
+    topology: Topology = SINGLE_NODE,
 ) -> None:
     """Record a step's outcome under the current lease. Raises ``LeaseLost`` or ``StepAlreadyRecorded``.
     ``found``: the outcome is what the step's ``find`` returned, not an answer to a call made now.
 
-    ``per_tenant`` (a ledger distributed by tenant, ``topology``; ``tenant`` required): two router
+    Where ``topology.distributed`` (a ledger distributed by tenant; ``tenant`` required): two router
     statements in one transaction on the tenant's node instead of one statement Citus would plan as
     subplans."""
-    if per_tenant:
+    if topology.distributed:
         await _write_routed(
             conn,
             "step_lease_progress_if_leased",
@@ -110,14 +111,14 @@ async def mark_started(
     idempotency_key: str,
     tenant: str | None = None,
     now: datetime | None = None,
-    per_tenant: bool = False,
+    topology: Topology = SINGLE_NODE,
 ) -> None:
     """Commit a ``started`` marker for a step about to call downstream, under the current lease.
 
     Raises ``LeaseLost`` if the token no longer holds, ``StepAlreadyRecorded`` if the step has an outcome.
-    ``per_tenant``: as ``record``.
+    ``topology``: as ``record``.
     """
-    if per_tenant:
+    if topology.distributed:
         await _write_routed(
             conn,
             "step_lease_lock_if_leased",

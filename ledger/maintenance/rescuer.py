@@ -97,8 +97,7 @@ class LeaseRescuer:
         ``batch`` in all, and the workers are woken from this session (a routed statement's NOTIFY fires on a
         worker node, where nobody listens)."""
         result = RescueResult()
-        per_tenant = (await topology.of(conn)).distributed
-        if not per_tenant:
+        if not (await topology.of(conn)).distributed:
             await self._rescue(conn, now, self.config.batch, None, result)
             return result
         found = await shards.tenants_on_live_nodes(

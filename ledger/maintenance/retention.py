@@ -143,7 +143,7 @@ class RetentionKeeper:
 
     def __init__(self, config: RetentionConfig | None = None) -> None:
         self.config = config or RetentionConfig()
-        self._per_tenant = False  # this pass's connection's topology.of(conn).distributed
+        self._distributed = False  # this pass's connection's topology.of(conn).distributed
         self._skipped: list[shards.Skipped] = []  # this pass's unreached worker nodes (Citus), logged once
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RetentionResult:
@@ -152,7 +152,7 @@ class RetentionKeeper:
         that batch only, never for the whole pass."""
         c = self.config
         result = RetentionResult(dict.fromkeys(PURGED, 0))
-        self._per_tenant = (await topology.of(conn)).distributed
+        self._distributed = (await topology.of(conn)).distributed
         self._skipped = []
         limit = {"now": now, "limit": c.batch, "tenant": None}
         payload_policy = {
@@ -262,7 +262,7 @@ class RetentionKeeper:
         rescue) for one statement per tenant."""
         c = self.config
         read_from = _TENANTS_OF.get(query)
-        if not self._per_tenant or read_from is None:
+        if not self._distributed or read_from is None:
             for _ in range(c.batches_per_pass):
                 if await self._batch(conn, query, params, tally, result) < c.batch:
                     return

@@ -62,8 +62,7 @@ class PendingWaker:
         tenants with jobs pending past the shortest TTL are read first (shard by shard: a worker node that cannot be
         reached is skipped and logged, ``shards``), then each is woken by the statement
         restricted to it, and the wake-ups are sent from this session."""
-        per_tenant = (await topology.of(conn)).distributed
-        if not per_tenant:
+        if not (await topology.of(conn)).distributed:
             row = await self._wake(conn, now, self.config.batch, None)
             return WakeResult(int(row["woken"]) if row else 0)
         shortest = min([self.config.pending_ttl, *self.pending_ttls.values()])

@@ -22,12 +22,14 @@ import uuid
 from effectgate.ledger import db, topology
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.topology import SINGLE_NODE
+from tests.topologies import CITUS
 
 from .ledger import distributed_ledger
 
 
 async def client(
-    url: str, schema: str, phase: str, n: int, tenants: int, per_tenant: bool, until: float
+    url: str, schema: str, phase: str, n: int, tenants: int, routed: bool, until: float
 ) -> list[float]:
     latencies: list[float] = []
     conn = await db.connect(url, schema=schema)
@@ -48,7 +50,9 @@ async def client(
             )
             started = time.perf_counter()
             await claim_deliveries(
-                conn, [(d, [EffectRequest(key, "charge", 5, "redrive")])], per_tenant=per_tenant
+                conn,
+                [(d, [EffectRequest(key, "charge", 5, "redrive")])],
+                topology=CITUS if routed else SINGLE_NODE,
             )
             latencies.append(time.perf_counter() - started)
             i += 1

@@ -25,6 +25,7 @@ import psycopg
 
 from effectgate.ledger import db, shards
 from effectgate.ledger.jobs import leases as jobs
+from tests.topologies import CITUS
 
 from .ledger import distributed_ledger
 from .test_hot_tenant import HOT, KIND, TTL, claim, hot_backlog, nodes, tenants
@@ -85,7 +86,7 @@ async def run(url: str, backlog: int, rounds: int) -> None:
                 )
 
             async def discover() -> None:
-                await jobs.tenants_due(conn, kinds={KIND: TTL}, limit=10, now=later)
+                await jobs.tenants_due(conn, kinds={KIND: TTL}, limit=10, now=later, topology=CITUS)
 
             quiet = await median_ms(rounds, fetch)
             quiet_due = await median_ms(rounds, discover)
@@ -93,7 +94,7 @@ async def run(url: str, backlog: int, rounds: int) -> None:
             hot = await median_ms(rounds, fetch)
             hot_walk = await walk()
             hot_due = await median_ms(rounds, discover)
-            found = await jobs.tenants_due(conn, kinds={KIND: TTL}, limit=10, now=later)
+            found = await jobs.tenants_due(conn, kinds={KIND: TTL}, limit=10, now=later, topology=CITUS)
 
             async def node_by_node() -> None:
                 await shards.tenants_on_live_nodes(

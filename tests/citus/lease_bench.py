@@ -5,13 +5,13 @@
         [--node-statements]
 
 One fresh schema per tenant count, migrated and distributed (tests/citus/ledger.py). Each is filled with ``--jobs``
-pending jobs by real claims: one delivery, one effect per call of ``claim_deliveries(per_tenant=True)``, which
+pending jobs by real claims: one delivery, one effect per call of ``claim_deliveries(topology=CITUS)``, which
 is one routed ``effect_claim_tenant_v1`` call, ``--clients`` connections side by side, delivery i for tenant
 i mod N, so the tenants interleave in claim (run_at) order as live traffic would; then VACUUM ANALYZE.
 
 Then, alternating tenant counts (and modes) for ``--rounds`` rounds of ``--seconds`` each, ``--drainers``
-connections each do what a worker does with its slots free: ``jobs.fetch_and_lease(per_tenant=True,
-limit=--limit)`` (16 is the worker's default concurrency), then ``finish_many(per_tenant=True)`` of every lease
+connections each do what a worker does with its slots free: ``jobs.fetch_and_lease(topology=CITUS,
+limit=--limit)`` (16 is the worker's default concurrency), then ``finish_many(topology=CITUS)`` of every lease
 as succeeded. Every statement a drainer sends is timed on the client: per poll, how many the fetch and the finish
 sent, the ``job_tenants_due`` read alone, the whole fetch, the finish. The rate is the succeeded jobs each phase
 left in the database, per second; the ratios are against the statement at the fewest tenants, in the same run.
@@ -48,6 +48,7 @@ from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.queries import Q
 from effectgate.ledger.vocabulary import JobState
+from tests.topologies import CITUS
 
 from .ledger import distributed_ledger
 
@@ -113,7 +114,7 @@ async def fill(url: str, schema: str, n_jobs: int, tenants: int, clients: int) -
                     f"r-{key}", f"tenant-{i % tenants}", "stripe", f"evt-{key}", "charge.succeeded",
                     payload, fingerprint(payload), 0,
                 )  # fmt: skip
-                await claim_deliveries(conn, [(d, [EffectRequest(key, KIND, 5, "redrive")])], per_tenant=True)
+                await claim_deliveries(conn, [(d, [EffectRequest(key, KIND, 5, "redrive")])], topology=CITUS)
 
     started = time.monotonic()
     await asyncio.gather(*(client(c) for c in range(clients)))
@@ -127,10 +128,10 @@ async def succeeded(conn: db.Conn) -> int:
 
 
 async def sketch_fetch(conn: db.Conn, limit: int) -> list[tuple[int, int, str]]:
-    """``fetch_and_lease(per_tenant=True)`` with ``lease_sketch`` in place of the routed statement: the same
+    """``fetch_and_lease(topology=CITUS)`` with ``lease_sketch`` in place of the routed statement: the same
     tenants_due read, then one call per tenant until ``limit`` are leased."""
     leased: list[tuple[int, int, str]] = []
-    for tenant in await jobs.tenants_due(conn, kinds={KIND: TTL}, limit=limit):
+    for tenant in await jobs.tenants_due(conn, kinds={KIND: TTL}, limit=limit, topology=CITUS):
         cur = await conn.execute(
             "SELECT id, lease_token, tenant FROM lease_sketch(%s, %s, %s, %s, %s, %s, NULL)",
             (tenant, [KIND], [TTL], limit - len(leased), jobs.FETCH_SCAN_LIMIT, "lease-bench"),
@@ -205,7 +206,7 @@ async def drain(
                     leases = [
                         (x.job_id, x.lease_token, x.tenant)
                         for x in await jobs.fetch_and_lease(
-                            worker, owner="lease-bench", kinds={KIND: TTL}, limit=limit, per_tenant=True
+                            worker, owner="lease-bench", kinds={KIND: TTL}, limit=limit, topology=CITUS
                         )
                     ]
                 fetch = time.perf_counter() - t0
@@ -221,7 +222,7 @@ async def drain(
                         jobs.Finish(i, token, JobState.SUCCEEDED, "lease-bench", tenant=t)
                         for i, token, t in leases
                     ],
-                    per_tenant=True,
+                    topology=CITUS,
                 )
                 finish = time.perf_counter() - t1
                 polls.append(Poll(len(leases), fetched, due, fetch, len(timed.statements) - fetched, finish))

@@ -27,6 +27,7 @@ import psycopg
 from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
+from tests.topologies import CITUS
 
 from .ledger import (
     TRANSFER_MODES,
@@ -68,7 +69,7 @@ async def claimer(
             try:
                 # Per tenant, as the gateway claims on Citus: the call routed to the tenant's node.
                 [[out]] = await claim_deliveries(
-                    conn, [(d, [EffectRequest(key, "charge", 5, "redrive")])], per_tenant=True
+                    conn, [(d, [EffectRequest(key, "charge", 5, "redrive")])], topology=CITUS
                 )
             except Exception as exc:  # an answer the gateway would turn into a 503: counted, the key retried
                 errors.append(f"{type(exc).__name__}: {exc}"[:160])

@@ -21,6 +21,7 @@ from effectgate.ledger import db, topology
 from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries
 from effectgate.ledger.queries import Q
+from tests.topologies import CITUS
 
 from .test_ledger_on_citus import claim_params, delivery, effect, rows
 
@@ -68,7 +69,7 @@ async def test_fifty_concurrent_routed_claims_of_one_key_make_exactly_one_effect
             if ready[0] == 50:
                 connected.set()
             await start.wait()
-            [[outcome]] = await claim_deliveries(c, [(arrived, [effect("race-key")])], per_tenant=True)
+            [[outcome]] = await claim_deliveries(c, [(arrived, [effect("race-key")])], topology=CITUS)
             return outcome
 
     tasks = [asyncio.create_task(one()) for _ in range(50)]
@@ -101,7 +102,7 @@ async def test_a_routed_claim_wakes_the_coordinators_listeners_only_by_the_calle
         assert [n async for n in listener.notifies(timeout=1.0)] == []
         # Through ledger.claims: the wake-up is sent from the coordinator after the call.
         [[outcome]] = await claim_deliveries(
-            conn, [(delivery("acme", "wake-routed-1"), [effect("wake-routed-1")])], per_tenant=True
+            conn, [(delivery("acme", "wake-routed-1"), [effect("wake-routed-1")])], topology=CITUS
         )
         assert isinstance(outcome, Accepted)
         heard = [n.payload async for n in listener.notifies(timeout=2.0, stop_after=1)]
@@ -124,7 +125,7 @@ async def test_the_batcher_routes_a_batch_of_many_tenants_per_tenant(
         answered = await asyncio.gather(*(batcher.claim([item]) for item in seconds + others))
         kinds = [type(o) for [[o]] in answered]
         assert kinds == [Duplicate] * 12 + [Rejected] * 12
-        assert await batcher.per_tenant()  # the batches above were routed calls
+        assert (await batcher.topology()).claims_routed  # the batches above were routed calls
     finally:
         await batcher.close()
         await pool.close()
@@ -188,7 +189,7 @@ async def test_a_key_repeated_across_requests_is_claimed_by_routed_calls_alone(
         c.add_notice_handler(lambda diag: sent.append(diag.message_primary or ""))
 
     async with observed_batcher(citus_url, citus_schema, also=logging_remote_commands) as batcher:
-        assert await batcher.per_tenant()
+        assert (await batcher.topology()).claims_routed
         same = [(delivery("repeat", "order-1", request=f"r{n}"), [effect("order-1")]) for n in range(6)]
         other = [(delivery("repeat", "order-1", amount=999, request="x"), [effect("order-1")])]
         sent.clear()
@@ -214,7 +215,7 @@ async def test_a_batch_for_many_tenants_is_one_call_each_and_one_wake_up(
     citus_url: str, citus_schema: str
 ) -> None:
     async with observed_batcher(citus_url, citus_schema, connection_class=Counted, min_size=4) as batcher:
-        assert await batcher.per_tenant()
+        assert (await batcher.topology()).claims_routed
         items = [(delivery(f"wide-{n}", "order-1"), [effect("order-1")]) for n in range(32)]
         Counted.sent.clear()
         # One request naming 32 tenants' deliveries would take the statement; 32 requests at once fill one batch.

@@ -16,7 +16,9 @@ from effectgate.ledger.jobs import steps
 from effectgate.ledger.jobs.finishes import Finish, finish_many
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer
 from effectgate.ledger.maintenance.waker import PendingWaker, WakerConfig
+from effectgate.ledger.topology import SINGLE_NODE
 from effectgate.ledger.vocabulary import JobState, StepStatus
+from tests.topologies import CITUS
 
 from .test_ledger_on_citus import delivery, rows
 
@@ -27,7 +29,7 @@ KIND = "fence"
 
 async def claim(conn: db.Conn, tenant: str, key: str) -> int:
     [[outcome]] = await claim_deliveries(
-        conn, [(delivery(tenant, key), [EffectRequest(key, KIND, 5, "redrive")])], per_tenant=True
+        conn, [(delivery(tenant, key), [EffectRequest(key, KIND, 5, "redrive")])], topology=CITUS
     )
     assert isinstance(outcome, Accepted)
     return outcome.job_id
@@ -36,7 +38,7 @@ async def claim(conn: db.Conn, tenant: str, key: str) -> int:
 async def test_a_reclaimed_lease_fences_out_the_first_worker(conn: db.Conn) -> None:
     tenant = "fence-tenant"
     job_id = await claim(conn, tenant, "fence-1")
-    [first] = await jobs.fetch_and_lease(conn, owner="worker-a", kinds={KIND: 30.0}, limit=1, per_tenant=True)
+    [first] = await jobs.fetch_and_lease(conn, owner="worker-a", kinds={KIND: 30.0}, limit=1, topology=CITUS)
     assert first.job_id == job_id
     # Worker A stalls past its lease (a GC pause, a partition): the rescuer re-queues the job, B leases it.
     await conn.execute(
@@ -45,18 +47,16 @@ async def test_a_reclaimed_lease_fences_out_the_first_worker(conn: db.Conn) -> N
     )
     rescued = await LeaseRescuer().run_once(conn)
     assert rescued.redriven == [job_id]
-    [second] = await jobs.fetch_and_lease(
-        conn, owner="worker-b", kinds={KIND: 30.0}, limit=1, per_tenant=True
-    )
+    [second] = await jobs.fetch_and_lease(conn, owner="worker-b", kinds={KIND: 30.0}, limit=1, topology=CITUS)
     # Tokens are random (never the last one + 1): a new one, not a larger one.
     assert second.job_id == job_id and second.lease_token != first.lease_token
     # A wakes up: every write under its old token is refused, on the shard.
     with pytest.raises(LeaseLost):
         await jobs.save_checkpoint(conn, job_id, first.lease_token, {"a": 1}, tenant=tenant)
     stale = Finish(job_id, first.lease_token, JobState.SUCCEEDED, "worker-a", tenant=tenant)
-    assert await finish_many(conn, [stale], per_tenant=True) == [None]
+    assert await finish_many(conn, [stale], topology=CITUS) == [None]
     fresh = Finish(job_id, second.lease_token, JobState.SUCCEEDED, "worker-b", tenant=tenant)
-    [reached] = await finish_many(conn, [fresh], per_tenant=True)
+    [reached] = await finish_many(conn, [fresh], topology=CITUS)
     assert reached is not None and not isinstance(reached, Exception) and reached.state == JobState.SUCCEEDED
     [job] = await rows(
         conn,
@@ -94,7 +94,7 @@ async def test_racing_workers_lease_each_job_of_one_tenant_once(citus_url: str, 
             await start.wait()
             while True:
                 got = await jobs.fetch_and_lease(
-                    c, owner=f"w{n}", kinds={KIND: 30.0}, limit=3, per_tenant=True
+                    c, owner=f"w{n}", kinds={KIND: 30.0}, limit=3, topology=CITUS
                 )
                 if not got:
                     return leased
@@ -112,7 +112,7 @@ async def test_racing_workers_lease_each_job_of_one_tenant_once(citus_url: str, 
 async def test_the_rescuer_and_the_waker_run_per_tenant_on_both_nodes(citus_url: str, conn: db.Conn) -> None:
     tenants = [f"rescue-{n}" for n in range(12)]
     ids = {t: await claim(conn, t, f"rescue-{t}") for t in tenants}
-    leased = await jobs.fetch_and_lease(conn, owner="gone", kinds={KIND: 30.0}, limit=12, per_tenant=True)
+    leased = await jobs.fetch_and_lease(conn, owner="gone", kinds={KIND: 30.0}, limit=12, topology=CITUS)
     assert {lease.job_id for lease in leased} == set(ids.values())
     # The worker that held them died: every lease ran out.
     await conn.execute(
@@ -152,15 +152,15 @@ async def test_the_rescuer_and_the_waker_run_per_tenant_on_both_nodes(citus_url:
 
 async def test_a_retry_due_at_once_wakes_the_coordinators_listeners(citus_url: str, conn: db.Conn) -> None:
     tenant, kind = "retry-wake", "retry-wake"  # a kind of its own: other tests leave fence jobs due
-    for n, per_tenant in enumerate((False, True)):
+    for n, distributed in enumerate((False, True)):
         [[claimed]] = await claim_deliveries(
             conn,
             [(delivery(tenant, f"retry-wake-{n}"), [EffectRequest(f"retry-wake-{n}", kind, 5, "redrive")])],
-            per_tenant=True,
+            topology=CITUS,
         )
         assert isinstance(claimed, Accepted)
         job_id = claimed.job_id
-        [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=1, per_tenant=True)
+        [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=1, topology=CITUS)
         assert lease.job_id == job_id
         listener = await db.connect(citus_url)
         async with listener:
@@ -172,17 +172,17 @@ async def test_a_retry_due_at_once_wakes_the_coordinators_listeners(citus_url: s
                 delay=0.0,
                 error={"type": "E"},
                 tenant=tenant,
-                per_tenant=per_tenant,
+                topology=CITUS if distributed else SINGLE_NODE,
             )
             assert reached.state == JobState.PENDING
             heard = [x.payload async for x in listener.notifies(timeout=1.5, stop_after=1)]
         # The statement alone runs on the tenant's worker node: its own NOTIFY fires there, unheard. With
-        # per_tenant the wake-up is sent again from the coordinator.
-        assert heard == ([kind] if per_tenant else []), (per_tenant, heard)
+        # Distributed, the wake-up is sent again from the coordinator.
+        assert heard == ([kind] if distributed else []), (distributed, heard)
         # Leave nothing due for the next round's fetch.
-        [again] = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=1, per_tenant=True)
+        [again] = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=1, topology=CITUS)
         done = Finish(again.job_id, again.lease_token, JobState.SUCCEEDED, "w", tenant=tenant)
-        assert (await finish_many(conn, [done], per_tenant=True))[0] is not None
+        assert (await finish_many(conn, [done], topology=CITUS))[0] is not None
 
 
 async def test_a_steps_write_on_the_cluster_is_fenced_and_recorded_once(conn: db.Conn) -> None:
@@ -190,13 +190,13 @@ async def test_a_steps_write_on_the_cluster_is_fenced_and_recorded_once(conn: db
     [[claimed]] = await claim_deliveries(
         conn,
         [(delivery(tenant, "step-fence-1"), [EffectRequest("step-fence-1", kind, 5, "redrive")])],
-        per_tenant=True,
+        topology=CITUS,
     )
     assert isinstance(claimed, Accepted)
     job_id = claimed.job_id
-    [first] = await jobs.fetch_and_lease(conn, owner="a", kinds={kind: 30.0}, limit=1, per_tenant=True)
+    [first] = await jobs.fetch_and_lease(conn, owner="a", kinds={kind: 30.0}, limit=1, topology=CITUS)
     assert first.job_id == job_id
-    step = {"job_id": job_id, "tenant": tenant, "name": "charge", "idempotency_key": "k", "per_tenant": True}
+    step = {"job_id": job_id, "tenant": tenant, "name": "charge", "idempotency_key": "k", "topology": CITUS}
     await steps.mark_started(conn, lease_token=first.lease_token, **step)
     await steps.record(
         conn, lease_token=first.lease_token, status=StepStatus.SUCCEEDED, result={"id": 1}, **step

@@ -25,6 +25,7 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.queries import Q
+from tests.topologies import CITUS
 
 from .ledger import own_ledger_fixtures
 from .test_ledger_on_citus import delivery
@@ -206,13 +207,13 @@ async def test_a_neighbours_jobs_are_leased_in_the_first_fetch_beside_a_hot_tena
     conn: db.Conn, world: dict[str, Any]
 ) -> None:
     w = await setup(conn, world)
-    assert await jobs.tenants_due(conn, kinds={KIND: TTL}, limit=10, now=w["later"]) == [
+    assert await jobs.tenants_due(conn, kinds={KIND: TTL}, limit=10, now=w["later"], topology=CITUS) == [
         HOT,
         w["near"],
         w["far"],
     ]
     leases = await jobs.fetch_and_lease(
-        conn, owner="hot-test", kinds={KIND: TTL}, limit=10, now=w["later"], per_tenant=True
+        conn, owner="hot-test", kinds={KIND: TTL}, limit=10, now=w["later"], topology=CITUS
     )
     leased = {lease.job_id for lease in leases}
     # Every neighbour's job in the first fetch, the rest of the batch from the hot tenant's backlog.

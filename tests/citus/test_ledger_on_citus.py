@@ -29,6 +29,7 @@ from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.paces import LedgerTurns
 from effectgate.ledger.queries import Q
+from tests.topologies import CITUS
 
 pytestmark = pytest.mark.anyio
 
@@ -251,12 +252,12 @@ async def test_the_claim_statement_is_not_a_router_plan_so_the_gateway_calls_the
 
 async def test_the_single_statement_fetch_is_refused_so_the_worker_leases_per_tenant(conn: db.Conn) -> None:
     """Over every tenant the fetch is a multi-shard FOR UPDATE, which Citus refuses: why the worker asks
-    ``topology`` and then leases one tenant at a time (``per_tenant``)."""
+    ``topology`` and then leases one tenant at a time (``topology.distributed``)."""
     assert (await topology.read(conn)).distributed
     with pytest.raises(psycopg.errors.FeatureNotSupported):
         await jobs.fetch_and_lease(conn, owner="w", kinds={"charge": 30.0}, limit=5)
     assert (
-        await jobs.fetch_and_lease(conn, owner="w", kinds={"nothing-due": 30.0}, limit=5, per_tenant=True)
+        await jobs.fetch_and_lease(conn, owner="w", kinds={"nothing-due": 30.0}, limit=5, topology=CITUS)
         == []
     )
 

@@ -30,6 +30,7 @@ from effectgate.ledger.maintenance.waker import PendingWaker
 from effectgate.ledger.queries import Q
 from effectgate.ledger.vocabulary import JobState
 from tests.prometheus import value
+from tests.topologies import CITUS
 
 from .chaos_run import node_data_dir, pg_ctl
 from .ledger import own_ledger_fixtures
@@ -88,7 +89,7 @@ async def clock(conn: db.Conn) -> datetime:
 async def fetch(conn: db.Conn, kind: str, now: datetime) -> dict[int, str]:
     """The jobs of ``kind`` leased at ``now``, and their tenants."""
     leases = await jobs.fetch_and_lease(
-        conn, owner="lost-node-test", kinds={kind: TTL}, limit=100, now=now, per_tenant=True
+        conn, owner="lost-node-test", kinds={kind: TTL}, limit=100, now=now, topology=CITUS
     )
     return {lease.job_id: lease.tenant for lease in leases}
 
@@ -117,7 +118,7 @@ async def test_a_lost_node_stops_only_its_own_tenants_and_they_resume_when_it_re
     for tenant in everyone:
         await claim(conn, tenant, f"done-{tenant}", DONE)
     done = await jobs.fetch_and_lease(
-        conn, owner="lost-node-test", kinds={DONE: TTL}, limit=100, now=now, per_tenant=True
+        conn, owner="lost-node-test", kinds={DONE: TTL}, limit=100, now=now, topology=CITUS
     )
     assert sorted(lease.tenant for lease in done) == sorted(everyone)
     reached = await finish_many(
@@ -127,7 +128,7 @@ async def test_a_lost_node_stops_only_its_own_tenants_and_they_resume_when_it_re
             for lease in done
         ],
         now=now,
-        per_tenant=True,
+        topology=CITUS,
     )
     assert all(r is not None and not isinstance(r, Exception) for r in reached), reached
     # The rescuer's: one job per tenant leased now, its lease expired TTL seconds on.

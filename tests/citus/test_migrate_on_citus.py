@@ -26,6 +26,7 @@ from effectgate.ledger.claims import Accepted, claim_deliveries
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import migrate_and_distribute, script
 from effectgate.ledger.queries import Q
+from tests.topologies import CITUS
 
 from .test_ledger_on_citus import claim_params, delivery, effect
 
@@ -179,7 +180,7 @@ async def test_migrate_alone_distributes_a_fresh_ledger_and_again_changes_nothin
         every = len(distribution.REFERENCE_TABLES) + len(distribution.DISTRIBUTED_TABLES)
         assert first.applied and len(first.distributed) == len(distribution.FILL_TRIGGERS) + every + 1 + 1
         assert INDEX in first.distributed
-        assert await topology.read(conn) == topology.Topology(distributed=True, claims_routed=True)
+        assert await topology.read(conn) == CITUS
     before = catalog(citus_url, schema)
     tables = by_name(before)
     for name in distribution.DISTRIBUTED_TABLES:
@@ -367,7 +368,7 @@ async def test_a_ledger_in_a_group_shared_with_another_gets_one_of_its_own(
         plan = "\n".join(next(iter(r.values())) for r in await cur.fetchall())
         assert "Task Count: 1" in plan and "Distributed Subplan" not in plan, plan
         again = await claim_deliveries(
-            conn, [(delivery(t, "order-1"), [effect("order-1")]) for t in tenants], per_tenant=True
+            conn, [(delivery(t, "order-1"), [effect("order-1")]) for t in tenants], topology=CITUS
         )
         assert [type(o).__name__ for [o] in again] == ["Duplicate"] * len(tenants)
         again_done = await migrate_and_distribute(conn, schema=one)

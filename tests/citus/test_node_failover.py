@@ -26,6 +26,7 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Duplicate, EffectRequest, claim_delivery
 from effectgate.ledger.jobs import leases as jobs
 from tests.e2e.processes import free_port
+from tests.topologies import CITUS
 
 from .chaos_run import PG_BIN, node_data_dir, pg_ctl
 from .ledger import own_ledger_fixtures
@@ -130,7 +131,7 @@ async def test_a_worker_nodes_synchronous_standby_takes_over_with_nothing_acknow
             assert isinstance(await claim(conn, tenant, key), Duplicate), key
         assert isinstance(await claim(conn, tenant, "after"), Accepted)
         leases = await jobs.fetch_and_lease(
-            conn, owner="ha-test", kinds={KIND: 30.0}, limit=100, per_tenant=True
+            conn, owner="ha-test", kinds={KIND: 30.0}, limit=100, topology=CITUS
         )
         assert sorted(lease.tenant for lease in leases) == [tenant] * (len(acknowledged) + 1)
     finally:

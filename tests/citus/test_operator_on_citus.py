@@ -19,6 +19,7 @@ from effectgate.ledger.jobs.admin import Refused
 from effectgate.ledger.jobs.finishes import Finish, finish_many
 from effectgate.ledger.jobs.resolutions import Resolved, resolve
 from effectgate.ledger.vocabulary import JobState, RefusalCode
+from tests.topologies import CITUS
 
 from .test_ledger_on_citus import delivery, explain
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.anyio
 async def claimed(conn: db.Conn, tenant: str, kind: str) -> int:
     key = f"{kind}-{uuid.uuid4().hex[:8]}"
     [[outcome]] = await claim_deliveries(
-        conn, [(delivery(tenant, key), [EffectRequest(key, kind, 5, "redrive")])], per_tenant=True
+        conn, [(delivery(tenant, key), [EffectRequest(key, kind, 5, "redrive")])], topology=CITUS
     )
     assert isinstance(outcome, Accepted)
     return outcome.job_id
@@ -36,10 +37,10 @@ async def claimed(conn: db.Conn, tenant: str, kind: str) -> int:
 
 async def parked(conn: db.Conn, tenant: str, kind: str) -> int:
     job_id = await claimed(conn, tenant, kind)
-    [lease] = await jobs.fetch_and_lease(conn, owner="op-test", kinds={kind: 30.0}, limit=1, per_tenant=True)
+    [lease] = await jobs.fetch_and_lease(conn, owner="op-test", kinds={kind: 30.0}, limit=1, topology=CITUS)
     assert lease.job_id == job_id
     done = Finish(job_id, lease.lease_token, JobState.PARKED, "op-test", reason="declined", tenant=tenant)
-    assert (await finish_many(conn, [done], per_tenant=True))[0] is not None
+    assert (await finish_many(conn, [done], topology=CITUS))[0] is not None
     return job_id
 
 
@@ -54,7 +55,7 @@ async def test_cancel_a_pending_job_and_flag_a_running_one(conn: db.Conn) -> Non
     pending = await claimed(conn, "op-a", kind)
     assert await jobs.cancel(conn, pending, by="ops") == JobState.CANCELLED
     running = await claimed(conn, "op-b", kind)
-    [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=1, per_tenant=True)
+    [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=1, topology=CITUS)
     assert lease.job_id == running
     assert await jobs.cancel(conn, running, by="ops") == JobState.RUNNING
     job = await jobs.get(conn, running)

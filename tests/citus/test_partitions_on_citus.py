@@ -13,6 +13,7 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, claim_deliveries
 from effectgate.ledger.maintenance.partitions import PartitionConfig, PartitionKeeper
 from effectgate.ledger.maintenance.retention import RetentionConfig
+from tests.topologies import CITUS
 
 from .test_ledger_on_citus import delivery, effect, rows
 
@@ -51,7 +52,7 @@ async def test_time_partitions_are_made_distributed_and_dropped_on_the_cluster(
     # read on that node, names the shard: the partition's name and the shard's id).
     tomorrow = now + timedelta(days=1)
     [[outcome]] = await claim_deliveries(
-        conn, [(delivery("part-t", "part-1"), [effect("part-1")])], now=tomorrow, per_tenant=True
+        conn, [(delivery("part-t", "part-1"), [effect("part-1")])], now=tomorrow, topology=CITUS
     )
     assert isinstance(outcome, Accepted)
     [row] = await rows(

@@ -14,6 +14,7 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries
 from effectgate.ledger.reports import BY_NAME, views
 from effectgate.ledger.reports.spec import ReportQuery, run
+from tests.topologies import CITUS
 
 from .test_ledger_on_citus import delivery, effect, nodes_holding, rows
 
@@ -42,12 +43,12 @@ async def test_duplicates_and_key_conflicts_are_reported_once_each_across_nodes(
     for tenant in names:
         for key in ("a", "b"):
             k = f"{tenant}-{key}"
-            [[first]] = await claim_deliveries(conn, [(delivery(tenant, k), [effect(k)])], per_tenant=True)
-            [[again]] = await claim_deliveries(conn, [(delivery(tenant, k), [effect(k)])], per_tenant=True)
+            [[first]] = await claim_deliveries(conn, [(delivery(tenant, k), [effect(k)])], topology=CITUS)
+            [[again]] = await claim_deliveries(conn, [(delivery(tenant, k), [effect(k)])], topology=CITUS)
             assert isinstance(first, Accepted) and isinstance(again, Duplicate)
         k = f"{tenant}-a"
         [[other]] = await claim_deliveries(
-            conn, [(delivery(tenant, k, amount=7), [effect(k)])], per_tenant=True
+            conn, [(delivery(tenant, k, amount=7), [effect(k)])], topology=CITUS
         )
         assert isinstance(other, Rejected)
     assert await nodes_holding(conn, citus_schema, names) >= 2

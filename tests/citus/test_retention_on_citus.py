@@ -24,6 +24,7 @@ from effectgate.ledger.maintenance.retention import (
 )
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
 from effectgate.ledger.vocabulary import JobState
+from tests.topologies import CITUS
 
 from .test_ledger_on_citus import delivery, explain, nodes_holding, rows
 
@@ -39,20 +40,20 @@ def tenants(prefix: str, n: int = 12) -> list[str]:
 
 async def claim(conn: db.Conn, tenant: str, key: str, amount: int = 100, *, matched: bool = True) -> Any:
     effects = [EffectRequest(key, KIND, 5, "redrive")] if matched else []
-    [answer] = await claim_deliveries(conn, [(delivery(tenant, key, amount), effects)], per_tenant=True)
+    [answer] = await claim_deliveries(conn, [(delivery(tenant, key, amount), effects)], topology=CITUS)
     return answer[0] if answer else None
 
 
 async def finish_all(conn: db.Conn, names: list[str]) -> None:
     """Lease and finish every pending job of ``names``' tenants, as a worker would."""
     while leases := await jobs.fetch_and_lease(
-        conn, owner="keeper-test", kinds={KIND: 30.0}, limit=50, per_tenant=True
+        conn, owner="keeper-test", kinds={KIND: 30.0}, limit=50, topology=CITUS
     ):
         done = [
             Finish(lease.job_id, lease.lease_token, JobState.SUCCEEDED, "ok", tenant=lease.tenant)
             for lease in leases
         ]
-        assert all(r is not None for r in await finish_many(conn, done, per_tenant=True))
+        assert all(r is not None for r in await finish_many(conn, done, topology=CITUS))
     left = await rows(
         conn, "SELECT count(*) AS n FROM jobs WHERE tenant = ANY(%s) AND finished_at IS NULL", names
     )

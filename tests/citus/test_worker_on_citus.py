@@ -21,6 +21,7 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
+from tests.topologies import CITUS
 
 from .test_ledger_on_citus import delivery, explain
 
@@ -94,7 +95,7 @@ ROUTER = {
     "lease_extend_if_held": {"job_ids": [1], "lease_tokens": [1], "ttls": [30.0]},
     "lease_abandon_if_held": {"job_ids": [1], "lease_tokens": [1]},
     "job_attempt_open": {"attempt": 1, "owner": "w"},
-    # A step's write on the cluster (ledger.steps, per_tenant): the fenced lock, then the upsert.
+    # A step's write on the cluster (ledger.jobs.steps, distributed): the fenced lock, then the upsert.
     "step_lease_progress_if_leased": {},
     "step_lease_lock_if_leased": {},
     "step_upsert_over_started": {
@@ -185,7 +186,7 @@ async def test_statements_per_fetch_grow_with_the_tenants_leased_from(conn: db.C
         conn.execute = counting  # type: ignore[method-assign]
         started = time.perf_counter()
         try:
-            leases = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=n, per_tenant=True)
+            leases = await jobs.fetch_and_lease(conn, owner="w", kinds={kind: 30.0}, limit=n, topology=CITUS)
         finally:
             del conn.execute
         ms = (time.perf_counter() - started) * 1000

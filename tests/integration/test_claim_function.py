@@ -17,6 +17,7 @@ import pytest
 from effectgate.ledger import claims, db, topology
 from effectgate.ledger.claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
+from tests.topologies import ROUTED_ON_ONE_NODE
 
 pytestmark = pytest.mark.anyio
 
@@ -97,7 +98,9 @@ async def rows(conn: db.Conn, tenant: str) -> dict[str, list[Any]]:
 
 async def test_the_function_decides_and_writes_as_the_statement(conn: db.Conn) -> None:
     by_statement = [await claim_deliveries(conn, batch) for batch in scenario("t-statement")]
-    by_function = [await claim_deliveries(conn, batch, per_tenant=True) for batch in scenario("t-function")]
+    by_function = [
+        await claim_deliveries(conn, batch, topology=ROUTED_ON_ONE_NODE) for batch in scenario("t-function")
+    ]
     assert [shape(b) for b in by_function] == [shape(b) for b in by_statement]
     # Not vacuous: every outcome the statement knows came out.
     seen = {o.outcome for batch in by_statement for per in batch for o in per}
@@ -112,7 +115,7 @@ async def test_a_batch_of_several_tenants_or_a_repeated_key_takes_the_statement(
         (delivery("t-b", {"id": 1}, "e1"), [effect("k")]),
         (delivery("t-b", {"id": 2}, "e2"), [effect("k")]),  # the same key again: a second round
     ]
-    outcomes = await claim_deliveries(conn, mixed, per_tenant=True)
+    outcomes = await claim_deliveries(conn, mixed, topology=ROUTED_ON_ONE_NODE)
     assert [o.outcome for [o] in outcomes] == ["accepted", "accepted", "rejected"]
 
 
@@ -132,7 +135,7 @@ async def test_a_routed_claim_wakes_the_workers_of_its_kinds_once(conn: db.Conn,
     async with listener:
         await listener.execute("LISTEN effectgate_jobs")
         batch = [(delivery("t-a", {"id": 1}, "e1"), [effect("k1", "charge"), effect("k2", "ship")])]
-        await claim_deliveries(conn, batch, per_tenant=True)
+        await claim_deliveries(conn, batch, topology=ROUTED_ON_ONE_NODE)
         # The function sends none itself (on Citus it runs where no one listens): this is the caller's.
         heard = {n.payload async for n in listener.notifies(timeout=1.0)}
         assert heard == {"charge", "ship"}
@@ -142,7 +145,7 @@ async def test_a_routed_claim_wakes_the_workers_of_its_kinds_once(conn: db.Conn,
         assert row["outcome"] == "accepted"
         assert [n async for n in listener.notifies(timeout=0.5)] == []
         # A batch that accepts nothing wakes no one: the same delivery again is a duplicate.
-        await claim_deliveries(conn, batch, per_tenant=True)
+        await claim_deliveries(conn, batch, topology=ROUTED_ON_ONE_NODE)
         assert [n async for n in listener.notifies(timeout=0.5)] == []
 
 
@@ -156,7 +159,7 @@ async def test_concurrent_routed_claims_of_one_key_accept_once(conn: db.Conn, db
         c = await db.connect(db_url)
         async with c:
             [[o]] = await claim_deliveries(
-                c, [(delivery("t-race", {"id": 1}, f"e{n}"), [effect("k")])], per_tenant=True
+                c, [(delivery("t-race", {"id": 1}, f"e{n}"), [effect("k")])], topology=ROUTED_ON_ONE_NODE
             )
             return o.outcome
 

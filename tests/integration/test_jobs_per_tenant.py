@@ -14,6 +14,7 @@ from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.vocabulary import JobState
+from tests.topologies import ROUTED_ON_ONE_NODE
 
 from .jobs_fixtures import claim, later, pool
 
@@ -32,8 +33,14 @@ async def test_a_per_tenant_fetch_leases_the_earliest_due_jobs_of_every_tenant(p
         ids = {}
         for n, (tenant, key) in enumerate((t, f"{t}-{i}") for i in (1, 2) for t in ("a", "b", "c")):
             ids[key] = await claim(conn, key, tenant=tenant, now=later(n - 60))
-        assert await jobs.tenants_due(conn, kinds={"k": 30.0}, limit=4) == ["a", "b", "c"]
-        leases = await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 30.0}, limit=4, per_tenant=True)
+        assert await jobs.tenants_due(conn, kinds={"k": 30.0}, limit=4, topology=ROUTED_ON_ONE_NODE) == [
+            "a",
+            "b",
+            "c",
+        ]
+        leases = await jobs.fetch_and_lease(
+            conn, owner="w", kinds={"k": 30.0}, limit=4, topology=ROUTED_ON_ONE_NODE
+        )
         # Tenant a first (its earliest job is the oldest), both of its jobs, then b's two: the limit is reached.
         assert [lease.job_id for lease in leases] == [ids["a-1"], ids["a-2"], ids["b-1"], ids["b-2"]]
         assert {lease.tenant for lease in leases} == {"a", "b"}
@@ -56,7 +63,7 @@ async def test_a_per_tenant_fetch_leases_the_earliest_due_jobs_of_every_tenant(p
             )
             for n, lease in enumerate(leases)
         ]
-        answers = await jobs.finish_many(conn, finishes, per_tenant=True)
+        answers = await jobs.finish_many(conn, finishes, topology=ROUTED_ON_ONE_NODE)
         assert [a.state if isinstance(a, jobs.Reached) else a for a in answers] == [
             JobState.SUCCEEDED,
             None,
@@ -75,15 +82,22 @@ async def test_a_tenants_backlog_takes_one_place_and_a_share_of_the_batch(pool: 
     async with pool.connection() as conn:
         hot = [await claim(conn, f"hot-{n}", tenant="hot", now=later(n - 60)) for n in range(6)]
         cool = await claim(conn, "cool-1", tenant="cool", now=later(-30))
-        assert await jobs.tenants_due(conn, kinds={"k": 30.0}, limit=4) == ["hot", "cool"]
-        leases = await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 30.0}, limit=4, per_tenant=True)
+        assert await jobs.tenants_due(conn, kinds={"k": 30.0}, limit=4, topology=ROUTED_ON_ONE_NODE) == [
+            "hot",
+            "cool",
+        ]
+        leases = await jobs.fetch_and_lease(
+            conn, owner="w", kinds={"k": 30.0}, limit=4, topology=ROUTED_ON_ONE_NODE
+        )
         assert [lease.job_id for lease in leases] == [*hot[:2], cool, hot[2]]
 
 
 async def test_a_fenced_write_with_another_tenant_changes_nothing(pool: db.Pool) -> None:
     async with pool.connection() as conn:
         await claim(conn, "x-1", tenant="x")
-        [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 30.0}, limit=1, per_tenant=True)
+        [lease] = await jobs.fetch_and_lease(
+            conn, owner="w", kinds={"k": 30.0}, limit=1, topology=ROUTED_ON_ONE_NODE
+        )
         with pytest.raises(LeaseLost):
             await jobs.save_checkpoint(conn, lease.job_id, lease.lease_token, {"at": 1}, tenant="not-x")
         await jobs.save_checkpoint(conn, lease.job_id, lease.lease_token, {"at": 1}, tenant="x")

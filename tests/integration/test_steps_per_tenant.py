@@ -1,4 +1,4 @@
-"""A step's write in two router statements (``per_tenant``, the Citus path of ledger/jobs/steps.py) against the one
+"""A step's write in two router statements (``topology.distributed``, the Citus path of ledger/jobs/steps.py) against the one
 statement one node sends: the same rows, the same refusals, for every case the fence and the marker have.
 
 The two paths are separate SQL texts, so this twin is what keeps them from drifting apart; the cluster tests
@@ -16,6 +16,7 @@ from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.scheduler import Reconciler
+from effectgate.ledger.topology import SINGLE_NODE, Topology
 from tests.integration.jobs_fixtures import (
     at,
     claim,
@@ -23,6 +24,7 @@ from tests.integration.jobs_fixtures import (
     module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
     rolled_back_conn,  # noqa: F401   on one database per module)
 )
+from tests.topologies import ROUTED_ON_ONE_NODE
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +46,7 @@ async def state(conn: db.Conn, job_id: int) -> dict[str, Any]:
     return {"steps": rows, "job": job}
 
 
-async def scenario(conn: db.Conn, per_tenant: bool) -> list[Any]:
+async def scenario(conn: db.Conn, topology: Topology) -> list[Any]:
     """Every case in order, each answer (None or the refusal's class) and the state after it."""
     job_id = await claim(conn, now=at(0))
     first = await lease_one(conn, ttl=10, now=at(0))
@@ -66,7 +68,7 @@ async def scenario(conn: db.Conn, per_tenant: bool) -> list[Any]:
             tenant=TENANT,
             name=name,
             idempotency_key=f"key-{name}",
-            per_tenant=per_tenant,
+            topology=topology,
         )
 
     def record(lease: jobs.Lease, name: str, status: str, **answer: Any) -> Any:
@@ -78,7 +80,7 @@ async def scenario(conn: db.Conn, per_tenant: bool) -> list[Any]:
             name=name,
             idempotency_key=f"key-{name}",
             status=status,  # type: ignore[arg-type]
-            per_tenant=per_tenant,
+            topology=topology,
             **answer,
         )
 
@@ -105,9 +107,9 @@ async def scenario(conn: db.Conn, per_tenant: bool) -> list[Any]:
 
 async def test_two_router_statements_write_exactly_what_the_one_statement_writes(conn: db.Conn) -> None:
     async with conn.transaction(force_rollback=True):
-        one = await scenario(conn, per_tenant=False)
+        one = await scenario(conn, topology=SINGLE_NODE)
     async with conn.transaction(force_rollback=True):
-        two = await scenario(conn, per_tenant=True)
+        two = await scenario(conn, topology=ROUTED_ON_ONE_NODE)
     answers = one[0::2]
     assert answers == [None, None, "StepAlreadyRecorded", "StepAlreadyRecorded", None, None, "LeaseLost",
                        "LeaseLost", None, None]  # fmt: skip
@@ -120,5 +122,11 @@ async def test_a_step_write_per_tenant_without_the_tenant_is_refused_before_the_
 ) -> None:
     with pytest.raises(ValueError, match="tenant"):
         await steps.record(
-            conn, job_id=1, lease_token=1, name="n", idempotency_key="k", status="succeeded", per_tenant=True
+            conn,
+            job_id=1,
+            lease_token=1,
+            name="n",
+            idempotency_key="k",
+            status="succeeded",
+            topology=ROUTED_ON_ONE_NODE,
         )
