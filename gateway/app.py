@@ -22,6 +22,7 @@ from effectgate.handlers import tracing
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.maintenance import reconcile_forever
 from effectgate.ledger import claim_batcher, db, shards, timeline
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.readiness import ReadinessProbe
 from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
 from effectgate.ledger.signature_failures import FailureCounter, FailureFlusher
@@ -187,10 +188,11 @@ def create_app(
         )
         await claim_pool.open(wait=False)
         app.state.claim_pool = claim_pool
+        # The process's one handle on the ledger: its pools, and what the database is, asked once.
+        ledger = Ledger(pool, claim_pool=claim_pool)
+        app.state.ledger = ledger
         # Group commit: the claims of concurrent deliveries in this process share a statement and a commit.
-        batcher = claim_batcher.ClaimBatcher(
-            claim_pool, max_queue=gw.claim_queue_max, deadline=gw.claim_deadline
-        )
+        batcher = claim_batcher.ClaimBatcher(ledger, max_queue=gw.claim_queue_max, deadline=gw.claim_deadline)
         app.state.batcher = batcher
         # What this process answered 2xx for, checked against the ledger when its connections reach another
         # timeline (a failover): the claims an asynchronous standby never received are logged and counted.
@@ -218,7 +220,7 @@ def create_app(
         reconciler = (
             asyncio.create_task(
                 reconcile_forever(
-                    pool, registry, config.worker.reconciler, stopping, observer=metrics.WORKER_OBSERVER
+                    ledger, registry, config.worker.reconciler, stopping, observer=metrics.WORKER_OBSERVER
                 )
             )
             if config.gateway.run_reconciler

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import psycopg
 
 from .claims import Accepted, ClaimOutcome, Delivery, EffectRequest, claim_deliveries, notify_kinds
-from .db import Pool, error_kind
+from .db import error_kind
 from .errors import ClaimOverloaded, ClaimTimeout, DeliveryRefused, LedgerError, LedgerUnavailable
+from .handle import Ledger
 from .queries import Q
-from .topology import SINGLE_NODE, Topology, of_pool
+from .topology import SINGLE_NODE, Topology
 
 DEFAULT_MAX_BATCH = 64
 # One batch in flight per process: measured against 2 (serve --workers 2, 64 connections, ABBA order on a loaded
@@ -104,7 +105,7 @@ class ClaimBatcher:
 
     def __init__(
         self,
-        pool: Pool,
+        ledger: Ledger,
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
@@ -120,7 +121,9 @@ class ClaimBatcher:
             )
         if max_straggling < 0 or not straggle_after > 0:
             raise ValueError("claim batcher needs max_straggling >= 0 and straggle_after > 0")
-        self._pool = pool
+        self._ledger = ledger
+        # The claim path's pool: its lock and statement timeouts bound claims and nothing else.
+        self._pool = ledger.claim_pool
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
         self._max_queue = max_queue
@@ -281,11 +284,11 @@ class ClaimBatcher:
             self._active -= 1
 
     async def topology(self) -> Topology:
-        """How claims route (kept once per pool; batches are claimed per tenant where ``claims_routed``). A
-        failed question is asked again by the next batch, which meanwhile takes the statement through the
-        coordinator, correct everywhere."""
+        """How claims route (the ledger handle's answer; batches are claimed per tenant where
+        ``claims_routed``). A failed question is asked again by the next batch, which meanwhile takes the
+        statement through the coordinator, correct everywhere."""
         try:
-            return await of_pool(self._pool)
+            return await self._ledger.topology()
         except Exception as exc:
             log.warning("claims.routing_unknown", extra={"error": type(exc).__name__})
             return SINGLE_NODE

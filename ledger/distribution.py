@@ -34,6 +34,7 @@ from psycopg import sql
 from .db import Conn
 from .errors import MigrationError
 from .queries import Q
+from .topology import citus_installed
 
 # The distributed statements read these (the fetch reads paused_kinds): a copy on every node.
 REFERENCE_TABLES = ("paused_kinds", "kind_actions")
@@ -81,16 +82,10 @@ class Step:
     table: str = ""
 
 
-async def on_citus(conn: Conn) -> bool:
-    """Whether the Citus extension is installed in this database."""
-    row = await (await conn.execute(Q["jobs_distributed_citus"])).fetchone()
-    return row is not None and bool(row["citus"])
-
-
 async def missing(conn: Conn) -> list[Step]:
     """What is left to distribute the ledger on ``conn``'s search_path, in order; empty where Citus is not
     installed or everything is done. Read-only. Objects a pending migration will create are not listed yet."""
-    if not await on_citus(conn):
+    if not await citus_installed(conn):
         return []
     names = [*REFERENCE_TABLES, *DISTRIBUTED_TABLES, *COORDINATOR_TABLES, FETCH_INDEX]
     params = {"tables": names, "triggers": list(FILL_TRIGGERS.values())}

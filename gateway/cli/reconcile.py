@@ -10,7 +10,7 @@ from typing import Any
 
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.maintenance import make_reconciler
-from effectgate.ledger import db
+from effectgate.ledger import db, topology
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import unapplied
 
@@ -35,7 +35,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                 raise MigrationError(
                     f"the ledger lacks migrations {', '.join(pending)}: run effectgate migrate"
                 )
-            return await make_reconciler(REGISTRY, config.worker.reconciler).run_once(conn)
+            async with db.translate_errors():
+                # A command run once reads what the database is once.
+                known = await topology.read(conn)
+            return await make_reconciler(REGISTRY, config.worker.reconciler, topology=known).run_once(conn)
 
     with database.ledger_url(args) as url:
         result = asyncio.run(once(url))

@@ -29,6 +29,7 @@ from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.config import worker_connections
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db, shards, timeline
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.paces import LedgerTurns
 
 from .. import metrics
@@ -146,13 +147,12 @@ async def _run_worker(
             downstreams=downstream_clients(http, config.downstreams.items(), on_call=counted, paces=turns),
         )
         worker = Worker(
-            pool,
+            Ledger(pool, handler_pool=handler_pool),
             REGISTRY,
             url=url,
             config=worker_config,
             services=services,
             observer=metrics.WORKER_OBSERVER,
-            handler_pool=handler_pool,
         )
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, worker.stop)

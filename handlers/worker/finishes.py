@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.topology import SINGLE_NODE
 
 from ..effect_kind import EffectKind
 from ..event import Transition
@@ -45,11 +45,10 @@ class FinishBatcher:
     next takes what queued meanwhile, so an idle worker's lone transition goes at once.
     """
 
-    def __init__(self, pool: db.Pool, max_batch: int = 256) -> None:
-        self._pool = pool
+    def __init__(self, ledger: Ledger, max_batch: int = 256) -> None:
+        self._ledger = ledger
+        self._pool = ledger.pool
         self._max_batch = max_batch
-        # What the ledger is (set by the worker's first fetch): distributed by tenant, one statement per tenant.
-        self.topology = SINGLE_NODE
         self._queue: list[_Finishing] = []
         self.flusher: asyncio.Task[None] | None = None
         # Set by a running worker: leases the next jobs in the batch's own transaction (Worker._refill).
@@ -94,8 +93,10 @@ class FinishBatcher:
             hooks = any(item.kind.on_transition is not None for item in batch)
             if self.refill is None and not hooks:
                 # One statement on an autocommit connection is its own transaction: no BEGIN/COMMIT.
-                return await jobs.finish_many(conn, [item.finish for item in batch], topology=self.topology)
-            if not hooks and not self.topology.distributed:
+                return await jobs.finish_many(
+                    conn, [item.finish for item in batch], topology=self._ledger.known_topology
+                )
+            if not hooks and not self._ledger.known_topology.distributed:
                 # First without savepoints around the finish and the refill's fetch: four round trips fewer
                 # per batch (they were a fifth of a draining worker's busy time, docs/performance.md). An
                 # error then aborts the whole transaction, which rolls back before anything was answered or
@@ -145,7 +146,7 @@ class FinishBatcher:
         start: Callable[[], None] | None = None
         async with conn.transaction():
             answers = await jobs.finish_many(
-                conn, [item.finish for item in batch], topology=self.topology, guarded=guarded
+                conn, [item.finish for item in batch], topology=self._ledger.known_topology, guarded=guarded
             )
             for item, reached in zip(batch, answers, strict=True):
                 hook = item.kind.on_transition

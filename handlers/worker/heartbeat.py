@@ -14,9 +14,9 @@ from typing import Any
 
 from effectgate.ledger import db
 from effectgate.ledger.errors import LedgerError
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.topology import SINGLE_NODE
 
 from ..context import EffectContext
 from ..effect_kind import EffectKind
@@ -45,10 +45,9 @@ class Beat:
 class Heartbeat:
     """The leases a worker holds, each extended at a third of its own kind's TTL, all in one statement."""
 
-    def __init__(self, pool: db.Pool) -> None:
-        self.pool = pool
-        # What the ledger is (set by the worker's first fetch): distributed by tenant, one statement per tenant.
-        self.topology = SINGLE_NODE
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.pool = ledger.pool
         # One heartbeat for every lease this worker holds, one statement per beat.
         self._beats: dict[int, Beat] = {}
         self._beat_changed = asyncio.Event()
@@ -87,7 +86,9 @@ class Heartbeat:
                     beat_result = await heartbeats.extend_leases(
                         conn,
                         [(b.lease.job_id, b.lease.lease_token, b.kind.lease_ttl) for b in due],
-                        tenants=[b.lease.tenant for b in due] if self.topology.distributed else None,
+                        tenants=[b.lease.tenant for b in due]
+                        if self._ledger.known_topology.distributed
+                        else None,
                     )
             except LedgerError as exc:
                 log.warning(

@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 from effectgate.ledger import db
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.maintenance.scheduler import (
     KindPolicy,
     Reconciler,
@@ -16,6 +17,7 @@ from effectgate.ledger.maintenance.scheduler import (
     Repaired,
 )
 from effectgate.ledger.maintenance.service import maintain_forever
+from effectgate.ledger.topology import SINGLE_NODE, Topology
 from effectgate.ledger.vocabulary import JobState
 
 from ..event import Transition
@@ -25,9 +27,12 @@ from ..registry import Registry
 log = logging.getLogger("effectgate.reconciler")
 
 
-def make_reconciler(registry: Registry, config: ReconcilerConfig | None = None) -> Reconciler:
+def make_reconciler(
+    registry: Registry, config: ReconcilerConfig | None = None, *, topology: Topology = SINGLE_NODE
+) -> Reconciler:
     """A reconciler wired to ``registry``: its sweeps, each kind's pending TTL and poison threshold, and
-    each kind's ``on_transition`` run inside the terminal transitions the lease rescuer makes."""
+    each kind's ``on_transition`` run inside the terminal transitions the lease rescuer makes; on a ledger
+    of ``topology``."""
 
     async def on_transition(conn: db.Conn, repaired: Repaired) -> None:
         kind = registry.get(repaired.kind)
@@ -37,11 +42,13 @@ def make_reconciler(registry: Registry, config: ReconcilerConfig | None = None) 
             )
 
     policies = {k.name: KindPolicy(k.pending_ttl, k.poison_threshold) for k in registry.kinds()}
-    return Reconciler(config, registry.sweeps(), kinds=policies, on_transition=on_transition)
+    return Reconciler(
+        config, registry.sweeps(), kinds=policies, on_transition=on_transition, topology=topology
+    )
 
 
 async def reconcile_forever(
-    pool: db.Pool,
+    ledger: Ledger,
     registry: Registry,
     config: ReconcilerConfig,
     stopping: asyncio.Event,
@@ -84,9 +91,13 @@ async def reconcile_forever(
             # JSON values, not the dataclass's repr: the log line is read by machines.
             log.info("reconciler.repaired", extra={"result": result.summary()})
 
+    async def reconcile(conn: db.Conn) -> ReconcileResult:
+        reconciler = make_reconciler(registry, config, topology=await ledger.topology(conn))
+        return await reconciler.run_once(conn)
+
     await maintain_forever(
-        pool,
-        lambda conn: make_reconciler(registry, config).run_once(conn),
+        ledger.pool,
+        reconcile,
         tick=config.tick,
         stopping=stopping,
         on_result=reported,

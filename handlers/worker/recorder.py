@@ -15,6 +15,7 @@ from typing import Any
 
 from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost, LedgerUnavailable
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.vocabulary import JobState
 
@@ -57,14 +58,15 @@ class OutcomeRecorder:
 
     def __init__(
         self,
-        pool: db.Pool,
+        ledger: Ledger,
         owner: str,
         config: WorkerConfig,
         observer: WorkerObserver | None,
         finishes: FinishBatcher,
     ) -> None:
+        self._ledger = ledger
         # The running jobs' pool: a retry's or a yield's transition is one slot's own write.
-        self.pool = pool
+        self.pool = ledger.handler_pool
         self.owner = owner
         self.config = config
         self.observer = observer
@@ -159,7 +161,7 @@ class OutcomeRecorder:
                 error=error,
                 now=now,
                 tenant=lease.tenant,
-                topology=self._finishes.topology,
+                topology=self._ledger.known_topology,
             ),
         )
         if reached.state == JobState.PENDING:

@@ -30,8 +30,9 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from effectgate.ledger import db, topology
+from effectgate.ledger import db
 from effectgate.ledger.errors import LeaseLost, LedgerError
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import heartbeats, steps
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import ReconcileResult
@@ -68,14 +69,15 @@ class Worker:
     ``observer``, when given, hears of every slice's end, every retry and every reclaim by this worker's
     reconciler (metrics); without one the worker reports nothing.
 
-    ``pool`` carries the worker's own statements (fetch, heartbeat, finish batch, reconciler); the running
-    jobs' writes go on ``handler_pool`` (default: ``pool``), so that with pools of their own no handler can
-    hold the connection a heartbeat waits for (``config.worker_connections``).
+    ``ledger.pool`` carries the worker's own statements (fetch, heartbeat, finish batch, reconciler); the
+    running jobs' writes go on ``ledger.handler_pool``, so that with pools of their own no handler can hold the
+    connection a heartbeat waits for (``config.worker_connections``). What the ledger is (distributed by
+    tenant or not) is the handle's answer, asked at the first fetch.
     """
 
     def __init__(
         self,
-        pool: db.Pool,
+        ledger: Ledger,
         registry: Registry,
         *,
         url: str | None = None,
@@ -83,10 +85,10 @@ class Worker:
         services: Services | None = None,
         owner: str | None = None,
         observer: WorkerObserver | None = None,
-        handler_pool: db.Pool | None = None,
     ) -> None:
-        self.pool = pool
-        self.handler_pool = pool if handler_pool is None else handler_pool
+        self.ledger = ledger
+        self.pool = ledger.pool
+        self.handler_pool = ledger.handler_pool
         self.registry = registry
         self.url = url
         self.config = config or WorkerConfig()
@@ -102,15 +104,11 @@ class Worker:
         # Set by a second stop(): the drain gives up at once instead of at its deadline.
         self._stop_now = asyncio.Event()
         self._leases: dict[int, jobs.Lease] = {}
-        # What the ledger is: distributed by tenant (Citus), the fetch, the heartbeat and the batched writes go
-        # one tenant at a time, each routed to its shard (jobs.fetch_and_lease). Asked at the first fetch; None
-        # until then.
-        self._topology: Topology | None = None
         # One heartbeat for every lease this worker holds, one statement per beat.
-        self._heartbeat = Heartbeat(pool)
+        self._heartbeat = Heartbeat(ledger)
         # Terminal transitions of many jobs, one statement (and one commit) per batch.
-        self._finishes = FinishBatcher(pool)
-        self._recorder = OutcomeRecorder(self.handler_pool, self.owner, self.config, observer, self._finishes)
+        self._finishes = FinishBatcher(ledger)
+        self._recorder = OutcomeRecorder(ledger, self.owner, self.config, observer, self._finishes)
         # Held from a fetch's free-slot count until its jobs' tasks are started: the run loop's fetch and a
         # finish batch's refill must not both fill the same free slots.
         self._fetching = asyncio.Lock()
@@ -249,9 +247,7 @@ class Worker:
                     given_up = await heartbeats.abandon_leases(
                         conn,
                         [(lease.job_id, lease.lease_token) for lease in leases],
-                        tenants=[lease.tenant for lease in leases]
-                        if self._topology and self._topology.distributed
-                        else None,
+                        tenants=[lease.tenant for lease in leases] if self._topology().distributed else None,
                     )
             except LedgerError as exc:
                 log.error(
@@ -282,19 +278,25 @@ class Worker:
 
     async def _reconcile_loop(self) -> None:
         await reconcile_forever(
-            self.pool, self.registry, self.config.reconciler, self._stopping, observer=self.observer
+            self.ledger, self.registry, self.config.reconciler, self._stopping, observer=self.observer
         )
 
     async def reconcile_once(self, *, now: datetime | None = None) -> ReconcileResult:
         """One reconciler pass on a pooled connection, with the registry's current kinds and sweeps;
         ``now`` moves its clock (tests), as in ``Reconciler.run_once``."""
         async with db.connection(self.pool) as conn:
-            result = await make_reconciler(self.registry, self.config.reconciler).run_once(conn, now=now)
+            reconciler = make_reconciler(
+                self.registry, self.config.reconciler, topology=await self.ledger.topology(conn)
+            )
+            result = await reconciler.run_once(conn, now=now)
         if self.observer is not None:
             self.observer.reconciled(result)
         return result
 
     # -- running jobs ----------------------------------------------------------------------------
+
+    def _topology(self) -> Topology:
+        return self.ledger.known_topology
 
     def _ttls(self) -> dict[str, float]:
         return {k.name: k.lease_ttl for k in self.registry.kinds()}
@@ -311,9 +313,9 @@ class Worker:
                 return 0
             to_supersede: list[int] = []
             async with db.connection(self.pool) as conn:
-                if self._topology is None:
-                    self._topology = await topology.of(conn)
-                    self._finishes.topology = self._heartbeat.topology = self._topology
+                # Distributed by tenant (Citus): the fetch, the heartbeat and the batched writes go one tenant
+                # at a time, each routed to its shard (jobs.fetch_and_lease).
+                known = await self.ledger.topology(conn)
                 leases = await jobs.fetch_and_lease(
                     conn,
                     owner=self.owner,
@@ -321,7 +323,7 @@ class Worker:
                     limit=limit,
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
-                    topology=self._topology,
+                    topology=known,
                     now=self._now,
                 )
             self._start(leases)
@@ -373,7 +375,7 @@ class Worker:
                     limit=free,
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
-                    topology=self._topology or topology.SINGLE_NODE,
+                    topology=self._topology(),
                     now=self._now,
                     guarded=guarded,
                 )
@@ -515,7 +517,7 @@ class Worker:
             recorded=recorded,
             services=self.services,
             slice_budget=kind.slice_budget,
-            topology=self._topology or topology.SINGLE_NODE,
+            topology=self._topology(),
             outage_wait=kind.lease_ttl,
         )
         ctx.draining = self._stopping.is_set()

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypedDict, cast
 
-from .. import topology
 from ..db import Conn
 from ..queries import Q
 from ..storable import storable_text
@@ -87,12 +86,11 @@ class Refused:
 
 
 async def routing(conn: Conn, job_id: int) -> tuple[bool, str | None]:
-    """Where an operator's write to job ``job_id`` goes: ``(True, None)`` on one node, without a read; on a
-    ledger distributed by tenant ``(True, its tenant)``, read by id (on every shard: the operator knows the id,
-    not the tenant), or ``(False, None)`` when there is no such job. Citus refuses, or sends to every shard,
-    a write that names no tenant."""
-    if not (await topology.of(conn)).distributed:
-        return True, None
+    """Where an operator's write to job ``job_id`` goes: ``(True, its tenant)``, read by id (on Citus a read of
+    every shard: the operator knows the id, not the tenant), or ``(False, None)`` when there is no such job.
+    The write then names the tenant, which Citus needs (it refuses, or sends to every shard, a write that
+    names none) and one Postgres matches on its primary key: one read that is right on every topology, so an
+    operator's action needs no topology."""
     row = await (await conn.execute(Q["job_tenant_get"], {"job_id": job_id})).fetchone()
     return (False, None) if row is None else (True, row["tenant"])
 

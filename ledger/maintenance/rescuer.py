@@ -15,9 +15,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .. import shards, topology
+from .. import shards
 from ..db import Conn
 from ..queries import Q
+from ..topology import SINGLE_NODE, Topology
 from ..vocabulary import JobState
 
 DEFAULT_BATCH = 1000
@@ -82,22 +83,24 @@ class LeaseRescuer:
         *,
         poison_thresholds: Mapping[str, int] | None = None,
         on_transition: TransitionHook | None = None,
+        topology: Topology = SINGLE_NODE,
     ) -> None:
         self.config = config or RescuerConfig()
         self.poison_thresholds = dict(poison_thresholds or {})
         self.on_transition = on_transition
+        self.topology = topology
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RescueResult:
         """One batch of rescues, and the hooks of the terminal ones, in the caller's transaction (or one
         of its own on an autocommit connection).
 
-        On a ledger distributed by tenant (Citus, ``topology``) the statement over every
+        On a ledger distributed by tenant (Citus, ``topology.distributed``) the statement over every
         tenant is a multi-shard ``FOR UPDATE``, which Citus refuses: the tenants of the earliest expired leases
         are read first (no lock), then each tenant's are rescued by the same statement restricted to it, up to
         ``batch`` in all, and the workers are woken from this session (a routed statement's NOTIFY fires on a
         worker node, where nobody listens)."""
         result = RescueResult()
-        if not (await topology.of(conn)).distributed:
+        if not self.topology.distributed:
             await self._rescue(conn, now, self.config.batch, None, result)
             return result
         found = await shards.tenants_on_live_nodes(

@@ -21,7 +21,7 @@ Each batch (``batch`` rows, ``DEFAULT_BATCH``) is a transaction of its own, and 
 ``report()`` say the same whichever process ran the pass, and no row lock a claim or a lease needs is held for
 longer than one batch (a whole pass in one transaction held them all until its end).
 
-On a ledger distributed by tenant (Citus, ``topology``) a statement over every tenant is a
+On a ledger distributed by tenant (Citus, ``topology.distributed``) a statement over every tenant is a
 multi-shard ``FOR UPDATE``, which Citus refuses. There each statement's sibling ``<name>_on_shard`` reads, without
 a lock and shard by shard, which tenants hold each shard's oldest ``batch`` due rows (a worker node that cannot be
 reached is skipped, logged once per pass, and its tenants purged after it returns: ``shards``); the statement then runs once per tenant (a batch, a
@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import shards, topology
+from .. import shards
 from ..db import Conn
 from ..queries import Q
+from ..topology import SINGLE_NODE, Topology
 
 DAY = 86400.0
 DEFAULT_PAYLOADS = 30 * DAY
@@ -141,9 +142,9 @@ class RetentionKeeper:
 
     name = "retention"
 
-    def __init__(self, config: RetentionConfig | None = None) -> None:
+    def __init__(self, config: RetentionConfig | None = None, *, topology: Topology = SINGLE_NODE) -> None:
         self.config = config or RetentionConfig()
-        self._distributed = False  # this pass's connection's topology.of(conn).distributed
+        self.topology = topology
         self._skipped: list[shards.Skipped] = []  # this pass's unreached worker nodes (Citus), logged once
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> RetentionResult:
@@ -152,7 +153,6 @@ class RetentionKeeper:
         that batch only, never for the whole pass."""
         c = self.config
         result = RetentionResult(dict.fromkeys(PURGED, 0))
-        self._distributed = (await topology.of(conn)).distributed
         self._skipped = []
         limit = {"now": now, "limit": c.batch, "tenant": None}
         payload_policy = {
@@ -262,7 +262,7 @@ class RetentionKeeper:
         rescue) for one statement per tenant."""
         c = self.config
         read_from = _TENANTS_OF.get(query)
-        if not self._distributed or read_from is None:
+        if not self.topology.distributed or read_from is None:
             for _ in range(c.batches_per_pass):
                 if await self._batch(conn, query, params, tally, result) < c.batch:
                     return

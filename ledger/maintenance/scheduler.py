@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ..db import Conn
+from ..topology import SINGLE_NODE, Topology
 from .partitions import PartitionConfig, PartitionKeeper, PartitionResult
 from .rescuer import (
     DEFAULT_BATCH,
@@ -215,7 +216,8 @@ class Reconciler:
     """Runs the maintenance services in order, each under its own advisory lock.
 
     ``kinds`` gives per-kind pending TTL and poison threshold; ``on_transition`` runs in the same
-    transaction as each terminal transition the lease rescuer makes (parked, cancelled).
+    transaction as each terminal transition the lease rescuer makes (parked, cancelled). ``topology`` is the
+    ledger's (its handle's): on a distributed one the rescuer, the waker and retention go tenant by tenant.
     """
 
     def __init__(
@@ -225,6 +227,7 @@ class Reconciler:
         *,
         kinds: Mapping[str, KindPolicy] | None = None,
         on_transition: TransitionHook | None = None,
+        topology: Topology = SINGLE_NODE,
     ) -> None:
         self.config = config or ReconcilerConfig()
         self.sweeps = dict(sweeps or {})
@@ -236,12 +239,14 @@ class Reconciler:
                 k: p.poison_threshold for k, p in self.kinds.items() if p.poison_threshold is not None
             },
             on_transition=on_transition,
+            topology=topology,
         )
         self.waker = PendingWaker(
             self.config.waker_config(),
             pending_ttls={k: p.pending_ttl for k, p in self.kinds.items() if p.pending_ttl is not None},
+            topology=topology,
         )
-        self.keeper = RetentionKeeper(self.config.retention_config())
+        self.keeper = RetentionKeeper(self.config.retention_config(), topology=topology)
         self.partitioner = PartitionKeeper(self.config.partitions, self.config.retention_config())
         self.sweeper = SweepRunner(self.sweeps, self.config.sweeps)
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import shards, topology
+from .. import shards
 from ..db import Conn
 from ..queries import Q
+from ..topology import SINGLE_NODE, Topology
 
 DEFAULT_PENDING_TTL = 900.0
 DEFAULT_BATCH = 1000
@@ -51,18 +52,25 @@ class PendingWaker:
 
     name = "pending_waker"
 
-    def __init__(self, config: WakerConfig | None = None, *, pending_ttls: Mapping[str, float] | None = None):
+    def __init__(
+        self,
+        config: WakerConfig | None = None,
+        *,
+        pending_ttls: Mapping[str, float] | None = None,
+        topology: Topology = SINGLE_NODE,
+    ):
         self.config = config or WakerConfig()
         self.pending_ttls = dict(pending_ttls or {})
+        self.topology = topology
 
     async def run_once(self, conn: Conn, *, now: datetime | None = None) -> WakeResult:
         """One pass: wake up to ``batch`` stale due jobs.
 
-        On a ledger distributed by tenant (Citus, ``topology``), as the lease rescuer: the
+        On a ledger distributed by tenant (Citus, ``topology.distributed``), as the lease rescuer: the
         tenants with jobs pending past the shortest TTL are read first (shard by shard: a worker node that cannot be
         reached is skipped and logged, ``shards``), then each is woken by the statement
         restricted to it, and the wake-ups are sent from this session."""
-        if not (await topology.of(conn)).distributed:
+        if not self.topology.distributed:
             row = await self._wake(conn, now, self.config.batch, None)
             return WakeResult(int(row["woken"]) if row else 0)
         shortest = min([self.config.pending_ttl, *self.pending_ttls.values()])

@@ -22,6 +22,7 @@ from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import Delivery, EffectRequest
 from effectgate.ledger.errors import ClaimOverloaded
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.handle import Ledger
 
 from .common import drop_database, fresh_database, percentile, server_url
 
@@ -38,7 +39,7 @@ def request(key: str, payload: dict[str, object]) -> list[tuple[Delivery, list[E
 async def run(url: str, seconds: float, genuine: int, flood: int, rounds: int) -> dict[str, object]:
     pool = db.make_pool(url, max_size=2, lock_timeout=0.5, statement_timeout=5.0)
     await pool.open(wait=True)
-    batcher = ClaimBatcher(pool, max_rounds=rounds)
+    batcher = ClaimBatcher(Ledger(pool), max_rounds=rounds)
     latencies: list[float] = []
     errors: collections.Counter[str] = collections.Counter()
     flood_done = 0

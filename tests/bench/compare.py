@@ -43,6 +43,7 @@ from effectgate.ledger import db
 from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import Delivery, EffectRequest
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.handle import Ledger
 
 from . import ingress, lean_gateway, pgqueuer_drain, worker
 from .claims import PAYLOAD, pgbench_rate
@@ -54,7 +55,7 @@ async def batched_claim_rate(url: str, clients: int, seconds: float) -> float:
     """Claims per second through one ClaimBatcher with ``clients`` concurrent requests, each a new key."""
     pool = db.make_pool(url, max_size=8)
     await pool.open(wait=True)
-    batcher = ClaimBatcher(pool)
+    batcher = ClaimBatcher(Ledger(pool))
     fp = fingerprint(PAYLOAD)
     done = 0
     deadline = time.monotonic() + seconds

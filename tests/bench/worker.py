@@ -23,6 +23,7 @@ from effectgate.handlers.worker.runtime import Worker, WorkerConfig
 from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.handle import Ledger
 
 from .common import drop_database, fresh_database, percentile, server_url
 
@@ -66,7 +67,7 @@ async def drain(url: str, jobs: int, concurrency: int) -> float:
     config = WorkerConfig(concurrency=concurrency, backoff_base=0, run_reconciler=False)
     # The production loop (Worker.run), not run_until_idle: a finished job wakes a fetch for the
     # free slots, as it does in `effectgate worker`.
-    worker = Worker(pool, make_registry(count), url=url, config=config)
+    worker = Worker(Ledger(pool), make_registry(count), url=url, config=config)
     started = time.monotonic()
     runner = asyncio.create_task(worker.run())
     await asyncio.wait_for(all_done.wait(), 600)
@@ -103,7 +104,7 @@ async def latency(url: str, samples: int) -> Wakeups:
     pool = db.make_pool(url, max_size=8)
     await pool.open(wait=True)
     config = WorkerConfig(concurrency=4, backoff_base=0, run_reconciler=False, poll_interval=30)
-    worker = Worker(pool, make_registry(on_start), url=url, config=config)
+    worker = Worker(Ledger(pool), make_registry(on_start), url=url, config=config)
     runner = asyncio.create_task(worker.run())
     await asyncio.sleep(0.5)  # let it LISTEN
     conn = await db.connect(url)

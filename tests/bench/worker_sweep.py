@@ -33,6 +33,7 @@ from effectgate.handlers.registry import EffectKind, Registry
 from effectgate.handlers.worker.config import DEFAULT_POLL_INTERVAL, worker_connections
 from effectgate.handlers.worker.runtime import Worker, WorkerConfig
 from effectgate.ledger import db
+from effectgate.ledger.handle import Ledger
 
 from .common import drop_database, fresh_database, server_url
 
@@ -79,7 +80,7 @@ def child(url: str, concurrency: int, delay: float, log_level: str, log_path: st
         handler_pool = db.make_pool(url, max_size=handlers, name="effectgate-worker-handlers")
         await pool.open(wait=True)
         await handler_pool.open(wait=True)
-        worker = Worker(pool, registry, url=url, config=config, handler_pool=handler_pool)
+        worker = Worker(Ledger(pool, handler_pool=handler_pool), registry, url=url, config=config)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, worker.stop)
         await worker.run()

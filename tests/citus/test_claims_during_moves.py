@@ -19,6 +19,7 @@ import pytest
 from effectgate.ledger import db
 from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import Accepted
+from effectgate.ledger.handle import Ledger
 
 from .test_ledger_on_citus import delivery, effect
 
@@ -99,7 +100,7 @@ async def test_a_tenant_whose_shard_is_moving_holds_back_no_other_tenant(
         schema=citus_schema,
     )
     await pool.open(wait=True)
-    batcher = ClaimBatcher(pool, deadline=1.0)
+    batcher = ClaimBatcher(Ledger(pool), deadline=1.0)
     holders: list[psycopg.Connection[Any]] = []
     try:
         assert (await batcher.topology()).claims_routed

@@ -20,6 +20,7 @@ from psycopg.rows import DictRow, dict_row
 from effectgate.ledger import db, topology
 from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.queries import Q
 from tests.topologies import CITUS
 
@@ -114,7 +115,7 @@ async def test_the_batcher_routes_a_batch_of_many_tenants_per_tenant(
 ) -> None:
     pool = db.make_pool(citus_url, min_size=1, max_size=8, schema=citus_schema)
     await pool.open()
-    batcher = ClaimBatcher(pool)
+    batcher = ClaimBatcher(Ledger(pool))
     try:
         tenants = [f"batch-{n}" for n in range(12)]
         firsts = [(delivery(t, "order-1"), [effect("order-1")]) for t in tenants]
@@ -167,7 +168,7 @@ async def observed_batcher(
         open=False,
     )
     await pool.open()
-    batcher = ClaimBatcher(pool)
+    batcher = ClaimBatcher(Ledger(pool))
     try:
         yield batcher
     finally:

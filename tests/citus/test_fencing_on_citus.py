@@ -45,7 +45,7 @@ async def test_a_reclaimed_lease_fences_out_the_first_worker(conn: db.Conn) -> N
         "UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE tenant = %s AND id = %s",
         (tenant, job_id),
     )
-    rescued = await LeaseRescuer().run_once(conn)
+    rescued = await LeaseRescuer(topology=CITUS).run_once(conn)
     assert rescued.redriven == [job_id]
     [second] = await jobs.fetch_and_lease(conn, owner="worker-b", kinds={KIND: 30.0}, limit=1, topology=CITUS)
     # Tokens are random (never the last one + 1): a new one, not a larger one.
@@ -129,12 +129,12 @@ async def test_the_rescuer_and_the_waker_run_per_tenant_on_both_nodes(citus_url:
     listener = await db.connect(citus_url)
     async with listener:
         await listener.execute("LISTEN effectgate_jobs")
-        result = await LeaseRescuer().run_once(conn)
+        result = await LeaseRescuer(topology=CITUS).run_once(conn)
         assert sorted(result.redriven) == sorted(ids.values())
         heard = [n.payload async for n in listener.notifies(timeout=2.0, stop_after=1)]
         assert heard == [KIND]
     # A second pass finds nothing: each lease was rescued once.
-    assert (await LeaseRescuer().run_once(conn)).repaired == []
+    assert (await LeaseRescuer(topology=CITUS).run_once(conn)).repaired == []
     states = await rows(
         conn, "SELECT state::text, count(*) AS n FROM jobs WHERE tenant = ANY(%s) GROUP BY 1", tenants
     )
@@ -145,9 +145,9 @@ async def test_the_rescuer_and_the_waker_run_per_tenant_on_both_nodes(citus_url:
         " WHERE tenant = ANY(%s)",
         (tenants,),
     )
-    woken = await PendingWaker(WakerConfig(pending_ttl=60.0)).run_once(conn)
+    woken = await PendingWaker(WakerConfig(pending_ttl=60.0), topology=CITUS).run_once(conn)
     assert woken.woken >= 12
-    assert (await PendingWaker(WakerConfig(pending_ttl=60.0)).run_once(conn)).woken == 0
+    assert (await PendingWaker(WakerConfig(pending_ttl=60.0), topology=CITUS).run_once(conn)).woken == 0
 
 
 async def test_a_retry_due_at_once_wakes_the_coordinators_listeners(citus_url: str, conn: db.Conn) -> None:
@@ -209,7 +209,7 @@ async def test_a_steps_write_on_the_cluster_is_fenced_and_recorded_once(conn: db
         "UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE tenant = %s AND id = %s",
         (tenant, job_id),
     )
-    assert (await LeaseRescuer().run_once(conn)).redriven == [job_id]
+    assert (await LeaseRescuer(topology=CITUS).run_once(conn)).redriven == [job_id]
     with pytest.raises(LeaseLost):
         await steps.mark_started(conn, lease_token=first.lease_token, **{**step, "name": "ship"})
     recorded = await steps.for_effect(conn, first.effect_id, tenant=tenant)

@@ -137,7 +137,7 @@ async def test_a_lost_node_stops_only_its_own_tenants_and_they_resume_when_it_re
     # The fetch's: one job per tenant pending, leased at that later clock (so not yet expired at it).
     second = {await claim(conn, tenant, f"second-{tenant}", KIND): tenant for tenant in everyone}
     later = now + timedelta(seconds=TTL + 1)
-    retention = RetentionKeeper(RetentionConfig(payloads=DAY))
+    retention = RetentionKeeper(RetentionConfig(payloads=DAY), topology=CITUS)
     purge_at = now + timedelta(seconds=2 * DAY)
 
     counted_before = metrics.render()
@@ -149,11 +149,11 @@ async def test_a_lost_node_stops_only_its_own_tenants_and_they_resume_when_it_re
         # The healthy node's tenants' jobs are leased, and nothing of the lost node's.
         assert await fetch(conn, KIND, later) == {j: t for j, t in second.items() if t in healthy}
         # The healthy tenants' expired leases are rescued; the lost node is named, its tenants wait.
-        rescued = await LeaseRescuer().run_once(conn, now=later)
+        rescued = await LeaseRescuer(topology=CITUS).run_once(conn, now=later)
         assert sorted(rescued.redriven) == sorted(j for j, t in first.items() if t in healthy)
         assert [s.node for s in rescued.unreached] == [lost_node]
         # The waker's pass reads past the lost node too.
-        await PendingWaker().run_once(conn, now=later)
+        await PendingWaker(topology=CITUS).run_once(conn, now=later)
         # Retention purges the healthy tenants' payloads (its counters are on the coordinator).
         purged = await retention.run_once(conn, now=purge_at)
         assert purged.purged["effects.payload"] == len(healthy)
@@ -181,7 +181,7 @@ async def test_a_lost_node_stops_only_its_own_tenants_and_they_resume_when_it_re
 
     # The node is back: its tenants simply appear again in each pass's read, on the same session.
     caplog.clear()
-    rescued = await LeaseRescuer().run_once(conn, now=later)
+    rescued = await LeaseRescuer(topology=CITUS).run_once(conn, now=later)
     assert sorted(rescued.redriven) == sorted(j for j, t in first.items() if t in lost)
     assert rescued.unreached == []
     # The lost tenants' pending jobs, and every rescued job (re-queued, due again).

@@ -120,7 +120,7 @@ async def test_the_keeper_purges_every_tenants_expired_rows_on_every_node(
 
     # Past the payload window (30 days), inside history (90): payloads go, rows stay as tombstones.
     # Passes until one purges nothing: the schema holds the other tests' rows too, older than these.
-    keeper = RetentionKeeper(RetentionConfig(batch=5))
+    keeper = RetentionKeeper(RetentionConfig(batch=5), topology=CITUS)
     await drain(keeper, conn, now + 40 * DAY)
     mid = await held(conn, names)
     assert mid["payloads"] == 0 and mid["reject_payloads"] == 0 and mid["unmatched"] == 0, mid
@@ -129,7 +129,9 @@ async def test_the_keeper_purges_every_tenants_expired_rows_on_every_node(
     assert isinstance(await claim(conn, names[0], f"{names[0]}-a"), Duplicate)
 
     # Past history (90 days) and an opted-in dedupe window: everything of these tenants goes.
-    keeper = RetentionKeeper(RetentionConfig(batch=5, history=90 * 86400.0, tombstones=100 * 86400.0))
+    keeper = RetentionKeeper(
+        RetentionConfig(batch=5, history=90 * 86400.0, tombstones=100 * 86400.0), topology=CITUS
+    )
     await drain(keeper, conn, now + 200 * DAY)
     assert set((await held(conn, names)).values()) == {0}, await held(conn, names)
 
@@ -138,7 +140,7 @@ async def test_a_pass_spends_the_same_budget_in_rows_on_many_tenants_as_on_one_n
     names = tenants("budget")
     await fill(conn, names)
     await finished_long_ago(conn, names)
-    keeper = RetentionKeeper(RetentionConfig(batch=5, batches_per_pass=2))
+    keeper = RetentionKeeper(RetentionConfig(batch=5, batches_per_pass=2), topology=CITUS)
     # 24 payloads due over 12 tenants (two each). A pass may purge 2 batches of 5: 10 rows, no more, though it
     # takes a statement per tenant (five tenants) to get them.
     first = await keeper.run_once(conn)
@@ -154,7 +156,7 @@ async def test_rows_spread_thin_over_tenants_cost_a_bounded_number_of_statements
         assert isinstance(await claim(conn, tenant, f"{tenant}-only"), Accepted)
     await finish_all(conn, names)
     await finished_long_ago(conn, names)
-    keeper = RetentionKeeper(RetentionConfig(batch=100, batches_per_pass=1))
+    keeper = RetentionKeeper(RetentionConfig(batch=100, batches_per_pass=1), topology=CITUS)
     # One due payload in each of 30 tenants; a budget of one batch (100 rows) may send TENANT_STATEMENTS_PER_BATCH
     # routed statements, so this pass purges 10 of the 30.
     first = await keeper.run_once(conn)
@@ -168,7 +170,7 @@ async def test_the_reconciler_runs_retention_on_the_cluster_without_a_failure(co
     await fill(conn, names)
     # On the database's own clock, as in production (no clock passed in: every now() is the server's).
     await finished_long_ago(conn, names)
-    reconciler = Reconciler(ReconcilerConfig(retention=RetentionConfig(batch=10)))
+    reconciler = Reconciler(ReconcilerConfig(retention=RetentionConfig(batch=10)), topology=CITUS)
     result = await reconciler.run_once(conn)
     assert result.service_errors == {}, result.service_errors
     assert RetentionKeeper.name not in result.skipped

@@ -19,6 +19,7 @@ from effectgate.handlers import EffectContext, EffectKind, Event, Registry
 from effectgate.handlers.worker.runtime import Worker, WorkerConfig
 from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 from tests.topologies import CITUS
@@ -67,7 +68,7 @@ async def test_a_claimed_job_is_leased_run_and_finished_by_a_worker(pool: db.Poo
     config = WorkerConfig(
         run_reconciler=False, poll_interval=0.05, backoff_base=0.0, reconciler=ReconcilerConfig()
     )
-    worker = Worker(pool, registry, config=config, owner="citus-worker")
+    worker = Worker(Ledger(pool), registry, config=config, owner="citus-worker")
     assert await worker.run_until_idle() == len(TENANTS)
 
     async with pool.connection() as conn:

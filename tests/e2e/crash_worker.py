@@ -17,6 +17,7 @@ from effectgate.handlers import EffectContext, Event, Registry
 from effectgate.handlers.registry import EffectKind
 from effectgate.handlers.worker.runtime import Worker, WorkerConfig
 from effectgate.ledger import db
+from effectgate.ledger.handle import Ledger
 
 KIND = "crash.count"
 ITEMS = 10
@@ -56,7 +57,9 @@ async def main(url: str, progress: str, mode: str) -> None:
     await pool.open(wait=True)
     try:
         config = WorkerConfig(backoff_base=0, run_reconciler=False, poll_interval=0.1)
-        worker = Worker(pool, build_registry(Path(progress), crash=mode == "crash"), url=url, config=config)
+        worker = Worker(
+            Ledger(pool), build_registry(Path(progress), crash=mode == "crash"), url=url, config=config
+        )
         if mode == "crash":
             await worker.run()
         else:

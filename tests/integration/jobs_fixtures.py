@@ -23,6 +23,7 @@ from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
@@ -172,7 +173,7 @@ def make_worker(
 ) -> Worker:
     """A worker on ``pool`` running ``reg``'s kinds with test defaults."""
     return Worker(
-        pool,
+        Ledger(pool),
         reg,
         url=url,
         config=worker_config(**config),

@@ -32,6 +32,7 @@ from effectgate.ledger.claims import (
 )
 from effectgate.ledger.errors import DeliveryRefused, LedgerUnavailable
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.handle import Ledger
 
 KEYS = [f"order:{n}" for n in range(6)]
 # Postgres refuses \u0000 in jsonb text: the gateway's own check would turn this away with a 400 first, so
@@ -82,7 +83,7 @@ def make(spec: Spec, index: int) -> tuple[Delivery, list[EffectRequest]]:
 
 
 @dataclass
-class Ledger:
+class SequentialLedger:
     """The sequential model: what one-after-another claims leave behind."""
 
     held: dict[tuple[str, str], str] = field(default_factory=dict)  # key -> held fingerprint
@@ -155,7 +156,7 @@ async def ledger_state(conn: db.Conn) -> dict[str, Any]:
 def check_against_model(
     specs: list[Spec], observed: dict[int, list[ClaimOutcome]], state: dict[str, Any]
 ) -> None:
-    model = Ledger()
+    model = SequentialLedger()
     for i in sequential_order(specs, observed):
         expected = model.claim(specs[i])
         got = [o.outcome for o in observed[i]]
@@ -185,7 +186,7 @@ async def through_the_batcher(
     await pool.open(wait=True)
     try:
         # A deadline no generated case reaches: the model is about order and counts, not time.
-        batcher = ClaimBatcher(pool, max_batch=max_batch, max_rounds=max_rounds, deadline=600)
+        batcher = ClaimBatcher(Ledger(pool), max_batch=max_batch, max_rounds=max_rounds, deadline=600)
         specs = [*specs[:bad_at], Spec(0, ("order:0",), unstorable=True), *specs[bad_at:]]
         items = [make(spec, i) for i, spec in enumerate(specs)]
         bad = bad_at
@@ -227,7 +228,7 @@ async def in_one_statement(url: str, specs: list[Spec]) -> None:
     observed = dict(enumerate(answers))
     # One call is one sequence: the order given is the order claimed.
     assert sequential_order(specs, observed) is not None
-    model = Ledger()
+    model = SequentialLedger()
     for i, spec in enumerate(specs):
         assert [o.outcome for o in answers[i]] == model.claim(spec), f"delivery {i} {spec}"
     check_against_model(specs, observed, state)
@@ -270,7 +271,7 @@ async def test_a_batch_that_cannot_be_written_answers_every_request_and_leaves_n
     pool = db.make_pool(missing, max_size=2, timeout=1)
     await pool.open(wait=False)
     try:
-        batcher = ClaimBatcher(pool)
+        batcher = ClaimBatcher(Ledger(pool))
         answers = await asyncio.gather(
             *(batcher.claim([make(Spec(0, (f"order:{i}",)), i)]) for i in range(5)), return_exceptions=True
         )
@@ -289,7 +290,7 @@ async def test_a_request_right_after_a_batch_ends_starts_the_next_one(db_url: st
     pool = db.make_pool(db_url, max_size=2)
     await pool.open(wait=True)
     try:
-        batcher = ClaimBatcher(pool, max_in_flight=1)
+        batcher = ClaimBatcher(Ledger(pool), max_in_flight=1)
 
         async def one_after_another() -> int:
             for i in range(40):

@@ -12,6 +12,7 @@ import pytest
 from effectgate.ledger import db
 from effectgate.ledger.claim_batcher import ClaimBatcher, _Waiting
 from effectgate.ledger.claims import Delivery, EffectRequest
+from effectgate.ledger.handle import Ledger
 from tests.e2e.processes import free_port
 
 
@@ -30,7 +31,7 @@ async def test_a_probe_that_finds_no_database_logs_one_line_without_a_traceback(
     )
     await pool.open(wait=False)
     try:
-        batcher = ClaimBatcher(pool)
+        batcher = ClaimBatcher(Ledger(pool))
         delivery = Delivery("req", "acme", "shop", "evt_1", "payment_intent.succeeded", {}, "fp")
         request = EffectRequest("order:1", "fulfil", 5, "park")
         waiting = _Waiting([(delivery, [request])], frozenset({("acme", "order:1")}), asyncio.Future())

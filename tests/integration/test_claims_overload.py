@@ -26,6 +26,7 @@ from effectgate.ledger.errors import (
     LedgerUnavailable,
 )
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.handle import Ledger
 
 pytestmark = pytest.mark.anyio
 
@@ -70,7 +71,7 @@ async def make_batcher(
 ) -> tuple[db.Pool, ClaimBatcher]:
     pool = db.make_pool(db_url, max_size=3, lock_timeout=lock_timeout, statement_timeout=statement_timeout)
     await pool.open(wait=True)
-    return pool, ClaimBatcher(pool, **kw)
+    return pool, ClaimBatcher(Ledger(pool), **kw)
 
 
 async def until(check: Callable[[], Awaitable[bool]]) -> None:

@@ -29,6 +29,7 @@ from effectgate.ledger import db, reports
 from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import ClaimOutcome, Delivery, Superseded
 from effectgate.ledger.fingerprints import fingerprint
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.vocabulary import DeliveryOutcome
 from tests.integration.jobs_fixtures import connected, make_worker, pool  # noqa: F401  (a fixture)
 
@@ -87,7 +88,7 @@ async def _send_concurrently(
 ) -> list[ClaimOutcome]:
     """Every event claimed through one batcher by ``senders`` concurrent senders, as concurrent requests
     of a gateway process are; returns one outcome per event, in ``events`` order."""
-    batcher = ClaimBatcher(claims_pool, max_batch=16, max_in_flight=4, deadline=600)
+    batcher = ClaimBatcher(Ledger(claims_pool), max_batch=16, max_in_flight=4, deadline=600)
     outcomes: list[ClaimOutcome | None] = [None] * len(events)
     queue = list(enumerate(events))
 

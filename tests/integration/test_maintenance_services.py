@@ -16,6 +16,7 @@ from effectgate.gateway.logs import JsonFormatter
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.maintenance import reconcile_forever
 from effectgate.ledger import db
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer, Repaired, RescuerConfig
 from effectgate.ledger.maintenance.retention import RetentionConfig
@@ -223,7 +224,7 @@ async def test_a_maintenance_failure_is_logged_at_error_under_its_own_name(
     try:
         with caplog.at_level(logging.INFO, logger="effectgate"):
             loop = asyncio.create_task(
-                reconcile_forever(pool, Registry(), ReconcilerConfig(tick=0.05), stopping)
+                reconcile_forever(Ledger(pool), Registry(), ReconcilerConfig(tick=0.05), stopping)
             )
 
             async def failed() -> bool:
@@ -256,7 +257,7 @@ async def test_a_job_the_reconciler_parks_is_logged_at_error_with_its_kind_key_a
             await jobs.fetch_and_lease(c, owner="gone", kinds={"ship": 10}, limit=1, now=later(-100))
         with caplog.at_level(logging.INFO, logger="effectgate"):
             loop = asyncio.create_task(
-                reconcile_forever(pool, Registry(), ReconcilerConfig(tick=0.05), stopping)
+                reconcile_forever(Ledger(pool), Registry(), ReconcilerConfig(tick=0.05), stopping)
             )
 
             async def parked() -> bool:

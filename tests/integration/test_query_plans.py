@@ -391,10 +391,8 @@ async def test_the_waker_reads_nothing_of_a_backlog_not_yet_stale(conn: db.Conn)
     assert row is not None and row["first"] is not None
     before_any_is_stale = row["first"] + timedelta(seconds=60)
     plans = await plans_of(conn, lambda c: PendingWaker().run_once(c, now=before_any_is_stale), analyze=True)
-    # A new waker first asks whether the ledger is distributed (topology.read, once per connection): catalog reads.
-    assert [name for name, _ in plans if not name.startswith("jobs_distributed")] == [
-        "job_wake_stale_pending"
-    ]
+    # The waker is given its topology (the process's ledger handle): it reads no catalog.
+    assert [name for name, _ in plans] == ["job_wake_stale_pending"]
     [plan] = [p for name, p in plans if name == "job_wake_stale_pending"]
     assert not violations(plan)
     assert rows_read(plan, "jobs") <= 10, "the waker walked the pending backlog"

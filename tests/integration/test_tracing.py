@@ -31,6 +31,7 @@ from effectgate.handlers.examples.commerce import order_key
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
+from effectgate.ledger.handle import Ledger
 from tests.integration import jobs_fixtures as jf
 
 pytestmark = pytest.mark.anyio
@@ -112,7 +113,7 @@ async def deliver_and_run(db_url: str, pool: db.Pool, fake: httpx.AsyncClient, o
         shipping=ShippingClient(fake, DownstreamConfig(FAKE, None)),
     )
     worker = Worker(
-        pool, reg, config=jf.worker_config(), services=services, owner=f"test-{uuid.uuid4().hex[:6]}"
+        Ledger(pool), reg, config=jf.worker_config(), services=services, owner=f"test-{uuid.uuid4().hex[:6]}"
     )
     assert await worker.run_until_idle() == 1
     return answer

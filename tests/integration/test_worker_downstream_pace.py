@@ -18,6 +18,7 @@ from effectgate.handlers.context import Services
 from effectgate.handlers.downstream import DownstreamConfig, Pace, clients, paces
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
+from effectgate.ledger.handle import Ledger
 from tests.held_provider import HeldProvider
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import claim, kind, registry, wait_for, wait_state, worker_config
@@ -44,7 +45,7 @@ def labelling_worker(
 ) -> Worker:
     """A worker running ``label`` jobs, its clients built as ``effectgate worker`` builds them."""
     return Worker(
-        pool,
+        Ledger(pool),
         registry(kind(label, name="label")),
         url=db_url,
         config=worker_config(concurrency=concurrency),

@@ -15,6 +15,7 @@ from effectgate.handlers import EffectContext, Event, TerminalError, TransientEr
 from effectgate.handlers.observe import WorkerObserver
 from effectgate.handlers.worker.maintenance import reconcile_forever
 from effectgate.ledger import db
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 from tests.integration import jobs_fixtures as jf
@@ -104,7 +105,9 @@ async def test_the_reconciler_loop_reports_reclaims_too(pool: db.Pool, conn: db.
     reg = registry(kind(handler, name, orphan_policy="redrive"))
     stopping = asyncio.Event()
     loop = asyncio.create_task(
-        reconcile_forever(pool, reg, ReconcilerConfig(tick=0.05), stopping, observer=metrics.WORKER_OBSERVER)
+        reconcile_forever(
+            Ledger(pool), reg, ReconcilerConfig(tick=0.05), stopping, observer=metrics.WORKER_OBSERVER
+        )
     )
     try:
 

@@ -2,7 +2,7 @@
 run every job, each step once.
 
 The worker's own statements (fetch, heartbeat, finish batch) are on one pool and its running jobs' writes on
-another (``Worker(handler_pool=…)``, ``config.worker_connections``): with the handlers' pool exhausted, leases
+another (``Ledger(pool, handler_pool=…)``, ``config.worker_connections``): with the handlers' pool exhausted, leases
 are still renewed and finished jobs still committed, and slots beyond the handlers' connections wait for one
 instead of failing.
 """
@@ -20,6 +20,7 @@ from effectgate.handlers import EffectContext, Event
 from effectgate.handlers.worker.config import WORKER_OWN_CONNECTIONS, WorkerConfig, worker_connections
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
+from effectgate.ledger.handle import Ledger
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import claim, job, kind, registry, wait_for, wait_state, worker_config
 
@@ -57,12 +58,11 @@ async def test_leases_are_renewed_and_jobs_finished_while_the_handlers_pool_is_e
     handler_pool = db.make_pool(db_url, min_size=1, max_size=1, name="effectgate-test-handlers")
     await handler_pool.open(wait=True)
     worker = Worker(
-        pool,
+        Ledger(pool, handler_pool=handler_pool),
         reg,
         url=db_url,
         config=worker_config(concurrency=4),
         owner=f"test-{uuid.uuid4().hex[:6]}",
-        handler_pool=handler_pool,
     )
     try:
         # The handlers' only connection is held for the whole run: a statement of the worker's own that used
@@ -109,11 +109,10 @@ async def test_more_slots_than_handler_connections_run_every_job_each_step_once(
     handler_pool = db.make_pool(db_url, min_size=1, max_size=2, name="effectgate-test-handlers")
     await handler_pool.open(wait=True)
     worker = Worker(
-        pool,
+        Ledger(pool, handler_pool=handler_pool),
         registry(kind(two_steps)),
         config=worker_config(concurrency=8, handler_connections=2),
         owner=f"test-{uuid.uuid4().hex[:6]}",
-        handler_pool=handler_pool,
     )
     try:
         async with pool.connection() as conn:

@@ -15,6 +15,7 @@ from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.config import WorkerConfig
 from effectgate.handlers.worker.runtime import HEALTHZ_STALE_AFTER, Worker
 from effectgate.ledger import db
+from effectgate.ledger.handle import Ledger
 
 pytestmark = pytest.mark.anyio
 
@@ -27,7 +28,7 @@ def anyio_backend() -> str:
 def worker() -> Worker:
     # A pool never opened: health() must not touch the database.
     pool = db.make_pool("postgresql://nobody@127.0.0.1:1/none")
-    return Worker(pool, Registry(), config=WorkerConfig(poll_interval=2.0))
+    return Worker(Ledger(pool), Registry(), config=WorkerConfig(poll_interval=2.0))
 
 
 async def get_healthz(w: Worker) -> httpx.Response:

@@ -22,6 +22,7 @@ from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 from effectgate.ledger.claims import ClaimOutcome, Delivery, claim_delivery
 from effectgate.ledger.fingerprints import canonical_json, fingerprint
+from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.jobs.steps import RecordedStep
@@ -90,7 +91,7 @@ class TestLedger:
         await pool.open(wait=True)
         try:
             worker = Worker(
-                pool,
+                Ledger(pool),
                 reg,
                 config=WorkerConfig(backoff_base=0.0, run_reconciler=False),
                 services=services or self.services,
