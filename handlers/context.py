@@ -70,7 +70,7 @@ class EffectContext:
         # an orphan. Past the TTL the lease may be rescued anyway, and the fence refuses a late write.
         self._outage_wait = outage_wait
         self._lease = lease
-        # A ledger distributed by tenant (Citus): a step's write is two router statements (ledger.steps).
+        # On a ledger distributed by tenant (Citus) a step's write is two router statements (ledger.jobs.steps).
         self._per_tenant = per_tenant
         self.event = event
         self._recorded = recorded

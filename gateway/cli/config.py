@@ -1,7 +1,7 @@
 """``effectgate config``: check a configuration, show the effective one, print its schema and reference.
 
-Everything comes from the settings declaration (``gateway.settings``): ``check`` runs the same loading
-and handler start-up checks as ``serve``/``worker`` for a role, without a database; ``show`` prints
+Everything comes from the settings declaration (``gateway.config.settings``): ``check`` runs the same
+loading and handler start-up checks as ``serve``/``worker`` for a role, without a database; ``show`` prints
 the file with the environment overrides and every default (secrets masked), and in TOML the retry schedules
 they give, the handler modules' kinds included; ``schema`` the JSON Schema
 for editors; ``reference`` the settings tables of docs/configuration.md.
