@@ -44,8 +44,7 @@ from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.actions import control
 from effectgate.ledger import db, reports
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
-from effectgate.ledger.jobs import audit, resolutions
-from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.jobs import audit, filters, resolutions
 from effectgate.ledger.jobs import leases as ledger_jobs
 from effectgate.ledger.reports import REPORTS, ReportSpec
 from effectgate.ledger.vocabulary import JobState, RefusalCode
@@ -326,7 +325,7 @@ async def bulk_resolve(request: Request, conn: db.Conn, who: OperatorToken, quer
 @endpoint("view")
 async def kinds_paused(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """The paused kinds, with who paused them, why, and how many of their jobs wait."""
-    return json_response({"paused": await ledger_bulk.paused(conn)})
+    return json_response({"paused": await filters.paused(conn)})
 
 
 @endpoint("operate", ("reason",))
@@ -337,7 +336,7 @@ async def kind_pause(request: Request, conn: db.Conn, who: OperatorToken, query:
     reason = query.get("reason")
     if reason is not None and (len(reason) > MAX_REASON_LENGTH or not reason.isprintable()):
         raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
-    row = await ledger_bulk.pause(conn, kind, by=f"operator:{who.name}", reason=reason)
+    row = await filters.pause(conn, kind, by=f"operator:{who.name}", reason=reason)
     log.info("operator.pause", extra={"operator": who.name, "kind": kind})
     return json_response(row)
 
@@ -348,7 +347,7 @@ async def kind_resume(request: Request, conn: db.Conn, who: OperatorToken, query
     kind = parse_name(request.path_params["kind"], "kind")
     assert kind is not None
     reason = audit.check_note(query.get("reason"))
-    if not await ledger_bulk.resume(conn, kind, by=f"operator:{who.name}", reason=reason):
+    if not await filters.resume(conn, kind, by=f"operator:{who.name}", reason=reason):
         return error(409, "not_paused", f"kind {kind} is not paused")
     log.info("operator.resume", extra={"operator": who.name, "kind": kind})
     return json_response({"kind": kind, "paused": False})

@@ -11,8 +11,7 @@ from typing import Any, TextIO
 from effectgate.handlers.actions import control
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db, reports
-from effectgate.ledger.jobs import audit, resolutions
-from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.jobs import audit, filters, resolutions
 from effectgate.ledger.jobs import leases as ledger_jobs
 from effectgate.ledger.reports import JOBS
 from effectgate.ledger.vocabulary import JobState
@@ -193,7 +192,7 @@ def no_filters(args: argparse.Namespace) -> None:
 async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     kind = parse_name(args.kind, "kind")
     assert kind is not None
-    row = await ledger_bulk.pause(conn, kind, by=operator_name(), reason=args.reason)
+    row = await filters.pause(conn, kind, by=operator_name(), reason=args.reason)
     if args.format == "json":
         print_json(out, row)
     else:
@@ -206,7 +205,7 @@ async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -
 async def cmd_jobs_resume(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     kind = parse_name(args.kind, "kind")
     assert kind is not None
-    if not await ledger_bulk.resume(conn, kind, by=operator_name(), reason=audit.check_note(args.reason)):
+    if not await filters.resume(conn, kind, by=operator_name(), reason=audit.check_note(args.reason)):
         raise Refused("not_paused", f"kind {kind} is not paused")
     if args.format == "json":
         print_json(out, {"kind": kind, "paused": False})
@@ -215,7 +214,7 @@ async def cmd_jobs_resume(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
 
 
 async def cmd_jobs_paused(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    rows = await ledger_bulk.paused(conn)
+    rows = await filters.paused(conn)
     if args.format == "json":
         print_json(out, {"paused": rows})
         return
