@@ -69,9 +69,9 @@ class Worker:
     ``observer``, when given, hears of every slice's end, every retry and every reclaim by this worker's
     reconciler (metrics); without one the worker reports nothing.
 
-    ``ledger.pool`` carries the worker's own statements (fetch, heartbeat, finish batch, reconciler); the
-    running jobs' writes go on ``ledger.handler_pool``, so that with pools of their own no handler can hold the
-    connection a heartbeat waits for (``config.worker_connections``). What the ledger is (distributed by
+    The handle's ``pool`` carries the worker's own statements (fetch, heartbeat, finish batch, reconciler);
+    the running jobs' writes go on its ``handler_pool``, so that with pools of their own no handler can hold
+    the connection a heartbeat waits for (``config.worker_connections``). What the ledger is (distributed by
     tenant or not) is the handle's answer, asked at the first fetch.
     """
 
