@@ -42,10 +42,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.actions import control
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
 from effectgate.ledger.jobs import audit, filters, resolutions
-from effectgate.ledger.jobs import leases as ledger_jobs
 from effectgate.ledger.reports import REPORTS, ReportSpec
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 
@@ -191,7 +190,7 @@ async def job_show(request: Request, conn: db.Conn, who: OperatorToken, query: Q
     return json_response(documents.job(view))
 
 
-def _refused(refusal: ledger_jobs.Refused) -> Response:
+def _refused(refusal: jobs.Refused) -> Response:
     return error(404 if refusal.code == RefusalCode.NOT_FOUND else 409, refusal.code, refusal.detail)
 
 
@@ -202,7 +201,7 @@ async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
     job_id = parse_id(request.path_params["job_id"], "job_id")
     force = parse_flag(query.get("force"), "force")
     reason = audit.check_note(query.get("reason"))
-    refusal = await ledger_jobs.redrive(conn, job_id, by=f"operator:{who.name}", reason=reason, force=force)
+    refusal = await jobs.redrive(conn, job_id, by=f"operator:{who.name}", reason=reason, force=force)
     log.info(
         "operator.redrive",
         extra={
@@ -237,7 +236,7 @@ async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Que
         raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     registry = request.app.state.registry
     outcome = await control.cancel(conn, registry, job_id, by=f"operator:{who.name}", reason=reason)
-    refused = outcome if isinstance(outcome, ledger_jobs.Refused) else None
+    refused = outcome if isinstance(outcome, jobs.Refused) else None
     log.info(
         "operator.cancel",
         extra={"operator": who.name, "job_id": job_id, "refused": refused.code if refused else None},
@@ -254,7 +253,7 @@ async def resolve(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
     outcome = await control.resolve(
         conn, request.app.state.registry, job_id, by=f"operator:{who.name}", reason=query.get("reason", "")
     )
-    refused = outcome if isinstance(outcome, ledger_jobs.Refused) else None
+    refused = outcome if isinstance(outcome, jobs.Refused) else None
     log.info(
         "operator.resolve",
         extra={"operator": who.name, "job_id": job_id, "refused": refused.code if refused else None},

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.jobs import audit, filters, resolutions
-from effectgate.ledger.jobs import leases as jobs
 
 from ..registry import Registry
 from . import control

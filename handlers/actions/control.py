@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from effectgate.ledger.jobs import resolutions
 from effectgate.ledger.vocabulary import JobState
 

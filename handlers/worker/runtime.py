@@ -30,11 +30,10 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost, LedgerError
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import heartbeats, steps
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import ReconcileResult
 from effectgate.ledger.topology import Topology
 

@@ -12,9 +12,8 @@ from effectgate.gateway import cli
 from effectgate.gateway.operator import cli as operator_cli
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.jobs import filters
-from effectgate.ledger.jobs import leases as jobs
 from tests.integration.jobs_fixtures import (
     at,
     claim,

@@ -29,11 +29,10 @@ import pytest
 from psycopg import sql
 
 from effectgate.gateway.operator import reporting
-from effectgate.ledger import claims, db, reports
+from effectgate.ledger import claims, db, jobs, reports
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.jobs import filters, resolutions
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer
 from effectgate.ledger.maintenance.retention import RetentionConfig, RetentionKeeper
 from effectgate.ledger.maintenance.waker import PendingWaker

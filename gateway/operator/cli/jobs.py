@@ -10,9 +10,8 @@ from typing import Any, TextIO
 
 from effectgate.handlers.actions import control
 from effectgate.handlers.registry import REGISTRY
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.jobs import audit, filters, resolutions
-from effectgate.ledger.jobs import leases as ledger_jobs
 from effectgate.ledger.reports import JOBS
 from effectgate.ledger.vocabulary import JobState
 
@@ -154,7 +153,7 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
     no_filters(args)
     job_id = parse_id(args.job_id, "job_id")
     reason = audit.check_note(args.reason)
-    refusal = await ledger_jobs.redrive(conn, job_id, by=operator_name(), reason=reason, force=args.force)
+    refusal = await jobs.redrive(conn, job_id, by=operator_name(), reason=reason, force=args.force)
     if refusal is not None:
         raise refusal_error(refusal)
     # Only a forced redrive gets here with recorded failures: say what the next run will not do.
@@ -239,7 +238,7 @@ async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
     job_id = parse_id(args.job_id, "job_id")
     import_handler_modules(args)
     outcome = await control.cancel(conn, REGISTRY, job_id, by=operator_name(), reason=args.reason)
-    if isinstance(outcome, ledger_jobs.Refused):
+    if isinstance(outcome, jobs.Refused):
         raise refusal_error(outcome)
     if args.format == "json":
         print_json(out, {"job_id": job_id, "state": outcome, "cancel_requested": True})
@@ -258,7 +257,7 @@ async def cmd_jobs_resolve(conn: db.Conn, args: argparse.Namespace, out: TextIO)
     job_id = parse_id(args.job_id, "job_id")
     import_handler_modules(args)
     outcome = await control.resolve(conn, REGISTRY, job_id, by=resolver(args), reason=args.reason)
-    if isinstance(outcome, ledger_jobs.Refused):
+    if isinstance(outcome, jobs.Refused):
         raise refusal_error(outcome)
     if args.format == "json":
         print_json(out, documents.resolution(outcome))
