@@ -2,8 +2,8 @@
 it computes from an event (its key, lock key, fingerprint, version, whether its requirements are met).
 
 Every per-kind setting's default and the types of the functions a declaration takes live here too, so the
-registry (``handlers.registry``), the declared HTTP effects (``handlers.forward``) and the settings reference
-(``gateway.settings``) read them from one place.
+registry (``handlers.registry``), the declared HTTP effects (``handlers.downstream.forward``) and the settings
+declaration (``gateway.config.settings``) read them from one place.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ OrphanPolicy = Literal["redrive", "park"]
 KeySpace = Literal["source", "shared"]
 
 # Every per-kind setting's default, in one place. ``pending_ttl`` and ``poison_threshold`` default to
-# ``None``: the process's reconciler settings (``ledger.reconciler.DEFAULT_*``, or the configuration file).
+# ``None``: the process's reconciler settings (``ledger.maintenance.waker.DEFAULT_PENDING_TTL`` and
+# ``ledger.maintenance.rescuer.DEFAULT_POISON_THRESHOLD``, or the configuration file).
 # With the worker's default backoff (handlers.worker.config: base 1 s, cap 1 h) 60 attempts retry an effect
 # for 24 h at the least (every jitter draw at its low end) and 48 h at the most before it fails for good:
 # a downstream outage of hours is outlasted, as providers outlast ours (Stripe retries for 3 days).

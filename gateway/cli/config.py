@@ -1,7 +1,7 @@
 """``effectgate config``: check a configuration, show the effective one, print its schema and reference.
 
-Everything comes from the settings declaration (``gateway.settings``): ``check`` runs the same loading
-and handler start-up checks as ``serve``/``worker`` for a role, without a database; ``show`` prints
+Everything comes from the settings declaration (``gateway.config.settings``): ``check`` runs the same
+loading and handler start-up checks as ``serve``/``worker`` for a role, without a database; ``show`` prints
 the file with the environment overrides and every default (secrets masked), and in TOML the retry schedules
 they give, the handler modules' kinds included; ``schema`` the JSON Schema
 for editors; ``reference`` the settings tables of docs/configuration.md.
@@ -20,8 +20,7 @@ from typing import cast
 
 from effectgate.handlers.registry import REGISTRY
 
-from ..config import DEFAULT_CONFIG_FILE, ConfigError, load
-from ..config import reference as settings_doc
+from ..config import DEFAULT_CONFIG_FILE, ConfigError, load, reference
 from ..config import schema as settings_schema
 from ..config import show as settings_show
 from ..config.env import override
@@ -72,14 +71,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_reference(args: argparse.Namespace) -> int:
     if not args.write:
-        sys.stdout.write(settings_doc.reference() + "\n")
+        sys.stdout.write(reference.reference() + "\n")
         return 0
     page = Path(args.write)
     try:
-        changed = settings_doc.write(page)
+        changed = reference.write(page)
     except OSError as exc:
         raise ConfigError(f"{page}: cannot rewrite: {exc}") from exc
-    except settings_doc.MarkersMissing as exc:
+    except reference.MarkersMissing as exc:
         raise ConfigError(f"{page}: {exc}") from exc
     print(f"{page}: {'rewritten' if changed else 'already up to date'}")
     return 0

@@ -38,9 +38,9 @@ def serve_app() -> Any:
     same handler modules and accepts the same sessions.
     """
     from ..app import create_app
-    from ..edge import supervisor as serving
+    from ..edge import supervisor
 
-    serving.die_with_parent()
+    supervisor.die_with_parent()
     logs.configure(os.environ.get("EFFECTGATE_LOG_LEVEL", "INFO"))
     config = load(os.environ["EFFECTGATE_CONFIG"], role="gateway")
     # The supervisor checked EFFECTGATE_SCHEMA; each child reads it the same way.
@@ -123,7 +123,7 @@ def _serve(
     import uvicorn
 
     from ..app import create_app
-    from ..edge import supervisor as serving
+    from ..edge import supervisor
 
     options: dict[str, Any] = {
         "host": host,
@@ -171,7 +171,7 @@ def _serve(
         os.environ[_TRUSTED_ENV] = ",".join(trusted)
         if operator_port is not None:
             os.environ[_OPERATOR_PORT_ENV] = str(operator_port)
-        serving.run(
+        supervisor.run(
             uvicorn.Config(
                 _APP_FACTORY,
                 factory=True,

@@ -173,7 +173,7 @@ def parse(
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    # EFFECTGATE_<SECTION>__<KEY> wins over the file (gateway.settings_env).
+    # EFFECTGATE_<SECTION>__<KEY> wins over the file (gateway.config.env).
     env_origins: dict[str, str] = {}
     data, env_problems = env_override(data, os.environ if env is None else env, env_origins)
     root = TableReader(path, "", data)

@@ -1,4 +1,4 @@
-"""``[effects.NAME]``: declared HTTP effects in the configuration (``handlers.forward``).
+"""``[effects.NAME]``: declared HTTP effects in the configuration (``handlers.downstream.forward``).
 
 Its own module so the configuration's other sections and this one change apart; ``gateway.config`` calls
 ``read_effects`` once. Every mistake is reported as ``file: effects.NAME.key: what``, like the rest of the

@@ -38,8 +38,8 @@ class Read:
     minimum: float | None = None
 
 
-# Set while ``reads()`` watches: the settings declaration (``gateway.settings``) is checked against what
-# the parser actually asks for, so a key added to the parser and not to the declaration fails a test.
+# Set while ``reads()`` watches: the settings declaration (``gateway.config.settings``) is checked against
+# what the parser actually asks for, so a key added to the parser and not to the declaration fails a test.
 _reads: ContextVar[list[Read] | None] = ContextVar("effectgate_config_reads", default=None)
 
 

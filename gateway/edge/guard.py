@@ -157,7 +157,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- the protocol interface ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        # An answer's head and body, written by uvicorn in two calls, leave in one (gateway.one_write).
+        # An answer's head and body, written by uvicorn in two calls, leave in one (gateway.edge.one_write).
         super().connection_made(OneWriteTransport(transport, self.loop))  # type: ignore[arg-type]
         self._arm(self.limits.header_timeout, "headers")
 

@@ -3,7 +3,7 @@
 uvicorn writes an answer's head when the app sends ``http.response.start`` and its body when the app sends
 ``http.response.body``: two ``send`` system calls and two TCP segments for an answer of a few hundred
 bytes, and the client reads twice. The gateway's answers send both messages in the same turn of the loop
-(``gateway.answers``), so holding the head until the turn ends sends the answer in one piece. Anything
+(``gateway.ingress.answers``), so holding the head until the turn ends sends the answer in one piece. Anything
 written later (a streamed body, a slow app) goes out at the end of the turn it was written in, as before;
 ``close`` sends what is held first, ``abort`` drops it as it drops the transport's own buffer.
 

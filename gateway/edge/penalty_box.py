@@ -16,7 +16,7 @@ put that pair in the box for ``cooling`` seconds. While it is boxed:
   and is answered like any other: a flood's bad signature gets its 401, its replay its 429, and a
   genuine signed delivery from the same address (a provider behind the same NAT, or on the attacker's
   own host) its 202, giving the turn back as soon as it authenticates (``authenticated``). So the flood
-  costs at most one request in the app per process per turn (``gateway.turns.Turns``), and a sender
+  costs at most one request in the app per process per turn (``gateway.edge.turns.Turns``), and a sender
   sharing the boxed address is slowed, not silenced: the turn goes to the newest request that was waiting
   when it began, and every fourth to the longest-waiting one, so a request with n waiting ahead of it
   gets the turn within 4(n + 1) turns, unless ``header_timeout`` closes it first.

@@ -2,7 +2,7 @@
 
 A raw ASGI route (``deliver``; ``gateway.app.Gateway`` sends deliveries to it past Starlette's stack) and a
 pipeline of five steps (``_receive``): read, verify, plan, claim, answer. The request each step reads is
-``gateway.inbound.Inbound``; a step that ends the request raises ``Refused`` with its answer.
+``gateway.ingress.inbound.Inbound``; a step that ends the request raises ``Refused`` with its answer.
 
 Order of checks: unknown source (404), body size (413, enforced while reading), signature (401), then
 what a verified delivery holds: a payload past what the ledger stores, the tenant when the source takes it

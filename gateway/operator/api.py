@@ -42,11 +42,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.actions import control
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.errors import LedgerError, LedgerUnavailable
-from effectgate.ledger.jobs import audit, resolutions
-from effectgate.ledger.jobs import filters as ledger_bulk
-from effectgate.ledger.jobs import leases as ledger_jobs
+from effectgate.ledger.jobs import audit, filters, resolutions
 from effectgate.ledger.reports import REPORTS, ReportSpec
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 
@@ -192,7 +190,7 @@ async def job_show(request: Request, conn: db.Conn, who: OperatorToken, query: Q
     return json_response(documents.job(view))
 
 
-def _refused(refusal: ledger_jobs.Refused) -> Response:
+def _refused(refusal: jobs.Refused) -> Response:
     return error(404 if refusal.code == RefusalCode.NOT_FOUND else 409, refusal.code, refusal.detail)
 
 
@@ -203,7 +201,7 @@ async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
     job_id = parse_id(request.path_params["job_id"], "job_id")
     force = parse_flag(query.get("force"), "force")
     reason = audit.check_note(query.get("reason"))
-    refusal = await ledger_jobs.redrive(conn, job_id, by=f"operator:{who.name}", reason=reason, force=force)
+    refusal = await jobs.redrive(conn, job_id, by=f"operator:{who.name}", reason=reason, force=force)
     log.info(
         "operator.redrive",
         extra={
@@ -238,7 +236,7 @@ async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Que
         raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     registry = request.app.state.registry
     outcome = await control.cancel(conn, registry, job_id, by=f"operator:{who.name}", reason=reason)
-    refused = outcome if isinstance(outcome, ledger_jobs.Refused) else None
+    refused = outcome if isinstance(outcome, jobs.Refused) else None
     log.info(
         "operator.cancel",
         extra={"operator": who.name, "job_id": job_id, "refused": refused.code if refused else None},
@@ -255,7 +253,7 @@ async def resolve(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
     outcome = await control.resolve(
         conn, request.app.state.registry, job_id, by=f"operator:{who.name}", reason=query.get("reason", "")
     )
-    refused = outcome if isinstance(outcome, ledger_jobs.Refused) else None
+    refused = outcome if isinstance(outcome, jobs.Refused) else None
     log.info(
         "operator.resolve",
         extra={"operator": who.name, "job_id": job_id, "refused": refused.code if refused else None},
@@ -326,7 +324,7 @@ async def bulk_resolve(request: Request, conn: db.Conn, who: OperatorToken, quer
 @endpoint("view")
 async def kinds_paused(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """The paused kinds, with who paused them, why, and how many of their jobs wait."""
-    return json_response({"paused": await ledger_bulk.paused(conn)})
+    return json_response({"paused": await filters.paused(conn)})
 
 
 @endpoint("operate", ("reason",))
@@ -337,7 +335,7 @@ async def kind_pause(request: Request, conn: db.Conn, who: OperatorToken, query:
     reason = query.get("reason")
     if reason is not None and (len(reason) > MAX_REASON_LENGTH or not reason.isprintable()):
         raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
-    row = await ledger_bulk.pause(conn, kind, by=f"operator:{who.name}", reason=reason)
+    row = await filters.pause(conn, kind, by=f"operator:{who.name}", reason=reason)
     log.info("operator.pause", extra={"operator": who.name, "kind": kind})
     return json_response(row)
 
@@ -348,7 +346,7 @@ async def kind_resume(request: Request, conn: db.Conn, who: OperatorToken, query
     kind = parse_name(request.path_params["kind"], "kind")
     assert kind is not None
     reason = audit.check_note(query.get("reason"))
-    if not await ledger_bulk.resume(conn, kind, by=f"operator:{who.name}", reason=reason):
+    if not await filters.resume(conn, kind, by=f"operator:{who.name}", reason=reason):
         return error(409, "not_paused", f"kind {kind} is not paused")
     log.info("operator.resume", extra={"operator": who.name, "kind": kind})
     return json_response({"kind": kind, "paused": False})

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from effectgate.gateway.metrics import CONTENT_TYPE, label_text, multiprocess_dir, render
 from effectgate.ledger import db, reports
-from effectgate.ledger.jobs import filters as bulk
+from effectgate.ledger.jobs import filters
 from effectgate.ledger.maintenance import retention
 
 from .throttle import FailureThrottle, client_key, retry_after
@@ -112,7 +112,7 @@ async def read_ledger_gauges(pool: db.Pool, *, now: float | None = None) -> str:
         async with db.connection(pool) as conn:
             gauges = await reports.job_gauges(conn)
             purged = await retention.purge_totals(conn)
-            paused = [row["kind"] for row in await bulk.paused(conn)]
+            paused = [row["kind"] for row in await filters.paused(conn)]
     except Exception as exc:
         # A scrape must answer even when the database does not: ledger_up 0 is the signal.
         log.warning("metrics.ledger_unreadable", extra={"error": f"{type(exc).__name__}: {exc}"})

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from effectgate.ledger.errors import InvalidParameter
-from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.jobs import filters
 from effectgate.ledger.reports import JOB_STATES
 from effectgate.ledger.reports.spec import MAX_LIMIT, MAX_NAME_LENGTH, ColumnType
 
@@ -99,13 +99,13 @@ BULK_LIMIT_MAX = 100_000
 def parse_bulk_limit(value: str | None) -> int:
     """How many jobs a bulk action (or a replay) takes at most: 1..100,000, ``DEFAULT_LIMIT`` when absent."""
     if value is None:
-        return ledger_bulk.DEFAULT_LIMIT
+        return filters.DEFAULT_LIMIT
     if not (_WHOLE_NUMBER.fullmatch(value.strip()) and 1 <= int(value) <= BULK_LIMIT_MAX):
         raise BadParameter("limit", f"expected a whole number from 1 to {BULK_LIMIT_MAX}, got {value!r}")
     return int(value)
 
 
-def parse_job_filter(values: Mapping[str, str | None], *, now: datetime) -> ledger_bulk.JobFilter:
+def parse_job_filter(values: Mapping[str, str | None], *, now: datetime) -> filters.JobFilter:
     """The job filter of a bulk action (redrive, cancel), read the same way by every face.
 
     An empty text counts as absent (a form sends its blank fields). A filter that would match every job is
@@ -116,7 +116,7 @@ def parse_job_filter(values: Mapping[str, str | None], *, now: datetime) -> ledg
         text = values.get(name)
         return text if text else None
 
-    where = ledger_bulk.JobFilter(
+    where = filters.JobFilter(
         states=parse_states(value("state")),
         kind=parse_name(value("kind"), "kind"),
         source=parse_name(value("source"), "source"),

@@ -12,10 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import audit, resolutions
-from effectgate.ledger.jobs import filters as bulk
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
+from effectgate.ledger.jobs import audit, filters, resolutions
 
 from ..registry import Registry
 from . import control
@@ -53,7 +51,7 @@ async def run(
     conn: db.Conn,
     registry: Registry,
     action: Action,
-    where: bulk.JobFilter,
+    where: filters.JobFilter,
     *,
     by: str,
     reason: str | None = None,
@@ -71,7 +69,7 @@ async def run(
     else:
         why = reason or "cancelled by operator"
     result = BulkResult(action, dry_run)
-    result.matched = await bulk.match(conn, where)
+    result.matched = await filters.match(conn, where)
     if dry_run:
         async with conn.transaction(force_rollback=True):
             await _apply(conn, registry, action, result, by=by, reason=why, force=force, progress=progress)

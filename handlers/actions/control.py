@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from effectgate.ledger.jobs import resolutions
 from effectgate.ledger.vocabulary import JobState
 
@@ -46,7 +45,7 @@ async def cancel(
 async def resolve(
     conn: db.Conn, registry: Registry, job_id: int, *, by: str, reason: str
 ) -> resolutions.Resolved | jobs.Refused:
-    """Resolve a failed or parked job by hand (``ledger.resolutions.resolve``); its kind's
+    """Resolve a failed or parked job by hand (``ledger.jobs.resolutions.resolve``); its kind's
     ``on_transition`` sees state ``resolved`` with the operator's reason, in the same transaction.
 
     As for a cancel, a hook that raises is logged and the resolution is made without it. A repeated

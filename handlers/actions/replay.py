@@ -23,8 +23,7 @@ from typing import Any
 
 from effectgate.ledger import db, refusals
 from effectgate.ledger.claims import Accepted, ClaimOutcome, Delivery, EffectRequest, claim_delivery
-from effectgate.ledger.jobs import audit
-from effectgate.ledger.jobs import filters as bulk
+from effectgate.ledger.jobs import audit, filters
 
 from ..event import Event
 from ..plan import PlanFailed, TenantUnusable, plan_event
@@ -60,7 +59,7 @@ async def replay_unmatched(
     source: str,
     since: datetime,
     until: datetime | None = None,
-    limit: int = bulk.DEFAULT_LIMIT,
+    limit: int = filters.DEFAULT_LIMIT,
     now: datetime | None = None,
     unsigned_type_sources: frozenset[str] = frozenset(),
 ) -> ReplayResult:
@@ -68,7 +67,7 @@ async def replay_unmatched(
     planned by ``plan_event`` as the ingress plans it. ``unsigned_type_sources``: the sources whose
     signature leaves the event type unsigned (the caller knows the configuration; this side does not)."""
     result = ReplayResult()
-    for row in await bulk.unmatched_for_replay(conn, source=source, since=since, until=until, limit=limit):
+    for row in await filters.unmatched_for_replay(conn, source=source, since=since, until=until, limit=limit):
         result.deliveries += 1
         try:
             delivery, effects = _planned(registry, row, row["tenant"], unsigned_type_sources)
@@ -93,7 +92,7 @@ async def replay_refused(
     tenant_of: Callable[[str, Any], str],
     since: datetime,
     until: datetime | None = None,
-    limit: int = bulk.DEFAULT_LIMIT,
+    limit: int = filters.DEFAULT_LIMIT,
     now: datetime | None = None,
     unsigned_type_sources: frozenset[str] = frozenset(),
 ) -> ReplayResult:

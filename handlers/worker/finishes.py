@@ -8,10 +8,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
 from effectgate.ledger.handle import Ledger
-from effectgate.ledger.jobs import leases as jobs
 
 from ..effect_kind import EffectKind
 from ..event import Transition

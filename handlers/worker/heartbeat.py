@@ -12,11 +12,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LedgerError
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import heartbeats
-from effectgate.ledger.jobs import leases as jobs
 
 from ..context import EffectContext
 from ..effect_kind import EffectKind

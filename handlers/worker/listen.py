@@ -6,8 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 
 log = logging.getLogger("effectgate.worker")
 

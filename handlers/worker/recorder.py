@@ -13,10 +13,9 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost, LedgerUnavailable
 from effectgate.ledger.handle import Ledger
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.vocabulary import JobState
 
 from ..effect_kind import EffectKind

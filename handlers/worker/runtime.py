@@ -30,11 +30,10 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost, LedgerError
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import heartbeats, steps
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import ReconcileResult
 from effectgate.ledger.topology import Topology
 
@@ -69,9 +68,9 @@ class Worker:
     ``observer``, when given, hears of every slice's end, every retry and every reclaim by this worker's
     reconciler (metrics); without one the worker reports nothing.
 
-    ``ledger.pool`` carries the worker's own statements (fetch, heartbeat, finish batch, reconciler); the
-    running jobs' writes go on ``ledger.handler_pool``, so that with pools of their own no handler can hold the
-    connection a heartbeat waits for (``config.worker_connections``). What the ledger is (distributed by
+    The handle's ``pool`` carries the worker's own statements (fetch, heartbeat, finish batch, reconciler);
+    the running jobs' writes go on its ``handler_pool``, so that with pools of their own no handler can hold
+    the connection a heartbeat waits for (``config.worker_connections``). What the ledger is (distributed by
     tenant or not) is the handle's answer, asked at the first fetch.
     """
 

@@ -6,8 +6,8 @@ its own fenced transaction) matches the job id *and* that token in its WHERE cla
 whose lease was reclaimed changes nothing and gets ``LeaseLost``.
 
 Heartbeats and given-up leases live in ``heartbeats``, terminal transitions in ``finishes`` and the
-operator's reads and actions in ``admin``. The names of the last two are still re-exported here for the
-callers that bind this module as ``jobs`` (``jobs.finish``, ``jobs.Refused``).
+operator's reads and actions in ``admin``; the room's facade (``ledger/jobs/__init__.py``) gathers the names
+callers use as ``jobs.…``.
 """
 
 from __future__ import annotations
@@ -30,30 +30,18 @@ from ..queries import Q, without_cte
 from ..storable import storable_record
 from ..topology import SINGLE_NODE, Topology
 from ..vocabulary import JobState
-from .admin import AttemptRow, JobRow, Refused, attempts, cancel, get, redrive
-from .finishes import Finish, Reached, finish, finish_many
+from .finishes import Reached
 
 __all__ = [
     "FETCH_LOCK_KEY_RETRIES",
     "FETCH_SCAN_LIMIT",
     "FETCH_SUPERSEDED_ROUNDS",
     "LOCK_KEY_INDEX",
-    "AttemptRow",
-    "Finish",
-    "JobRow",
     "Lease",
-    "Reached",
-    "Refused",
-    "attempts",
-    "cancel",
     "fenced_transaction",
     "fetch_and_lease",
-    "finish",
-    "finish_many",
-    "get",
     "hand_back",
     "listen",
-    "redrive",
     "retry",
     "save_checkpoint",
     "tenants_due",

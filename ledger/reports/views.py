@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
+from .. import jobs
 from ..db import Conn
 from ..errors import InvalidParameter
 from ..jobs import audit
-from ..jobs import leases as ledger_jobs
 from ..payload_diffs import payload_diff
 from ..queries import Q
 from .spec import Row, fetch
@@ -28,10 +28,10 @@ class EffectView:
     and resumes in the job's lifetime). ``job`` is ``None`` only if no job was ever created."""
 
     effect: dict[str, Any]
-    job: ledger_jobs.JobRow | None
+    job: jobs.JobRow | None
     deliveries: list[dict[str, Any]]
     rejects: list[dict[str, Any]]
-    attempts: list[ledger_jobs.AttemptRow]
+    attempts: list[jobs.AttemptRow]
     steps: list[dict[str, Any]]
     actions: list[audit.ActionRow]
 
@@ -62,7 +62,7 @@ async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None)
         return None
     effect = rows[0]
     job_id = effect.pop("job_id")
-    job = await ledger_jobs.get(conn, job_id) if job_id is not None else None
+    job = await jobs.get(conn, job_id) if job_id is not None else None
     params = {"effect_id": effect["id"]}
     deliveries = await _fetch(conn, "effect_deliveries", params)
     rejects = await _fetch(conn, "effect_rejects_for_effect", params)
@@ -70,7 +70,7 @@ async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None)
         reject["diff"], reject["diff_truncated"] = payload_diff(
             effect["payload"], reject.pop("rejected_payload")
         )
-    attempts = await ledger_jobs.attempts(conn, job_id) if job_id is not None else []
+    attempts = await jobs.attempts(conn, job_id) if job_id is not None else []
     steps = await _fetch(conn, "steps_for_effect", {**params, "tenant": holder})
     actions = await _actions(conn, job) if job is not None else []
     return EffectView(effect, job, deliveries, rejects, attempts, steps, actions)
@@ -80,23 +80,23 @@ async def effect_view(conn: Conn, effect_key: str, *, tenant: str | None = None)
 class JobView:
     """One job with its effect's key, each attempt, each recorded step and every operator action."""
 
-    job: ledger_jobs.JobRow
-    attempts: list[ledger_jobs.AttemptRow]
+    job: jobs.JobRow
+    attempts: list[jobs.AttemptRow]
     steps: list[dict[str, Any]]
     actions: list[audit.ActionRow]
 
 
 async def job_view(conn: Conn, job_id: int) -> JobView | None:
     """One job, or ``None`` when there is no such job."""
-    job = await ledger_jobs.get(conn, job_id)
+    job = await jobs.get(conn, job_id)
     if job is None:
         return None
-    attempts = await ledger_jobs.attempts(conn, job["id"])
+    attempts = await jobs.attempts(conn, job["id"])
     steps = await _fetch(conn, "steps_for_effect", {"effect_id": job["effect_id"], "tenant": job["tenant"]})
     return JobView(job, attempts, steps, await _actions(conn, job))
 
 
-async def _actions(conn: Conn, job: ledger_jobs.JobRow) -> list[audit.ActionRow]:
+async def _actions(conn: Conn, job: jobs.JobRow) -> list[audit.ActionRow]:
     return await audit.for_job(
         conn,
         job["id"],

@@ -53,7 +53,7 @@ import psycopg
 from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.jobs import filters
 
 from . import wrk as load
 from .common import drop_database, fresh_database, server_url
@@ -224,7 +224,7 @@ def pause(db_url: str, kind: str) -> None:
     async def run() -> None:
         conn = await db.connect(db_url)
         async with conn:
-            await ledger_bulk.pause(conn, kind, by="bench", reason="live traffic, not timed")
+            await filters.pause(conn, kind, by="bench", reason="live traffic, not timed")
 
     asyncio.run(run())
 
@@ -234,7 +234,7 @@ def resume(db_url: str, kind: str) -> float:
         conn = await db.connect(db_url)
         async with conn:
             started = time.monotonic()
-            await ledger_bulk.resume(conn, kind, by="bench")
+            await filters.resume(conn, kind, by="bench")
             return started
 
     return asyncio.run(run())

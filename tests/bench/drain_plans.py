@@ -16,8 +16,7 @@ import asyncio
 import time
 from typing import Any
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from effectgate.ledger.queries import Q
 from effectgate.ledger.vocabulary import JobState
 

@@ -16,9 +16,8 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.jobs import heartbeats
-from effectgate.ledger.jobs import leases as jobs
 
 from .common import drop_database, fresh_database, percentile, server_url
 from .worker import claim_jobs

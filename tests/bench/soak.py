@@ -21,10 +21,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.partitions import PartitionConfig
 from effectgate.ledger.maintenance.retention import RetentionConfig
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig

@@ -23,8 +23,8 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from effectgate.ledger import db, shards
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs, shards
+from effectgate.ledger.jobs import leases
 from tests.topologies import CITUS
 
 from .ledger import distributed_ledger
@@ -67,14 +67,14 @@ async def run(url: str, backlog: int, rounds: int) -> None:
 
             async def fetch() -> None:
                 async with conn.transaction(force_rollback=True):
-                    rows = await (await conn.execute(jobs._ROUTED_FETCH, params)).fetchall()
+                    rows = await (await conn.execute(leases._ROUTED_FETCH, params)).fetchall()
                 assert len(rows) == 3, rows
 
             async def walk() -> str:
                 """The fetch's walk of jobs for the neighbour: index, rows returned, rows discarded."""
                 async with conn.transaction(force_rollback=True):
                     cur = await conn.execute(
-                        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + jobs._ROUTED_FETCH, params
+                        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + leases._ROUTED_FETCH, params
                     )  # type: ignore[operator]
                     row = await cur.fetchone()
                 assert row is not None

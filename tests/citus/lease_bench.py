@@ -42,10 +42,9 @@ from typing import Any, cast
 
 import psycopg
 
-from effectgate.ledger import db, topology
+from effectgate.ledger import db, jobs, topology
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.queries import Q
 from effectgate.ledger.vocabulary import JobState
 from tests.topologies import CITUS

@@ -8,10 +8,9 @@ from collections import Counter
 
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_deliveries
 from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.jobs.finishes import Finish, finish_many
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer

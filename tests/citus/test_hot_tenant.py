@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import leases
 from effectgate.ledger.queries import Q
 from tests.topologies import CITUS
 
@@ -141,7 +141,7 @@ async def test_a_neighbours_fetch_reads_only_its_own_rows_beside_a_hot_tenant(
     }
     async with conn.transaction(force_rollback=True):
         cur = await conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + jobs._ROUTED_FETCH,  # type: ignore[operator]
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + leases._ROUTED_FETCH,  # type: ignore[operator]
             params,
         )
         row = await cur.fetchone()

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import db, topology
+from effectgate.ledger import db, jobs, topology
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -26,7 +26,6 @@ from effectgate.ledger.claims import (
     effects_missing,
 )
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.paces import LedgerTurns
 from effectgate.ledger.queries import Q
 from tests.topologies import CITUS

@@ -20,9 +20,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from effectgate.gateway import metrics
-from effectgate.ledger import db, shards
+from effectgate.ledger import db, jobs, shards
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs.finishes import Finish, finish_many
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer
 from effectgate.ledger.maintenance.retention import RetentionConfig, RetentionKeeper

@@ -22,9 +22,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, Duplicate, EffectRequest, claim_delivery
-from effectgate.ledger.jobs import leases as jobs
 from tests.e2e.processes import free_port
 from tests.topologies import CITUS
 

@@ -12,9 +12,8 @@ import uuid
 
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_deliveries
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs.admin import Refused
 from effectgate.ledger.jobs.finishes import Finish, finish_many
 from effectgate.ledger.jobs.resolutions import Resolved, resolve

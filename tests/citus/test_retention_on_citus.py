@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, Duplicate, EffectRequest, Rejected, claim_deliveries
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs.finishes import Finish, finish_many
 from effectgate.ledger.maintenance.retention import (
     TENANT_STATEMENTS_PER_BATCH,

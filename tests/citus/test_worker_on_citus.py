@@ -17,10 +17,10 @@ import pytest
 
 from effectgate.handlers import EffectContext, EffectKind, Event, Registry
 from effectgate.handlers.worker.runtime import Worker, WorkerConfig
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
 from effectgate.ledger.handle import Ledger
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger.jobs import leases
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 from tests.topologies import CITUS
 
@@ -161,7 +161,7 @@ async def test_the_fetch_for_one_tenant_is_one_router_task(conn: db.Conn) -> Non
     # What the worker sends on Citus: the fetch without its attempts CTE (the attempts are job_attempt_open,
     # above). The whole statement, with it, is planned as subplans.
     async with conn.transaction(force_rollback=True):
-        routed = await (await conn.execute("EXPLAIN " + jobs._ROUTED_FETCH, {**FENCED, **FETCH})).fetchall()
+        routed = await (await conn.execute("EXPLAIN " + leases._ROUTED_FETCH, {**FENCED, **FETCH})).fetchall()
     text = "\n".join(next(iter(r.values())) for r in routed)
     assert re.findall(r"Task Count: \d+", text) == ["Task Count: 1"] and "Distributed Subplan" not in text, (
         text

@@ -19,8 +19,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 
 from .conftest import Stack, event, headers
 from .node_service import Forwarding, forwarding_stack, key_of, order_event

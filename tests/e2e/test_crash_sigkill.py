@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.e2e import crash_worker
 from tests.integration.jobs_fixtures import claim, connected, job, later

@@ -13,8 +13,7 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 
 from .conftest import Stack, event, headers
 from .processes import wait_until

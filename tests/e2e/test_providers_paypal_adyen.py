@@ -20,8 +20,7 @@ from effectgate.handlers.downstream import DownstreamClient, DownstreamConfig
 from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.adyen import capture_payment
 from effectgate.handlers.providers.paypal import capture_authorization, capture_order
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry, run_job
 
 from .fake_servers import serving

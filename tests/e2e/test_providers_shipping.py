@@ -26,8 +26,7 @@ from effectgate.handlers.providers.shopify import (
     fulfil_order,
     graphql,
 )
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry, run_job
 
 from .fake_servers import serving

@@ -19,8 +19,7 @@ from effectgate.handlers import EffectContext, Event, TerminalError, TransientEr
 from effectgate.handlers.downstream.pace import Pace, PaceExceeded
 from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.stripe import StripeSteps, call_stripe, stripe_client
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry, run_job
 
 from .fake_servers import serving

@@ -24,8 +24,7 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler, service_lock_id
 from effectgate.ledger.maintenance.service import run_locked, run_session_locked
 from tests.integration.jobs_fixtures import claim

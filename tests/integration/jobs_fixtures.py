@@ -20,11 +20,10 @@ from effectgate.handlers.observe import WorkerObserver
 from effectgate.handlers.registry import EffectKind, Registry
 from effectgate.handlers.worker.config import WorkerConfig
 from effectgate.handlers.worker.runtime import Worker
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, Delivery, EffectRequest, claim_delivery
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.handle import Ledger
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 

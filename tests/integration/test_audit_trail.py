@@ -19,10 +19,9 @@ from effectgate.handlers import EffectContext, Event, TransientError
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.downstream import classify_response
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.jobs import audit
 from effectgate.ledger.jobs import filters as ledger_filters
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.vocabulary import RefusalCode
 
 from .jobs_fixtures import claim, connected, kind, make_worker, pool, registry

@@ -12,9 +12,8 @@ from effectgate.gateway import cli
 from effectgate.gateway.operator import cli as operator_cli
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db
-from effectgate.ledger.jobs import filters as bulk
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
+from effectgate.ledger.jobs import filters
 from tests.integration.jobs_fixtures import (
     at,
     claim,
@@ -61,7 +60,7 @@ async def fleet(conn: db.Conn) -> dict[str, list[int]]:
 @pytest.mark.anyio
 async def test_a_dry_run_reports_what_would_happen_and_changes_nothing(conn: db.Conn) -> None:
     f = await fleet(conn)
-    where = bulk.JobFilter(states=("failed",), kind="A")
+    where = filters.JobFilter(states=("failed",), kind="A")
     dry = await bulk_actions.run(conn, Registry(), "redrive", where, by="t", dry_run=True)
     assert dry.summary() == {
         "action": "redrive",
@@ -90,13 +89,13 @@ async def test_bulk_cancel_by_kind_source_and_age(conn: db.Conn) -> None:
     await jobs.fetch_and_lease(
         conn, owner="w", kinds={"A": 30}, limit=1, now=at(100)
     )  # leases `old`, the first due
-    where = bulk.JobFilter(states=("pending", "running"), kind="A", source="test", since=at(50))
+    where = filters.JobFilter(states=("pending", "running"), kind="A", source="test", since=at(50))
     result = await bulk_actions.run(conn, Registry(), "cancel", where, by="t", reason="outage")
     assert sorted(result.done) == sorted([*new, running])
     assert await states(conn, new) == ["cancelled", "cancelled"]
     assert (await job(conn, old))["state"] == "running"  # created before --since
     assert (
-        await bulk_actions.run(conn, Registry(), "cancel", bulk.JobFilter(source="nope"), by="t")
+        await bulk_actions.run(conn, Registry(), "cancel", filters.JobFilter(source="nope"), by="t")
     ).matched == []
 
 
@@ -104,18 +103,18 @@ async def test_bulk_cancel_by_kind_source_and_age(conn: db.Conn) -> None:
 async def test_a_paused_kind_is_not_leased_until_resumed(conn: db.Conn) -> None:
     a = await claim(conn, kind="A", now=at(0))
     b = await claim(conn, kind="B", now=at(0))
-    await bulk.pause(conn, "A", by="alice", reason="payments API down", now=at(1))
+    await filters.pause(conn, "A", by="alice", reason="payments API down", now=at(1))
     leased = await jobs.fetch_and_lease(conn, owner="w", kinds={"A": 30, "B": 30}, limit=10, now=at(2))
     assert [lease.job_id for lease in leased] == [b]
-    [row] = await bulk.paused(conn)
+    [row] = await filters.paused(conn)
     assert (row["kind"], row["paused_by"], row["reason"], row["pending"]) == (
         "A",
         "alice",
         "payments API down",
         1,
     )
-    assert await bulk.resume(conn, "A", by="alice") is True
-    assert await bulk.resume(conn, "A", by="alice") is False
+    assert await filters.resume(conn, "A", by="alice") is True
+    assert await filters.resume(conn, "A", by="alice") is False
     leased = await jobs.fetch_and_lease(conn, owner="w", kinds={"A": 30, "B": 30}, limit=10, now=at(3))
     assert [lease.job_id for lease in leased] == [a]
 

@@ -8,8 +8,7 @@ import pytest
 
 from effectgate.handlers.actions import control
 from effectgate.handlers.event import Transition
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 
 from .jobs_fixtures import claim, kind, registry
 

@@ -8,8 +8,7 @@ import pytest
 
 from effectgate.handlers import EffectContext, Event, StepAlreadyRun, TerminalError, TransientError
 from effectgate.handlers.idempotency import idempotency_key
-from effectgate.ledger import db, reports
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs, reports
 
 from .jobs_fixtures import claim, kind, make_worker, pool, registry
 

@@ -27,8 +27,7 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcileResult
 from tests.integration.jobs_fixtures import claim, job, later, lease_one, scalar
 

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import EffectContext, Event, Transition
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseBusy, LedgerError
 from effectgate.ledger.jobs import heartbeats
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import (

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 from psycopg import errors as pg_errors
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import heartbeats, steps
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration.jobs_fixtures import (
     at,

@@ -7,10 +7,8 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import heartbeats
-from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.jobs.leases import Refused
+from effectgate.ledger import db, jobs
+from effectgate.ledger.jobs import Refused, heartbeats
 from tests.integration.jobs_fixtures import (
     at,
     claim,

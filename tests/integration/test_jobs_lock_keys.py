@@ -11,9 +11,8 @@ from collections import Counter
 
 import pytest
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.jobs.leases import Refused
+from effectgate.ledger import db, jobs
+from effectgate.ledger.jobs import Refused
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration.jobs_fixtures import (
     at,

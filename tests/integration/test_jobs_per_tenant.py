@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from effectgate.ledger import db, topology
+from effectgate.ledger import db, jobs, topology
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import heartbeats
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.vocabulary import JobState
 from tests.topologies import ROUTED_ON_ONE_NODE
 

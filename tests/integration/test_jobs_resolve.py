@@ -10,11 +10,9 @@ import pytest
 
 from effectgate.handlers.actions import control
 from effectgate.handlers.event import Transition
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.errors import InvalidParameter
-from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.jobs import resolutions
-from effectgate.ledger.jobs.leases import Refused
+from effectgate.ledger.jobs import Refused, resolutions
 from effectgate.ledger.jobs.resolutions import Resolved
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 from tests.integration.jobs_fixtures import (

@@ -23,10 +23,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import heartbeats
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
 from tests.integration.jobs_fixtures import T0, claim
 

@@ -15,9 +15,8 @@ import pytest
 from effectgate.gateway.logs import JsonFormatter
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.maintenance import reconcile_forever
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.handle import Ledger
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer, Repaired, RescuerConfig
 from effectgate.ledger.maintenance.retention import RetentionConfig
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig, service_lock_id

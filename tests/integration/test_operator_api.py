@@ -25,8 +25,7 @@ from effectgate.gateway.operator import documents, reporting
 from effectgate.gateway.operator.auth import hash_token
 from effectgate.gateway.operator.openapi import DOCUMENT
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db, reports
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.reports.spec import ReportQuery
 
 from .test_reports_seed import NOW, seed, seeded_database

@@ -15,8 +15,7 @@ from effectgate.gateway.config import parse
 from effectgate.gateway.operator import sessions
 from effectgate.gateway.operator.auth import hash_token
 from effectgate.handlers.registry import Registry
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 
 from .test_operator_api import CONFIG, OPERATE_TOKEN, VIEW_TOKEN
 from .test_reports_seed import NOW, deliver, seed, seeded_database

@@ -21,8 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from tests.bench.reports import FILL
 from tests.conftest import database_url
 from tests.integration.test_query_plans import JOBS, KINDS, nodes, plans_of

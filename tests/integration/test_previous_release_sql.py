@@ -18,10 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, Delivery, Duplicate, EffectRequest, Rejected, claim_delivery
 from effectgate.ledger.fingerprints import canonical_json, fingerprint
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer, RescuerConfig
 from effectgate.ledger.queries import Q, parse
 from tests.integration.before_0022 import BEFORE_0022

@@ -29,12 +29,10 @@ import pytest
 from psycopg import sql
 
 from effectgate.gateway.operator import reporting
-from effectgate.ledger import claims, db, reports
+from effectgate.ledger import claims, db, jobs, reports
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.jobs import filters as bulk
-from effectgate.ledger.jobs import leases as jobs
-from effectgate.ledger.jobs import resolutions
+from effectgate.ledger.jobs import filters, resolutions
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer
 from effectgate.ledger.maintenance.retention import RetentionConfig, RetentionKeeper
 from effectgate.ledger.maintenance.waker import PendingWaker
@@ -399,12 +397,12 @@ async def test_the_waker_reads_nothing_of_a_backlog_not_yet_stale(conn: db.Conn)
 
 
 BULK_FILTERS = [
-    bulk.JobFilter(states=("parked",)),
-    bulk.JobFilter(states=("failed", "parked"), kind="kind-2"),
-    bulk.JobFilter(kind="kind-1"),
-    bulk.JobFilter(source="rare", states=("failed",)),
-    bulk.JobFilter(states=("resolved",)),
-    bulk.JobFilter(since=datetime.now(UTC) - timedelta(hours=1)),
+    filters.JobFilter(states=("parked",)),
+    filters.JobFilter(states=("failed", "parked"), kind="kind-2"),
+    filters.JobFilter(kind="kind-1"),
+    filters.JobFilter(source="rare", states=("failed",)),
+    filters.JobFilter(states=("resolved",)),
+    filters.JobFilter(since=datetime.now(UTC) - timedelta(hours=1)),
 ]
 
 
@@ -414,14 +412,16 @@ BULK_FILTER_IDS = ["parked", "failed-or-parked-of-kind", "kind", "rare-source-fa
 
 
 @pytest.mark.parametrize("where", BULK_FILTERS, ids=BULK_FILTER_IDS)
-async def test_bulk_action_plans_are_index_bounded(conn: db.Conn, where: bulk.JobFilter) -> None:
-    assert_bounded(await plans_of(conn, lambda c: bulk.match(c, where)), f"jobs_match_filter {where}")
+async def test_bulk_action_plans_are_index_bounded(conn: db.Conn, where: filters.JobFilter) -> None:
+    assert_bounded(await plans_of(conn, lambda c: filters.match(c, where)), f"jobs_match_filter {where}")
 
 
 async def test_paused_kinds_and_replay_plans_are_index_bounded(conn: db.Conn) -> None:
-    assert_bounded(await plans_of(conn, bulk.paused))
+    assert_bounded(await plans_of(conn, filters.paused))
     since = datetime.now(UTC) - timedelta(days=1)
-    assert_bounded(await plans_of(conn, lambda c: bulk.unmatched_for_replay(c, source="stripe", since=since)))
+    assert_bounded(
+        await plans_of(conn, lambda c: filters.unmatched_for_replay(c, source="stripe", since=since))
+    )
 
 
 @pytest.mark.parametrize(("spec", "query"), REPORT_CASES, ids=[f"{s.name}?{q}" for s, q in REPORT_CASES])

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from effectgate.ledger.maintenance.scheduler import (
     RECONCILER_LOCK_ID,
     KindPolicy,

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -24,7 +24,6 @@ from effectgate.ledger.claims import (
     record_signature_failure,
 )
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -20,7 +20,6 @@ from effectgate.ledger.claims import (
     record_signature_failure,
 )
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance import retention
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper

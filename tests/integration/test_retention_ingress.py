@@ -11,8 +11,7 @@ import pytest
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 from tests.integration.test_ingress import CONFIG, ENV, make_registry, post, stripe_event, stripe_headers
 

@@ -11,9 +11,8 @@ import pytest
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
 from effectgate.handlers.context import Services
 from effectgate.handlers.idempotency import idempotency_key
-from effectgate.ledger import db, reports
+from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.vocabulary import StepStatus
 

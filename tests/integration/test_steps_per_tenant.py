@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from effectgate.ledger.topology import SINGLE_NODE, Topology

@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from effectgate.gateway.operator import reporting
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -27,7 +27,6 @@ from effectgate.ledger.claims import (
     claim_delivery,
     record_signature_failure,
 )
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.partitions import PartitionKeeper
 from effectgate.ledger.maintenance.scheduler import Reconciler

@@ -20,9 +20,8 @@ from effectgate.handlers import (
     Transition,
     UnrecoverableError,
 )
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration import jobs_fixtures as jf

@@ -14,9 +14,8 @@ from effectgate.gateway import metrics
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
 from effectgate.handlers.observe import WorkerObserver
 from effectgate.handlers.worker.maintenance import reconcile_forever
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.handle import Ledger
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import claim, job, kind, later, make_worker, registry, wait_for

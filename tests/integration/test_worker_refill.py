@@ -12,8 +12,7 @@ import pytest
 
 from effectgate.handlers import EffectContext, Event, TerminalError
 from effectgate.handlers.worker import runtime as worker_module
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import claim, kind, make_worker, registry, wait_for
 

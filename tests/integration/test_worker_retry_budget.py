@@ -17,8 +17,7 @@ from effectgate.handlers.downstream import DownstreamConfig
 from effectgate.handlers.downstream.payments import PaymentsClient
 from effectgate.handlers.effect_kind import DEFAULT_MAX_ATTEMPTS
 from effectgate.handlers.worker.config import DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 
 from .jobs_fixtures import claim, job, kind, make_worker, pool, registry
 

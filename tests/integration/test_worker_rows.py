@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import db, jobs
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import claim, job, kind, make_worker, registry, wait_for
 

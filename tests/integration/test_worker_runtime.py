@@ -13,9 +13,8 @@ import pytest
 from effectgate.handlers import HAND_BACK, EffectContext, Event, HandBack, TerminalError, TransientError
 from effectgate.handlers.worker.listen import LISTEN_APPLICATION_NAME
 from effectgate.handlers.worker.runtime import Worker
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.integration import jobs_fixtures as jf
 from tests.integration.jobs_fixtures import (

@@ -12,7 +12,7 @@ import pytest
 from effectgate.gateway.operator import params
 from effectgate.gateway.operator.params import BadParameter
 from effectgate.ledger import reports
-from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.jobs import filters
 from effectgate.ledger.payload_diffs import MAX_DIFF_ENTRIES, payload_diff
 from effectgate.ledger.queries import SQL_DIR, parse
 from effectgate.ledger.reports import views
@@ -119,7 +119,7 @@ def test_the_bulk_filter_reads_every_parameter_the_same_way_for_every_face() -> 
     where = params.parse_job_filter(
         {"state": "parked,failed", "kind": "ship", "source": "stripe", "since": "2h", "limit": "50"}, now=NOW
     )
-    assert where == ledger_bulk.JobFilter(
+    assert where == filters.JobFilter(
         states=("failed", "parked"), kind="ship", source="stripe", since=NOW - timedelta(hours=2), limit=50
     )
 
@@ -128,7 +128,7 @@ def test_blank_form_fields_count_as_absent_and_an_empty_filter_is_refused_by_cod
     with pytest.raises(params.BadParameter) as refused:
         params.parse_job_filter({"state": "", "kind": "", "source": None, "since": "", "limit": ""}, now=NOW)
     assert refused.value.code == "filter_required"
-    assert params.parse_job_filter({"kind": "ship", "limit": ""}, now=NOW).limit == ledger_bulk.DEFAULT_LIMIT
+    assert params.parse_job_filter({"kind": "ship", "limit": ""}, now=NOW).limit == filters.DEFAULT_LIMIT
 
 
 @pytest.mark.parametrize("limit", ["0", "100001", "-1", "ten", "1e3"])

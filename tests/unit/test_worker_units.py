@@ -14,8 +14,8 @@ from effectgate.handlers.worker.backoff import backoff_delay
 from effectgate.handlers.worker.config import WorkerConfig
 from effectgate.handlers.worker.maintenance import make_reconciler
 from effectgate.handlers.worker.recorder import error_record
+from effectgate.ledger import jobs
 from effectgate.ledger.errors import LeaseLost
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs.steps import RecordedStep
 from effectgate.ledger.maintenance.scheduler import KindPolicy, ReconcilerConfig
 

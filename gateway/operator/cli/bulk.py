@@ -11,7 +11,7 @@ from typing import TextIO
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db
-from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.jobs import filters
 from effectgate.ledger.vocabulary import JobState
 
 from ..params import JOB_FILTER_PARAMETERS, BadParameter, parse_job_filter
@@ -19,7 +19,7 @@ from .command import Refused, import_handler_modules, operator_name, resolver
 from .output import print_json
 
 
-def job_filter(args: argparse.Namespace) -> ledger_bulk.JobFilter:
+def job_filter(args: argparse.Namespace) -> filters.JobFilter:
     values = {name: getattr(args, name) for name in JOB_FILTER_PARAMETERS}
     try:
         return parse_job_filter(values, now=datetime.now(UTC))
@@ -103,5 +103,5 @@ def filter_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--since", help="bulk: finished (or, not finished, created) since: ISO 8601 or 30m, 24h, 7d"
     )
-    p.add_argument("--limit", help=f"bulk: at most this many jobs (default {ledger_bulk.DEFAULT_LIMIT})")
+    p.add_argument("--limit", help=f"bulk: at most this many jobs (default {filters.DEFAULT_LIMIT})")
     p.add_argument("--dry-run", action="store_true", help="bulk: show what would happen, change nothing")

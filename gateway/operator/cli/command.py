@@ -12,8 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from effectgate.ledger import db
-from effectgate.ledger.jobs import leases as ledger_jobs
+from effectgate.ledger import db, jobs
 from effectgate.ledger.reports import ReportSpec
 from effectgate.ledger.vocabulary import RefusalCode
 
@@ -97,7 +96,7 @@ def import_handler_modules(args: argparse.Namespace) -> None:
             raise BadParameter("handlers", f"cannot import {module!r}: {type(exc).__name__}: {exc}") from exc
 
 
-def refusal_error(refusal: ledger_jobs.Refused) -> Exception:
+def refusal_error(refusal: jobs.Refused) -> Exception:
     return (
         NotFound(refusal.detail)
         if refusal.code == RefusalCode.NOT_FOUND

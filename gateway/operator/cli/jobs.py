@@ -10,10 +10,8 @@ from typing import Any, TextIO
 
 from effectgate.handlers.actions import control
 from effectgate.handlers.registry import REGISTRY
-from effectgate.ledger import db, reports
-from effectgate.ledger.jobs import audit, resolutions
-from effectgate.ledger.jobs import filters as ledger_bulk
-from effectgate.ledger.jobs import leases as ledger_jobs
+from effectgate.ledger import db, jobs, reports
+from effectgate.ledger.jobs import audit, filters, resolutions
 from effectgate.ledger.reports import JOBS
 from effectgate.ledger.vocabulary import JobState
 
@@ -155,7 +153,7 @@ async def cmd_jobs_redrive(conn: db.Conn, args: argparse.Namespace, out: TextIO)
     no_filters(args)
     job_id = parse_id(args.job_id, "job_id")
     reason = audit.check_note(args.reason)
-    refusal = await ledger_jobs.redrive(conn, job_id, by=operator_name(), reason=reason, force=args.force)
+    refusal = await jobs.redrive(conn, job_id, by=operator_name(), reason=reason, force=args.force)
     if refusal is not None:
         raise refusal_error(refusal)
     # Only a forced redrive gets here with recorded failures: say what the next run will not do.
@@ -193,7 +191,7 @@ def no_filters(args: argparse.Namespace) -> None:
 async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     kind = parse_name(args.kind, "kind")
     assert kind is not None
-    row = await ledger_bulk.pause(conn, kind, by=operator_name(), reason=args.reason)
+    row = await filters.pause(conn, kind, by=operator_name(), reason=args.reason)
     if args.format == "json":
         print_json(out, row)
     else:
@@ -206,7 +204,7 @@ async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -
 async def cmd_jobs_resume(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     kind = parse_name(args.kind, "kind")
     assert kind is not None
-    if not await ledger_bulk.resume(conn, kind, by=operator_name(), reason=audit.check_note(args.reason)):
+    if not await filters.resume(conn, kind, by=operator_name(), reason=audit.check_note(args.reason)):
         raise Refused("not_paused", f"kind {kind} is not paused")
     if args.format == "json":
         print_json(out, {"kind": kind, "paused": False})
@@ -215,7 +213,7 @@ async def cmd_jobs_resume(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
 
 
 async def cmd_jobs_paused(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
-    rows = await ledger_bulk.paused(conn)
+    rows = await filters.paused(conn)
     if args.format == "json":
         print_json(out, {"paused": rows})
         return
@@ -240,7 +238,7 @@ async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
     job_id = parse_id(args.job_id, "job_id")
     import_handler_modules(args)
     outcome = await control.cancel(conn, REGISTRY, job_id, by=operator_name(), reason=args.reason)
-    if isinstance(outcome, ledger_jobs.Refused):
+    if isinstance(outcome, jobs.Refused):
         raise refusal_error(outcome)
     if args.format == "json":
         print_json(out, {"job_id": job_id, "state": outcome, "cancel_requested": True})
@@ -259,7 +257,7 @@ async def cmd_jobs_resolve(conn: db.Conn, args: argparse.Namespace, out: TextIO)
     job_id = parse_id(args.job_id, "job_id")
     import_handler_modules(args)
     outcome = await control.resolve(conn, REGISTRY, job_id, by=resolver(args), reason=args.reason)
-    if isinstance(outcome, ledger_jobs.Refused):
+    if isinstance(outcome, jobs.Refused):
         raise refusal_error(outcome)
     if args.format == "json":
         print_json(out, documents.resolution(outcome))

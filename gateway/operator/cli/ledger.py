@@ -11,7 +11,7 @@ from typing import TextIO
 from effectgate.handlers.actions import replay
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger import db
-from effectgate.ledger.jobs import filters as ledger_bulk
+from effectgate.ledger.jobs import filters
 from effectgate.ledger.maintenance import retention
 from effectgate.ledger.reports import AUTH_FAILURES, KEY_CONFLICTS, REFUSED_DELIVERIES, REPORTS, ReportSpec
 
@@ -347,7 +347,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_le
     rep.add_argument("--source", required=True, help="the webhook source whose deliveries to replay")
     rep.add_argument("--since", required=True, help="received since: ISO 8601 or 30m, 24h, 7d")
     rep.add_argument("--until", help="received before (default now)")
-    rep.add_argument("--limit", help=f"at most this many deliveries (default {ledger_bulk.DEFAULT_LIMIT})")
+    rep.add_argument("--limit", help=f"at most this many deliveries (default {filters.DEFAULT_LIMIT})")
     rep.add_argument(
         "--config", help="the configuration naming the handler modules (default: EFFECTGATE_CONFIG)"
     )

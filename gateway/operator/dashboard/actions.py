@@ -14,10 +14,9 @@ from starlette.responses import RedirectResponse, Response
 
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.actions import control
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LedgerError
 from effectgate.ledger.jobs import audit
-from effectgate.ledger.jobs import leases as ledger_jobs
 from effectgate.ledger.vocabulary import JobState
 
 from ...config.operator import OperatorToken
@@ -44,7 +43,7 @@ def job_action(kind: str) -> Callable[[Request], Awaitable[Response]]:
             job_id = parse_id(request.path_params["job_id"], "job_id")
             async with db.connection(request.app.state.pool) as conn:
                 if kind == "redrive":
-                    refusal = await ledger_jobs.redrive(
+                    refusal = await jobs.redrive(
                         conn,
                         job_id,
                         by=f"operator:{operator.name}",
@@ -62,13 +61,13 @@ def job_action(kind: str) -> Callable[[Request], Awaitable[Response]]:
                         by=f"operator:{operator.name}",
                         reason=form.get("reason", ""),
                     )
-                    refusal = resolved if isinstance(resolved, ledger_jobs.Refused) else None
+                    refusal = resolved if isinstance(resolved, jobs.Refused) else None
                     outcome = "resolved"
                 else:
                     result = await control.cancel(
                         conn, request.app.state.registry, job_id, by=f"operator:{operator.name}"
                     )
-                    refusal = result if isinstance(result, ledger_jobs.Refused) else None
+                    refusal = result if isinstance(result, jobs.Refused) else None
                     outcome = "cancelled" if result == JobState.CANCELLED else "cancel_requested"
         except PARAMETER_ERRORS as exc:
             return message("Bad request", f"{exc.parameter}: {exc.detail}", operator, status=400)

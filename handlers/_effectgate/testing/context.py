@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from effectgate.handlers.context import EffectContext, Services
 from effectgate.handlers.event import Event
-from effectgate.ledger.jobs import leases as jobs
+from effectgate.ledger import jobs
 from effectgate.ledger.jobs.steps import RecordedStep
 from effectgate.ledger.vocabulary import StepStatus
 

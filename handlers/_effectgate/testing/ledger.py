@@ -19,11 +19,10 @@ from effectgate.handlers.plan import plan_event
 from effectgate.handlers.registry import REGISTRY, Registry
 from effectgate.handlers.worker.config import WorkerConfig
 from effectgate.handlers.worker.runtime import Worker
-from effectgate.ledger import db
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import ClaimOutcome, Delivery, claim_delivery
 from effectgate.ledger.fingerprints import canonical_json, fingerprint
 from effectgate.ledger.handle import Ledger
-from effectgate.ledger.jobs import leases as jobs
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.jobs.steps import RecordedStep
 
