@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import psycopg
 
 from .claims import Accepted, ClaimOutcome, Delivery, EffectRequest, claim_deliveries, notify_kinds
+from .cluster.topology import SINGLE_NODE, Topology
 from .db import error_kind
 from .errors import ClaimOverloaded, ClaimTimeout, DeliveryRefused, LedgerError, LedgerUnavailable
 from .handle import Ledger
 from .queries import Q
-from .topology import SINGLE_NODE, Topology
 
 DEFAULT_MAX_BATCH = 64
 # One batch in flight per process: measured against 2 (serve --workers 2, 64 connections, ABBA order on a loaded

@@ -27,7 +27,8 @@ import sys
 import time
 from typing import TextIO
 
-from effectgate.ledger import db, distribution
+from effectgate.ledger import db
+from effectgate.ledger.cluster import distribution
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import MigrationState, migrate, migrate_and_distribute, script, status
 
@@ -185,7 +186,7 @@ async def wait_for_schema(
             async with db.translate_errors():
                 states = await status(conn)
                 # A process that starts before the ledger is distributed would read its topology as a single
-                # node's and keep it for its life (ledger/topology.py): it waits for the distribution too.
+                # node's and keep it for its life (ledger/cluster/topology.py): it waits for the distribution too.
                 undistributed = [s.what for s in await distribution.missing(conn)]
             changed = [s.name for s in states if s.changed]
             if changed:

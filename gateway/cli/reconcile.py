@@ -10,7 +10,8 @@ from typing import Any
 
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.maintenance import make_reconciler
-from effectgate.ledger import db, topology
+from effectgate.ledger import db
+from effectgate.ledger.cluster import topology
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import unapplied
 

@@ -28,7 +28,8 @@ from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.config import worker_connections
 from effectgate.handlers.worker.runtime import Worker
-from effectgate.ledger import db, shards, timeline
+from effectgate.ledger import db, timeline
+from effectgate.ledger.cluster import shards
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.paces import LedgerTurns
 

@@ -31,11 +31,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from effectgate.ledger import db, jobs
+from effectgate.ledger.cluster.topology import Topology
 from effectgate.ledger.errors import LeaseLost, LedgerError
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import heartbeats, steps
 from effectgate.ledger.maintenance.scheduler import ReconcileResult
-from effectgate.ledger.topology import Topology
 
 from .. import tracing
 from ..actions import control

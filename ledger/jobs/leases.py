@@ -23,12 +23,12 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from .. import shards
+from ..cluster import shards
+from ..cluster.topology import SINGLE_NODE, Topology
 from ..db import Conn
 from ..errors import LeaseLost
 from ..queries import Q, without_cte
 from ..storable import storable_record
-from ..topology import SINGLE_NODE, Topology
 from ..vocabulary import JobState
 from .finishes import Reached
 

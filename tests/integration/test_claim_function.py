@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import claims, db, topology
+from effectgate.ledger import claims, db
 from effectgate.ledger.claims import ClaimOutcome, Delivery, EffectRequest, claim_deliveries
+from effectgate.ledger.cluster import topology
 from effectgate.ledger.fingerprints import fingerprint
 from tests.topologies import ROUTED_ON_ONE_NODE
 

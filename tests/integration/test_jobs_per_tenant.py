@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from effectgate.ledger import db, jobs, topology
+from effectgate.ledger import db, jobs
+from effectgate.ledger.cluster import topology
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.vocabulary import JobState

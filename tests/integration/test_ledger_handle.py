@@ -15,7 +15,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from effectgate.ledger import db, topology
+from effectgate.ledger import db
+from effectgate.ledger.cluster import topology
 from effectgate.ledger.handle import Ledger
 from tests.topologies import ROUTED_ON_ONE_NODE
 

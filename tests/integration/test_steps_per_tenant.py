@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from effectgate.ledger import db, jobs
+from effectgate.ledger.cluster.topology import SINGLE_NODE, Topology
 from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.scheduler import Reconciler
-from effectgate.ledger.topology import SINGLE_NODE, Topology
 from tests.integration.jobs_fixtures import (
     at,
     claim,

@@ -3,7 +3,7 @@ could not take, by name, whether the ledger was never distributed or only needs 
 
 from __future__ import annotations
 
-from effectgate.ledger.distribution import Step, not_owned_message
+from effectgate.ledger.cluster.distribution import Step, not_owned_message
 
 
 def test_an_undistributed_ledger_names_the_distribution_steps_and_the_tables_not_owned() -> None:

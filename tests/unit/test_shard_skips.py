@@ -5,8 +5,8 @@ tests/citus/test_lost_node.py produces the skips with a node really stopped; her
 from __future__ import annotations
 
 from effectgate.gateway import metrics
-from effectgate.ledger import shards
-from effectgate.ledger.shards import Skipped
+from effectgate.ledger.cluster import shards
+from effectgate.ledger.cluster.shards import Skipped
 from tests.prometheus import value
 
 SKIPPED = "effectgate_shard_reads_skipped_total"

@@ -1,11 +1,11 @@
-"""What counts as a lost worker node in a shard read (ledger/shards.py): the messages Citus 12.1 and its
+"""What counts as a lost worker node in a shard read (ledger/cluster/shards.py): the messages Citus 12.1 and its
 master_run_on_worker give for a node that is down or went away mid-read, and nothing a faulty read says."""
 
 from __future__ import annotations
 
 import pytest
 
-from effectgate.ledger.shards import UNREACHABLE
+from effectgate.ledger.cluster.shards import UNREACHABLE
 
 
 @pytest.mark.parametrize(

@@ -31,9 +31,9 @@ from typing import Literal
 import psycopg
 from psycopg import sql
 
-from .db import Conn
-from .errors import MigrationError
-from .queries import Q
+from ..db import Conn
+from ..errors import MigrationError
+from ..queries import Q
 from .topology import citus_installed
 
 # The distributed statements read these (the fetch reads paused_kinds): a copy on every node.

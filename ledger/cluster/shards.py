@@ -27,10 +27,10 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from .db import Conn
-from .errors import LedgerError
-from .listeners import Listeners
-from .queries import Q
+from ..db import Conn
+from ..errors import LedgerError
+from ..listeners import Listeners
+from ..queries import Q
 
 log = logging.getLogger("effectgate.ledger")
 

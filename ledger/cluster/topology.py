@@ -1,6 +1,6 @@
 """What the database under a ledger is, and how statements route: the catalog asked in this one module.
 
-On Citus (distributed by ``effectgate migrate``, ledger/distribution.py), ``jobs`` is a distributed table and every job statement that names no
+On Citus (distributed by ``effectgate migrate``, ledger/cluster/distribution.py), ``jobs`` is a distributed table and every job statement that names no
 tenant either fans out to every shard or is refused (a multi-shard ``FOR UPDATE``). So the worker leases,
 heartbeats and finishes tenant by tenant, the rescuer and the waker read the tenants first, retention purges per
 tenant, and the operator's writes by id find the job's tenant before they write (everywhere: one read by id). Claims go per tenant only where
@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .db import Conn
-from .queries import Q
+from ..db import Conn
+from ..queries import Q
 
 log = logging.getLogger("effectgate.ledger")
 
@@ -34,7 +34,7 @@ class Topology:
     """
 
     # The Citus extension is installed: its catalog can be read, and tenants with work are read node by node
-    # (ledger/shards.py), so a lost worker node is skipped instead of failing the read whole.
+    # (ledger/cluster/shards.py), so a lost worker node is skipped instead of failing the read whole.
     citus: bool
     # jobs is a distributed table: every job statement names its tenant (leases, heartbeats, finishes, steps,
     # retries, the maintenance passes), and a wake-up is sent from the coordinator.
