@@ -16,11 +16,6 @@ from effectgate.ledger.handle import Ledger
 from tests.e2e.processes import free_port
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_a_probe_that_finds_no_database_logs_one_line_without_a_traceback(
     caplog: pytest.LogCaptureFixture,

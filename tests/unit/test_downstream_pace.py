@@ -27,11 +27,6 @@ pytestmark = pytest.mark.anyio
 BASE = "https://api.example.test"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Clock:
     """Virtual time: ``sleep`` records (when, how long) and, with ``advance``, moves the clock to its end."""
 

@@ -17,11 +17,6 @@ SENT = SentTransmission("SHA256withRSA", "https://x/cert", "t-1", "c2ln", "2026-
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def paypal() -> AsyncIterator[tuple[FakePayPal, httpx.AsyncClient]]:
     fake = FakePayPal("id", "secret")
     fake.sent(EVENT, SENT)

@@ -28,11 +28,6 @@ ITEMS = [{"sku": "SKU-1", "quantity": 1}]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def app() -> Starlette:
     return create_app()
 

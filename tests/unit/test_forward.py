@@ -152,11 +152,6 @@ def test_a_declared_effect_sets_its_own_retry_budget_and_a_cap_below_its_base_is
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient() as client:
         yield client

@@ -21,11 +21,6 @@ CAPTURE = "/v1/payment_intents/pi_123/capture"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def payments() -> AsyncIterator[PaymentsClient]:
     async with httpx.AsyncClient() as http:
         yield PaymentsClient(http, DownstreamConfig(BASE, "sk_test_123"))

@@ -19,11 +19,6 @@ from effectgate.handlers.providers.shopify import graphql
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def answer(body: dict[str, Any]) -> dict[str, Any]:
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json=body))
     async with httpx.AsyncClient(transport=transport) as http:

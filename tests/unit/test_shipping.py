@@ -28,11 +28,6 @@ SHIPMENT = {
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def shipping() -> AsyncIterator[ShippingClient]:
     async with httpx.AsyncClient() as http:
         yield ShippingClient(http, DownstreamConfig(BASE, "ship_key"))

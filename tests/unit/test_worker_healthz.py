@@ -20,11 +20,6 @@ from effectgate.ledger.handle import Ledger
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def worker() -> Worker:
     # A pool never opened: health() must not touch the database.
     pool = db.make_pool("postgresql://nobody@127.0.0.1:1/none")

@@ -22,11 +22,6 @@ from effectgate.ledger.maintenance.scheduler import KindPolicy, ReconcilerConfig
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def test_backoff_grows_exponentially_with_jitter_up_to_the_cap() -> None:
     rng = random.Random(7)
     for attempt in range(1, 12):
