@@ -4,7 +4,7 @@ OpenAPI document it serves, job control, and the JSON error shape for every bad 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -28,7 +28,7 @@ from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.reports.spec import ReportQuery
 
-from .test_reports_seed import NOW, seed, seeded_database
+from .reports_seed import NOW, seed
 
 pytestmark = pytest.mark.anyio
 
@@ -93,12 +93,6 @@ async def gateway(url: str, *, keep_open: bool = True) -> AsyncIterator[httpx.As
             async with app.router.lifespan_context(app):
                 pass
             yield client
-
-
-@pytest.fixture(scope="module")
-def seeded_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    with seeded_database(pg_server_url, template_db) as url:
-        yield url
 
 
 @pytest.fixture

@@ -24,16 +24,10 @@ from effectgate.ledger.claims import claim_delivery
 from effectgate.ledger.refusals import RefusedEvent, keep_refused
 
 from .jobs_fixtures import connected
-from .test_reports_seed import NOW, seeded_database
+from .reports_seed import NOW, seeded_database
 from .test_retention import delivery
 
 WINDOW = ["--since", (NOW - timedelta(hours=24)).isoformat(), "--until", NOW.isoformat()]
-
-
-@pytest.fixture(scope="module")
-def seeded_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    with seeded_database(pg_server_url, template_db) as url:
-        yield url
 
 
 @pytest.fixture

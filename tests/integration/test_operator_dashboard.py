@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
@@ -17,8 +17,8 @@ from effectgate.gateway.operator.auth import hash_token
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, jobs
 
+from .reports_seed import NOW, deliver, seed
 from .test_operator_api import CONFIG, OPERATE_TOKEN, VIEW_TOKEN
-from .test_reports_seed import NOW, deliver, seed, seeded_database
 
 pytestmark = pytest.mark.anyio
 
@@ -38,12 +38,6 @@ async def dashboard(url: str, token: str | None = None) -> AsyncIterator[httpx.A
             response = await client.post("/ui/login", data={"token": token, "next": "/ui/"})
             assert response.status_code == 303
         yield client
-
-
-@pytest.fixture(scope="module")
-def seeded_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    with seeded_database(pg_server_url, template_db) as url:
-        yield url
 
 
 def text(html: str) -> str:

@@ -18,7 +18,7 @@ from effectgate.ledger.jobs import resolutions
 from effectgate.ledger.jobs.resolutions import Resolved
 from tests.prometheus import value
 
-from .test_reports_seed import seed
+from .reports_seed import seed
 
 pytestmark = pytest.mark.anyio
 

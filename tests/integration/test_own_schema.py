@@ -21,7 +21,7 @@ from effectgate.ledger.maintenance.scheduler import Reconciler
 from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate, script, status
 from effectgate.testing import TestLedger
 from tests.integration.before_0022 import statements_before_0022
-from tests.integration.test_reports_seed import seed
+from tests.integration.reports_seed import seed
 
 pytestmark = pytest.mark.anyio
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,7 +15,7 @@ from effectgate.ledger import db, reports
 from effectgate.ledger.reports import InvalidParameter
 from effectgate.ledger.reports.spec import Page, ReportQuery, ReportSpec
 
-from .test_reports_seed import NOW, deliver, paid, seed, seeded_database
+from .reports_seed import NOW, deliver, paid, seed
 
 pytestmark = pytest.mark.anyio
 
@@ -72,12 +72,6 @@ async def auth_failures(conn: db.Conn, **raw: Any) -> Report:
 
 async def jobs(conn: db.Conn, **raw: Any) -> Report:
     return await run(conn, reports.JOBS, **raw)
-
-
-@pytest.fixture(scope="module")
-def seeded_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    with seeded_database(pg_server_url, template_db) as url:
-        yield url
 
 
 @pytest.fixture
