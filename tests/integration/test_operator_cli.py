@@ -210,6 +210,18 @@ def test_redrive_and_cancel_with_exit_codes_for_refusals(
     assert (code, json.loads(out)["error"]) == (4, "not_redrivable")
     assert run(capsys, "jobs", "redrive", "99999")[0] == operator_cli.EXIT_NOT_FOUND
 
+    # An operator's reason on every command that takes one (ledger.jobs.audit.check_note), refused before the
+    # action: the cancel and the pause stored any text before issue 52.
+    for argv in (
+        ("jobs", "cancel", str(pending), "--reason", "x" * 501),
+        ("jobs", "cancel", "--state", "pending", "--reason", "x" * 501),
+        ("jobs", "pause", "--kind", "ship_order", "--reason", "line\nbreak"),
+        ("jobs", "redrive", str(done), "--reason", "\x01"),
+    ):
+        code, _, err = run(capsys, *argv)
+        assert (code, "invalid_reason" in err) == (operator_cli.EXIT_USAGE, True), argv
+    code, out, _ = run(capsys, "jobs", "paused", "--format", "json")
+    assert json.loads(out)["paused"] == []
     assert run(capsys, "jobs", "cancel", str(pending), "--reason", "customer asked")[:2] == (
         0,
         f"job {pending}: cancelled\n",
