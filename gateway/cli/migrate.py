@@ -32,14 +32,12 @@ from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import MigrationState, migrate, migrate_and_distribute, script, status
 
 from ..config import Config
+from ..exit_codes import EXIT_PENDING
 from . import database, flags
 from .common import UsageError
 
 log = logging.getLogger("effectgate.cli")
 
-# `migrate --check` while a migration is pending: apart from 1 (the database could not be reached, or an
-# applied migration changed) so a pipeline can tell "run migrate" from "something is wrong".
-EXIT_PENDING = 5
 # How often a --no-migrate process looks again, and how often it says it is still waiting.
 SCHEMA_POLL_INTERVAL = 1.0
 SCHEMA_LOG_INTERVAL = 5.0

@@ -14,8 +14,8 @@ from effectgate.ledger import db, topology
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import unapplied
 
+from ..exit_codes import EXIT_OK
 from . import database, flags
-from .common import EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:

@@ -22,8 +22,9 @@ from ..config import Config, load
 from ..config.handler_imports import import_handlers
 from ..config.operator import DEFAULT_OPERATOR_HOST
 from ..edge import client_slots, guard
+from ..exit_codes import EXIT_FAILURE, EXIT_OK
 from . import database, flags, migrate
-from .common import EXIT_FAILURE, EXIT_OK, UsageError, check_port_free, log
+from .common import UsageError, check_port_free, log
 from .loop import event_loop
 
 # What uvicorn exits with when the server could not start (port taken, lifespan failed).

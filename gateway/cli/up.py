@@ -27,8 +27,9 @@ from ..config import DEFAULT_CONFIG_FILE, Config, load
 from ..config.handler_imports import import_handlers
 from ..config.operator import DEFAULT_OPERATOR_HOST
 from ..examples import demo
+from ..exit_codes import EXIT_FAILURE, EXIT_OK
 from . import database, flags, migrate
-from .common import EXIT_FAILURE, EXIT_OK, SUPERVISED_ENV, check_port_free
+from .common import SUPERVISED_ENV, check_port_free
 
 
 def _wait_ready(url: str, procs: Sequence[subprocess.Popen[bytes]], timeout: float = 60.0) -> bool:

@@ -36,9 +36,10 @@ from .. import metrics
 from ..config import Config, ConfigError
 from ..config.gateway import Limits
 from ..edge import guard
+from ..exit_codes import EXIT_OK
 from ..operator import metrics as metrics_endpoint
 from . import database, flags, migrate
-from .common import EXIT_OK, SUPERVISED_ENV, StartFailure
+from .common import SUPERVISED_ENV, StartFailure
 from .loop import run as run_on_loop
 
 

@@ -29,6 +29,7 @@ from effectgate.handlers.downstream import RETRY_STATUSES
 from effectgate.handlers.downstream.forward import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT
 from effectgate.handlers.effect_kind import DEFAULT_LEASE_TTL, DEFAULT_MAX_ATTEMPTS, DEFAULT_ORPHAN_POLICY
 from effectgate.handlers.worker.config import DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP
+from effectgate.ledger.db import DEFAULT_POOL_MAX
 
 # How a value is written in TOML:
 #   string, integer, number (integer or float), boolean, strings (a list of strings), table (free keys),
@@ -150,7 +151,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "gateway.pool_max",
         "integer",
-        10,
+        DEFAULT_POOL_MAX,
         "connections in each process's main database pool",
         minimum=1,
         roles=_G,
