@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 import time
 from typing import TextIO
@@ -203,7 +202,7 @@ async def wait_for_schema(
                     f"the ledger lacks {_lacking(pending, undistributed)} after waiting {migration_wait:g}s "
                     "with --no-migrate: apply them first (`effectgate migrate`, or the script of "
                     "`effectgate migrate --print-sql` in your own migration tool), or start without "
-                    "--no-migrate (to wait longer: --migration-wait, EFFECTGATE_MIGRATION_WAIT or "
+                    "--no-migrate (to wait longer: --migration-wait, EFFECTGATE_DATABASE__MIGRATION_WAIT or "
                     "[database] migration_wait)"
                 )
             if now >= next_log:
@@ -224,36 +223,20 @@ async def apply(url: str, startup_wait: float = 0.0, schema: str = db.DEFAULT_SC
         return await migrate(conn, schema=schema)
 
 
-def migration_wait(args: argparse.Namespace, config: Config) -> float:
-    """Seconds a ``--no-migrate`` process waits for its schema: --migration-wait, then
-    EFFECTGATE_MIGRATION_WAIT, then [database] migration_wait."""
-    if args.migration_wait is not None:
-        return float(args.migration_wait)
-    text = os.environ.get("EFFECTGATE_MIGRATION_WAIT")
-    if text:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not value >= 0:
-            raise UsageError(f"EFFECTGATE_MIGRATION_WAIT: expected a number of seconds >= 0, got {text!r}")
-        return value
-    return config.database.migration_wait
-
-
 def prepare_schema(args: argparse.Namespace, config: Config, url: str, startup_wait: float) -> None:
     """Apply pending migrations, or under ``--no-migrate`` wait (bounded) for someone else to."""
     if not args.no_migrate:
         asyncio.run(apply(url, startup_wait, database.schema(config)))
         return
     try:
-        asyncio.run(wait_for_schema(url, startup_wait, migration_wait(args, config), database.schema(config)))
+        wait = flags.database_wait(args, "migration_wait", config)
+        asyncio.run(wait_for_schema(url, startup_wait, wait, database.schema(config)))
     except SchemaBehind as exc:
         raise UsageError(str(exc)) from exc
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    wait = database.startup_wait(args)
+    wait = flags.database_wait(args, "startup_wait")
     action = (
         "status" if args.status else "check" if args.check else "print-sql" if args.print_sql else "apply"
     )

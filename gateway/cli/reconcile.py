@@ -20,7 +20,7 @@ from . import database, flags
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     config = database.load_config(args)
-    wait = database.startup_wait(args, config)
+    wait = flags.database_wait(args, "startup_wait", config)
 
     async def once(url: str) -> Any:
         await db.wait_until_reachable(url, wait)

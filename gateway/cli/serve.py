@@ -79,7 +79,7 @@ _APP_FACTORY = "effectgate.gateway.cli.serve:serve_app"
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = database.load_config(args, database=True, role="gateway")
-    wait = database.startup_wait(args, config)
+    wait = flags.database_wait(args, "startup_wait", config)
     host = args.host or config.gateway.host
     port = config.gateway.port if args.port is None else args.port
     check_port_free("--port" if args.port is not None else "gateway.port", host, port)

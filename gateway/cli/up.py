@@ -67,7 +67,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not use_demo:
         host = args.host or config.gateway.host
     check_port_free("--port" if args.port is not None else "gateway.port", host, port)
-    wait = database.startup_wait(args, config)
+    wait = flags.database_wait(args, "startup_wait", config)
 
     with database.ledger_url(args, embedded_by_default=True) as url:
         # Both names: a child must not prefer an EFFECTGATE_DATABASE_URL of the environment to this choice.

@@ -186,7 +186,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = database.load_config(args, database=True, role="worker")
     if not REGISTRY.kinds():
         raise ConfigError(f"{config.path}: handlers.modules: no effect handlers registered; nothing to run")
-    wait = database.startup_wait(args, config)
+    wait = flags.database_wait(args, "startup_wait", config)
     sock = None if args.metrics_port is None else _listen_metrics(args.metrics_host, args.metrics_port)
     with database.ledger_url(args) as url:
         migrate.prepare_schema(args, config, url, wait)
