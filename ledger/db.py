@@ -447,7 +447,7 @@ async def wait_until_reachable(url: str, wait: float) -> None:
             tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
             raise LedgerUnavailable(
                 f"cannot connect to Postgres at {where}: {reason}; gave up after {tries} in {wait:g}s "
-                "(to wait longer, set [database] startup_wait, --startup-wait or EFFECTGATE_STARTUP_WAIT)"
+                "(to wait longer, set [database] startup_wait, --startup-wait or EFFECTGATE_DATABASE__STARTUP_WAIT)"
             ) from error
         delay = min(STARTUP_RETRY_DELAYS[min(attempt, len(STARTUP_RETRY_DELAYS)) - 1], remaining)
         log.warning(

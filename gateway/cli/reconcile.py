@@ -15,13 +15,13 @@ from effectgate.ledger.cluster import topology
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import unapplied
 
+from ..exit_codes import EXIT_OK
 from . import database, flags
-from .common import EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     config = database.load_config(args)
-    wait = database.startup_wait(args, config)
+    wait = flags.database_wait(args, "startup_wait", config)
 
     async def once(url: str) -> Any:
         await db.wait_until_reachable(url, wait)

@@ -8,7 +8,7 @@ API:
 
     2xx with a JSON object          → the object
     2xx whose body is not JSON      → TransientError   (the effect may have happened: replay it)
-    408, 409, 429, 5xx, transport   → TransientError   (retry with the SAME key; 429 carries retry_after)
+    RETRY_STATUSES, transport       → TransientError   (retry with the SAME key; 429 carries retry_after)
     4xx with error.type "idempotency_error" → UnrecoverableError (key reused with other parameters: a bug)
     any other status                → TerminalError    (code = the provider's error code)
 
@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_IDEMPOTENCY_HEADER",
     "MAX_IDEMPOTENCY_KEY_LENGTH",
     "PACE_SCOPES",
+    "RETRY_STATUSES",
     "DownstreamClient",
     "DownstreamConfig",
     "Pace",
@@ -64,6 +65,13 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _AUTH_SCHEMES = ("bearer", "basic")
 #: Who shares a downstream's `max_per_second`: every worker process of the ledger, or each process alone.
 PACE_SCOPES = ("ledger", "process")
+#: The answers retried with the same idempotency key, by every client here and by a declared forward unless
+#: its effect names its own: the request may not have been acted on yet, or the API asks to be asked later.
+#: 408 Request Timeout; 409, which Stripe (`idempotency_key_in_use`) and the IETF Idempotency-Key draft answer
+#: while the first request with the key still runs (its outcome is replayed to a later retry: failing there
+#: would record a refusal for an effect that is happening); 425 Too Early (RFC 8470 5.2: the server did not
+#: process it, the client may retry); 429 Too Many Requests; and every 5xx. Statuses past 599 are not HTTP.
+RETRY_STATUSES: frozenset[int] = frozenset({408, 409, 425, 429, *range(500, 600)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,11 +387,8 @@ def classify_response(response: httpx.Response) -> dict[str, Any]:
         "request_id": provider_request_id(response),
         "decline_code": _error_field(response, "decline_code"),
     }
-    if status == 409:
-        # Stripe's idempotency_key_in_use: the first request with this key is still running. Its outcome
-        # will be replayed to a later retry with the same key.
-        raise TransientError(detail, retry_after=_retry_after(response), **said)
-    if status in (408, 429) or status >= 500:
+    if status in RETRY_STATUSES:
+        # Before the idempotency_error check: Stripe's 409 idempotency_key_in_use has that type too.
         raise TransientError(detail, retry_after=_retry_after(response), **said)
     if 400 <= status < 500:
         if _error_field(response, "type") == "idempotency_error":
@@ -391,7 +396,8 @@ def classify_response(response: httpx.Response) -> dict[str, Any]:
             # so this means a handler sends different data for the same step: retrying cannot fix it.
             raise UnrecoverableError(detail, code=code or "idempotency_error", **said)
         raise TerminalError(detail, code=code or f"http_{status}", **said)
-    # 1xx/3xx: httpx follows no redirects, and a moved API is a configuration problem, not a blip.
+    # 1xx/3xx: httpx follows no redirects, and a moved API is a configuration problem, not a blip; a status
+    # past 599 is not HTTP (RFC 9110), as a declared forward has always treated it.
     raise TerminalError(detail, code=f"http_{status}", **said)
 
 

@@ -8,8 +8,7 @@ import logging
 
 import pytest
 
-from effectgate.gateway import cli
-from effectgate.gateway.operator import cli as operator_cli
+from effectgate.gateway import cli, exit_codes
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, jobs
@@ -142,7 +141,7 @@ def test_the_cli_bulk_actions_dry_run_refusal_counts_and_pause(
 
     f = asyncio.run(setup())
     code, out, _ = run_cli(capsys, "jobs", "redrive", "--state", "failed", "--kind", "A", "--dry-run")
-    assert code == operator_cli.EXIT_OK
+    assert code == exit_codes.EXIT_OK
     assert out.splitlines() == [
         "dry run: 5 jobs matched",
         "  would be redriven: 3",
@@ -152,7 +151,7 @@ def test_the_cli_bulk_actions_dry_run_refusal_counts_and_pause(
     code, out, err = run_cli(
         capsys, "jobs", "redrive", "--state", "failed", "--kind", "A", "--format", "json"
     )
-    assert code == operator_cli.EXIT_REFUSED and "some_refused" in err
+    assert code == exit_codes.EXIT_REFUSED and "some_refused" in err
     document = json.loads(out)
     assert (document["error"], document["done"], document["refused"]) == (
         "some_refused",
@@ -162,7 +161,7 @@ def test_the_cli_bulk_actions_dry_run_refusal_counts_and_pause(
     assert sorted(document["job_ids"]) == sorted(f["plain"])
     code, out, _ = run_cli(capsys, "jobs", "redrive", "--state", "failed", "--kind", "B", "--since", "30d")
     # The fleet finished "at(2)", in 2031: later than 30 days ago, so matched.
-    assert code == operator_cli.EXIT_OK and "redriven: 2" in out
+    assert code == exit_codes.EXIT_OK and "redriven: 2" in out
     # Usage mistakes: no job and no filter; a job and a filter; a bad state.
     for argv, flag in (
         (("jobs", "redrive"), "JOB_ID"),
@@ -171,13 +170,13 @@ def test_the_cli_bulk_actions_dry_run_refusal_counts_and_pause(
         (("jobs", "redrive", "--kind", "A", "--limit", "0"), "--limit"),
     ):
         code, _, err = run_cli(capsys, *argv)
-        assert code == operator_cli.EXIT_USAGE and err.startswith(f"effectgate: {flag}:"), (argv, err)
+        assert code == exit_codes.EXIT_USAGE and err.startswith(f"effectgate: {flag}:"), (argv, err)
 
     code, out, _ = run_cli(capsys, "jobs", "pause", "--kind", "A", "--reason", "outage")
-    assert code == operator_cli.EXIT_OK and "paused" in out
+    assert code == exit_codes.EXIT_OK and "paused" in out
     code, out, _ = run_cli(capsys, "jobs", "paused", "--format", "json")
     assert [row["kind"] for row in json.loads(out)["paused"]] == ["A"]
     code, _, _ = run_cli(capsys, "jobs", "resume", "--kind", "A")
-    assert code == operator_cli.EXIT_OK
+    assert code == exit_codes.EXIT_OK
     code, _, err = run_cli(capsys, "jobs", "resume", "--kind", "A")
-    assert code == operator_cli.EXIT_REFUSED and "not_paused" in err
+    assert code == exit_codes.EXIT_REFUSED and "not_paused" in err

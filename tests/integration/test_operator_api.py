@@ -455,6 +455,34 @@ async def test_bulk_resolve_takes_the_shared_filter_and_needs_a_reason(db_url: s
     assert job is not None and (job["state"], job["resolved_reason"]) == ("resolved", "outage handled")
 
 
+async def test_every_reason_an_operator_gives_is_printable_and_at_most_500_characters(
+    db_url: str, conn: db.Conn
+) -> None:
+    # One rule (ledger.jobs.audit.check_note) on every endpoint that takes a reason, refused before the action.
+    ids = await seed(conn)
+    failed, pending = ids["order-paid:1"], ids["ship:9"]
+    paths = [
+        f"/api/jobs/{failed}/redrive",
+        f"/api/jobs/{pending}/cancel",
+        f"/api/jobs/{failed}/resolve",
+        "/api/jobs/redrive?state=failed",
+        "/api/jobs/cancel?state=pending",
+        "/api/jobs/resolve?state=failed",
+        "/api/kinds/ship_order/pause",
+    ]
+    async with gateway(db_url) as client:
+        for path in paths:
+            for reason in ("x" * 501, "%01", "line%0Abreak"):
+                url = f"{path}{'&' if '?' in path else '?'}reason={reason}"
+                refused = await client.post(url, headers=OPERATE)
+                assert (refused.status_code, refused.json()["error"]) == (400, "invalid_reason"), url
+        longest = await client.post(f"/api/jobs/{pending}/cancel?reason={'x' * 500}", headers=OPERATE)
+        assert longest.status_code == 200
+        assert check(await client.get("/api/kinds/paused", headers=VIEW), "/api/kinds/paused")["paused"] == []
+    job = await jobs.get(conn, failed)
+    assert job is not None and job["state"] == "failed"
+
+
 async def test_an_unrecoverable_failure_needs_force(db_url: str, conn: db.Conn) -> None:
     ids = await seed(conn)
     [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={"ship_order": 30}, limit=1)

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from effectgate.gateway import cli
-from effectgate.gateway.operator import cli as operator_cli
+from effectgate.gateway import cli, exit_codes
 from effectgate.gateway.operator import documents
 from effectgate.gateway.operator.cli import command
 from effectgate.handlers.registry import REGISTRY
@@ -61,7 +60,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def test_duplicates_as_a_table_with_totals(ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "ledger", "duplicates", *WINDOW)
-    assert code == operator_cli.EXIT_OK
+    assert code == exit_codes.EXIT_OK
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("LAST SEEN"))
     assert "order-paid:1234" in lines[header + 1] and "2025-03-04T11:00:00Z" in lines[header + 1]
@@ -198,12 +197,24 @@ def test_redrive_and_cancel_with_exit_codes_for_refusals(
 
     assert run(capsys, "jobs", "redrive", str(failed)) == (0, f"job {failed}: redriven, now pending\n", "")
     code, out, err = run(capsys, "jobs", "redrive", str(failed))
-    assert code == operator_cli.EXIT_REFUSED
+    assert code == exit_codes.EXIT_REFUSED
     assert err.startswith("effectgate: refused: not_redrivable: ")
     code, out, _ = run(capsys, "jobs", "redrive", str(done), "--format", "json")
     assert (code, json.loads(out)["error"]) == (4, "not_redrivable")
-    assert run(capsys, "jobs", "redrive", "99999")[0] == operator_cli.EXIT_NOT_FOUND
+    assert run(capsys, "jobs", "redrive", "99999")[0] == exit_codes.EXIT_NOT_FOUND
 
+    # An operator's reason on every command that takes one (ledger.jobs.audit.check_note), refused before the
+    # action: the cancel and the pause stored any text before issue 52.
+    for argv in (
+        ("jobs", "cancel", str(pending), "--reason", "x" * 501),
+        ("jobs", "cancel", "--state", "pending", "--reason", "x" * 501),
+        ("jobs", "pause", "--kind", "ship_order", "--reason", "line\nbreak"),
+        ("jobs", "redrive", str(done), "--reason", "\x01"),
+    ):
+        code, _, err = run(capsys, *argv)
+        assert (code, "invalid_reason" in err) == (exit_codes.EXIT_USAGE, True), argv
+    code, out, _ = run(capsys, "jobs", "paused", "--format", "json")
+    assert json.loads(out)["paused"] == []
     assert run(capsys, "jobs", "cancel", str(pending), "--reason", "customer asked")[:2] == (
         0,
         f"job {pending}: cancelled\n",
@@ -226,10 +237,10 @@ def test_resolve_by_hand_with_who_why_and_exit_codes_for_refusals(
     # --reason is required: argparse names the flag; an empty one names it too.
     with pytest.raises(SystemExit) as usage:
         run(capsys, "jobs", "resolve", str(failed))
-    assert usage.value.code == operator_cli.EXIT_USAGE
+    assert usage.value.code == exit_codes.EXIT_USAGE
     assert "the following arguments are required: --reason" in capsys.readouterr().err
     code, _, err = run(capsys, "jobs", "resolve", str(failed), "--reason", "  ")
-    assert code == operator_cli.EXIT_USAGE and "invalid_reason" in err
+    assert code == exit_codes.EXIT_USAGE and "invalid_reason" in err
 
     monkeypatch.setattr(command.getpass, "getuser", lambda: "alice")
     code, out, _ = run(capsys, "jobs", "resolve", str(failed), "--reason", "refunded in Stripe")
@@ -247,15 +258,15 @@ def test_resolve_by_hand_with_who_why_and_exit_codes_for_refusals(
         "resolved",
     )
     code, _, err = run(capsys, "jobs", "resolve", str(failed), "--reason", "other", "--by", "bob")
-    assert code == operator_cli.EXIT_REFUSED and err.startswith("effectgate: refused: already_resolved: ")
+    assert code == exit_codes.EXIT_REFUSED and err.startswith("effectgate: refused: already_resolved: ")
     assert "cli:alice" in err
     code, _, err = run(capsys, "jobs", "resolve", str(pending), "--reason", "x")
-    assert code == operator_cli.EXIT_REFUSED and "not_resolvable" in err and "cancel it instead" in err
+    assert code == exit_codes.EXIT_REFUSED and "not_resolvable" in err and "cancel it instead" in err
     code, _, err = run(capsys, "jobs", "resolve", str(done), "--reason", "x")
-    assert code == operator_cli.EXIT_REFUSED and "not_resolvable" in err
-    assert run(capsys, "jobs", "resolve", "99999", "--reason", "x")[0] == operator_cli.EXIT_NOT_FOUND
+    assert code == exit_codes.EXIT_REFUSED and "not_resolvable" in err
+    assert run(capsys, "jobs", "resolve", "99999", "--reason", "x")[0] == exit_codes.EXIT_NOT_FOUND
     code, _, err = run(capsys, "jobs", "redrive", str(failed), "--force")
-    assert code == operator_cli.EXIT_REFUSED and "not_redrivable" in err
+    assert code == exit_codes.EXIT_REFUSED and "not_redrivable" in err
 
     # Every face shows who and why: jobs show, jobs list, ledger show (job line and timeline).
     code, out, _ = run(capsys, "jobs", "show", str(failed))
@@ -272,7 +283,7 @@ def test_resolve_by_hand_with_who_why_and_exit_codes_for_refusals(
 
 def test_bulk_resolve_uses_the_shared_filter(own_ledger: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "jobs", "resolve", "--reason", "outage handled")
-    assert code == operator_cli.EXIT_USAGE and "give a JOB_ID, or a filter" in err
+    assert code == exit_codes.EXIT_USAGE and "give a JOB_ID, or a filter" in err
     code, out, _ = run(
         capsys, "jobs", "resolve", "--state", "failed,pending", "--reason", "outage handled", "--dry-run"
     )
@@ -280,7 +291,7 @@ def test_bulk_resolve_uses_the_shared_filter(own_ledger: str, capsys: pytest.Cap
     code, out, err = run(
         capsys, "jobs", "resolve", "--state", "failed,pending", "--reason", "outage handled", "--by", "ops"
     )
-    assert code == operator_cli.EXIT_REFUSED and "some_refused" in err
+    assert code == exit_codes.EXIT_REFUSED and "some_refused" in err
     assert "resolved by hand: 1" in out
     code, out, _ = run(capsys, "jobs", "list", "--state", "resolved", "--format", "json")
     [job] = json.loads(out)["items"]
@@ -313,7 +324,7 @@ def test_ledger_retention_reports_windows_purges_and_tombstones(
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EFFECTGATE_CONFIG", raising=False)
     code, out, _ = run(capsys, "ledger", "retention")
-    assert code == operator_cli.EXIT_OK
+    assert code == exit_codes.EXIT_OK
     assert "windows from: the defaults" in out
     [deliveries] = [line for line in out.splitlines() if line.startswith("deliveries ")]
     assert deliveries.split()[1] == "90"  # the default history window, in days
@@ -328,7 +339,7 @@ def test_ledger_retention_reports_windows_purges_and_tombstones(
     )
     monkeypatch.setenv("S", "whsec_x")
     code, _, err = run(capsys, "ledger", "retention", "--config", str(tmp_path / "eg.toml"))
-    assert code == operator_cli.EXIT_USAGE and "retention.history_days" in err
+    assert code == exit_codes.EXIT_USAGE and "retention.history_days" in err
 
 
 def test_every_report_is_a_ledger_command_from_its_spec(
@@ -488,6 +499,6 @@ def test_every_operator_commands_table_output_shows_real_rows(
 ) -> None:
     args, shown = _prepare(command, own_ledger, capsys, tmp_path, monkeypatch)
     code, out, err = run(capsys, *command, *args)
-    assert (code, err) == (operator_cli.EXIT_OK, ""), err
+    assert (code, err) == (exit_codes.EXIT_OK, ""), err
     for words in shown:
         assert words in out, f"{words!r} not in:\n{out}"

@@ -37,6 +37,7 @@ async def test_every_non_builtin_function_ledger_sql_calls_is_a_versioned_projec
         "history_partition_create_v2",
         "history_partition_drop_v2",
         "effect_claim_tenant_v1",
+        "job_attempt_outcome_v1",
     }
     assert {
         name: sorted(called[name]) for name in ours if not VERSIONED.search(name) or name not in live
@@ -109,3 +110,50 @@ async def test_the_release_rule_is_still_inlined_into_both_statements_that_call_
         plan = "\n".join(r["QUERY PLAN"] for r in rows)
         assert "job_release_verdict" not in plan and "job_release_count" not in plan, plan
         assert re.search(r"CASE WHEN \w+\.cancel_requested THEN 'cancelled'", plan), plan
+
+
+async def test_the_attempt_outcome_rule_is_inlined_into_the_three_statements_that_close_an_attempt(
+    conn: db.Conn,
+) -> None:
+    # Migration 0028 as 0006: the call costs what the CASE it replaced cost, and on Citus the plan sent to a
+    # node is the CASE over the enum (no STABLE cast of the column), as it was before the function.
+    fence = {"lease_token": 1, "now": None, "tenant": None}
+    params = {
+        "job_finish_if_leased": {
+            "job_ids": [1],
+            "tenants": ["t"],
+            "lease_tokens": [1],
+            "states": ["succeeded"],
+            "bys": ["w"],
+            "reasons": [None],
+            "errors": [None],
+            "unrecoverables": [False],
+            "now": None,
+            "tenant": None,
+        },
+        "job_retry_if_leased": {**fence, "job_id": 1, "delay": 1.0, "error": None},
+        "job_hand_back_if_leased": {**fence, "job_id": 1, "poison_threshold": 3, "by": "w"},
+    }
+    for name, values in params.items():
+        rows = await (await conn.execute(b"EXPLAIN (VERBOSE) " + Q[name].encode(), values)).fetchall()
+        plan = "\n".join(r["QUERY PLAN"] for r in rows)
+        assert "job_attempt_outcome" not in plan, plan
+        assert re.search(r"CASE WHEN \(\w+\.state = 'succeeded'::job_state\) THEN 'succeeded'", plan), plan
+
+
+async def test_the_attempt_outcome_of_each_state(conn: db.Conn) -> None:
+    # The table the three statements spelled out before 0028; the requeued outcome is the caller's word.
+    got = {
+        state: await (
+            await conn.execute("SELECT job_attempt_outcome_v1(%s::job_state, 'retry') AS o", (state,))
+        ).fetchone()
+        for state in ("pending", "running", "succeeded", "failed", "cancelled", "parked")
+    }
+    assert {state: row["o"] if row else None for state, row in got.items()} == {
+        "pending": "retry",
+        "running": None,
+        "succeeded": "succeeded",
+        "failed": "failed",
+        "cancelled": "cancelled",
+        "parked": "parked",
+    }

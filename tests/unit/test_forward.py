@@ -176,7 +176,7 @@ async def test_request_is_signed_for_standard_webhooks_libraries_and_2xx_is_reco
 
 @pytest.mark.anyio
 @respx.mock
-@pytest.mark.parametrize("status", [408, 425, 429, 500, 503])
+@pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 503])
 async def test_retryable_answers_are_transient_and_honour_retry_after(
     http: httpx.AsyncClient, status: int
 ) -> None:
@@ -188,7 +188,7 @@ async def test_retryable_answers_are_transient_and_honour_retry_after(
 
 @pytest.mark.anyio
 @respx.mock
-@pytest.mark.parametrize("status", [302, 400, 409, 422])
+@pytest.mark.parametrize("status", [302, 400, 418, 422])
 async def test_other_answers_are_terminal_with_the_answer_and_redirects_are_not_followed(
     http: httpx.AsyncClient, status: int
 ) -> None:
@@ -210,11 +210,14 @@ async def test_other_answers_are_terminal_with_the_answer_and_redirects_are_not_
 async def test_the_mapping_is_configurable_and_transport_errors_are_transient(
     http: httpx.AsyncClient,
 ) -> None:
-    respx.post(URL).mock(return_value=httpx.Response(409))
+    # A service whose 409 is a conflict no retry resolves takes 409 out (docs/forwarding.md); a 418 goes in.
+    custom = ForwardTarget(url=URL, secret=SECRET, retry_statuses=frozenset({418}))
+    respx.post(URL).mock(return_value=httpx.Response(418))
     with pytest.raises(TransientError):
-        await post_signed(
-            http, ForwardTarget(url=URL, secret=SECRET, retry_statuses=frozenset({409})), "k", b"{}"
-        )
+        await post_signed(http, custom, "k", b"{}")
+    respx.post(URL).mock(return_value=httpx.Response(409))
+    with pytest.raises(TerminalError):
+        await post_signed(http, custom, "k", b"{}")
     respx.post(URL).mock(side_effect=httpx.ConnectError("refused"))
     with pytest.raises(TransientError):
         await post_signed(http, TARGET, "k", b"{}")

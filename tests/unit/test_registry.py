@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import sys
@@ -14,6 +15,7 @@ from effectgate.handlers import effect_kind
 from effectgate.handlers.effect_kind import EffectKind, InvalidEffect
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import Registry
+from effectgate.ledger.pointers import JsonPointer
 
 
 async def handler(ctx: Any, ev: Event) -> None:
@@ -218,6 +220,81 @@ def test_a_bad_fingerprint_is_refused_at_registration(fingerprint: Any, message:
 
     with pytest.raises(ValueError, match=message):
         Registry().effect(source="s", events=["e"], name="k", fingerprint=fingerprint)(handler)
+
+
+def test_a_declaration_wrong_in_every_concern_is_refused_with_every_problem() -> None:
+    # Each concern's check (handlers/effect_kind.py _CHECKS) and each setting that does not parse
+    # (_normalised) answers with its own message; the messages are the ones a single check always gave.
+    with pytest.raises(InvalidEffect) as caught:
+        EffectKind(
+            name="k",
+            source="s",
+            events=(),
+            fn=42,  # type: ignore[arg-type]
+            orphan_policy="retry",  # type: ignore[arg-type]
+            max_attempts=0,
+            backoff_base=-1,
+            backoff_cap="1h",  # type: ignore[arg-type]
+            lease_ttl=0,
+            slice_budget=math.nan,
+            max_slice=-1,
+            pending_ttl=math.inf,
+            poison_threshold=0,
+            lock_key="order",  # type: ignore[arg-type]
+            on_transition=1,  # type: ignore[arg-type]
+            fingerprint="/amount",  # type: ignore[arg-type]
+            require=[("nope", 1)],  # type: ignore[list-item]
+            require_fn=3,  # type: ignore[arg-type]
+            trust_unsigned="yes",  # type: ignore[arg-type]
+            key_space="shared",
+            version="no-slash",
+        )
+    assert caught.value.problems == (
+        "effect 'k': require: JSON Pointer 'nope' must start with '/' (e.g. '/data/object/amount')",
+        "effect 'k': fingerprint must be a list of JSON Pointers, got '/amount'",
+        "effect 'k': version: JSON Pointer 'no-slash' must start with '/' (e.g. '/data/object/amount')",
+        "effect 'k': trust_unsigned must be True or False",
+        "effect 'k': key_space applies to a key function; the default key is the source's",
+        "effect 'k': the handler must be an async function, got 42",
+        "effect 'k': events must be a non-empty list of event types, got ()",
+        "effect 'k': orphan_policy must be 'redrive' or 'park', got 'retry'",
+        "effect 'k': max_attempts must be an integer >= 1, got 0",
+        "effect 'k': backoff_base must be a finite number of seconds > 0, got -1",
+        "effect 'k': backoff_cap must be a finite number of seconds > 0, got '1h'",
+        "effect 'k': lease_ttl must be a finite number of seconds > 0, got 0",
+        "effect 'k': slice_budget must be a finite number of seconds > 0, got nan",
+        "effect 'k': pending_ttl must be a finite number of seconds > 0, got inf",
+        "effect 'k': poison_threshold must be an integer >= 1, got 0",
+        "effect 'k': lock_key must be callable, got 'order'",
+        "effect 'k': on_transition must be callable, got 1",
+        "effect 'k': require_fn must be callable, got 3",
+        "effect 'k': max_slice must be a finite number of seconds > 0, got -1",
+    )
+    with pytest.raises(InvalidEffect) as versioned:
+        make(version=3.5, backoff_base=60, backoff_cap=10, slice_budget=2e6, max_slice=3.9e6)
+    assert versioned.value.problems == (
+        "effect 'k': version must be a JSON Pointer or a function of the event, got 3.5",
+        "effect 'k': version needs a lock_key naming the object it versions",
+        "effect 'k': backoff_cap must be >= backoff_base (60 s), got 10",
+        "effect 'k': max_slice must be at least 2 x slice_budget (4e+06 s), or None to disable the hard deadline",
+        "effect 'k': max_slice must be at most 2.14748e+06 s (2**31 - 1 ms); use None to disable the hard deadline",
+    )
+
+
+def test_the_loose_forms_of_four_settings_are_normalised_in_one_step() -> None:
+    kind = make(
+        require={"/type": "charge.succeeded"},
+        fingerprint=["/amount"],  # type: ignore[arg-type]
+        version="/updated",
+        lock_key=lambda ev: "order",
+        slice_budget=10,
+    )
+    assert kind.require == ((JsonPointer.parse("/type"), "charge.succeeded"),)
+    assert kind.fingerprint == (JsonPointer.parse("/amount"),)
+    assert kind.version == JsonPointer.parse("/updated")
+    assert kind.max_slice == 30
+    # The frozen instance is written in one place only (EffectKind.__post_init__), from _normalised's values.
+    assert inspect.getsource(effect_kind).count("object.__setattr__(") == 1
 
 
 def test_every_mistake_of_a_declaration_is_named_at_the_callers_line() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from effectgate.gateway import cli, config
-from effectgate.gateway.cli import database
+from effectgate.gateway.cli import flags
 
 BASE = '[gateway]\nclaim_deadline = 1.5\n[sources.my-src]\nscheme = "stripe"\nsecrets = ["S"]\n'
 ENV = {"S": "whsec_" + "x" * 32}
@@ -56,18 +56,18 @@ def test_a_bad_override_names_the_variable(var: str, value: str, said: str) -> N
     )
 
 
-def test_the_older_single_variable_still_wins_over_the_files_key_set_from_the_environment(
+def test_the_older_single_variable_deprecated_still_wins_over_the_files_key_set_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = config.parse(BASE, env={**ENV, "EFFECTGATE_DATABASE__STARTUP_WAIT": "7"})
     assert cfg.database.startup_wait == 7
     args = cli.build_parser().parse_args(["reconcile"])
-    assert database.startup_wait(args, cfg) == 7
+    monkeypatch.delenv("EFFECTGATE_STARTUP_WAIT", raising=False)
+    assert flags.database_wait(args, "startup_wait", cfg) == 7
     monkeypatch.setenv("EFFECTGATE_STARTUP_WAIT", "3")
-    assert database.startup_wait(args, cfg) == 3
-    assert (
-        database.startup_wait(cli.build_parser().parse_args(["reconcile", "--startup-wait", "1"]), cfg) == 1
-    )
+    assert flags.database_wait(args, "startup_wait", cfg) == 3
+    flagged = cli.build_parser().parse_args(["reconcile", "--startup-wait", "1"])
+    assert flags.database_wait(flagged, "startup_wait", cfg) == 1
 
 
 def test_a_rule_across_keys_names_the_variable_that_set_the_key() -> None:

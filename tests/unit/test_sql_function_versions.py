@@ -75,6 +75,7 @@ def test_the_parser_sees_what_the_migrations_define_and_what_ledger_sql_calls() 
         "history_partition_create_v2",
         "history_partition_drop_v2",
         "effect_claim_tenant_v1",
+        "job_attempt_outcome_v1",
     }
     assert called_names("SELECT f_v1(x), 'g(' FROM t") == {"f_v1"}
 
@@ -108,3 +109,16 @@ def test_a_versioned_function_is_created_once_and_never_replaced() -> None:
     twice = {name: files for name, files in creations().items() if VERSIONED.search(name) and len(files) > 1}
     assert twice == {}
     assert creations()["job_release_verdict_v1"] == ["0017_versioned_sql_functions.sql"]
+
+
+def test_the_attempt_outcome_rule_is_only_called_never_spelled_out_again() -> None:
+    # Issue 52: the job state -> attempt outcome CASE was written in each statement that closes an attempt. Every
+    # block that reads an attempt's outcome off the job's state calls the one function (migration 0028); a block
+    # that spells a state's outcome out again ("WHEN done.state = 'parked' THEN 'parked'") fails here.
+    assert project_calls()["job_attempt_outcome_v1"] == {
+        "job_finish_if_leased",
+        "job_retry_if_leased",
+        "job_hand_back_if_leased",
+    }
+    spelled = re.compile(r"\bWHEN\s+[\w.]*state\s*=\s*'(\w+)'\s+THEN\s+'\1'", re.IGNORECASE)
+    assert {block for block, sql in load().items() if spelled.search(sql)} == set()
