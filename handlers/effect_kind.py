@@ -36,7 +36,7 @@ KeySpace = Literal["source", "shared"]
 # With the worker's default backoff (handlers.worker.config: base 1 s, cap 1 h) 60 attempts retry an effect
 # for 24 h at the least (every jitter draw at its low end) and 48 h at the most before it fails for good:
 # a downstream outage of hours is outlasted, as providers outlast ours (Stripe retries for 3 days).
-# handlers.worker.backoff.RetrySchedule computes it; tests/unit/test_backoff.py holds it to 24 h.
+# handlers.worker.backoff.RetrySchedule computes it; tests/unit/handlers/worker/test_backoff.py holds it to 24 h.
 DEFAULT_MAX_ATTEMPTS = 60
 DEFAULT_ORPHAN_POLICY: OrphanPolicy = "park"
 DEFAULT_LEASE_TTL = 60.0

@@ -6,7 +6,7 @@ processes read it, and what it means. From it come the generated reference in ``
 config show`` and the ``EFFECTGATE_<SECTION>__<KEY>`` environment overrides (``config.env``).
 
 The parser (``gateway.config`` and its section modules) still reads each table itself, with the
-cross-key rules a table of types cannot say. ``tests/unit/test_settings.py`` holds the two together: it
+cross-key rules a table of types cannot say. ``tests/unit/gateway/config/test_settings.py`` holds the two together: it
 watches every key the parser asks for (``reader.reads``) and fails on one that is not declared
 here, on one declared here that the parser never reads, and on a type, default or minimum that
 differs. A branch that adds a key to the parser therefore adds it here too, or its tests fail.
