@@ -15,7 +15,7 @@ import psycopg
 
 from .claims import Accepted, ClaimOutcome, Delivery, EffectRequest, claim_deliveries, notify_kinds
 from .cluster.topology import SINGLE_NODE, Topology
-from .db import error_kind
+from .error_kinds import error_kind
 from .errors import ClaimOverloaded, ClaimTimeout, DeliveryRefused, LedgerError, LedgerUnavailable
 from .handle import Ledger
 from .queries import Q

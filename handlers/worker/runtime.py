@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db, error_kinds, jobs
 from effectgate.ledger.cluster.topology import Topology
 from effectgate.ledger.errors import LeaseLost, LedgerError
 from effectgate.ledger.handle import Ledger
@@ -385,7 +385,7 @@ class Worker:
                 if not guarded:
                     raise
                 log.warning("worker.fetch_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-                if db.error_kind(exc) == "connection" or conn.broken:
+                if error_kinds.error_kind(exc) == "connection" or conn.broken:
                     raise  # the batch's transaction is lost with it: its finishes are retried, not answered
                 yield functools.partial(self._start, [])  # their ends wake the run loop to fetch for them
                 return
