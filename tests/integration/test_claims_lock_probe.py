@@ -10,7 +10,8 @@ import logging
 import pytest
 
 from effectgate.ledger import db
-from effectgate.ledger.claim_batcher import ClaimBatcher, WaitingClaim
+from effectgate.ledger.claim_batcher import ClaimBatcher
+from effectgate.ledger.claim_queue import WaitingClaim
 from effectgate.ledger.claims import Delivery, EffectRequest
 from effectgate.ledger.handle import Ledger
 from tests.e2e.processes import free_port
