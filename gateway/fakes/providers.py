@@ -46,7 +46,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import anyio
 from starlette.applications import Starlette
@@ -74,7 +74,6 @@ __all__ = ["FaultConfig", "FaultMode", "create_app", "serve"]
 
 # Stripe refuses longer keys; the fake does too, so a client that sends one fails here and not in production.
 _MAX_KEY_LENGTH = 255
-_INTENT_AMOUNT = 1000
 _RECORDED_REQUESTS = 1000
 _RECORDED_HEADERS = ("idempotency-key", "traceparent", "tracestate")
 _RATE_LIMIT_RETRY_AFTER = 7
@@ -86,25 +85,26 @@ class _KeyRecord:
     answer: Answer | None = None  # None while the first request with the key is still running
 
 
-@dataclass(slots=True)
-class _Counters:
-    requests: int = 0
-    replays: int = 0
-    captures: int = 0
-    refunds: int = 0
-    transfers: int = 0
-    shipments: int = 0
-    double_capture_attempts: int = 0
-    requests_without_key: int = 0
-    captures_by_intent: dict[str, int] = field(default_factory=dict)
-    shipments_by_order: dict[str, int] = field(default_factory=dict)
-
-
 _Action = Callable[[Request, bytes], Answer]
 
 
-class _FakeProviders:
-    """All state of one fake: effects, stored idempotent answers, counters and faults."""
+class LayerCounts(Protocol):
+    """The counts the idempotency layer keeps among a fake's counters."""
+
+    requests: int
+    replays: int
+    requests_without_key: int
+
+
+class IdempotentFake:
+    """One fake's state behind one lock, with Stripe's idempotency layer in front of its endpoints.
+
+    A subclass holds its effects and its counters (``_counters``, the layer's three counts among them), clears
+    them in its ``_clear`` after this one's, and serves each endpoint through ``endpoint``; the lock, the stored
+    answers, the recorded requests and the faults are this class's.
+    """
+
+    _counters: LayerCounts
 
     def __init__(self, faults: FaultConfig) -> None:
         # One lock for all state. The sections it guards contain no await today, but the idempotency claim
@@ -116,14 +116,6 @@ class _FakeProviders:
 
     def _clear(self) -> None:
         self._keys: dict[str, _KeyRecord] = {}
-        self._intents: dict[str, dict[str, Any]] = {}
-        self._refunded: dict[str, int] = {}
-        self._refunds: dict[str, list[dict[str, Any]]] = {}
-        # Intents cancelled while requires_capture: their authorization was released as a refund.
-        self._released: set[str] = set()
-        self._transfers: dict[str, dict[str, Any]] = {}
-        self._shipments: dict[str, dict[str, Any]] = {}
-        self._counters = _Counters()
         self._requests: deque[dict[str, Any]] = deque(maxlen=_RECORDED_REQUESTS)
 
     def _set_faults(self, faults: FaultConfig) -> None:
@@ -137,8 +129,6 @@ class _FakeProviders:
         if faults.paths and not any(path.startswith(prefix) for prefix in faults.paths):
             return "none"
         return faults.mode if self._rng.random() < faults.rate else "none"
-
-    # -- the provider endpoints -------------------------------------------------------------------
 
     def endpoint(self, action: _Action, *, mutating: bool) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
@@ -230,6 +220,42 @@ class _FakeProviders:
         async with self._lock:
             self._counters.replays += 1
         return deliver(existing.answer, key, fault, replayed=True)
+
+
+_INTENT_AMOUNT = 1000
+
+
+@dataclass(slots=True)
+class _Counters:
+    requests: int = 0
+    replays: int = 0
+    captures: int = 0
+    refunds: int = 0
+    transfers: int = 0
+    shipments: int = 0
+    double_capture_attempts: int = 0
+    requests_without_key: int = 0
+    captures_by_intent: dict[str, int] = field(default_factory=dict)
+    shipments_by_order: dict[str, int] = field(default_factory=dict)
+
+
+class _FakeProviders(IdempotentFake):
+    """The fake Stripe and shipping API: its intents, refunds, transfers and shipments, and their counters."""
+
+    _counters: _Counters
+
+    def _clear(self) -> None:
+        super()._clear()
+        self._intents: dict[str, dict[str, Any]] = {}
+        self._refunded: dict[str, int] = {}
+        self._refunds: dict[str, list[dict[str, Any]]] = {}
+        # Intents cancelled while requires_capture: their authorization was released as a refund.
+        self._released: set[str] = set()
+        self._transfers: dict[str, dict[str, Any]] = {}
+        self._shipments: dict[str, dict[str, Any]] = {}
+        self._counters = _Counters()
+
+    # -- the provider endpoints -------------------------------------------------------------------
 
     def capture(self, request: Request, body: bytes) -> Answer:
         intent_id = request.path_params["id"]
