@@ -1,6 +1,19 @@
 """The fake providers' idempotency layer: `Idempotency-Key` honoured the way Stripe documents it, in front of
 a fake's endpoints, with the faults injected around it. ``IdempotentFake`` holds it; the fake Stripe and
 shipping API (``providers``) is its subclass.
+
+For POST requests carrying the header (keys are scoped to one fake's instance, as Stripe scopes them to an
+account):
+
+    first use of a key               → run the endpoint, store its answer
+    same key, same parameters        → the stored answer byte-for-byte, plus `Idempotent-Replayed: true`
+    same key, different parameters   → 400 idempotency_error
+    same key, first still running    → 409 idempotency_error / idempotency_key_in_use
+    parameters that fail validation  → the error, and the key stays unused (Stripe saves no result then)
+
+Every request, with a key or without, is recorded (the latest ``_RECORDED_REQUESTS``) and counted, and may
+draw a fault (``faults``): a 500 or a 429 in front of the layer, so nothing is stored; a hang before or after
+the effect; or the connection dropped after it.
 """
 
 from __future__ import annotations

@@ -5,14 +5,8 @@ shipments) apart from requests, so a test can assert that retries, reclaims and 
 effect each, and it can inject the failures that make idempotency matter: a 500 before the effect, a hang,
 and a connection dropped after the effect was performed.
 
-Idempotency, for POST requests carrying the header (keys are scoped to this app instance, as Stripe scopes
-them to an account):
-
-    first use of a key               → run the endpoint, store its answer
-    same key, same parameters        → the stored answer byte-for-byte, plus `Idempotent-Replayed: true`
-    same key, different parameters   → 400 idempotency_error
-    same key, first still running    → 409 idempotency_error / idempotency_key_in_use
-    parameters that fail validation  → the error, and the key stays unused (Stripe saves no result then)
+Every endpoint is served through the idempotency layer (``idempotency``: what a key's first use, its replay,
+its misuse and a validation error are answered), which also injects the faults.
 
 Stripe's endpoints: `POST /v1/payment_intents/{id}/capture` (an unknown intent is created `requires_capture`),
 `POST /v1/payment_intents/{id}/cancel`, `GET /v1/payment_intents/{id}`, `POST /v1/refunds`,
@@ -26,14 +20,14 @@ counts as refunded.
 
 Control endpoints: `POST /_fake/payment_intents` (an intent in a given status), `GET /_fake/stats`,
 `POST /_fake/reset`, `GET|POST /_fake/faults`, and `GET /_fake/requests`:
-the latest provider requests (method, path, the headers a test asserts on: `Idempotency-Key`,
-`traceparent`, `tracestate`, and `at`, when it arrived), oldest first, at most `_RECORDED_REQUESTS` of them.
+the provider requests (method, path, the headers a test asserts on: `Idempotency-Key`, `traceparent`,
+`tracestate`, and `at`, when it arrived), oldest first, at most the latest 1,000 (the layer keeps them).
 
-The faults are `faults.py`, the answers' shapes `answers.py`. Why the rest stays one module over
-400 lines: `_FakeProviders` is one state behind one lock. The idempotency layer's claim (look up, then
-insert) and each endpoint's effect (check state, then change it) run under that lock on the same keys,
-intents and counters, and `/_fake/reset` clears them all at once; split by endpoint, that invariant
-would be spread over classes that must still share every field.
+The faults are `faults.py`, the answers' shapes `answers.py`, the idempotency layer `idempotency.py`. Why the
+endpoints stay in one module (403 lines, `wc -l`): `_FakeProviders` is one state behind the layer's one
+lock. The layer's claim (look up, then insert) and each endpoint's effect (check state, then change it) run
+under that lock on the same keys, intents and counters, and `/_fake/reset` clears them all at once; split by
+endpoint, that invariant would be spread over classes that must still share every field.
 """
 
 from __future__ import annotations
