@@ -1,6 +1,7 @@
 """Group commit for a gateway process: the claims of concurrent deliveries share one statement and one commit,
 each request answered after it — bounded in how many wait and for how long, and with every failure answered
-to the request it belongs to (see ``ClaimBatcher``; ADR 0006 and 0008).
+to the request it belongs to (see ``ClaimBatcher``; ADR 0006 and 0008). The requests waiting and the rule that
+takes the next batch from them are in ``claim_queue``; whom a failure belongs to is asked of ``error_kinds``.
 """
 
 from __future__ import annotations
