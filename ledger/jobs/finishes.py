@@ -15,7 +15,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ..cluster.topology import SINGLE_NODE, Topology
-from ..db import Conn, error_kind
+from ..db import Conn
+from ..error_kinds import error_kind
 from ..errors import LeaseLost, LedgerError
 from ..queries import Q
 from ..storable import storable_record, storable_text

@@ -10,7 +10,8 @@ import logging
 import pytest
 
 from effectgate.ledger import db
-from effectgate.ledger.claim_batcher import ClaimBatcher, _Waiting
+from effectgate.ledger.claim_batcher import ClaimBatcher
+from effectgate.ledger.claim_queue import WaitingClaim
 from effectgate.ledger.claims import Delivery, EffectRequest
 from effectgate.ledger.handle import Ledger
 from tests.e2e.processes import free_port
@@ -29,7 +30,7 @@ async def test_a_probe_that_finds_no_database_logs_one_line_without_a_traceback(
         batcher = ClaimBatcher(Ledger(pool))
         delivery = Delivery("req", "acme", "shop", "evt_1", "payment_intent.succeeded", {}, "fp")
         request = EffectRequest("order:1", "fulfil", 5, "park")
-        waiting = _Waiting([(delivery, [request])], frozenset({("acme", "order:1")}), asyncio.Future())
+        waiting = WaitingClaim([(delivery, [request])], frozenset({("acme", "order:1")}), asyncio.Future())
         with caplog.at_level(logging.WARNING, logger="effectgate.ledger"):
             assert await batcher._locked_keys([waiting]) == set()
         [record] = [r for r in caplog.records if r.msg == "claims.lock_probe_failed"]

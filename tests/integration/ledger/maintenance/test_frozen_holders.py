@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db, error_kinds, jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcileResult
 from tests.integration.jobs_fixtures import claim, job, later, lease_one, scalar
 
@@ -136,7 +136,7 @@ async def test_a_frozen_claim_batch_frees_its_keys_within_the_bound(db_url: str,
             async with conn.transaction():
                 await conn.execute("SET LOCAL lock_timeout = '300ms'")
                 await claim(conn, key)
-        assert db.error_kind(held.value.__cause__ or held.value) == "lock_timeout"
+        assert error_kinds.error_kind(held.value.__cause__ or held.value) == "lock_timeout"
         started = time.monotonic()
         job_id = await asyncio.wait_for(claim(conn, key), DEADLINE)
         elapsed = time.monotonic() - started
@@ -256,7 +256,7 @@ async def test_a_session_the_server_ended_is_a_lost_connection(conn: db.Conn, db
             await ended.execute("SELECT 1")
             await resumed(gone, "an idle-in-transaction session")
             await ended.execute("SELECT 1")
-    assert db.error_kind(caught.value.__cause__ or caught.value) == "connection"
+    assert error_kinds.error_kind(caught.value.__cause__ or caught.value) == "connection"
     await ended.close()
 
 
