@@ -137,4 +137,4 @@ def test_no_other_module_writes_a_list_of_retried_statuses() -> None:
         for path in (ROOT / folder).rglob("*.py")
         if written.search(path.read_text(encoding="utf-8"))
     )
-    assert found == ["handlers/downstream/__init__.py"]
+    assert found == ["handlers/downstream/answers.py"]
