@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from effectgate.gateway import config
-from effectgate.gateway.config import reader as toml_reader
-from effectgate.gateway.config import settings
+from effectgate.gateway.config import reader, settings
 
 # Every table the parser reads, with one entry of each named table (NAME0) and of [[operators]].
 FULL = """
@@ -70,10 +69,10 @@ KINDS: dict[Any, str] = {
 }
 
 
-def parser_reads() -> list[toml_reader.Read]:
+def parser_reads() -> list[reader.Read]:
     found = []
     for text in (FULL, LEGACY):
-        with toml_reader.reads() as seen:
+        with reader.reads() as seen:
             try:
                 config.parse(text, env=ENV)
             except config.ConfigError as exc:
@@ -83,7 +82,7 @@ def parser_reads() -> list[toml_reader.Read]:
     return found
 
 
-def declared_path(read: toml_reader.Read) -> str:
+def declared_path(read: reader.Read) -> str:
     prefix = re.sub(r"\[\d+\]", "[]", read.prefix).replace("NAME0", "*")
     key = "*" if read.key == "NAME0" else read.key
     return f"{prefix}.{key}" if prefix else key
@@ -139,7 +138,7 @@ def test_declared_types_defaults_minimums_and_required_match_the_parser() -> Non
 def test_an_undeclared_key_in_the_parser_is_caught() -> None:
     # What another branch adding `gw.number("new_key", …)` without declaring it would see.
     reads = parser_reads()
-    reads.append(toml_reader.Read("gateway", "new_key", (int, float), 1.0, False, 0))
+    reads.append(reader.Read("gateway", "new_key", (int, float), 1.0, False, 0))
     assert [declared_path(r) for r in reads if declared_path(r) not in settings.BY_PATH][
         -1
     ] == "gateway.new_key"

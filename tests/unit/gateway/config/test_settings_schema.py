@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from effectgate.gateway.config import schema as settings_schema
+from effectgate.gateway.config import schema
 from effectgate.gateway.examples import demo
 from tests.unit.gateway.config.test_settings import FULL, LEGACY
 
@@ -18,10 +18,10 @@ SHIPPED = [ROOT / "deploy" / "effectgate.toml", ROOT / "docs" / "examples" / "sh
 
 
 def validator() -> jsonschema.Draft202012Validator:
-    schema = settings_schema.schema()
-    jsonschema.Draft202012Validator.check_schema(schema)
-    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    return jsonschema.Draft202012Validator(schema)
+    document = schema.schema()
+    jsonschema.Draft202012Validator.check_schema(document)
+    assert document["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    return jsonschema.Draft202012Validator(document)
 
 
 def errors(data: dict[str, Any]) -> list[str]:

@@ -7,13 +7,13 @@ import tomllib
 from typing import Any
 
 from effectgate.gateway import config
-from effectgate.gateway.config import show as settings_show
+from effectgate.gateway.config import show
 from effectgate.gateway.config.env import override
 from tests.unit.gateway.config.test_settings import ENV, FULL, LEGACY
 
 
 def test_defaults_are_filled_in_and_the_file_wins_over_them() -> None:
-    shown = settings_show.build(
+    shown = show.build(
         tomllib.loads('[gateway]\nport = 9000\n[sources.s]\nscheme = "stripe"\nsecrets = ["S"]\n')
     )
     assert shown["gateway"]["port"] == 9000
@@ -27,15 +27,15 @@ def test_defaults_are_filled_in_and_the_file_wins_over_them() -> None:
 def test_an_environment_override_is_shown() -> None:
     data, problems = override(tomllib.loads(FULL), {"EFFECTGATE_GATEWAY__CLAIM_DEADLINE": "3"})
     assert problems == []
-    assert settings_show.build(data)["gateway"]["claim_deadline"] == 3
+    assert show.build(data)["gateway"]["claim_deadline"] == 3
 
 
 def test_the_toml_reads_back_to_the_same_values_and_loads_as_the_same_configuration() -> None:
     for text in (FULL, LEGACY):
-        shown = settings_show.build(tomllib.loads(text))
-        assert tomllib.loads(settings_show.as_toml(shown)) == shown
-        assert json.loads(settings_show.as_json(shown)) == shown
-        original, again = config.parse(text, env=ENV), config.parse(settings_show.as_toml(shown), env=ENV)
+        shown = show.build(tomllib.loads(text))
+        assert tomllib.loads(show.as_toml(shown)) == shown
+        assert json.loads(show.as_json(shown)) == shown
+        original, again = config.parse(text, env=ENV), config.parse(show.as_toml(shown), env=ENV)
         assert (again.gateway, again.worker, again.database, again.operator) == (
             original.gateway,
             original.worker,
@@ -53,7 +53,7 @@ def test_secrets_are_masked() -> None:
         '[sources.p.options]\nwebhook_id = "W"\nclient_id_env = "PAYPAL_ID"\nclient_secret = "in-clear"\n'
         '[downstream.d]\nbase_url = "https://u:pw@api.example"\n'
     )
-    text = settings_show.as_toml(settings_show.build(data))
+    text = show.as_toml(show.build(data))
     assert "hunter2" not in text and "in-clear" not in text and ":pw@" not in text
     assert "https://user:***@otel.example:4318/v1/traces" in text
     assert (
@@ -72,7 +72,7 @@ def test_the_retry_schedules_are_shown_as_comments_for_the_worker_and_each_kind_
         return EffectKind(name=name, source="s", events=("e",), fn=handler, **settings)
 
     kinds = [kind("plain"), kind("refund", backoff_base=60, backoff_cap=7200, max_attempts=12)]
-    text = settings_show.retry_schedules(WorkerConfig(), kinds)
+    text = show.retry_schedules(WorkerConfig(), kinds)
     lines = text.splitlines()
     assert (
         "# [worker], for kinds that set none of their own: backoff_base 1 s, backoff_cap 3600 s, max_attempts 60"
@@ -84,9 +84,9 @@ def test_the_retry_schedules_are_shown_as_comments_for_the_worker_and_each_kind_
     assert "#   total before attempt 12 fails the job: 5h3m30s-10h7m" in lines
     assert "plain" not in text  # the worker's schedule is its schedule
     # Comments: the TOML still reads back to the same values.
-    shown = settings_show.build(tomllib.loads(FULL))
-    assert tomllib.loads(settings_show.as_toml(shown) + text) == shown
+    shown = show.build(tomllib.loads(FULL))
+    assert tomllib.loads(show.as_toml(shown) + text) == shown
     # The testing switch is shown as what it does.
-    off = settings_show.retry_schedules(WorkerConfig(backoff_base=0), kinds)
+    off = show.retry_schedules(WorkerConfig(backoff_base=0), kinds)
     assert "#   59 retries at once (backoff_base = 0: waits off)" in off.splitlines()
     assert "#   11 retries at once (backoff_base = 0: waits off)" in off.splitlines()
