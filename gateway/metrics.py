@@ -330,7 +330,7 @@ def timeline_changed(change: object) -> None:
 
 
 def shard_reads_skipped(pass_name: str, node: str, shards: int) -> None:
-    """Count a pass that skipped ``node``'s shards (a ``ledger.shards`` listener)."""
+    """Count a pass that skipped ``node``'s shards (a ``ledger.cluster.shards`` listener)."""
     SHARD_READS_SKIPPED.labels(pass_name, node).inc()
 
 

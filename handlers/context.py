@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from effectgate.ledger import db, jobs
+from effectgate.ledger.cluster.topology import SINGLE_NODE, Topology
 from effectgate.ledger.errors import LeaseLost, LedgerUnavailable, StepAlreadyRecorded
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.jobs.steps import RecordedStep
 from effectgate.ledger.storable import jsonb_problem
-from effectgate.ledger.topology import SINGLE_NODE, Topology
 from effectgate.ledger.vocabulary import StepStatus
 
 from . import tracing

@@ -9,7 +9,7 @@ declaration (``gateway.config.settings``) read them from one place.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,7 +36,7 @@ KeySpace = Literal["source", "shared"]
 # With the worker's default backoff (handlers.worker.config: base 1 s, cap 1 h) 60 attempts retry an effect
 # for 24 h at the least (every jitter draw at its low end) and 48 h at the most before it fails for good:
 # a downstream outage of hours is outlasted, as providers outlast ours (Stripe retries for 3 days).
-# handlers.worker.backoff.RetrySchedule computes it; tests/unit/test_backoff.py holds it to 24 h.
+# handlers.worker.backoff.RetrySchedule computes it; tests/unit/handlers/worker/test_backoff.py holds it to 24 h.
 DEFAULT_MAX_ATTEMPTS = 60
 DEFAULT_ORPHAN_POLICY: OrphanPolicy = "park"
 DEFAULT_LEASE_TTL = 60.0
@@ -131,114 +131,18 @@ class EffectKind:
     defined_at: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        problems = self._problems()
+        # Every mistake, not the first: one declaration with three mistakes is reported with three.
+        if not self.name or not self.source:
+            raise InvalidEffect(["an effect needs a name and a source"])
+        normalised, problems = _normalised(self)
+        # The only writes to the frozen instance, made before any check or reader sees a field: the loose
+        # forms a declaration may give become the one form every reader gets. After __init__, a frozen
+        # dataclass sets its own fields through object.__setattr__ (the dataclasses documentation's way).
+        for setting, value in normalised.items():
+            object.__setattr__(self, setting, value)
+        problems += [problem for check in _CHECKS for problem in check(self)]
         if problems:
             raise InvalidEffect(problems)
-
-    def _problems(self) -> list[str]:
-        """Every mistake in the settings (normalising ``require``, ``fingerprint`` and ``max_slice``
-        on the way), so that one declaration with three mistakes is reported with three."""
-        if not self.name or not self.source:
-            return ["an effect needs a name and a source"]
-        problems: list[str] = []
-
-        def check(problem: str | None) -> None:
-            if problem is not None:
-                problems.append(problem)
-
-        if self.require is not None:
-            try:
-                object.__setattr__(self, "require", parse_requirements(self.name, self.require))
-            except ValueError as exc:
-                problems.append(str(exc))
-        if not isinstance(self.trust_unsigned, bool):
-            problems.append(f"effect {self.name!r}: trust_unsigned must be True or False")
-        if self.key_space not in (None, "source", "shared"):
-            problems.append(
-                f"effect {self.name!r}: key_space must be 'source' or 'shared', got {self.key_space!r}"
-            )
-        elif self.key_space is not None and self.key is None:
-            problems.append(
-                f"effect {self.name!r}: key_space applies to a key function; the default key is the source's"
-            )
-        if self.fingerprint is not None:
-            try:
-                object.__setattr__(self, "fingerprint", parse_pointers(self.name, self.fingerprint))
-            except ValueError as exc:
-                problems.append(str(exc))
-        if self.version is not None:
-            if isinstance(self.version, str):
-                try:
-                    object.__setattr__(self, "version", JsonPointer.parse(self.version))
-                except ValueError as exc:
-                    problems.append(f"effect {self.name!r}: version: {exc}")
-            elif not isinstance(self.version, JsonPointer) and not callable(self.version):
-                problems.append(
-                    f"effect {self.name!r}: version must be a JSON Pointer or a function of the event, "
-                    f"got {self.version!r}"
-                )
-            if self.lock_key is None:
-                # The version orders the deliveries of one object; the lock key says which object.
-                problems.append(
-                    f"effect {self.name!r}: version needs a lock_key naming the object it versions"
-                )
-        if not callable(self.fn):
-            problems.append(f"effect {self.name!r}: the handler must be an async function, got {self.fn!r}")
-        if not self.events or not all(isinstance(e, str) and e for e in self.events):
-            problems.append(
-                f"effect {self.name!r}: events must be a non-empty list of event types, got {self.events!r}"
-            )
-        if self.orphan_policy not in ("redrive", "park"):
-            problems.append(
-                f"effect {self.name!r}: orphan_policy must be 'redrive' or 'park', got {self.orphan_policy!r}"
-            )
-        check(positive_int(self.name, "max_attempts", self.max_attempts))
-        backoff_problems = [
-            positive_seconds(self.name, setting, getattr(self, setting))
-            for setting in ("backoff_base", "backoff_cap")
-            if getattr(self, setting) is not None
-        ]
-        for problem in backoff_problems:
-            check(problem)
-        if (
-            not any(backoff_problems)
-            and self.backoff_base is not None
-            and self.backoff_cap is not None
-            and self.backoff_cap < self.backoff_base
-        ):
-            problems.append(
-                f"effect {self.name!r}: backoff_cap must be >= backoff_base ({self.backoff_base:g} s), "
-                f"got {self.backoff_cap!r}"
-            )
-        budget_problem = positive_seconds(self.name, "slice_budget", self.slice_budget)
-        check(positive_seconds(self.name, "lease_ttl", self.lease_ttl))
-        check(budget_problem)
-        if self.pending_ttl is not None:
-            check(positive_seconds(self.name, "pending_ttl", self.pending_ttl))
-        if self.poison_threshold is not None:
-            check(positive_int(self.name, "poison_threshold", self.poison_threshold))
-        for hook in ("key", "lock_key", "on_transition", "require_fn"):
-            if getattr(self, hook) is not None and not callable(getattr(self, hook)):
-                problems.append(f"effect {self.name!r}: {hook} must be callable, got {getattr(self, hook)!r}")
-        if self.max_slice is UNSET:
-            default = None if budget_problem else DEFAULT_SLICE_FACTOR * self.slice_budget
-            object.__setattr__(self, "max_slice", default)
-        elif self.max_slice is not None:
-            slice_problem = positive_seconds(self.name, "max_slice", self.max_slice)
-            check(slice_problem)
-            if slice_problem:
-                return problems
-            if budget_problem is None and self.max_slice < MIN_SLICE_FACTOR * self.slice_budget:
-                problems.append(
-                    f"effect {self.name!r}: max_slice must be at least {MIN_SLICE_FACTOR:g} x slice_budget "
-                    f"({MIN_SLICE_FACTOR * self.slice_budget:g} s), or None to disable the hard deadline"
-                )
-        if self.max_slice is not None and self.max_slice > MAX_SLICE_LIMIT:
-            problems.append(
-                f"effect {self.name!r}: max_slice must be at most {MAX_SLICE_LIMIT:g} s (2**31 - 1 ms); "
-                "use None to disable the hard deadline"
-            )
-        return problems
 
     def matches(self, source: str, event_type: str) -> bool:
         """Whether this kind handles ``event_type`` from ``source`` (``*`` patterns allowed)."""
@@ -315,6 +219,147 @@ class EffectKind:
         else:  # a string is parsed at construction
             raise TypeError(f"effect {self.name!r}: version {version!r} was not parsed")
         return _version_number(self.name, found)
+
+
+def _normalised(kind: EffectKind) -> tuple[dict[str, Any], list[str]]:
+    """The settings a declaration may give in a looser form, as every reader gets them, and the problem of
+    each that does not parse (left as given): ``require`` and ``fingerprint`` as parsed JSON Pointers, a
+    ``version`` string as a ``JsonPointer``, and ``max_slice`` left unset as ``DEFAULT_SLICE_FACTOR`` budgets
+    (``None`` beside a bad budget, which has its own problem). Reads the instance, writes nothing."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for setting, parse in (("require", parse_requirements), ("fingerprint", parse_pointers)):
+        given = getattr(kind, setting)
+        if given is not None:
+            try:
+                values[setting] = parse(kind.name, given)
+            except ValueError as exc:
+                problems.append(str(exc))
+    if isinstance(kind.version, str):
+        try:
+            values["version"] = JsonPointer.parse(kind.version)
+        except ValueError as exc:
+            problems.append(f"effect {kind.name!r}: version: {exc}")
+    if kind.max_slice is UNSET:
+        budget_ok = positive_seconds(kind.name, "slice_budget", kind.slice_budget) is None
+        values["max_slice"] = DEFAULT_SLICE_FACTOR * kind.slice_budget if budget_ok else None
+    return values, problems
+
+
+# The checks of a normalised kind, one concern each, in the order their problems are reported. Each yields
+# its problems; none changes the kind.
+_Check = Callable[["EffectKind"], Iterable[str]]
+
+
+def _some(*problems: str | None) -> Iterator[str]:
+    return (p for p in problems if p is not None)
+
+
+def _check_unsigned_fields(kind: EffectKind) -> Iterator[str]:
+    if not isinstance(kind.trust_unsigned, bool):
+        yield f"effect {kind.name!r}: trust_unsigned must be True or False"
+
+
+def _check_key_space(kind: EffectKind) -> Iterator[str]:
+    if kind.key_space not in (None, "source", "shared"):
+        yield f"effect {kind.name!r}: key_space must be 'source' or 'shared', got {kind.key_space!r}"
+    elif kind.key_space is not None and kind.key is None:
+        yield f"effect {kind.name!r}: key_space applies to a key function; the default key is the source's"
+
+
+def _check_version(kind: EffectKind) -> Iterator[str]:
+    if kind.version is None:
+        return
+    # A string left unparsed was reported by _normalised.
+    if not isinstance(kind.version, str | JsonPointer) and not callable(kind.version):
+        yield (
+            f"effect {kind.name!r}: version must be a JSON Pointer or a function of the event, "
+            f"got {kind.version!r}"
+        )
+    if kind.lock_key is None:
+        # The version orders the deliveries of one object; the lock key says which object.
+        yield f"effect {kind.name!r}: version needs a lock_key naming the object it versions"
+
+
+def _check_handler_and_events(kind: EffectKind) -> Iterator[str]:
+    if not callable(kind.fn):
+        yield f"effect {kind.name!r}: the handler must be an async function, got {kind.fn!r}"
+    if not kind.events or not all(isinstance(e, str) and e for e in kind.events):
+        yield f"effect {kind.name!r}: events must be a non-empty list of event types, got {kind.events!r}"
+
+
+def _check_orphan_policy(kind: EffectKind) -> Iterator[str]:
+    if kind.orphan_policy not in ("redrive", "park"):
+        yield f"effect {kind.name!r}: orphan_policy must be 'redrive' or 'park', got {kind.orphan_policy!r}"
+
+
+def _check_retries(kind: EffectKind) -> Iterator[str]:
+    yield from _some(positive_int(kind.name, "max_attempts", kind.max_attempts))
+    base, cap = kind.backoff_base, kind.backoff_cap
+    bad = list(
+        _some(
+            None if base is None else positive_seconds(kind.name, "backoff_base", base),
+            None if cap is None else positive_seconds(kind.name, "backoff_cap", cap),
+        )
+    )
+    yield from bad
+    if not bad and base is not None and cap is not None and cap < base:
+        yield f"effect {kind.name!r}: backoff_cap must be >= backoff_base ({base:g} s), got {cap!r}"
+
+
+def _check_durations(kind: EffectKind) -> Iterator[str]:
+    yield from _some(
+        positive_seconds(kind.name, "lease_ttl", kind.lease_ttl),
+        positive_seconds(kind.name, "slice_budget", kind.slice_budget),
+        None if kind.pending_ttl is None else positive_seconds(kind.name, "pending_ttl", kind.pending_ttl),
+    )
+
+
+def _check_poison_threshold(kind: EffectKind) -> Iterator[str]:
+    if kind.poison_threshold is not None:
+        yield from _some(positive_int(kind.name, "poison_threshold", kind.poison_threshold))
+
+
+def _check_hooks(kind: EffectKind) -> Iterator[str]:
+    for hook in ("key", "lock_key", "on_transition", "require_fn"):
+        value = getattr(kind, hook)
+        if value is not None and not callable(value):
+            yield f"effect {kind.name!r}: {hook} must be callable, got {value!r}"
+
+
+def _check_max_slice(kind: EffectKind) -> Iterator[str]:
+    max_slice = kind.max_slice
+    if max_slice is None:
+        return
+    problem = positive_seconds(kind.name, "max_slice", max_slice)
+    if problem is not None:
+        yield problem
+        return
+    budget = kind.slice_budget
+    if positive_seconds(kind.name, "slice_budget", budget) is None and max_slice < MIN_SLICE_FACTOR * budget:
+        yield (
+            f"effect {kind.name!r}: max_slice must be at least {MIN_SLICE_FACTOR:g} x slice_budget "
+            f"({MIN_SLICE_FACTOR * budget:g} s), or None to disable the hard deadline"
+        )
+    if max_slice > MAX_SLICE_LIMIT:
+        yield (
+            f"effect {kind.name!r}: max_slice must be at most {MAX_SLICE_LIMIT:g} s (2**31 - 1 ms); "
+            "use None to disable the hard deadline"
+        )
+
+
+_CHECKS: tuple[_Check, ...] = (
+    _check_unsigned_fields,
+    _check_key_space,
+    _check_version,
+    _check_handler_and_events,
+    _check_orphan_policy,
+    _check_retries,
+    _check_durations,
+    _check_poison_threshold,
+    _check_hooks,
+    _check_max_slice,
+)
 
 
 def _version_number(kind: str, found: object) -> int:

@@ -1,6 +1,7 @@
 """Group commit for a gateway process: the claims of concurrent deliveries share one statement and one commit,
 each request answered after it — bounded in how many wait and for how long, and with every failure answered
-to the request it belongs to (see ``ClaimBatcher``; ADR 0006 and 0008).
+to the request it belongs to (see ``ClaimBatcher``; ADR 0006 and 0008). The requests waiting and the rule that
+takes the next batch from them are in ``claim_queue``; whom a failure belongs to is asked of ``error_kinds``.
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import psycopg
 
+from .claim_queue import WaitingClaim, take_batch
 from .claims import Accepted, ClaimOutcome, Delivery, EffectRequest, claim_deliveries, notify_kinds
-from .db import error_kind
+from .cluster.topology import SINGLE_NODE, Topology
+from .error_kinds import error_kind
 from .errors import ClaimOverloaded, ClaimTimeout, DeliveryRefused, LedgerError, LedgerUnavailable
 from .handle import Ledger
 from .queries import Q
-from .topology import SINGLE_NODE, Topology
 
 DEFAULT_MAX_BATCH = 64
 # One batch in flight per process: measured against 2 (serve --workers 2, 64 connections, ABBA order on a loaded
@@ -58,27 +59,6 @@ DEFAULT_STRAGGLE_AFTER = 0.25
 DEFAULT_MAX_STRAGGLING = 2
 
 log = logging.getLogger("effectgate.ledger")
-
-
-@dataclass(slots=True)
-class _Waiting:
-    items: Sequence[tuple[Delivery, Sequence[EffectRequest]]]
-    keys: frozenset[tuple[str, str]]
-    future: asyncio.Future[list[list[ClaimOutcome]]]
-    tenants: frozenset[str] = frozenset()
-    timer: asyncio.TimerHandle | None = None
-    # Taken into a batch: from then on only the batch's own outcome answers it.
-    taken: bool = False
-    # Answered ClaimTimeout while queued; dropped from the queue when a batch next looks at it.
-    expired: bool = False
-
-    def answer(self, result: list[list[ClaimOutcome]] | BaseException) -> None:
-        if self.future.done():  # the request gave up waiting (its task was cancelled)
-            return
-        if isinstance(result, BaseException):
-            self.future.set_exception(result)
-        else:
-            self.future.set_result(result)
 
 
 class ClaimBatcher:
@@ -129,7 +109,7 @@ class ClaimBatcher:
         self._max_queue = max_queue
         self._deadline = deadline
         self._max_rounds = max_rounds
-        self._queue: deque[_Waiting] = deque()
+        self._queue: deque[WaitingClaim] = deque()
         self._expired = 0  # expired requests still in the queue: they hold no room
         self._flushers: set[asyncio.Task[None]] = set()
         self._active = 0
@@ -168,7 +148,7 @@ class ClaimBatcher:
         keys = frozenset((d.tenant, e.effect_key) for d, effects in items for e in effects)
         loop = asyncio.get_running_loop()
         tenants = frozenset(d.tenant for d, _ in items)
-        waiting = _Waiting(items, keys, loop.create_future(), tenants)
+        waiting = WaitingClaim(items, keys, loop.create_future(), tenants)
         waiting.timer = loop.call_later(self._deadline, self._expire, waiting)
         self._queue.append(waiting)
         self._kick()
@@ -188,7 +168,7 @@ class ClaimBatcher:
         while self._flushers or self._stragglers:
             await asyncio.gather(*self._flushers, *self._stragglers, return_exceptions=True)
 
-    def _expire(self, waiting: _Waiting) -> None:
+    def _expire(self, waiting: WaitingClaim) -> None:
         if waiting.taken or waiting.future.done():
             return
         waiting.expired = True
@@ -200,60 +180,17 @@ class ClaimBatcher:
             )
         )
 
-    def _take(self, max_rounds: int) -> list[_Waiting]:
-        first: list[_Waiting] = []  # requests whose keys are new to the batch: its first statement
-        repeats: list[_Waiting] = []  # passed over, in arrival order
-        in_batch: set[tuple[str, str]] = set()
-        # Keys of every request passed over: a request behind one that waits, sharing a key with it, must not
-        # overtake it. The whole queue is looked at (it is bounded), not a window of it: a window full of one
-        # replayed key was how unrelated deliveries came to wait behind a flood.
-        blocked: set[tuple[str, str]] = set()
-        while self._queue and len(first) < self._max_batch:
-            waiting = self._queue.popleft()
-            if waiting.expired:
-                self._expired -= 1
-                continue
-            if (
-                waiting.keys.isdisjoint(in_batch)
-                and waiting.keys.isdisjoint(blocked)
-                and waiting.tenants.isdisjoint(self._busy)
-            ):
-                first.append(waiting)
-                in_batch |= waiting.keys
-            else:
-                repeats.append(waiting)
-                blocked |= waiting.keys
-        # Repeats fill the room left, in arrival order, each key at most max_rounds statements deep. Every
-        # request taken above that shares a key with one passed over arrived before it (after it, the key was
-        # blocked), so the n-th claim of a key in the batch is still its n-th in arrival order.
-        batch = first
-        depth = dict.fromkeys(in_batch, 1)
-        blocked.clear()
-        later: list[_Waiting] = []
-        for waiting in repeats:
-            if (
-                len(batch) < self._max_batch
-                and waiting.tenants.isdisjoint(self._busy)
-                and waiting.keys.isdisjoint(blocked)
-                and all(depth.get(key, 0) < max_rounds for key in waiting.keys)
-            ):
-                batch.append(waiting)
-                for key in waiting.keys:
-                    depth[key] = depth.get(key, 0) + 1
-            else:
-                later.append(waiting)
-                blocked |= waiting.keys
-        self._queue.extendleft(reversed(later))
-        for waiting in batch:
-            waiting.taken = True
-            if waiting.timer is not None:
-                waiting.timer.cancel()
+    def _take(self, max_rounds: int) -> list[WaitingClaim]:
+        batch, dropped = take_batch(
+            self._queue, max_batch=self._max_batch, max_rounds=max_rounds, busy=self._busy
+        )
+        self._expired -= dropped
         return batch
 
     async def _flush(self) -> None:
         try:
             while self._queue:
-                batch: list[_Waiting] = []
+                batch: list[WaitingClaim] = []
                 try:
                     # Routed by tenant (Citus): a key at most once a batch, so every batch is one routed call per
                     # tenant; a key's repeat waits for the next batch rather than send the whole batch through
@@ -293,7 +230,7 @@ class ClaimBatcher:
             log.warning("claims.routing_unknown", extra={"error": type(exc).__name__})
             return SINGLE_NODE
 
-    async def _write(self, batch: list[_Waiting], *, woken: set[str] | None = None) -> None:
+    async def _write(self, batch: list[WaitingClaim], *, woken: set[str] | None = None) -> None:
         routes = await self.topology()
         if routes.claims_routed and woken is None:
             groups = _by_tenant(batch)
@@ -321,7 +258,7 @@ class ClaimBatcher:
             waiting.answer(results[start:end])
             start = end
 
-    async def _write_batch(self, batch: list[_Waiting]) -> None:
+    async def _write_batch(self, batch: list[WaitingClaim]) -> None:
         # A batch as the flusher sends it: per tenant, a slow tenant's call is left going (DEFAULT_STRAGGLE_AFTER).
         # Splits after a failure go through _write, which waits for all its calls.
         if not (self._max_straggling and (await self.topology()).claims_routed):
@@ -349,7 +286,7 @@ class ClaimBatcher:
         for call in done:
             call.result()  # a bug's exception: the flusher answers the batch's requests still waiting
 
-    def _straggle(self, call: asyncio.Task[None], group: list[_Waiting], kinds: set[str]) -> None:
+    def _straggle(self, call: asyncio.Task[None], group: list[WaitingClaim], kinds: set[str]) -> None:
         # A tenant's call left going (its shard moving): the next batch goes on without that tenant, whose
         # requests stay queued behind it, so its claims still resolve in arrival order.
         tenants = {t for waiting in group for t in waiting.tenants}
@@ -384,7 +321,7 @@ class ClaimBatcher:
         except Exception as exc:
             log.warning("claims.wake_failed", extra={"kinds": sorted(kinds), "error": type(exc).__name__})
 
-    async def _failed(self, batch: list[_Waiting], exc: Exception) -> None:
+    async def _failed(self, batch: list[WaitingClaim], exc: Exception) -> None:
         kind = error_kind(exc)
         state = getattr(exc, "sqlstate", None)
         if kind == "connection" or kind == "statement_timeout":
@@ -440,7 +377,7 @@ class ClaimBatcher:
         await self._write(batch[:half])
         await self._write(batch[half:])
 
-    async def _locked_keys(self, batch: list[_Waiting]) -> set[tuple[str, str]]:
+    async def _locked_keys(self, batch: list[WaitingClaim]) -> set[tuple[str, str]]:
         keys = sorted({key for waiting in batch for key in waiting.keys})
         try:
             async with self._pool.connection() as conn:
@@ -462,15 +399,17 @@ class ClaimBatcher:
             return set()
 
     @staticmethod
-    def _answer_all(batch: list[_Waiting], failure: Callable[[], LedgerError], cause: BaseException) -> None:
+    def _answer_all(
+        batch: list[WaitingClaim], failure: Callable[[], LedgerError], cause: BaseException
+    ) -> None:
         # One exception each: an instance raised in many tasks would gather every one's traceback.
         for waiting in batch:
             waiting.answer(_cause(failure(), cause))
 
 
-def _by_tenant(batch: list[_Waiting]) -> list[list[_Waiting]]:
+def _by_tenant(batch: list[WaitingClaim]) -> list[list[WaitingClaim]]:
     """The batch's requests by tenant, in arrival order; a request of several tenants is a group of its own."""
-    groups: dict[object, list[_Waiting]] = {}
+    groups: dict[object, list[WaitingClaim]] = {}
     for n, waiting in enumerate(batch):
         tenants = {delivery.tenant for delivery, _ in waiting.items}
         key: object = next(iter(tenants)) if len(tenants) == 1 else n

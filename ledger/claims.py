@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 import psycopg
 
+from .cluster.topology import SINGLE_NODE, Topology
 from .db import Conn
 from .fingerprints import canonical_json
 from .queries import Q
-from .topology import SINGLE_NODE, Topology
 from .vocabulary import DeliveryOutcome
 
 log = logging.getLogger("effectgate.ledger")

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -236,52 +236,6 @@ async def translate_errors() -> AsyncIterator[None]:
         raise LedgerError(f"ledger database error: {type(exc).__name__}: {exc}") from exc
 
 
-ErrorKind: TypeAlias = Literal["connection", "row", "lock_timeout", "statement_timeout", "other"]
-
-# SQLSTATE classes that say one row's values were refused, whatever the server's state: 22 data exception
-# (a NUL, a bad encoding, a number out of range), 23 integrity constraint violation, 54 program limit exceeded
-# (a value over a btree index row's 2,704 bytes: an over-long unsigned header as event type).
-_ROW_CLASSES = frozenset({"22", "23", "54"})
-# The session or the server cannot go on, or the transaction was rolled back for the database's own reasons:
-# 08 connection exception, 40 transaction rollback (deadlock, serialisation), 53 insufficient resources, 57P01
-# to 57P05 shutdown, crash, cannot connect now, database dropped, idle timeout, 58 system error, XX internal.
-_CONNECTION_CLASSES = frozenset({"08", "40", "53", "58", "XX"})
-LOCK_NOT_AVAILABLE = "55P03"
-# The server ended the session for sitting idle inside a transaction (idle_in_transaction_timeout).
-IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
-QUERY_CANCELED = "57014"
-
-
-def error_kind(exc: BaseException) -> ErrorKind:
-    """Whom a failed statement's error belongs to: ``row`` (one row's values: the others may be written
-    without it), ``connection`` (the session or server: nothing of the transaction was written, and
-    splitting it would not help), ``lock_timeout`` / ``statement_timeout`` (this session's limits), or
-    ``other`` (anything else, a bug included)."""
-    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
-        return "connection"
-    if isinstance(exc, UnicodeError):
-        return "row"  # the driver cannot encode a value for the server
-    if not isinstance(exc, psycopg.Error):
-        return "other"
-    state = exc.sqlstate
-    if state is None:
-        # Refused by the driver before sending (a NUL in a text parameter), or the socket went away.
-        if isinstance(exc, psycopg.DataError):
-            return "row"
-        return "connection" if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) else "other"
-    if state == LOCK_NOT_AVAILABLE:
-        return "lock_timeout"
-    if state == QUERY_CANCELED:
-        return "statement_timeout"
-    if state == IDLE_IN_TRANSACTION_TIMEOUT:
-        return "connection"
-    if state[:2] in _ROW_CLASSES:
-        return "row"
-    if state[:2] in _CONNECTION_CLASSES or state.startswith("57P"):
-        return "connection"
-    return "other"
-
-
 @asynccontextmanager
 async def connection(pool: Pool) -> AsyncIterator[Conn]:
     """A pooled connection, with driver errors translated."""
@@ -447,7 +401,7 @@ async def wait_until_reachable(url: str, wait: float) -> None:
             tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
             raise LedgerUnavailable(
                 f"cannot connect to Postgres at {where}: {reason}; gave up after {tries} in {wait:g}s "
-                "(to wait longer, set [database] startup_wait, --startup-wait or EFFECTGATE_STARTUP_WAIT)"
+                "(to wait longer, set [database] startup_wait, --startup-wait or EFFECTGATE_DATABASE__STARTUP_WAIT)"
             ) from error
         delay = min(STARTUP_RETRY_DELAYS[min(attempt, len(STARTUP_RETRY_DELAYS)) - 1], remaining)
         log.warning(

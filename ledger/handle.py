@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 
+from .cluster.topology import SINGLE_NODE, Topology, read
 from .db import Conn, Pool
-from .topology import SINGLE_NODE, Topology, read
 
 
 class Ledger:

@@ -10,7 +10,7 @@ way ``migrate`` does and runs inside that tool's transaction, so applying it lea
 as ``migrate`` would.
 
 Where the Citus extension is installed, ``migrate`` then distributes the ledger by tenant, each step only if
-not done (ledger/distribution.py). ``script`` leaves that out: its steps are Citus calls, each in a transaction
+not done (ledger/cluster/distribution.py). ``script`` leaves that out: its steps are Citus calls, each in a transaction
 of its own, not DDL for another tool's one transaction. Such a team runs ``effectgate migrate`` once after its
 tool, as the tables' owner: it finds nothing to apply and distributes; ``migrate --check`` says it is pending.
 
@@ -36,7 +36,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow
 
-from . import distribution
+from .cluster import distribution
 from .db import DEFAULT_SCHEMA, Conn, use_schema
 from .errors import MigrationError
 from .queries import Q
@@ -223,7 +223,7 @@ async def migrate_and_distribute(
     conn: Conn, directory: Traversable = MIGRATIONS_DIR, *, schema: str = DEFAULT_SCHEMA
 ) -> Migrated:
     """``migrate``, saying what it did: the migrations applied, then, where the Citus extension is installed,
-    the steps that distributed the ledger by tenant (each only if not done; ledger/distribution.py), under the
+    the steps that distributed the ledger by tenant (each only if not done; ledger/cluster/distribution.py), under the
     same lock, so two processes starting together distribute it once."""
     await conn.execute(Q["migrations_lock"], {"lock_id": MIGRATION_LOCK_ID})
     try:

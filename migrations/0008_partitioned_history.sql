@@ -16,7 +16,7 @@
 -- Distributable by tenant (Citus): the history tables carry tenant in their primary keys, and refer to their
 -- effect without a foreign key (a partitioned history row's reference is written by the claim statement that
 -- returned the effect's id, and removed with the effect by the tombstone expiry): see
--- tests/integration/test_schema_distributable.py.
+-- tests/integration/ledger/test_schema_distributable.py.
 
 -- Which partitions the keeper made, and what each covers; range_from NULL is the legacy partition (MINVALUE).
 CREATE TABLE history_partitions (

@@ -8,7 +8,7 @@
 -- release's code calls only the _v1 names; the unversioned ones stay for the previous release's code.
 -- Contract: the next release's migration drops job_release_count, job_release_verdict,
 -- history_partition_create and history_partition_drop (unversioned), once no process of this release's
--- predecessor runs. tests/unit/test_sql_function_versions.py keeps ledger/sql on versioned names.
+-- predecessor runs. tests/unit/ledger/test_sql_function_versions.py keeps ledger/sql on versioned names.
 
 -- The job-release rule of migration 0006, unchanged. LANGUAGE sql, IMMUTABLE, one SELECT: the planner still
 -- inlines it, so the hand-back and the lease rescuer cost what they did.

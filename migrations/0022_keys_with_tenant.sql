@@ -2,7 +2,7 @@
 -- names `tenant`, so the ledger can be distributed by tenant on Citus (create_distributed_table refuses a
 -- unique key without the distribution column, and a foreign key between distributed tables must join on it).
 -- deliveries, effect_rejects, unmatched_deliveries and effect_versions already had it; this file does effects,
--- jobs, job_attempts and steps. tests/integration/test_schema_distributable.py reads the rule off the catalog.
+-- jobs, job_attempts and steps. tests/integration/ledger/test_schema_distributable.py reads the rule off the catalog.
 --
 -- The id comes first and tenant second in each key: a lookup by id alone (the worker's fenced writes, the
 -- operator's `jobs show`) still uses the key's index on one node, and nothing is unique per tenant that was not

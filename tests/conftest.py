@@ -84,7 +84,7 @@ def template_db(pg_server_url: str) -> Iterator[str]:
 def db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database of this test's own. Its URL puts effectgate's schema on the search_path
     of a test's own plain psycopg connections too (effectgate's connections set it themselves; the tests of
-    that, tests/integration/test_own_schema.py, use ``empty_db_url``, which has no such option)."""
+    that, tests/integration/ledger/test_own_schema.py, use ``empty_db_url``, which has no such option)."""
     name = f"effectgate_t_{uuid.uuid4().hex[:12]}"
     with _admin(pg_server_url) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')

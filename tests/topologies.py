@@ -7,7 +7,7 @@ on a cluster that ``effectgate migrate`` distributed (tests/citus/).
 
 from __future__ import annotations
 
-from effectgate.ledger.topology import Topology
+from effectgate.ledger.cluster.topology import Topology
 
 ROUTED_ON_ONE_NODE = Topology(citus=False, distributed=True, claims_routed=True)
 CITUS = Topology(citus=True, distributed=True, claims_routed=True)

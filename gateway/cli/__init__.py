@@ -9,7 +9,7 @@
     effectgate send            sign an example event or a file as a source's provider would, and post it
     effectgate demo-delivery   post a freshly signed demo delivery to a running gateway
 
-Exit codes: 0 success (also a clean stop on SIGTERM or SIGINT), 1 a runtime failure (database
+Exit codes (``gateway/exit_codes.py``, shared with the operator's commands): 0 success (also a clean stop on SIGTERM or SIGINT), 1 a runtime failure (database
 unreachable, port in use, a child process died), 2 a usage or configuration mistake (the message names
 the flag, file, key or variable; every mistake found is listed at once; also a ``--no-migrate`` process
 whose ledger stayed behind its version), 5 ``migrate --check`` found migrations pending.
@@ -22,9 +22,9 @@ told to stop; the last process to release it stops it.
 
 One module per command group: ``serve``, ``worker`` and ``up`` (which runs the other two as children, and
 ``fake-providers``), ``migrate``, ``reconcile``, ``send`` (and ``demo-delivery``), ``config``; the
-operator's ``ledger`` and ``jobs`` live in ``gateway/operator/cli/``. What they share: ``common`` (exit
-codes, errors), ``database`` (where the ledger is, the startup wait), ``flags`` (shared flags and argument
-types), ``parser`` (the whole parser). ``python -m effectgate.gateway.cli`` runs ``main`` (``__main__.py``).
+operator's ``ledger`` and ``jobs`` live in ``gateway/operator/cli/``. What they share: ``common`` (errors),
+``database`` (where the ledger is, the startup wait), ``flags`` (shared flags and argument types), ``parser``
+(the whole parser). ``python -m effectgate.gateway.cli`` runs ``main`` (``__main__.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from effectgate.ledger.errors import LedgerError, MigrationError
 
 from .. import embedded, logs
 from ..config import ConfigError
+from ..exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from . import database
-from .common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, StartFailure, UsageError, terminate
+from .common import StartFailure, UsageError, terminate
 from .parser import build_parser
 from .send import SendError
 

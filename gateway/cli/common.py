@@ -1,4 +1,4 @@
-"""What every ``effectgate`` command shares: exit codes, the two kinds of mistake, the configuration's
+"""What every ``effectgate`` command shares: the two kinds of mistake, the configuration's
 path, the port check, and how a stop signal unwinds the process."""
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..config import DEFAULT_CONFIG_FILE
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+from ..exit_codes import EXIT_OK
 
 log = logging.getLogger("effectgate.cli")
 

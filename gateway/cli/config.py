@@ -20,9 +20,7 @@ from typing import cast
 
 from effectgate.handlers.registry import REGISTRY
 
-from ..config import DEFAULT_CONFIG_FILE, ConfigError, load, reference
-from ..config import schema as settings_schema
-from ..config import show as settings_show
+from ..config import DEFAULT_CONFIG_FILE, ConfigError, load, reference, schema, show
 from ..config.env import override
 from ..config.handler_imports import import_handlers
 from ..config.secrets import Role
@@ -49,19 +47,19 @@ def cmd_show(args: argparse.Namespace) -> int:
     # Validated first, as the role would load it: a file that would not start is not shown as if it would.
     config = load(path, role=cast(Role, args.role))
     data, _ = override(tomllib.loads(Path(path).read_text(encoding="utf-8")), os.environ)
-    effective = settings_show.build(data)
+    effective = show.build(data)
     if args.format == "json":
-        sys.stdout.write(settings_show.as_json(effective) + "\n")
+        sys.stdout.write(show.as_json(effective) + "\n")
         return 0
     # The kinds' own retry budgets live in the handler modules too: imported as serve and worker do.
     import_handlers(config, warn=False)
-    schedules = settings_show.retry_schedules(config.worker, REGISTRY.kinds())
-    sys.stdout.write(settings_show.as_toml(effective) + schedules)
+    schedules = show.retry_schedules(config.worker, REGISTRY.kinds())
+    sys.stdout.write(show.as_toml(effective) + schedules)
     return 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    text = json.dumps(settings_schema.schema(), indent=2) + "\n"
+    text = json.dumps(schema.schema(), indent=2) + "\n"
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
     else:

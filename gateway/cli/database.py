@@ -15,7 +15,7 @@ from dataclasses import replace
 from effectgate.ledger import db
 
 from .. import embedded
-from ..config import DEFAULT_STARTUP_WAIT, Config, ConfigError, load
+from ..config import Config, ConfigError, load
 from ..config.handler_imports import import_handlers
 from ..config.secrets import Role
 from .common import UsageError, config_path, log, signals_ignored
@@ -97,23 +97,6 @@ def database_problem(args: argparse.Namespace) -> str | None:
         f"or pass --embedded for a single-machine trial on an embedded Postgres in {embedded.home_dir()}. "
         f"({args.command} never starts a private database on its own: {why}.)"
     )
-
-
-def startup_wait(args: argparse.Namespace, config: Config | None = None) -> float:
-    """Seconds to keep retrying an unreachable database at start: --startup-wait, then
-    EFFECTGATE_STARTUP_WAIT, then [database] startup_wait."""
-    if getattr(args, "startup_wait", None) is not None:
-        return float(args.startup_wait)
-    text = os.environ.get("EFFECTGATE_STARTUP_WAIT")
-    if text:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not value >= 0:
-            raise UsageError(f"EFFECTGATE_STARTUP_WAIT: expected a number of seconds >= 0, got {text!r}")
-        return value
-    return config.database.startup_wait if config is not None else DEFAULT_STARTUP_WAIT
 
 
 @contextlib.contextmanager

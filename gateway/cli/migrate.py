@@ -22,24 +22,22 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 import time
 from typing import TextIO
 
-from effectgate.ledger import db, distribution
+from effectgate.ledger import db
+from effectgate.ledger.cluster import distribution
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import MigrationState, migrate, migrate_and_distribute, script, status
 
 from ..config import Config
+from ..exit_codes import EXIT_PENDING
 from . import database, flags
 from .common import UsageError
 
 log = logging.getLogger("effectgate.cli")
 
-# `migrate --check` while a migration is pending: apart from 1 (the database could not be reached, or an
-# applied migration changed) so a pipeline can tell "run migrate" from "something is wrong".
-EXIT_PENDING = 5
 # How often a --no-migrate process looks again, and how often it says it is still waiting.
 SCHEMA_POLL_INTERVAL = 1.0
 SCHEMA_LOG_INTERVAL = 5.0
@@ -185,7 +183,7 @@ async def wait_for_schema(
             async with db.translate_errors():
                 states = await status(conn)
                 # A process that starts before the ledger is distributed would read its topology as a single
-                # node's and keep it for its life (ledger/topology.py): it waits for the distribution too.
+                # node's and keep it for its life (ledger/cluster/topology.py): it waits for the distribution too.
                 undistributed = [s.what for s in await distribution.missing(conn)]
             changed = [s.name for s in states if s.changed]
             if changed:
@@ -205,7 +203,7 @@ async def wait_for_schema(
                     f"the ledger lacks {_lacking(pending, undistributed)} after waiting {migration_wait:g}s "
                     "with --no-migrate: apply them first (`effectgate migrate`, or the script of "
                     "`effectgate migrate --print-sql` in your own migration tool), or start without "
-                    "--no-migrate (to wait longer: --migration-wait, EFFECTGATE_MIGRATION_WAIT or "
+                    "--no-migrate (to wait longer: --migration-wait, EFFECTGATE_DATABASE__MIGRATION_WAIT or "
                     "[database] migration_wait)"
                 )
             if now >= next_log:
@@ -226,36 +224,20 @@ async def apply(url: str, startup_wait: float = 0.0, schema: str = db.DEFAULT_SC
         return await migrate(conn, schema=schema)
 
 
-def migration_wait(args: argparse.Namespace, config: Config) -> float:
-    """Seconds a ``--no-migrate`` process waits for its schema: --migration-wait, then
-    EFFECTGATE_MIGRATION_WAIT, then [database] migration_wait."""
-    if args.migration_wait is not None:
-        return float(args.migration_wait)
-    text = os.environ.get("EFFECTGATE_MIGRATION_WAIT")
-    if text:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not value >= 0:
-            raise UsageError(f"EFFECTGATE_MIGRATION_WAIT: expected a number of seconds >= 0, got {text!r}")
-        return value
-    return config.database.migration_wait
-
-
 def prepare_schema(args: argparse.Namespace, config: Config, url: str, startup_wait: float) -> None:
     """Apply pending migrations, or under ``--no-migrate`` wait (bounded) for someone else to."""
     if not args.no_migrate:
         asyncio.run(apply(url, startup_wait, database.schema(config)))
         return
     try:
-        asyncio.run(wait_for_schema(url, startup_wait, migration_wait(args, config), database.schema(config)))
+        wait = flags.database_wait(args, "migration_wait", config)
+        asyncio.run(wait_for_schema(url, startup_wait, wait, database.schema(config)))
     except SchemaBehind as exc:
         raise UsageError(str(exc)) from exc
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    wait = database.startup_wait(args)
+    wait = flags.database_wait(args, "startup_wait")
     action = (
         "status" if args.status else "check" if args.check else "print-sql" if args.print_sql else "apply"
     )

@@ -10,17 +10,18 @@ from typing import Any
 
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.maintenance import make_reconciler
-from effectgate.ledger import db, topology
+from effectgate.ledger import db
+from effectgate.ledger.cluster import topology
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import unapplied
 
+from ..exit_codes import EXIT_OK
 from . import database, flags
-from .common import EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     config = database.load_config(args)
-    wait = database.startup_wait(args, config)
+    wait = flags.database_wait(args, "startup_wait", config)
 
     async def once(url: str) -> Any:
         await db.wait_until_reachable(url, wait)

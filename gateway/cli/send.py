@@ -24,10 +24,11 @@ from ..config import DEFAULT_CONFIG_FILE, Config, load
 from ..config.gateway import GatewayConfig
 from ..config.sources import Source
 from ..examples import EXAMPLE_TYPES, demo, example
+from ..exit_codes import EXIT_FAILURE, EXIT_OK
 from ..signatures import Signer, SigningError, body_event_id
 from ..signatures.base import FORM_CONTENT_TYPE, JSON_CONTENT_TYPE
 from . import flags
-from .common import EXIT_FAILURE, EXIT_OK, UsageError, config_path
+from .common import UsageError, config_path
 
 SEND_TIMEOUT = 30.0
 

@@ -22,8 +22,9 @@ from ..config import Config, load
 from ..config.handler_imports import import_handlers
 from ..config.operator import DEFAULT_OPERATOR_HOST
 from ..edge import client_slots, guard
+from ..exit_codes import EXIT_FAILURE, EXIT_OK
 from . import database, flags, migrate
-from .common import EXIT_FAILURE, EXIT_OK, UsageError, check_port_free, log
+from .common import UsageError, check_port_free, log
 from .loop import event_loop
 
 # What uvicorn exits with when the server could not start (port taken, lifespan failed).
@@ -78,7 +79,7 @@ _APP_FACTORY = "effectgate.gateway.cli.serve:serve_app"
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = database.load_config(args, database=True, role="gateway")
-    wait = database.startup_wait(args, config)
+    wait = flags.database_wait(args, "startup_wait", config)
     host = args.host or config.gateway.host
     port = config.gateway.port if args.port is None else args.port
     check_port_free("--port" if args.port is not None else "gateway.port", host, port)

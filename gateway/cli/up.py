@@ -27,8 +27,9 @@ from ..config import DEFAULT_CONFIG_FILE, Config, load
 from ..config.handler_imports import import_handlers
 from ..config.operator import DEFAULT_OPERATOR_HOST
 from ..examples import demo
+from ..exit_codes import EXIT_FAILURE, EXIT_OK
 from . import database, flags, migrate
-from .common import EXIT_FAILURE, EXIT_OK, SUPERVISED_ENV, check_port_free
+from .common import SUPERVISED_ENV, check_port_free
 
 
 def _wait_ready(url: str, procs: Sequence[subprocess.Popen[bytes]], timeout: float = 60.0) -> bool:
@@ -66,7 +67,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not use_demo:
         host = args.host or config.gateway.host
     check_port_free("--port" if args.port is not None else "gateway.port", host, port)
-    wait = database.startup_wait(args, config)
+    wait = flags.database_wait(args, "startup_wait", config)
 
     with database.ledger_url(args, embedded_by_default=True) as url:
         # Both names: a child must not prefer an EFFECTGATE_DATABASE_URL of the environment to this choice.

@@ -28,7 +28,8 @@ from effectgate.handlers.downstream.shipping import ShippingClient
 from effectgate.handlers.registry import REGISTRY
 from effectgate.handlers.worker.config import worker_connections
 from effectgate.handlers.worker.runtime import Worker
-from effectgate.ledger import db, shards, timeline
+from effectgate.ledger import db, timeline
+from effectgate.ledger.cluster import shards
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.paces import LedgerTurns
 
@@ -36,9 +37,10 @@ from .. import metrics
 from ..config import Config, ConfigError
 from ..config.gateway import Limits
 from ..edge import guard
+from ..exit_codes import EXIT_OK
 from ..operator import metrics as metrics_endpoint
 from . import database, flags, migrate
-from .common import EXIT_OK, SUPERVISED_ENV, StartFailure
+from .common import SUPERVISED_ENV, StartFailure
 from .loop import run as run_on_loop
 
 
@@ -185,7 +187,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = database.load_config(args, database=True, role="worker")
     if not REGISTRY.kinds():
         raise ConfigError(f"{config.path}: handlers.modules: no effect handlers registered; nothing to run")
-    wait = database.startup_wait(args, config)
+    wait = flags.database_wait(args, "startup_wait", config)
     sock = None if args.metrics_port is None else _listen_metrics(args.metrics_host, args.metrics_port)
     with database.ledger_url(args) as url:
         migrate.prepare_schema(args, config, url, wait)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from effectgate.handlers.downstream import RETRY_STATUSES
 from effectgate.handlers.downstream.forward import (
     DEFAULT_MAX_ANSWER_BYTES,
-    DEFAULT_RETRY_STATUSES,
     DEFAULT_TIMEOUT,
     DeclaredEffect,
     ForwardTarget,
@@ -149,7 +149,7 @@ def _forward(reader: TableReader, env: Mapping[str, str] | None) -> ForwardTarge
 def _statuses(reader: TableReader, key: str) -> frozenset[int]:
     values = reader.get(key, list)
     if values is None:
-        return DEFAULT_RETRY_STATUSES
+        return RETRY_STATUSES
     statuses: set[int] = set()
     for value in values:
         if isinstance(value, str) and value in _STATUS_CLASSES:
@@ -158,5 +158,5 @@ def _statuses(reader: TableReader, key: str) -> frozenset[int]:
             statuses.add(value)
         else:
             reader.problem(key, f"entries are statuses 300..599 or '3xx', '4xx', '5xx', got {value!r}")
-            return DEFAULT_RETRY_STATUSES
+            return RETRY_STATUSES
     return frozenset(statuses)

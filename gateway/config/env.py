@@ -5,8 +5,8 @@ names with ``__`` (``EFFECTGATE_GATEWAY__PENALTY_BOX__COOLING``), and a key of a
 table as the file spells it, upper-cased with ``-`` as ``_`` (``EFFECTGATE_SOURCES__STRIPE__TOLERANCE``
 for ``[sources.stripe]``, which the file must have). The environment wins over the file; a command-line
 flag wins over both. Only variables with ``__`` after ``EFFECTGATE_`` are read here, so the older single
-variables (``EFFECTGATE_DATABASE_URL``, ``EFFECTGATE_STARTUP_WAIT``, ``EFFECTGATE_MIGRATION_WAIT``, …)
-keep their own meaning.
+variables (``EFFECTGATE_DATABASE_URL``, ``EFFECTGATE_CONFIG``, …) keep their own meaning; the deprecated
+``EFFECTGATE_STARTUP_WAIT`` and ``EFFECTGATE_MIGRATION_WAIT`` are read by ``gateway.cli.flags.database_wait``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 from effectgate.ledger import claim_batcher
+from effectgate.ledger.db import DEFAULT_POOL_MAX
 
 from .reader import ConfigError as ConfigError
 from .reader import TableReader
@@ -16,7 +17,6 @@ from .reader import TableReader
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-DEFAULT_POOL_MAX = 10
 
 
 # -- the edge's settings (gateway/edge/ is configured with these values; config imports nothing of it) --

@@ -6,7 +6,7 @@ uvicorn's public API is its command line, ``uvicorn.run``, ``Config`` and ``Serv
 from there (docs/adr/0009): the connection guard (``guard``) subclasses the httptools protocol, and
 ``serve --workers N`` (``supervisor``) subclasses the multiprocess supervisor. Every import from those
 packages, and every call of one of uvicorn's underscore names, happens here and nowhere else in the
-project; ``guard`` and ``supervisor`` import these names from this module. ``tests/unit/test_uvicorn_private.py``
+project; ``guard`` and ``supervisor`` import these names from this module. ``tests/unit/gateway/edge/test_uvicorn_private.py``
 reads the code to keep it so, and checks that every uvicorn name the three modules use is listed below
 and that ``FLOOR`` and ``CEILING`` are pyproject's requirement.
 

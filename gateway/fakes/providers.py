@@ -5,14 +5,8 @@ shipments) apart from requests, so a test can assert that retries, reclaims and 
 effect each, and it can inject the failures that make idempotency matter: a 500 before the effect, a hang,
 and a connection dropped after the effect was performed.
 
-Idempotency, for POST requests carrying the header (keys are scoped to this app instance, as Stripe scopes
-them to an account):
-
-    first use of a key               → run the endpoint, store its answer
-    same key, same parameters        → the stored answer byte-for-byte, plus `Idempotent-Replayed: true`
-    same key, different parameters   → 400 idempotency_error
-    same key, first still running    → 409 idempotency_error / idempotency_key_in_use
-    parameters that fail validation  → the error, and the key stays unused (Stripe saves no result then)
+Every endpoint is served through the idempotency layer (``idempotency``: what a key's first use, its replay,
+its misuse and a validation error are answered), which also injects the faults.
 
 Stripe's endpoints: `POST /v1/payment_intents/{id}/capture` (an unknown intent is created `requires_capture`),
 `POST /v1/payment_intents/{id}/cancel`, `GET /v1/payment_intents/{id}`, `POST /v1/refunds`,
@@ -26,29 +20,24 @@ counts as refunded.
 
 Control endpoints: `POST /_fake/payment_intents` (an intent in a given status), `GET /_fake/stats`,
 `POST /_fake/reset`, `GET|POST /_fake/faults`, and `GET /_fake/requests`:
-the latest provider requests (method, path, the headers a test asserts on: `Idempotency-Key`,
-`traceparent`, `tracestate`, and `at`, when it arrived), oldest first, at most `_RECORDED_REQUESTS` of them.
+the provider requests (method, path, the headers a test asserts on: `Idempotency-Key`, `traceparent`,
+`tracestate`, and `at`, when it arrived), oldest first, at most the latest 1,000 (the layer keeps them).
 
-The faults are `faults.py`, the answers' shapes `answers.py`. Why the rest stays one module over
-400 lines: `_FakeProviders` is one state behind one lock. The idempotency layer's claim (look up, then
-insert) and each endpoint's effect (check state, then change it) run under that lock on the same keys,
-intents and counters, and `/_fake/reset` clears them all at once; split by endpoint, that invariant
-would be spread over classes that must still share every field.
+The faults are `faults.py`, the answers' shapes `answers.py`, the idempotency layer `idempotency.py`. Why the
+endpoints stay in one module (403 lines, `wc -l`): `_FakeProviders` is one state behind the layer's one
+lock. The layer's claim (look up, then insert) and each endpoint's effect (check state, then change it) run
+under that lock on the same keys, intents and counters, and `/_fake/reset` clears them all at once; split by
+endpoint, that invariant would be spread over classes that must still share every field.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 import secrets
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
-import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -59,31 +48,18 @@ from .answers import (
     Answer,
     Invalid,
     amount_param,
-    deliver,
     error_body,
     form_params,
     json_answer,
     metadata_of,
     new_intent,
-    reply,
-    request_fingerprint,
 )
-from .faults import FaultConfig, FaultMode, sleep_unless_gone
+from .faults import FaultConfig, FaultMode
+from .idempotency import IdempotentFake
 
 __all__ = ["FaultConfig", "FaultMode", "create_app", "serve"]
 
-# Stripe refuses longer keys; the fake does too, so a client that sends one fails here and not in production.
-_MAX_KEY_LENGTH = 255
 _INTENT_AMOUNT = 1000
-_RECORDED_REQUESTS = 1000
-_RECORDED_HEADERS = ("idempotency-key", "traceparent", "tracestate")
-_RATE_LIMIT_RETRY_AFTER = 7
-
-
-@dataclass(slots=True)
-class _KeyRecord:
-    fingerprint: str
-    answer: Answer | None = None  # None while the first request with the key is still running
 
 
 @dataclass(slots=True)
@@ -100,22 +76,13 @@ class _Counters:
     shipments_by_order: dict[str, int] = field(default_factory=dict)
 
 
-_Action = Callable[[Request, bytes], Answer]
+class _FakeProviders(IdempotentFake):
+    """The fake Stripe and shipping API: its intents, refunds, transfers and shipments, and their counters."""
 
-
-class _FakeProviders:
-    """All state of one fake: effects, stored idempotent answers, counters and faults."""
-
-    def __init__(self, faults: FaultConfig) -> None:
-        # One lock for all state. The sections it guards contain no await today, but the idempotency claim
-        # (look up, then insert) and each effect (check state, then change it) must stay atomic against
-        # interleaving requests if one is ever added.
-        self._lock = asyncio.Lock()
-        self._set_faults(faults)
-        self._clear()
+    _counters: _Counters
 
     def _clear(self) -> None:
-        self._keys: dict[str, _KeyRecord] = {}
+        super()._clear()
         self._intents: dict[str, dict[str, Any]] = {}
         self._refunded: dict[str, int] = {}
         self._refunds: dict[str, list[dict[str, Any]]] = {}
@@ -124,112 +91,8 @@ class _FakeProviders:
         self._transfers: dict[str, dict[str, Any]] = {}
         self._shipments: dict[str, dict[str, Any]] = {}
         self._counters = _Counters()
-        self._requests: deque[dict[str, Any]] = deque(maxlen=_RECORDED_REQUESTS)
-
-    def _set_faults(self, faults: FaultConfig) -> None:
-        self._faults = faults
-        self._rng = random.Random(faults.seed)
-
-    def _draw_fault(self, path: str) -> FaultMode:
-        faults = self._faults
-        if faults.mode == "none":
-            return "none"
-        if faults.paths and not any(path.startswith(prefix) for prefix in faults.paths):
-            return "none"
-        return faults.mode if self._rng.random() < faults.rate else "none"
 
     # -- the provider endpoints -------------------------------------------------------------------
-
-    def endpoint(self, action: _Action, *, mutating: bool) -> Callable[[Request], Awaitable[Response]]:
-        async def run(request: Request) -> Response:
-            return await self._serve(request, action, mutating=mutating)
-
-        return run
-
-    async def _serve(self, request: Request, action: _Action, *, mutating: bool) -> Response:
-        body = await request.body()
-        key = request.headers.get("idempotency-key") or None
-        if not mutating:
-            key = None  # Stripe ignores idempotency keys on GET: reading twice has no effect to guard
-        async with self._lock:
-            self._counters.requests += 1
-            self._requests.append(
-                {
-                    "method": request.method,
-                    "path": request.url.path,
-                    "headers": {h: request.headers[h] for h in _RECORDED_HEADERS if h in request.headers},
-                    # When it arrived (this host's clock, seconds): how fast the callers together sent.
-                    "at": time.time(),
-                }
-            )
-            if mutating and key is None:
-                self._counters.requests_without_key += 1
-            fault = self._draw_fault(request.url.path)
-        if fault == "error_500":
-            # Injected in front of the idempotency layer, like a failing load balancer: nothing is stored,
-            # so a retry with the same key runs the endpoint for real.
-            return reply(500, error_body("api_error", "fake_fault", "Injected error_500 fault."))
-        if fault == "rate_limit":
-            response = reply(429, error_body("invalid_request_error", "rate_limit", "Too many requests."))
-            response.headers["Retry-After"] = str(_RATE_LIMIT_RETRY_AFTER)
-            return response
-        if key is not None and len(key) > _MAX_KEY_LENGTH:
-            return reply(
-                400, error_body("invalid_request_error", "idempotency_key_too_long", "Key too long.")
-            )
-
-        record: _KeyRecord | None = None
-        if key is not None:
-            fingerprint = request_fingerprint(request, body)
-            async with self._lock:
-                existing = self._keys.get(key)
-                if existing is None:
-                    record = self._keys[key] = _KeyRecord(fingerprint)
-            if existing is not None:
-                return await self._answer_again(request, existing, fingerprint, key, fault)
-
-        done = False
-        try:
-            if fault == "hang" and await sleep_unless_gone(request, self._faults.hang_seconds):
-                return reply(503, error_body("api_error", "client_disconnected", "The client went away."))
-            async with self._lock:
-                try:
-                    answer = action(request, body)
-                except Invalid as invalid:
-                    answer = invalid.answer
-                else:
-                    if record is not None:
-                        record.answer = answer
-                        done = True
-            if fault == "hang_after_effect":
-                await sleep_unless_gone(request, self._faults.hang_seconds)
-        finally:
-            # Abandoned (cancelled, disconnected, invalid, crashed): free the key so a retry can run, as
-            # Stripe does for requests whose endpoint never completed.
-            if record is not None and not done and key is not None:
-                with anyio.CancelScope(shield=True):
-                    async with self._lock:
-                        if self._keys.get(key) is record:
-                            del self._keys[key]
-        return deliver(answer, key, fault, replayed=False)
-
-    async def _answer_again(
-        self, request: Request, existing: _KeyRecord, fingerprint: str, key: str, fault: FaultMode
-    ) -> Response:
-        if existing.fingerprint != fingerprint:
-            message = (
-                "Keys for idempotent requests can only be used with the same parameters "
-                "they were first used with."
-            )
-            return reply(400, error_body("idempotency_error", None, message))
-        if existing.answer is None:
-            message = "There is currently another in-progress request using this Idempotent Key."
-            return reply(409, error_body("idempotency_error", "idempotency_key_in_use", message))
-        if fault == "hang" and await sleep_unless_gone(request, self._faults.hang_seconds):
-            return reply(503, error_body("api_error", "client_disconnected", "The client went away."))
-        async with self._lock:
-            self._counters.replays += 1
-        return deliver(existing.answer, key, fault, replayed=True)
 
     def capture(self, request: Request, body: bytes) -> Answer:
         intent_id = request.path_params["id"]

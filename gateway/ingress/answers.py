@@ -53,3 +53,13 @@ def text_answer(status: int, body: bytes) -> Answer:
 def error_answer(status: int, code: str, detail: str, **extra: Any) -> Answer:
     """Every error answer has this shape: ``{"error": CODE, "detail": …}`` (as ``ingress.error``)."""
     return json_answer(status, {"error": code, "detail": detail, **extra})
+
+
+# Seconds a sender is asked to wait after a 503 that wrote nothing (overloaded, claim_timeout, a refusal that
+# could not be kept): long enough for a queue to drain, short enough that a provider's next try comes soon.
+RETRY_AFTER = "1"
+
+
+def retry_later(code: str, detail: str) -> Answer:
+    """A 503 ``code`` with ``Retry-After``: nothing was written, the sender should try again."""
+    return error_answer(503, code, detail).header("retry-after", RETRY_AFTER)

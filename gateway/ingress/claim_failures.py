@@ -21,12 +21,9 @@ from effectgate.ledger.migrate import unapplied
 
 from .. import metrics
 from ..config import Source
-from .answers import Answer, error_answer
+from .answers import Answer, error_answer, retry_later
 
 log = logging.getLogger("effectgate.gateway")
-
-# Seconds a sender is asked to wait after a 503 overloaded or claim_timeout: long enough for a queue to drain.
-RETRY_AFTER = "1"
 
 
 async def claim_failed(
@@ -93,11 +90,6 @@ async def _ledger_error(pool: db.Pool, name: str, request_id: str, exc: LedgerEr
     )
     metrics.delivery(name, "ledger_error")
     return error_answer(500, "ledger_error", "the delivery could not be recorded; nothing was claimed")
-
-
-def retry_later(code: str, detail: str) -> Answer:
-    """A 503 ``code`` with ``Retry-After``: nothing was written, the sender should try again."""
-    return error_answer(503, code, detail).header("retry-after", RETRY_AFTER)
 
 
 # What a statement meets on a schema older than the code: a table, column, function, type or schema missing.

@@ -39,8 +39,8 @@ from ..config import Source
 from ..edge.penalty_box import PenaltyBox
 from ..signatures import ConfirmationUnavailable, PayloadError, SignatureError, Verified
 from . import deliveries
-from .answers import Answer, error_answer, json_answer, text_answer
-from .claim_failures import claim_failed, retry_later
+from .answers import Answer, error_answer, json_answer, retry_later, text_answer
+from .claim_failures import claim_failed
 from .inbound import Inbound, Refused
 from .refusals import Refusal, refuse
 from .replay_memory import LedgerReplayMemory

@@ -31,13 +31,12 @@ from effectgate.ledger.storable import Unstorable, storable_payload, storable_te
 from .. import metrics
 from ..config import Source
 from ..signatures import Verified
-from .answers import Answer, error_answer, json_answer, text_answer
+from .answers import Answer, error_answer, json_answer, retry_later, text_answer
 
 log = logging.getLogger("effectgate.gateway")
 
 # Longest exception message kept on the row and in the log: a handler's exception can quote the payload.
 _MAX_ERROR = 2000
-_RETRY_AFTER = "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +165,9 @@ def _answer(source: Source, verified: Verified, refusal: Refusal, request_id: st
         return error_answer(refusal.status, refusal.reason, detail, kept=kept)
     if not kept:
         # Acknowledging what was not kept would lose it: the provider's retry is the only copy left.
-        return error_answer(
-            503, refusal.reason, f"{detail}; the delivery could not be kept, so it was not acknowledged"
-        ).header("retry-after", _RETRY_AFTER)
+        return retry_later(
+            refusal.reason, f"{detail}; the delivery could not be kept, so it was not acknowledged"
+        )
     if verified.acknowledgement is not None:
         # A provider that reads the body (Adyen's "[accepted]") would otherwise retry what is kept.
         return text_answer(200, verified.acknowledgement)

@@ -65,8 +65,6 @@ from .throttle import FailureThrottle, client_key, retry_after
 
 log = logging.getLogger("effectgate.operator")
 
-MAX_REASON_LENGTH = 500
-
 
 def json_response(document: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """A JSON answer; datetimes become RFC 3339 strings."""
@@ -231,9 +229,7 @@ async def redrive(request: Request, conn: db.Conn, who: OperatorToken, query: Qu
 async def cancel(request: Request, conn: db.Conn, who: OperatorToken, query: Query) -> Response:
     """Cancel a job: at once if pending, at its next heartbeat if running."""
     job_id = parse_id(request.path_params["job_id"], "job_id")
-    reason = query.get("reason") or f"cancelled by operator {who.name}"
-    if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
-        raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+    reason = audit.check_note(query.get("reason")) or f"cancelled by operator {who.name}"
     registry = request.app.state.registry
     outcome = await control.cancel(conn, registry, job_id, by=f"operator:{who.name}", reason=reason)
     refused = outcome if isinstance(outcome, jobs.Refused) else None
@@ -278,9 +274,7 @@ async def _bulk(
     elif action == "redrive":
         reason = audit.check_note(query.get("reason"))
     else:
-        reason = query.get("reason") or f"cancelled by operator {who.name}"
-        if len(reason) > MAX_REASON_LENGTH or not reason.isprintable():
-            raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+        reason = audit.check_note(query.get("reason")) or f"cancelled by operator {who.name}"
     result = await bulk_actions.run(
         conn,
         request.app.state.registry,
@@ -332,9 +326,7 @@ async def kind_pause(request: Request, conn: db.Conn, who: OperatorToken, query:
     """Stop leasing one kind's jobs (they wait pending) until it is resumed."""
     kind = parse_name(request.path_params["kind"], "kind")
     assert kind is not None
-    reason = query.get("reason")
-    if reason is not None and (len(reason) > MAX_REASON_LENGTH or not reason.isprintable()):
-        raise BadParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
+    reason = audit.check_note(query.get("reason"))
     row = await filters.pause(conn, kind, by=f"operator:{who.name}", reason=reason)
     log.info("operator.pause", extra={"operator": who.name, "kind": kind})
     return json_response(row)

@@ -61,13 +61,14 @@ async def run(
 ) -> BulkResult:
     """Apply ``action`` to every job ``where`` matches; ``progress(done, total)`` after each job.
 
-    ``resolve`` needs a reason of its own (``InvalidParameter`` before anything is matched otherwise)."""
+    ``resolve`` needs a reason of its own; a reason that is not an operator's (``audit.check_note``) is
+    ``InvalidParameter`` before anything is matched."""
     if action == "resolve":
         why: str | None = resolutions.check_reason(reason)
     elif action == "redrive":
         why = audit.check_note(reason)
     else:
-        why = reason or "cancelled by operator"
+        why = audit.check_note(reason) or "cancelled by operator"
     result = BulkResult(action, dry_run)
     result.matched = await filters.match(conn, where)
     if dry_run:

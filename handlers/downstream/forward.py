@@ -17,7 +17,7 @@ Node.
 Answers, unless the effect configures ``retry_statuses``:
 
     2xx                                     → success; {status, body} recorded as the step's result
-    408, 425, 429, 5xx, timeout, transport  → TransientError (backoff; Retry-After honoured)
+    RETRY_STATUSES, timeout, transport      → TransientError (backoff; Retry-After honoured)
     any other status (3xx included)         → TerminalError, code http_<status>, the answer in its message
 
 Redirects are never followed (a 3xx is terminal: a moved endpoint is a configuration problem), and at most
@@ -54,7 +54,7 @@ from ..effect_kind import (
 from ..errors import TerminalError, TransientError
 from ..event import Event
 from ..registry import Registry
-from . import retry_after_seconds
+from . import RETRY_STATUSES, retry_after_seconds
 
 if TYPE_CHECKING:
     from ..context import EffectContext
@@ -64,8 +64,6 @@ logger = logging.getLogger(__name__)
 STEP_NAME = "forward"
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_ANSWER_BYTES = 64 * 1024
-#: Retried statuses by default: the request may not have been acted on, or the service asks for later.
-DEFAULT_RETRY_STATUSES: frozenset[int] = frozenset({408, 425, 429, *range(500, 600)})
 #: How much of a refused answer goes into the recorded error message.
 MAX_ERROR_ANSWER_CHARS = 2000
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -162,14 +160,15 @@ class ForwardTarget:
     ``url``: an absolute http(s) URL. ``timeout``: seconds for connect, each read and write. ``max_answer_bytes``:
     the most of an answer read (more is cut off and marked ``truncated``). ``secret``: the Standard Webhooks
     signing secret (``whsec_…``), ``None`` in a process that never forwards (the gateway); left out of
-    ``repr``. ``retry_statuses``: the non-2xx statuses retried with backoff; every other one is terminal.
+    ``repr``. ``retry_statuses``: the non-2xx statuses retried with backoff (``RETRY_STATUSES``, the API clients'); every
+    other one is terminal.
     """
 
     url: str
     timeout: float = DEFAULT_TIMEOUT
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     secret: str | None = field(default=None, repr=False)
-    retry_statuses: frozenset[int] = DEFAULT_RETRY_STATUSES
+    retry_statuses: frozenset[int] = RETRY_STATUSES
     _key: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

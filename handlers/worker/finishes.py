@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db, error_kinds, jobs
 from effectgate.ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
 from effectgate.ledger.handle import Ledger
 
@@ -104,7 +104,7 @@ class FinishBatcher:
                 try:
                     return await self._committed(conn, batch, guarded=False)
                 except _Aborted as aborted:
-                    if db.error_kind(aborted.error) == "connection":
+                    if error_kinds.error_kind(aborted.error) == "connection":
                         raise aborted.error from None
                     log.info(
                         "worker.finish_batch_again_guarded",

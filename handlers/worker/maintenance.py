@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 from effectgate.ledger import db
+from effectgate.ledger.cluster.topology import SINGLE_NODE, Topology
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.maintenance.scheduler import (
     KindPolicy,
@@ -17,7 +18,6 @@ from effectgate.ledger.maintenance.scheduler import (
     Repaired,
 )
 from effectgate.ledger.maintenance.service import maintain_forever
-from effectgate.ledger.topology import SINGLE_NODE, Topology
 from effectgate.ledger.vocabulary import JobState
 
 from ..event import Transition

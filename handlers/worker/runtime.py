@@ -7,12 +7,13 @@ leases the jobs for the slots it frees, in its own transaction: one commit per b
 asks running slices to yield, waits up to ``drain_timeout``, and leaves whatever did not hand back to
 lease expiry — nothing is lost either way.
 
-Around 480 lines, on purpose: what is left here is ``Worker``, one state machine over its slots (running
-tasks, their leases and contexts, the slots a refill offered, the fetch lock, the wake-up) that the run
-loop, a fetch, a finish batch's refill, a job's end and the drain all read and write. Split further, that
-state would be passed from module to module. What works beside it moved out: the settings
-(``config``), the wake-up (``listen``), the heartbeat (``heartbeat``), a slice's end (``slices``),
-the recording of outcomes (``recorder``) and the finish batches (``finishes``).
+549 lines (``wc -l``), on purpose: what is left here is one class, ``Worker``, one state machine over its slots
+(running tasks, their leases and contexts, the slots a refill offered, the fetch lock, the wake-up) that the
+run loop, a fetch, a finish batch's refill, a job's end and the drain all read and write. Split further, that
+state would be passed from module to module. What works beside it is in modules of its own: the settings
+(``config``), the wake-up (``listen``), the heartbeat (``heartbeat``), a slice's end (``slices``), the
+recording of outcomes (``recorder``), the finish batches (``finishes``) and the reconciler it ticks
+(``maintenance``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from effectgate.ledger import db, jobs
+from effectgate.ledger import db, error_kinds, jobs
+from effectgate.ledger.cluster.topology import Topology
 from effectgate.ledger.errors import LeaseLost, LedgerError
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import heartbeats, steps
 from effectgate.ledger.maintenance.scheduler import ReconcileResult
-from effectgate.ledger.topology import Topology
 
 from .. import tracing
 from ..actions import control
@@ -385,7 +386,7 @@ class Worker:
                 if not guarded:
                     raise
                 log.warning("worker.fetch_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-                if db.error_kind(exc) == "connection" or conn.broken:
+                if error_kinds.error_kind(exc) == "connection" or conn.broken:
                     raise  # the batch's transaction is lost with it: its finishes are retried, not answered
                 yield functools.partial(self._start, [])  # their ends wake the run loop to fetch for them
                 return

@@ -1,13 +1,14 @@
 """Jobs and their leases: fetch, fenced writes, finishes, steps, resolutions, the operator's reads and filters.
 
 The room's one facade: callers write ``from effectgate.ledger import jobs`` and call ``jobs.fetch_and_lease``,
-``jobs.finish`` or ``jobs.redrive``. Each name below is held by the module it is imported from: leases and the
-lease holder's fenced writes in ``leases``, terminal transitions in ``finishes``, the operator's reads and
-actions in ``admin``. The room's other modules (``steps``, ``heartbeats``, ``resolutions``, ``filters``,
+``jobs.finish`` or ``jobs.redrive``. Each name below is held by the module it is imported from: leases in
+``leases``, the lease holder's fenced writes in ``fenced``, terminal transitions in ``finishes``, the operator's
+reads and actions in ``admin``. The room's other modules (``steps``, ``heartbeats``, ``resolutions``, ``filters``,
 ``audit``) are imported by name where they are used.
 """
 
 from .admin import AttemptRow, JobRow, Refused, attempts, cancel, get, redrive
+from .fenced import fenced_transaction, hand_back, retry, save_checkpoint
 from .finishes import Finish, Reached, finish, finish_many
 from .leases import (
     FETCH_LOCK_KEY_RETRIES,
@@ -15,12 +16,8 @@ from .leases import (
     FETCH_SUPERSEDED_ROUNDS,
     LOCK_KEY_INDEX,
     Lease,
-    fenced_transaction,
     fetch_and_lease,
-    hand_back,
     listen,
-    retry,
-    save_checkpoint,
     tenants_due,
 )
 

@@ -28,18 +28,21 @@ KindAction = Literal["pause", "resume"]
 MAX_KIND_ACTIONS = 100
 
 
-#: As resolutions.MAX_REASON_LENGTH: a reason is shown on every face, and a page of text is not a reason.
-MAX_NOTE_LENGTH = 500
+#: A reason longer than this is refused: it is shown on every face, and a page of text is not a reason.
+MAX_REASON_LENGTH = 500
 
 
 def check_note(reason: str | None) -> str | None:
-    """An optional reason, stripped (``None`` when empty), or ``InvalidParameter`` (code ``invalid_reason``)
-    when it is not printable text of at most ``MAX_NOTE_LENGTH`` characters."""
+    """An operator's reason, stripped (``None`` when empty), or ``InvalidParameter`` (code ``invalid_reason``)
+    when it is not printable text of at most ``MAX_REASON_LENGTH`` characters.
+
+    The one place that rule lives: every face (API, dashboard, CLI, bulk) checks a reason here, or through
+    ``resolutions.check_reason`` where one is required, before the action is taken."""
     text = (reason or "").strip()
     if not text:
         return None
-    if len(text) > MAX_NOTE_LENGTH or not text.isprintable():
-        raise InvalidParameter("reason", f"expected printable text of at most {MAX_NOTE_LENGTH} characters")
+    if len(text) > MAX_REASON_LENGTH or not text.isprintable():
+        raise InvalidParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     return text
 
 

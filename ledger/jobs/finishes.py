@@ -14,11 +14,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from ..db import Conn, error_kind
+from ..cluster.topology import SINGLE_NODE, Topology
+from ..db import Conn
+from ..error_kinds import error_kind
 from ..errors import LeaseLost, LedgerError
 from ..queries import Q
 from ..storable import storable_record, storable_text
-from ..topology import SINGLE_NODE, Topology
 from ..vocabulary import TERMINAL_STATES, JobState
 
 # How much of Postgres's refusal a stand-in terminal reason quotes.

@@ -5,15 +5,15 @@ random fencing token (never the last one + 1: a failover that lost WAL could han
 its own fenced transaction) matches the job id *and* that token in its WHERE clause, so a worker
 whose lease was reclaimed changes nothing and gets ``LeaseLost``.
 
-Heartbeats and given-up leases live in ``heartbeats``, terminal transitions in ``finishes`` and the
+The lease holder's fenced writes (a checkpoint, its own transaction, a retry, a hand-back) live in
+``fenced``, heartbeats and given-up leases in ``heartbeats``, terminal transitions in ``finishes`` and the
 operator's reads and actions in ``admin``; the room's facade (``ledger/jobs/__init__.py``) gathers the names
 callers use as ``jobs.…``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,16 +21,11 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
-from psycopg.types.json import Jsonb
 
-from .. import shards
+from ..cluster import shards
+from ..cluster.topology import SINGLE_NODE, Topology
 from ..db import Conn
-from ..errors import LeaseLost
 from ..queries import Q, without_cte
-from ..storable import storable_record
-from ..topology import SINGLE_NODE, Topology
-from ..vocabulary import JobState
-from .finishes import Reached
 
 __all__ = [
     "FETCH_LOCK_KEY_RETRIES",
@@ -38,12 +33,8 @@ __all__ = [
     "FETCH_SUPERSEDED_ROUNDS",
     "LOCK_KEY_INDEX",
     "Lease",
-    "fenced_transaction",
     "fetch_and_lease",
-    "hand_back",
     "listen",
-    "retry",
-    "save_checkpoint",
     "tenants_due",
 ]
 
@@ -343,127 +334,6 @@ async def _fetch_once(
         superseded,
         hooked_ids,
     )
-
-
-def _fenced(job_id: int, lease_token: int, row: Any) -> Any:
-    if row is None:
-        raise LeaseLost(job_id, lease_token)
-    return row
-
-
-async def save_checkpoint(
-    conn: Conn,
-    job_id: int,
-    lease_token: int,
-    checkpoint: Any,
-    *,
-    now: datetime | None = None,
-    tenant: str | None = None,
-) -> None:
-    """Commit a resume point for the job. Raises ``LeaseLost``. The job's ``tenant``, where known, lets Citus
-    route the write to one shard (every fenced write below takes it)."""
-    row = await (
-        await conn.execute(
-            Q["checkpoint_save_if_leased"],
-            {
-                "job_id": job_id,
-                "lease_token": lease_token,
-                "checkpoint": Jsonb(checkpoint),
-                "now": now,
-                "tenant": tenant,
-            },
-        )
-    ).fetchone()
-    _fenced(job_id, lease_token, row)
-
-
-@asynccontextmanager
-async def fenced_transaction(
-    conn: Conn, job_id: int, lease_token: int, *, tenant: str | None = None
-) -> AsyncIterator[Conn]:
-    """A transaction that holds the job's row lock under the current token, or raises ``LeaseLost``.
-
-    Whatever the caller writes inside commits only together with proof that the lease was still held;
-    a reclaim waits for the row lock, so it cannot slip in between the check and the commit.
-    """
-    async with conn.transaction():
-        row = await (
-            await conn.execute(
-                Q["lease_hold_if_leased"], {"job_id": job_id, "lease_token": lease_token, "tenant": tenant}
-            )
-        ).fetchone()
-        _fenced(job_id, lease_token, row)
-        yield conn
-
-
-def _reached(job_id: int, lease_token: int, row: Any) -> Reached:
-    row = _fenced(job_id, lease_token, row)
-    return Reached(JobState(row["state"]), row["terminal_reason"])
-
-
-async def retry(
-    conn: Conn,
-    job_id: int,
-    lease_token: int,
-    *,
-    delay: float,
-    error: dict[str, Any],
-    now: datetime | None = None,
-    tenant: str | None = None,
-    topology: Topology = SINGLE_NODE,
-) -> Reached:
-    """Give the job back for another attempt after ``delay`` seconds, fenced; ``cancelled`` if a cancel
-    was asked meanwhile. The attempt's error is stored with it. Raises ``LeaseLost``.
-
-    A retry due at once wakes the workers of its kind. Where ``topology.distributed`` the statement runs on the tenant's worker node, where its NOTIFY is heard by nobody, so
-    the wake-up is sent again from this session (the coordinator)."""
-    row = await (
-        await conn.execute(
-            Q["job_retry_if_leased"],
-            {
-                "job_id": job_id,
-                "lease_token": lease_token,
-                "delay": float(delay),
-                "error": Jsonb(storable_record(error)),
-                "now": now,
-                "tenant": tenant,
-            },
-        )
-    ).fetchone()
-    reached = _reached(job_id, lease_token, row)
-    if topology.distributed and delay <= 0 and reached.state == JobState.PENDING:
-        assert row is not None  # _reached raised LeaseLost otherwise
-        await conn.execute(Q["jobs_notify"], {"kinds": [row["kind"]]})
-    return reached
-
-
-async def hand_back(
-    conn: Conn,
-    job_id: int,
-    lease_token: int,
-    *,
-    poison_threshold: int,
-    by: str,
-    now: datetime | None = None,
-    tenant: str | None = None,
-) -> Reached:
-    """Hand the rest of the work back (slice budget spent or draining), fenced: re-queued at once, or
-    ``parked`` as poison after ``poison_threshold`` hand-backs in a row that committed nothing, or
-    ``cancelled`` if a cancel was asked. Raises ``LeaseLost``."""
-    row = await (
-        await conn.execute(
-            Q["job_hand_back_if_leased"],
-            {
-                "job_id": job_id,
-                "lease_token": lease_token,
-                "poison_threshold": poison_threshold,
-                "by": by,
-                "now": now,
-                "tenant": tenant,
-            },
-        )
-    ).fetchone()
-    return _reached(job_id, lease_token, row)
 
 
 async def listen(conn: Conn) -> None:

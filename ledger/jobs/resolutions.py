@@ -23,9 +23,6 @@ from ..vocabulary import JobState, RefusalCode
 from . import audit
 from .admin import Refused, routing
 
-#: A reason longer than this is refused: it is shown on every face, and a page of text is not a reason.
-MAX_REASON_LENGTH = 500
-
 
 @dataclass(frozen=True, slots=True)
 class Resolved:
@@ -46,13 +43,11 @@ class Resolved:
 
 
 def check_reason(reason: str | None) -> str:
-    """The reason, stripped, or ``InvalidParameter`` (code ``invalid_reason``): it is required, printable
-    and at most ``MAX_REASON_LENGTH`` characters."""
-    text = (reason or "").strip()
-    if not text:
+    """The reason, stripped, or ``InvalidParameter`` (code ``invalid_reason``): it is required, and otherwise
+    an operator's reason as ``audit.check_note`` has it (printable, at most ``audit.MAX_REASON_LENGTH``)."""
+    text = audit.check_note(reason)
+    if text is None:
         raise InvalidParameter("reason", "a reason is required to resolve a job by hand")
-    if len(text) > MAX_REASON_LENGTH or not text.isprintable():
-        raise InvalidParameter("reason", f"expected printable text of at most {MAX_REASON_LENGTH} characters")
     return text
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from ..cluster.topology import SINGLE_NODE, Topology
 from ..db import Conn
 from ..errors import LeaseLost, StepAlreadyRecorded
 from ..queries import Q
 from ..storable import storable_error
-from ..topology import SINGLE_NODE, Topology
 from ..vocabulary import StepStatus
 
 

@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .. import shards
+from ..cluster import shards
+from ..cluster.topology import SINGLE_NODE, Topology
 from ..db import Conn
 from ..queries import Q
-from ..topology import SINGLE_NODE, Topology
 from ..vocabulary import JobState
 
 DEFAULT_BATCH = 1000

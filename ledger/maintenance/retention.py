@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import shards
+from ..cluster import shards
+from ..cluster.topology import SINGLE_NODE, Topology
 from ..db import Conn
 from ..queries import Q
-from ..topology import SINGLE_NODE, Topology
 
 DAY = 86400.0
 DEFAULT_PAYLOADS = 30 * DAY

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ..cluster.topology import SINGLE_NODE, Topology
 from ..db import Conn
-from ..topology import SINGLE_NODE, Topology
 from .partitions import PartitionConfig, PartitionKeeper, PartitionResult
 from .rescuer import (
     DEFAULT_BATCH,

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import shards
+from ..cluster import shards
+from ..cluster.topology import SINGLE_NODE, Topology
 from ..db import Conn
 from ..queries import Q
-from ..topology import SINGLE_NODE, Topology
 
 DEFAULT_PENDING_TTL = 900.0
 DEFAULT_BATCH = 1000

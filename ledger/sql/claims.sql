@@ -207,7 +207,7 @@ SELECT EXISTS (
 -- the claims a gateway answered 2xx for that the new primary never received (gateway/ingress/acknowledged.py). One
 -- index-only scan of effects_tenant_key_unique, and on Citus a router statement to the tenant's shard. (A join of
 -- unnest() with effects was a hash anti-join reading all of effects at 50,000 keys, and Citus refuses one:
--- tests/integration/test_query_plans.py, tests/citus/test_ledger_on_citus.py.)
+-- tests/integration/ledger/test_query_plans.py, tests/citus/test_ledger_on_citus.py.)
 SELECT effect_key
 FROM effects
 WHERE tenant = %(tenant)s AND effect_key = ANY(%(keys)s::text[]);

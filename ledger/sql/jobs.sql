@@ -323,9 +323,8 @@ done AS (
 closed AS (
     UPDATE job_attempts a SET
         finished_at = (SELECT coalesce(%(now)s, now())),
-        -- Spelled out: the enum's cast to text is STABLE, which Citus refuses over a column in an UPDATE.
-        outcome = CASE WHEN done.state = 'succeeded' THEN 'succeeded' WHEN done.state = 'failed' THEN 'failed' WHEN done.state = 'parked' THEN 'parked'
-                     WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'pending' END,
+        -- What the job's new state makes of the attempt (migration 0028, the three attempt-closing statements' one rule).
+        outcome = job_attempt_outcome_v1(done.state, 'pending'),
         error_type = done.error ->> 'type',
         error_message = done.error ->> 'message',
         -- The rest of the record (code, HTTP status, the provider's request id, decline code), where known.
@@ -368,8 +367,7 @@ done AS (
 closed AS (
     UPDATE job_attempts a SET
         finished_at = (SELECT coalesce(%(now)s, now())),
-        outcome = CASE WHEN done.state = 'succeeded' THEN 'succeeded' WHEN done.state = 'failed' THEN 'failed' WHEN done.state = 'parked' THEN 'parked'
-                     WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'retry' END,
+        outcome = job_attempt_outcome_v1(done.state, 'retry'),
         error_type = %(error)s::jsonb ->> 'type',
         error_message = %(error)s::jsonb ->> 'message',
         error_facts = nullif(jsonb_strip_nulls(%(error)s::jsonb - 'type' - 'message' - 'traceback'), '{}'::jsonb),
@@ -428,8 +426,7 @@ done AS (
 closed AS (
     UPDATE job_attempts a SET
         finished_at = (SELECT coalesce(%(now)s, now())),
-        outcome = CASE WHEN done.state = 'succeeded' THEN 'succeeded' WHEN done.state = 'failed' THEN 'failed' WHEN done.state = 'parked' THEN 'parked'
-                     WHEN done.state = 'cancelled' THEN 'cancelled' WHEN done.state = 'pending' THEN 'handed_back' END
+        outcome = job_attempt_outcome_v1(done.state, 'handed_back')
     FROM done
     WHERE a.job_id = done.id AND a.tenant = done.tenant AND a.lease_token = done.lease_token
       AND (%(tenant)s::text IS NULL OR a.tenant = %(tenant)s)

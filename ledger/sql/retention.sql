@@ -42,7 +42,7 @@ locked AS (
 ),
 -- The writes below find their rows by id from an array (`= ANY(ARRAY(…))`), not by joining `locked`: with a
 -- batch of a thousand rows a planner may hash-join, which reads the whole of jobs and effects once per batch
--- (PostgreSQL 18 did, at 10^5 jobs: tests/integration/test_query_plans.py). On Citus (12.1.9) the locked rows
+-- (PostgreSQL 18 did, at 10^5 jobs: tests/integration/ledger/test_query_plans.py). On Citus (12.1.9) the locked rows
 -- cannot be joined at all: the FOR UPDATE subplan's result is written in one copy format and read back in
 -- another ("invalid input syntax for type bigint: PGCOPY"). So each effect's outcome comes as a pair of arrays
 -- in job order (`due`), and the clock as a column: Citus refuses now() inside an UPDATE's coalesce.

@@ -4,7 +4,7 @@
 
 For each size: a fresh ledger whose effects and jobs are written with INSERT … SELECT (84 % pending and due,
 five kinds, one of them paused, one job in four on a lock key, some held by running jobs; as
-tests/integration/test_query_plans.py builds it), analyzed. Then seven fetches of ``--limit`` jobs for the
+tests/integration/ledger/test_query_plans.py builds it), analyzed. Then seven fetches of ``--limit`` jobs for the
 four unpaused kinds, each under EXPLAIN ANALYZE and rolled back, in two shapes: as built, and with the paused
 kind's jobs made the oldest due ones (the day after an outage: a paused kind's backlog ahead of the rest).
 Prints the median execution time and the rows the plan read from ``jobs``. ``--sql`` runs the fetch of
@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 
 from effectgate.ledger.queries import Q, parse
 from tests.bench.reports import FILL
-from tests.integration.test_query_plans import JOBS
+from tests.integration.ledger.test_query_plans import JOBS
 
 from .common import drop_database, fresh_database, server_url
 

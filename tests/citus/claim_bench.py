@@ -19,10 +19,11 @@ import statistics
 import time
 import uuid
 
-from effectgate.ledger import db, topology
+from effectgate.ledger import db
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
+from effectgate.ledger.cluster import topology
+from effectgate.ledger.cluster.topology import SINGLE_NODE
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.topology import SINGLE_NODE
 from tests.topologies import CITUS
 
 from .ledger import distributed_ledger

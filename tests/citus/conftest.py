@@ -21,11 +21,6 @@ from effectgate.ledger import db
 from .ledger import own_ledger
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="session")
 def citus_url() -> str:
     url = os.environ.get("CITUS_URL")

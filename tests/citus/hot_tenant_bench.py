@@ -23,7 +23,8 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from effectgate.ledger import db, jobs, shards
+from effectgate.ledger import db, jobs
+from effectgate.ledger.cluster import shards
 from effectgate.ledger.jobs import leases
 from tests.topologies import CITUS
 

@@ -42,8 +42,9 @@ from typing import Any, cast
 
 import psycopg
 
-from effectgate.ledger import db, jobs, topology
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Delivery, EffectRequest, claim_deliveries
+from effectgate.ledger.cluster import topology
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.queries import Q
 from effectgate.ledger.vocabulary import JobState

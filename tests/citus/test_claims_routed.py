@@ -17,9 +17,10 @@ import psycopg_pool
 import pytest
 from psycopg.rows import DictRow, dict_row
 
-from effectgate.ledger import db, topology
+from effectgate.ledger import db
 from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import Accepted, Duplicate, Rejected, claim_deliveries
+from effectgate.ledger.cluster import topology
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.queries import Q
 from tests.topologies import CITUS

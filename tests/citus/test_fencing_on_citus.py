@@ -10,12 +10,12 @@ import pytest
 
 from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_deliveries
+from effectgate.ledger.cluster.topology import SINGLE_NODE
 from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.jobs.finishes import Finish, finish_many
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer
 from effectgate.ledger.maintenance.waker import PendingWaker, WakerConfig
-from effectgate.ledger.topology import SINGLE_NODE
 from effectgate.ledger.vocabulary import JobState, StepStatus
 from tests.topologies import CITUS
 

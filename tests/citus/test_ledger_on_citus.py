@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.ledger import db, jobs, topology
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import (
     Accepted,
     Delivery,
@@ -25,6 +25,7 @@ from effectgate.ledger.claims import (
     claim_delivery,
     effects_missing,
 )
+from effectgate.ledger.cluster import topology
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.paces import LedgerTurns
 from effectgate.ledger.queries import Q

@@ -6,7 +6,7 @@ of the cluster with ``pg_ctl stop -m immediate`` (as tests/citus/chaos_run.py do
 nodes' owner) and starts it again, in a ``finally``. The ledger is a schema of its own: its retention pass runs at
 a clock weeks ahead, which must not purge the rows of the other tests' schema.
 
-Before ledger/shards.py, each of these passes began with one read over every shard, which Citus fails whole while
+Before ledger/cluster/shards.py, each of these passes began with one read over every shard, which Citus fails whole while
 any node is down: the fetch below raised ``ConnectionFailure`` and leased nothing, for every tenant.
 """
 
@@ -20,8 +20,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from effectgate.gateway import metrics
-from effectgate.ledger import db, jobs, shards
+from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import Accepted, EffectRequest, claim_delivery
+from effectgate.ledger.cluster import shards
 from effectgate.ledger.jobs.finishes import Finish, finish_many
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer
 from effectgate.ledger.maintenance.retention import RetentionConfig, RetentionKeeper

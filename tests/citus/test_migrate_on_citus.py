@@ -1,4 +1,4 @@
-"""`effectgate migrate` alone distributes the ledger by tenant where it finds Citus (ledger/distribution.py).
+"""`effectgate migrate` alone distributes the ledger by tenant where it finds Citus (ledger/cluster/distribution.py).
 
 A fresh schema is migrated and distributed in one run, a second run changes nothing, a ledger distributed by the
 hand-run ``deploy/citus/distribute.sql`` of earlier releases is accepted (and given what it lacks, a colocation
@@ -21,8 +21,9 @@ import pytest
 from psycopg.rows import dict_row
 
 from effectgate.gateway.cli.migrate import SchemaBehind, wait_for_schema
-from effectgate.ledger import db, distribution, topology
+from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, claim_deliveries
+from effectgate.ledger.cluster import distribution, topology
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import migrate_and_distribute, script
 from effectgate.ledger.queries import Q

@@ -29,11 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 STARTUP_SECONDS = 20.0
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -32,7 +32,13 @@ def run(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess
     base = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "EFFECTGATE_DATABASE_URL", "EFFECTGATE_MIGRATION_WAIT")
+        if k
+        not in (
+            "DATABASE_URL",
+            "EFFECTGATE_DATABASE_URL",
+            "EFFECTGATE_MIGRATION_WAIT",
+            "EFFECTGATE_DATABASE__MIGRATION_WAIT",
+        )
     }
     return subprocess.run(
         [sys.executable, "-m", "effectgate.gateway.cli", *args],
@@ -216,7 +222,9 @@ def test_no_migrate_on_a_ledger_that_stays_behind_refuses_with_exit_2(
         f"effectgate: the ledger lacks migrations {', '.join(EVERY_MIGRATION)} after waiting 0s with "
         "--no-migrate: apply them first (`effectgate migrate`" in result.stderr
     )
-    assert "--migration-wait, EFFECTGATE_MIGRATION_WAIT or [database] migration_wait" in result.stderr
+    assert (
+        "--migration-wait, EFFECTGATE_DATABASE__MIGRATION_WAIT or [database] migration_wait" in result.stderr
+    )
     # It waited without writing: not even the migration table.
     with psycopg.connect(empty_db_url) as conn:
         assert conn.execute("SELECT to_regclass('effectgate.schema_migrations')").fetchone() == (None,)
@@ -238,12 +246,10 @@ def test_the_migration_wait_comes_from_the_environment_and_the_file(
         "--no-migrate",
         DATABASE_URL=empty_db_url,
         E2E_STRIPE_SECRET="x",
-        EFFECTGATE_MIGRATION_WAIT="soon",
+        EFFECTGATE_DATABASE__MIGRATION_WAIT="soon",
     )
     assert bad.returncode == 2
-    assert (
-        "effectgate: EFFECTGATE_MIGRATION_WAIT: expected a number of seconds >= 0, got 'soon'" in bad.stderr
-    )
+    assert "environment EFFECTGATE_DATABASE__MIGRATION_WAIT: expected a number, got 'soon'" in bad.stderr
 
 
 def test_a_no_migrate_worker_logs_while_it_waits_and_starts_once_someone_migrates(

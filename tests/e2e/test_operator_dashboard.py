@@ -27,7 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from effectgate.gateway.operator.auth import hash_token
 from effectgate.ledger import db
-from tests.integration.test_reports_seed import NOW, deliver, paid, seeded_database
+from tests.integration.reports_seed import NOW, deliver, paid, seeded_database
 
 from .processes import Process, free_port
 

@@ -29,11 +29,6 @@ pytestmark = pytest.mark.anyio
 __all__ = ["pool"]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def fake_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with serving("paypal_adyen", tmp_path_factory.mktemp("fake_paypal_adyen")) as url:

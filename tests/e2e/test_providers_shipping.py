@@ -38,11 +38,6 @@ ADDRESS = {"name": "Ada", "street1": "1 Main St", "city": "Berlin", "zip": "1011
 ORDER = "gid://shopify/Order/5001"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def easypost_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with serving("easypost", tmp_path_factory.mktemp("fake_easypost")) as url:

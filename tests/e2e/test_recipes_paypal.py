@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.unit.signatures.paypal_pki import Pki, iso
+from tests.unit.gateway.signatures.paypal_pki import Pki, iso
 
 from .processes import free_port
 from .recipe_stack import JobStates, recipe_stack

@@ -28,8 +28,8 @@ from svix.webhooks import Webhook as SvixWebhook
 from twilio.request_validator import RequestValidator
 
 from effectgate.gateway.signatures import body_event_id
-from tests.unit.signatures.paypal_pki import Pki, iso
-from tests.unit.signatures.signing import hex_mac, hmac_headers, shopify_headers, slack_headers
+from tests.unit.gateway.signatures.paypal_pki import Pki, iso
+from tests.unit.gateway.signatures.signing import hex_mac, hmac_headers, shopify_headers, slack_headers
 
 from .processes import Process, free_port
 from .schemes_cert_server import serve_certificates

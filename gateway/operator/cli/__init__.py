@@ -21,7 +21,7 @@ or a duration back from now (``30m``, ``24h``, ``7d``; reports default to the la
 bound), ``--limit`` is 1..1000 and ``--cursor`` is printed under a page that has more. Output is a table by default; ``--format json`` prints
 the same document as the HTTP API, ``--format csv`` the rows (``ledger show``: a timeline).
 
-Exit codes scripts can rely on:
+Exit codes scripts can rely on (``gateway/exit_codes.py``, every command's):
     0  done
     1  runtime failure (the database is unreachable)
     2  usage mistake: a bad flag or filter (the message names it and its code, e.g. invalid_since)
@@ -46,9 +46,9 @@ from __future__ import annotations
 import argparse
 
 from . import jobs, ledger
-from .command import EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, LedgerRunner
+from .command import LedgerRunner
 
-__all__ = ["EXIT_NOT_FOUND", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "register"]
+__all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], run_on_ledger: LedgerRunner) -> None:

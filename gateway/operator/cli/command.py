@@ -16,13 +16,10 @@ from effectgate.ledger import db, jobs
 from effectgate.ledger.reports import ReportSpec
 from effectgate.ledger.vocabulary import RefusalCode
 
+from ...exit_codes import EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from .. import documents, reporting
 from ..params import PARAMETER_ERRORS, BadParameter, parse_name
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_REFUSED = 4
 # How a parameter is called on the command line, where it is not --the-same-name.
 _FLAGS = {"job_id": "JOB_ID", "key": "KEY"}
 

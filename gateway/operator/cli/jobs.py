@@ -191,7 +191,7 @@ def no_filters(args: argparse.Namespace) -> None:
 async def cmd_jobs_pause(conn: db.Conn, args: argparse.Namespace, out: TextIO) -> None:
     kind = parse_name(args.kind, "kind")
     assert kind is not None
-    row = await filters.pause(conn, kind, by=operator_name(), reason=args.reason)
+    row = await filters.pause(conn, kind, by=operator_name(), reason=audit.check_note(args.reason))
     if args.format == "json":
         print_json(out, row)
     else:
@@ -236,8 +236,9 @@ async def cmd_jobs_cancel(conn: db.Conn, args: argparse.Namespace, out: TextIO) 
         return
     no_filters(args)
     job_id = parse_id(args.job_id, "job_id")
+    reason = audit.check_note(args.reason) or "cancelled by operator"  # before anything is imported
     import_handler_modules(args)
-    outcome = await control.cancel(conn, REGISTRY, job_id, by=operator_name(), reason=args.reason)
+    outcome = await control.cancel(conn, REGISTRY, job_id, by=operator_name(), reason=reason)
     if isinstance(outcome, jobs.Refused):
         raise refusal_error(outcome)
     if args.format == "json":

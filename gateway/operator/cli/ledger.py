@@ -15,12 +15,12 @@ from effectgate.ledger.jobs import filters
 from effectgate.ledger.maintenance import retention
 from effectgate.ledger.reports import AUTH_FAILURES, KEY_CONFLICTS, REFUSED_DELIVERIES, REPORTS, ReportSpec
 
+from ...exit_codes import EXIT_USAGE
 from .. import documents, reporting
 from ..params import BadParameter, parse_bulk_limit, parse_time
 from . import effect
 from .command import (
     EPILOG,
-    EXIT_USAGE,
     Command,
     LedgerRunner,
     format_flag,
