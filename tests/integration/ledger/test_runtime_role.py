@@ -19,7 +19,7 @@ from effectgate.gateway.cli import migrate as migrate_cli
 from effectgate.ledger import db
 from effectgate.ledger.maintenance.partitions import PartitionKeeper
 from effectgate.ledger.maintenance.scheduler import Reconciler
-from tests.integration.ledger.test_own_schema import _pipeline
+from tests.integration.ledger.kit_pipeline import run_pipeline
 
 pytestmark = pytest.mark.anyio
 
@@ -69,7 +69,7 @@ async def test_a_dml_only_role_runs_the_pipeline_maintenance_and_migrate_checks(
     assert await migrate_cli.run(runtime_url, 0, "check") == 0
     assert await migrate_cli.run(runtime_url, 0, "status") == 0
     assert await migrate_cli.run(runtime_url, 0, "apply") == 0  # up to date: nothing to create
-    await _pipeline(runtime_url, "as-runtime")
+    await run_pipeline(runtime_url, "as-runtime")
 
     conn = await db.connect(runtime_url)
     async with conn:
@@ -99,7 +99,7 @@ def test_the_operator_commands_run_as_the_runtime_role(
 ) -> None:
     import asyncio
 
-    asyncio.run(_pipeline(runtime_url, "ops-1"))
+    asyncio.run(run_pipeline(runtime_url, "ops-1"))
     monkeypatch.setenv("DATABASE_URL", runtime_url)
     monkeypatch.delenv("EFFECTGATE_DATABASE_URL", raising=False)
     since = ["--since", "30d"]

@@ -23,8 +23,14 @@ from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.jobs import audit
 from effectgate.ledger.jobs import filters as ledger_filters
 from effectgate.ledger.vocabulary import RefusalCode
-from tests.integration.gateway.operator.test_operator_api import OPERATE, check, gateway
-from tests.integration.gateway.operator.test_operator_dashboard import OPERATE_TOKEN, dashboard, text
+from tests.integration.gateway.operator.operator_app import (
+    OPERATE,
+    OPERATE_TOKEN,
+    check,
+    dashboard,
+    gateway,
+    text,
+)
 from tests.integration.jobs_fixtures import claim, connected, kind, make_worker, pool, registry
 
 __all__ = ["pool"]  # the fixture, imported for pytest
@@ -336,8 +342,8 @@ async def test_the_dashboard_confirms_a_replaying_redrive_and_shows_a_redriven_j
 @pytest.mark.anyio
 async def test_replay_records_who_claimed_the_job(db_url: str) -> None:
     from effectgate.handlers.actions.replay import replay_unmatched
-    from tests.integration.handlers.actions.test_replay_unmatched import day, delivery
-    from tests.integration.handlers.actions.test_replay_unmatched import registry as fulfil_registry
+    from tests.integration.handlers.actions.fulfil_registry import fulfil_registry
+    from tests.integration.ledger.maintenance.retention_rows import day, delivery
 
     async with connected(db_url) as conn:
         from effectgate.ledger.claims import claim_delivery

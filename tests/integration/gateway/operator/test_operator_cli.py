@@ -22,7 +22,7 @@ from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger.claims import claim_delivery
 from effectgate.ledger.refusals import RefusedEvent, keep_refused
 from tests.integration.jobs_fixtures import connected
-from tests.integration.ledger.maintenance.test_retention import delivery
+from tests.integration.ledger.maintenance.retention_rows import delivery
 from tests.integration.reports_seed import NOW, seeded_database
 
 WINDOW = ["--since", (NOW - timedelta(hours=24)).isoformat(), "--until", NOW.isoformat()]

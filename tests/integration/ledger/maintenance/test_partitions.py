@@ -16,7 +16,7 @@ from tests.integration.jobs_fixtures import (
     rolled_back_conn,  # noqa: F401   on one database per module)
     scalar,
 )
-from tests.integration.ledger.maintenance.test_retention import deliver, finished
+from tests.integration.ledger.maintenance.retention_rows import deliver, finished
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ from effectgate.ledger.claims import Accepted, Duplicate
 from effectgate.ledger.maintenance import retention
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 from tests.integration import jobs_fixtures as jf
-from tests.integration.ledger.maintenance.test_retention import day, deliver, effect, finished
+from tests.integration.ledger.maintenance.retention_rows import day, deliver, effect, finished
 
 pytestmark = pytest.mark.anyio
 
