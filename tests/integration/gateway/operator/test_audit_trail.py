@@ -31,9 +31,7 @@ from tests.integration.gateway.operator.operator_app import (
     gateway,
     text,
 )
-from tests.integration.jobs_fixtures import claim, connected, kind, make_worker, pool, registry
-
-__all__ = ["pool"]  # the fixture, imported for pytest
+from tests.integration.jobs_and_workers import claim, connected, kind, make_worker, registry
 
 REQUEST_ID = "req_8f2cA1"
 FACTS = {

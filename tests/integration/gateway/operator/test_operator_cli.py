@@ -21,7 +21,7 @@ from effectgate.gateway.operator.cli import command
 from effectgate.handlers.registry import REGISTRY
 from effectgate.ledger.claims import claim_delivery
 from effectgate.ledger.refusals import RefusedEvent, keep_refused
-from tests.integration.jobs_fixtures import connected
+from tests.integration.jobs_and_workers import connected
 from tests.integration.ledger.maintenance.retention_rows import delivery
 from tests.integration.reports_seed import NOW, seeded_database
 

@@ -13,15 +13,9 @@ from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, jobs
 from effectgate.ledger.jobs import filters
 from tests.integration.in_process_cli import run_cli
-from tests.integration.jobs_fixtures import (
-    at,
-    claim,
-    connected,
-    job,
-    lease_one,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-)
+from tests.integration.jobs_and_workers import at, claim, connected, job, lease_one
+
+pytestmark = pytest.mark.rolled_back
 
 
 async def failed(

@@ -14,14 +14,10 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import claim_delivery
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 from tests.integration.handlers.actions.fulfil_registry import fulfil_registry, noop
-from tests.integration.jobs_fixtures import (
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-    scalar,
-)
+from tests.integration.jobs_and_workers import scalar
 from tests.integration.ledger.maintenance.retention_rows import day, delivery
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 
 async def test_an_unmatched_delivery_is_claimed_by_a_replay_once_a_handler_exists(conn: db.Conn) -> None:
@@ -105,7 +101,7 @@ def test_the_cli_replays_unmatched_deliveries_of_a_source(
 
     from effectgate.handlers.registry import REGISTRY
     from tests.integration.in_process_cli import run_cli
-    from tests.integration.jobs_fixtures import connected
+    from tests.integration.jobs_and_workers import connected
 
     async def arrive() -> None:
         async with connected(db_url) as c:

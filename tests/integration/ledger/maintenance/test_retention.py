@@ -18,14 +18,10 @@ from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.maintenance import retention
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
-from tests.integration.jobs_fixtures import (
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-    scalar,
-)
+from tests.integration.jobs_and_workers import scalar
 from tests.integration.ledger.maintenance.retention_rows import day, deliver, effect, finished
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 NOW = datetime(2031, 1, 31, 12, 0, tzinfo=UTC)
 
