@@ -5,7 +5,6 @@ up-to-date ledger, and the operator commands."""
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,11 +13,11 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from effectgate.gateway import cli
 from effectgate.gateway.cli import migrate as migrate_cli
 from effectgate.ledger import db
 from effectgate.ledger.maintenance.partitions import PartitionKeeper
 from effectgate.ledger.maintenance.scheduler import Reconciler
+from tests.integration.in_process_cli import run_cli
 from tests.integration.ledger.kit_pipeline import run_pipeline
 
 pytestmark = pytest.mark.anyio
@@ -44,18 +43,6 @@ def runtime_url(db_url: str) -> Iterator[str]:
         admin.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")  # type: ignore[arg-type]
         admin.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
         admin.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        code = cli.main(list(argv))
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 async def test_the_runtime_role_cannot_create_in_the_schema(runtime_url: str) -> None:
@@ -119,7 +106,7 @@ def test_the_operator_commands_run_as_the_runtime_role(
         ["jobs", "resolve", "1", "--reason", "test", "--by", "ops"],
     ]
     for argv in commands:
-        code, out, err = run(capsys, *argv)
+        code, out, err = run_cli(capsys, *argv)
         print(" ".join(argv), "->", code)
         assert "permission denied" not in (out + err), (argv, err)
         # 4: the ledger's own refusal (a succeeded job is not redriven), an answer read and written as the role.
