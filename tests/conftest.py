@@ -93,11 +93,29 @@ def db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="module")
+def module_db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database shared by one test module: its single-connection tests each roll back
+    (tests/integration/conftest.py, ``rolled_back``), or one gateway process serves every test in it (the
+    end-to-end modules). Its URL names effectgate's schema as ``db_url``'s does."""
+    name = f"effectgate_m_{uuid.uuid4().hex[:12]}"
+    with _admin(pg_server_url) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield make_conninfo(database_url(pg_server_url, name), options=f"-c search_path={db.DEFAULT_SCHEMA}")
+    with _admin(pg_server_url) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
-async def conn(db_url: str) -> AsyncIterator[db.Conn]:
-    c = await db.connect(db_url)
-    async with c:
-        yield c
+async def pool(db_url: str) -> AsyncIterator[db.Pool]:
+    """An open pool on the test's own database (the integration tests' and the end-to-end tests' that run a
+    worker in the test's process)."""
+    p = db.make_pool(db_url, min_size=1, max_size=12, name="effectgate-test")
+    await p.open(wait=True)
+    try:
+        yield p
+    finally:
+        await p.close()
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 
 from effectgate.ledger.queries import Q, parse
 from tests.bench.reports import FILL
-from tests.integration.ledger.test_query_plans import JOBS
+from tests.integration.ledger.backlog_plans import JOBS
 
 from .common import drop_database, fresh_database, server_url
 

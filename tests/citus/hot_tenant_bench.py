@@ -28,8 +28,8 @@ from effectgate.ledger.cluster import shards
 from effectgate.ledger.jobs import leases
 from tests.topologies import CITUS
 
+from .hot_tenant import HOT, KIND, TTL, claim, hot_backlog, nodes, tenants
 from .ledger import distributed_ledger
-from .test_hot_tenant import HOT, KIND, TTL, claim, hot_backlog, nodes, tenants
 
 
 async def median_ms(rounds: int, op: Callable[[], Awaitable[object]]) -> float:

@@ -1,5 +1,7 @@
 """A fresh ledger on the cluster, the way the guide sets one up: `effectgate migrate` on the coordinator, which
-distributes it by tenant (deploy/README.md, "Past one Postgres"). Shared by the tests and the run scripts."""
+distributes it by tenant (deploy/README.md, "Past one Postgres"); moving shards and nodes under it; and what the
+tests write and read there: a delivery and an effect of a key, the claim statement's parameters, rows, a statement's
+plan and the nodes holding tenants' effects. Shared by the tests and the run scripts."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import pytest
 
 from effectgate.ledger import db
+from effectgate.ledger.claims import Delivery, EffectRequest
+from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.migrate import migrate
+from effectgate.ledger.queries import Q
 
 
 async def distributed_ledger(url: str, schema: str) -> None:
@@ -121,3 +127,69 @@ def preferred_transfer_mode(url: str, *also: str) -> str:
     """``auto`` (a logical move: every table of the ledger has a primary key, so a replica identity) when every
     node runs ``wal_level = logical``, else ``block_writes``, the only mode those nodes allow."""
     return "block_writes" if logical_wal(url, *also) else "auto"
+
+
+def delivery(tenant: str, key: str, amount: int = 100, request: str = "r") -> Delivery:
+    payload = {"type": "charge.succeeded", "key": key, "amount": amount}
+    return Delivery(
+        f"{request}-{key}",
+        tenant,
+        "stripe",
+        f"evt-{key}",
+        "charge.succeeded",
+        payload,
+        fingerprint(payload),
+        0,
+    )
+
+
+def effect(key: str) -> EffectRequest:
+    return EffectRequest(key, "charge", 5, "redrive")
+
+
+async def rows(conn: db.Conn, query: str, *params: Any) -> list[dict[str, Any]]:
+    return await (await conn.execute(query, params or None)).fetchall()  # type: ignore[arg-type]
+
+
+async def nodes_holding(conn: db.Conn, schema: str, tenants: list[str]) -> int:
+    """How many worker nodes hold the effects shards of ``tenants``."""
+    [row] = await rows(
+        conn,
+        "SELECT count(DISTINCT s.nodeport) AS nodes FROM effects e"
+        " JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column(%s::regclass, e.tenant)"
+        " WHERE e.tenant = ANY(%s)",
+        f'"{schema}".effects',
+        tenants,
+    )
+    return int(row["nodes"])
+
+
+def claim_params(tenant: str, key: str) -> dict[str, Any]:
+    """``effect_claim_batch``'s parameters for one new key, as ledger/claims.py sends them."""
+    return {
+        "ord": [0],
+        "request_id": ["r"],
+        "tenant": [tenant],
+        "effect_key": [key],
+        "source": ["stripe"],
+        "handler": ["charge"],
+        "event_id": ["e"],
+        "event_type": ["charge.succeeded"],
+        "fingerprint": ["f"],
+        "payload_ix": [1],
+        "max_attempts": [5],
+        "orphan_policy": ["redrive"],
+        "lock_key": [None],
+        "secret_index": [0],
+        "version": [None],
+        "trace_parent": [None],
+        "payloads": ['{"a": 1}'],
+        "now": None,
+    }
+
+
+async def explain(conn: db.Conn, name: str, params: dict[str, Any]) -> str:
+    async with conn.transaction(force_rollback=True):
+        cur = await conn.execute("EXPLAIN " + Q[name], params)  # type: ignore[operator]
+        plan = await cur.fetchall()
+    return "\n".join(next(iter(r.values())) for r in plan)

@@ -21,7 +21,7 @@ from effectgate.ledger.claim_batcher import ClaimBatcher
 from effectgate.ledger.claims import Accepted
 from effectgate.ledger.handle import Ledger
 
-from .test_ledger_on_citus import delivery, effect
+from .ledger import delivery, effect
 
 pytestmark = pytest.mark.anyio
 

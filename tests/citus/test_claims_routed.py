@@ -25,7 +25,7 @@ from effectgate.ledger.handle import Ledger
 from effectgate.ledger.queries import Q
 from tests.topologies import CITUS
 
-from .test_ledger_on_citus import claim_params, delivery, effect, rows
+from .ledger import claim_params, delivery, effect, rows
 
 pytestmark = pytest.mark.anyio
 

@@ -19,7 +19,7 @@ from effectgate.ledger.maintenance.waker import PendingWaker, WakerConfig
 from effectgate.ledger.vocabulary import JobState, StepStatus
 from tests.topologies import CITUS
 
-from .test_ledger_on_citus import delivery, rows
+from .ledger import delivery, rows
 
 pytestmark = pytest.mark.anyio
 

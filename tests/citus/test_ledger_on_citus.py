@@ -18,18 +18,16 @@ import pytest
 from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import (
     Accepted,
-    Delivery,
     Duplicate,
-    EffectRequest,
     Rejected,
     claim_delivery,
     effects_missing,
 )
 from effectgate.ledger.cluster import topology
-from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.paces import LedgerTurns
-from effectgate.ledger.queries import Q
 from tests.topologies import CITUS
+
+from .ledger import claim_params, delivery, effect, explain, rows
 
 pytestmark = pytest.mark.anyio
 
@@ -45,41 +43,6 @@ DISTRIBUTED = {
     "effect_rejects",
 }
 REFERENCE = {"paused_kinds", "kind_actions"}
-
-
-def delivery(tenant: str, key: str, amount: int = 100, request: str = "r") -> Delivery:
-    payload = {"type": "charge.succeeded", "key": key, "amount": amount}
-    return Delivery(
-        f"{request}-{key}",
-        tenant,
-        "stripe",
-        f"evt-{key}",
-        "charge.succeeded",
-        payload,
-        fingerprint(payload),
-        0,
-    )
-
-
-def effect(key: str) -> EffectRequest:
-    return EffectRequest(key, "charge", 5, "redrive")
-
-
-async def rows(conn: db.Conn, query: str, *params: Any) -> list[dict[str, Any]]:
-    return await (await conn.execute(query, params or None)).fetchall()  # type: ignore[arg-type]
-
-
-async def nodes_holding(conn: db.Conn, schema: str, tenants: list[str]) -> int:
-    """How many worker nodes hold the effects shards of ``tenants``."""
-    [row] = await rows(
-        conn,
-        "SELECT count(DISTINCT s.nodeport) AS nodes FROM effects e"
-        " JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column(%s::regclass, e.tenant)"
-        " WHERE e.tenant = ANY(%s)",
-        f'"{schema}".effects',
-        tenants,
-    )
-    return int(row["nodes"])
 
 
 async def test_the_ledger_is_distributed_by_tenant_and_colocated(conn: db.Conn, citus_schema: str) -> None:
@@ -182,37 +145,6 @@ async def test_tenants_spread_over_the_worker_nodes(conn: db.Conn, citus_schema:
     print("tenants of key 'spread' per worker node:", {r["nodeport"]: r["tenants"] for r in placed})
     # Two or more nodes (cluster.sh starts two workers; rebalance_run.py may have added more).
     assert len(placed) >= 2 and sum(r["tenants"] for r in placed) == 40
-
-
-def claim_params(tenant: str, key: str) -> dict[str, Any]:
-    """``effect_claim_batch``'s parameters for one new key, as ledger/claims.py sends them."""
-    return {
-        "ord": [0],
-        "request_id": ["r"],
-        "tenant": [tenant],
-        "effect_key": [key],
-        "source": ["stripe"],
-        "handler": ["charge"],
-        "event_id": ["e"],
-        "event_type": ["charge.succeeded"],
-        "fingerprint": ["f"],
-        "payload_ix": [1],
-        "max_attempts": [5],
-        "orphan_policy": ["redrive"],
-        "lock_key": [None],
-        "secret_index": [0],
-        "version": [None],
-        "trace_parent": [None],
-        "payloads": ['{"a": 1}'],
-        "now": None,
-    }
-
-
-async def explain(conn: db.Conn, name: str, params: dict[str, Any]) -> str:
-    async with conn.transaction(force_rollback=True):
-        cur = await conn.execute("EXPLAIN " + Q[name], params)  # type: ignore[operator]
-        plan = await cur.fetchall()
-    return "\n".join(next(iter(r.values())) for r in plan)
 
 
 async def test_a_lookup_by_tenant_and_key_is_a_router_plan(conn: db.Conn) -> None:

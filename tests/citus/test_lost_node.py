@@ -33,8 +33,7 @@ from tests.prometheus import value
 from tests.topologies import CITUS
 
 from .chaos_run import node_data_dir, pg_ctl
-from .ledger import own_ledger_fixtures
-from .test_ledger_on_citus import delivery
+from .ledger import delivery, own_ledger_fixtures
 
 pytestmark = pytest.mark.anyio
 

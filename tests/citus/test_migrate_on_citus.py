@@ -29,7 +29,7 @@ from effectgate.ledger.migrate import migrate_and_distribute, script
 from effectgate.ledger.queries import Q
 from tests.topologies import CITUS
 
-from .test_ledger_on_citus import claim_params, delivery, effect
+from .ledger import claim_params, delivery, effect
 
 pytestmark = pytest.mark.anyio
 

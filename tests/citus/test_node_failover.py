@@ -28,8 +28,7 @@ from tests.e2e.processes import free_port
 from tests.topologies import CITUS
 
 from .chaos_run import PG_BIN, node_data_dir, pg_ctl
-from .ledger import own_ledger_fixtures
-from .test_ledger_on_citus import delivery
+from .ledger import delivery, own_ledger_fixtures
 
 pytestmark = pytest.mark.anyio
 

@@ -20,7 +20,7 @@ from effectgate.ledger.jobs.resolutions import Resolved, resolve
 from effectgate.ledger.vocabulary import JobState, RefusalCode
 from tests.topologies import CITUS
 
-from .test_ledger_on_citus import delivery, explain
+from .ledger import delivery, explain
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ from effectgate.ledger.maintenance.partitions import PartitionConfig, PartitionK
 from effectgate.ledger.maintenance.retention import RetentionConfig
 from tests.topologies import CITUS
 
-from .test_ledger_on_citus import delivery, effect, rows
+from .ledger import delivery, effect, rows
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from effectgate.ledger.reports import BY_NAME, views
 from effectgate.ledger.reports.spec import ReportQuery, run
 from tests.topologies import CITUS
 
-from .test_ledger_on_citus import delivery, effect, nodes_holding, rows
+from .ledger import delivery, effect, nodes_holding, rows
 
 pytestmark = pytest.mark.anyio
 

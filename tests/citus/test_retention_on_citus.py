@@ -25,7 +25,7 @@ from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
 from effectgate.ledger.vocabulary import JobState
 from tests.topologies import CITUS
 
-from .test_ledger_on_citus import delivery, explain, nodes_holding, rows
+from .ledger import delivery, explain, nodes_holding, rows
 
 pytestmark = pytest.mark.anyio
 

@@ -24,7 +24,7 @@ from effectgate.ledger.jobs import leases
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
 from tests.topologies import CITUS
 
-from .test_ledger_on_citus import delivery, explain
+from .ledger import delivery, explain
 
 pytestmark = pytest.mark.anyio
 

@@ -1,8 +1,11 @@
-"""The end-to-end stack: the gateway, workers and fake providers as real processes on loopback."""
+"""The end-to-end stack: the gateway, workers and fake providers as real processes on loopback; and the wheel as a
+user installs it (``installed``)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import venv
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,7 @@ import pytest
 import stripe
 from psycopg.rows import dict_row
 
+from .installed_wheel import Installed, build_checkout
 from .processes import Process, free_port, wait_until
 
 SECRET = "whsec_e2e_secret"
@@ -165,3 +169,25 @@ timeout = 5
     finally:
         for proc in reversed(s.processes):
             proc.stop()
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel installed in a fresh virtual environment, once per session (per pytest-xdist worker)."""
+    base = tmp_path_factory.mktemp("wheel")
+    dist = base / "dist"
+    # As a release builds it: the sdist, then the wheel from the unpacked sdist. A wheel built straight from
+    # the checkout takes setuptools' build/lib as it finds it, and after a module moved that still held the
+    # old module: the wheel carried both.
+    build_checkout("--outdir", str(dist))
+    (wheel,) = dist.glob("effectgate-*.whl")
+    env_dir = base / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    # pytest beside the wheel, as a user's CI has it: the testing kit's plugin needs it, nothing else does.
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel), "pytest"],
+        check=True,
+        capture_output=True,
+    )
+    return Installed(wheel, python, env_dir / "bin" / "effectgate")

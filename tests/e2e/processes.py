@@ -1,4 +1,5 @@
-"""Real effectgate processes for end-to-end tests: started on free loopback ports, stopped afterwards."""
+"""Real effectgate processes for end-to-end tests: started on free loopback ports, stopped afterwards; and one-shot
+commands run to completion (``run``, ``run_without_database``)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,38 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str =
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """``effectgate ARGS`` as a child process with the test's environment and the tree on PYTHONPATH."""
+    return subprocess.run(
+        [sys.executable, "-m", "effectgate.gateway.cli", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def run_without_database(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    """``effectgate ARGS`` with no database variable of the test's environment, unless given."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "DATABASE_URL",
+            "EFFECTGATE_DATABASE_URL",
+            "EFFECTGATE_MIGRATION_WAIT",
+            "EFFECTGATE_DATABASE__MIGRATION_WAIT",
+        )
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "effectgate.gateway.cli", *args],
+        cwd=cwd,
+        env={**base, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

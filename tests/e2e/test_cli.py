@@ -11,22 +11,11 @@ from pathlib import Path
 
 import httpx
 
-from .processes import ROOT, free_port, wait_until
+from .processes import ROOT, free_port, run, wait_until
 
 # serve and worker refuse to start without DATABASE_URL; these tests are about the configuration, which
 # is checked before any connection is tried.
 UNUSED_DATABASE_URL = "postgresql://nobody@127.0.0.1:1/unused"
-
-
-def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "effectgate.gateway.cli", *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_a_missing_configuration_file_is_exit_2_with_the_path_and_no_traceback(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from .attacked_gateway import Gateway, genuine, read_to_close, send_raw, serving
 from .processes import wait_until
-from .test_penalty_box import Gateway, genuine, read_to_close, send_raw, serving
 
 CONFIG = """
 [handlers]

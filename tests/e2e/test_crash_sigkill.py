@@ -13,7 +13,7 @@ import pytest
 from effectgate.ledger import jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from tests.e2e import crash_worker
-from tests.integration.jobs_fixtures import claim, connected, job, later
+from tests.integration.jobs_and_workers import claim, connected, job, later
 
 pytestmark = pytest.mark.anyio
 

@@ -11,8 +11,7 @@ import pytest
 
 from effectgate.ledger.migrate import discover
 
-from .processes import Process, free_port
-from .test_cli import run
+from .processes import Process, free_port, run
 
 TOKEN = "deploy-view-token-0123456789"
 CONFIG = """

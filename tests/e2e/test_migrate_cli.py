@@ -6,9 +6,6 @@ while pending), ``--print-sql`` applied by hand and then the whole pipeline on t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,37 +18,14 @@ from effectgate.ledger.migrate import discover
 
 from ..conftest import _admin, database_url
 from .conftest import Stack, event
-from .processes import ROOT, Process, wait_until
+from .processes import Process, run_without_database, wait_until
 
 EVERY_MIGRATION = [m.name for m in discover()]
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/unreachable"
 
 
-def run(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
-    """``effectgate ARGS`` with no database variable of the test's environment, unless given."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in (
-            "DATABASE_URL",
-            "EFFECTGATE_DATABASE_URL",
-            "EFFECTGATE_MIGRATION_WAIT",
-            "EFFECTGATE_DATABASE__MIGRATION_WAIT",
-        )
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "effectgate.gateway.cli", *args],
-        cwd=cwd,
-        env={**base, "PYTHONPATH": str(ROOT), **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def printed_sql(url: str) -> str:
-    result = run("migrate", "--print-sql", "--database-url", url)
+    result = run_without_database("migrate", "--print-sql", "--database-url", url)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -60,11 +34,11 @@ def printed_sql(url: str) -> str:
 
 
 def test_status_and_check_on_an_empty_then_a_migrated_ledger(empty_db_url: str) -> None:
-    check = run("migrate", "--check", DATABASE_URL=empty_db_url)
+    check = run_without_database("migrate", "--check", DATABASE_URL=empty_db_url)
     assert check.returncode == 5, check.stderr
     assert check.stdout.strip() == "pending: " + ", ".join(EVERY_MIGRATION)
 
-    table = run("migrate", "--status", DATABASE_URL=empty_db_url)
+    table = run_without_database("migrate", "--status", DATABASE_URL=empty_db_url)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["MIGRATION", "STATUS", "APPLIED", "AT"]
@@ -76,10 +50,12 @@ def test_status_and_check_on_an_empty_then_a_migrated_ledger(empty_db_url: str) 
     with psycopg.connect(empty_db_url) as conn:
         assert conn.execute("SELECT to_regclass('effectgate.schema_migrations')").fetchone() == (None,)
 
-    assert run("migrate", DATABASE_URL=empty_db_url).returncode == 0
-    check = run("migrate", "--check", DATABASE_URL=empty_db_url)
+    assert run_without_database("migrate", DATABASE_URL=empty_db_url).returncode == 0
+    check = run_without_database("migrate", "--check", DATABASE_URL=empty_db_url)
     assert (check.returncode, check.stdout.strip()) == (0, f"up to date ({len(EVERY_MIGRATION)} applied)")
-    document = json.loads(run("migrate", "--status", "--format", "json", DATABASE_URL=empty_db_url).stdout)
+    document = json.loads(
+        run_without_database("migrate", "--status", "--format", "json", DATABASE_URL=empty_db_url).stdout
+    )
     assert document["up_to_date"] is True and document["pending"] == []
     assert [m["name"] for m in document["migrations"]] == EVERY_MIGRATION
     assert all(m["status"] == "applied" and m["applied_at"] for m in document["migrations"])
@@ -90,14 +66,16 @@ def test_check_names_a_migration_the_database_lacks_after_an_upgrade(db_url: str
     newest = EVERY_MIGRATION[-1]
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("DELETE FROM schema_migrations WHERE name = %s", (newest,))
-    check = run("migrate", "--check", DATABASE_URL=db_url)
+    check = run_without_database("migrate", "--check", DATABASE_URL=db_url)
     assert (check.returncode, check.stdout.strip()) == (5, f"pending: {newest}")
-    status = json.loads(run("migrate", "--status", "--format", "json", DATABASE_URL=db_url).stdout)
+    status = json.loads(
+        run_without_database("migrate", "--status", "--format", "json", DATABASE_URL=db_url).stdout
+    )
     assert status["up_to_date"] is False and status["pending"] == [newest]
 
 
 def test_format_json_goes_with_status_only() -> None:
-    result = run("migrate", "--check", "--format", "json", DATABASE_URL=UNREACHABLE)
+    result = run_without_database("migrate", "--check", "--format", "json", DATABASE_URL=UNREACHABLE)
     assert result.returncode == 2
     assert "effectgate: --format: only with --status" in result.stderr
 
@@ -126,11 +104,11 @@ def db_url(pg_server_url: str) -> Iterator[str]:
 def test_the_printed_sql_applied_by_hand_leaves_migrate_nothing_to_do_and_the_pipeline_runs(
     stack: Stack,
 ) -> None:
-    check = run("migrate", "--check", DATABASE_URL=stack.db_url)
+    check = run_without_database("migrate", "--check", DATABASE_URL=stack.db_url)
     assert (check.returncode, check.stdout.strip()) == (0, f"up to date ({len(EVERY_MIGRATION)} applied)")
-    again = run("migrate", DATABASE_URL=stack.db_url)
+    again = run_without_database("migrate", DATABASE_URL=stack.db_url)
     assert (again.returncode, again.stdout.strip()) == (0, "up to date")
-    nothing = run("migrate", "--print-sql", DATABASE_URL=stack.db_url)
+    nothing = run_without_database("migrate", "--print-sql", DATABASE_URL=stack.db_url)
     assert (nothing.returncode, nothing.stdout) == (0, "")
 
     # The gateway of the stack runs --no-migrate on it; a worker too.
@@ -165,7 +143,7 @@ def test_the_printed_sql_records_what_migrate_records_and_refuses_to_run_twice(
         admin.execute(f'CREATE DATABASE "{other}"')
     try:
         other_url = database_url(pg_server_url, other)
-        assert run("migrate", DATABASE_URL=other_url).returncode == 0
+        assert run_without_database("migrate", DATABASE_URL=other_url).returncode == 0
         with psycopg.connect(other_url) as conn:
             by_migrate = conn.execute(
                 "SELECT name, checksum FROM effectgate.schema_migrations ORDER BY name"
@@ -179,7 +157,7 @@ def test_the_printed_sql_records_what_migrate_records_and_refuses_to_run_twice(
 def test_a_printed_script_for_a_database_one_release_behind_holds_only_the_missing_migration(
     empty_db_url: str, tmp_path: Path
 ) -> None:
-    assert run("migrate", DATABASE_URL=empty_db_url).returncode == 0
+    assert run_without_database("migrate", DATABASE_URL=empty_db_url).returncode == 0
     newest = discover()[-1]
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute("DELETE FROM effectgate.schema_migrations WHERE name = %s", (newest.name,))
@@ -206,7 +184,7 @@ def _project(tmp_path: Path) -> Path:
 def test_no_migrate_on_a_ledger_that_stays_behind_refuses_with_exit_2(
     command: str, empty_db_url: str, tmp_path: Path
 ) -> None:
-    result = run(
+    result = run_without_database(
         command,
         "--config",
         str(_project(tmp_path)),
@@ -235,11 +213,11 @@ def test_the_migration_wait_comes_from_the_environment_and_the_file(
 ) -> None:
     config = _project(tmp_path)
     config.write_text(config.read_text() + "\n[database]\nmigration_wait = 0\n")
-    from_file = run(
+    from_file = run_without_database(
         "worker", "--config", str(config), "--no-migrate", DATABASE_URL=empty_db_url, E2E_STRIPE_SECRET="x"
     )
     assert from_file.returncode == 2 and "after waiting 0s" in from_file.stderr
-    bad = run(
+    bad = run_without_database(
         "worker",
         "--config",
         str(config),
@@ -272,7 +250,7 @@ def test_a_no_migrate_worker_logs_while_it_waits_and_starts_once_someone_migrate
         line = next(x for x in worker.log().splitlines() if '"schema.migrations_pending"' in x)
         assert json.loads(line)["pending"] == EVERY_MIGRATION
 
-        assert run("migrate", DATABASE_URL=empty_db_url).returncode == 0
+        assert run_without_database("migrate", DATABASE_URL=empty_db_url).returncode == 0
         worker.wait_log("worker.started", timeout=60)
         assert '"schema.up_to_date"' in worker.log()
     finally:
@@ -293,7 +271,7 @@ def test_commands_without_a_database_url_refuse_and_never_start_an_embedded_post
     home = tmp_path / "home"
     config = tmp_path / "effectgate.toml"
     config.write_text('[sources.shop]\nscheme = "stripe"\nsecrets = ["E2E_STRIPE_SECRET"]\n')
-    result = run(
+    result = run_without_database(
         *argv,
         cwd=tmp_path,
         EFFECTGATE_HOME=str(home),
@@ -309,9 +287,11 @@ def test_commands_without_a_database_url_refuse_and_never_start_an_embedded_post
 
 
 def test_effectgate_database_url_wins_over_database_url_and_the_flag_over_both(empty_db_url: str) -> None:
-    chosen = run("migrate", "--check", EFFECTGATE_DATABASE_URL=empty_db_url, DATABASE_URL=UNREACHABLE)
+    chosen = run_without_database(
+        "migrate", "--check", EFFECTGATE_DATABASE_URL=empty_db_url, DATABASE_URL=UNREACHABLE
+    )
     assert chosen.returncode == 5, chosen.stderr
-    flag = run(
+    flag = run_without_database(
         "migrate",
         "--check",
         "--database-url",
@@ -321,14 +301,16 @@ def test_effectgate_database_url_wins_over_database_url_and_the_flag_over_both(e
     )
     assert flag.returncode == 5, flag.stderr
     # The generic variable alone is still honoured; a bad one is named in the message.
-    assert run("migrate", "--check", DATABASE_URL=empty_db_url).returncode == 5
-    bad = run("migrate", "--check", EFFECTGATE_DATABASE_URL="not a url", DATABASE_URL=empty_db_url)
+    assert run_without_database("migrate", "--check", DATABASE_URL=empty_db_url).returncode == 5
+    bad = run_without_database(
+        "migrate", "--check", EFFECTGATE_DATABASE_URL="not a url", DATABASE_URL=empty_db_url
+    )
     assert bad.returncode == 2
     assert "effectgate: EFFECTGATE_DATABASE_URL: not a valid PostgreSQL connection URL" in bad.stderr
 
 
 def test_embedded_and_a_url_flag_together_is_a_usage_error(tmp_path: Path) -> None:
-    result = run(
+    result = run_without_database(
         "migrate", "--embedded", "--database-url", UNREACHABLE, EFFECTGATE_HOME=str(tmp_path / "home")
     )
     assert result.returncode == 2
@@ -337,21 +319,26 @@ def test_embedded_and_a_url_flag_together_is_a_usage_error(tmp_path: Path) -> No
 
 def test_migrate_embedded_migrates_the_embedded_ledger_of_up_and_stops_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    applied = run("migrate", "--embedded", cwd=tmp_path, EFFECTGATE_HOME=str(home))
+    applied = run_without_database("migrate", "--embedded", cwd=tmp_path, EFFECTGATE_HOME=str(home))
     assert applied.returncode == 0, applied.stderr
     assert applied.stdout.strip() == "applied: " + ", ".join(EVERY_MIGRATION)
-    check = run("migrate", "--check", "--embedded", cwd=tmp_path, EFFECTGATE_HOME=str(home))
+    check = run_without_database("migrate", "--check", "--embedded", cwd=tmp_path, EFFECTGATE_HOME=str(home))
     assert (check.returncode, check.stdout.strip()) == (0, f"up to date ({len(EVERY_MIGRATION)} applied)")
     # The last process to leave stopped the server it started.
     assert not (home / "pgdata" / "postmaster.pid").exists()
 
 
 def test_effectgate_schema_names_the_schema_and_a_bad_name_is_refused(empty_db_url: str) -> None:
-    assert run("migrate", DATABASE_URL=empty_db_url, EFFECTGATE_SCHEMA="ledger_x").returncode == 0
-    check = run("migrate", "--check", DATABASE_URL=empty_db_url, EFFECTGATE_SCHEMA="ledger_x")
+    assert (
+        run_without_database("migrate", DATABASE_URL=empty_db_url, EFFECTGATE_SCHEMA="ledger_x").returncode
+        == 0
+    )
+    check = run_without_database(
+        "migrate", "--check", DATABASE_URL=empty_db_url, EFFECTGATE_SCHEMA="ledger_x"
+    )
     assert (check.returncode, check.stdout.strip()) == (0, f"up to date ({len(EVERY_MIGRATION)} applied)")
     # The default schema was never made: everything is in ledger_x.
-    other = run("migrate", "--check", DATABASE_URL=empty_db_url)
+    other = run_without_database("migrate", "--check", DATABASE_URL=empty_db_url)
     assert other.returncode == 5
     with psycopg.connect(empty_db_url) as conn:
         row = conn.execute(
@@ -359,6 +346,6 @@ def test_effectgate_schema_names_the_schema_and_a_bad_name_is_refused(empty_db_u
         ).fetchone()
     assert row == (True, True)
 
-    bad = run("migrate", "--check", DATABASE_URL=empty_db_url, EFFECTGATE_SCHEMA="pg_mine")
+    bad = run_without_database("migrate", "--check", DATABASE_URL=empty_db_url, EFFECTGATE_SCHEMA="pg_mine")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "EFFECTGATE_SCHEMA: names starting with pg_ are reserved by Postgres" in bad.stderr

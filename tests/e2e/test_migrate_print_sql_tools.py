@@ -24,7 +24,7 @@ from psycopg.conninfo import make_conninfo
 from effectgate.ledger.migrate import discover
 
 from ..conftest import _admin, database_url
-from .test_migrate_cli import run
+from .processes import run_without_database
 
 EVERY_MIGRATION = [m.name for m in discover()]
 UP_TO_DATE = (0, f"up to date ({len(EVERY_MIGRATION)} applied)")
@@ -68,7 +68,7 @@ def reference_url(pg_server_url: str) -> Iterator[str]:
     with _admin(pg_server_url) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = database_url(pg_server_url, name)
-    assert run("migrate", EFFECTGATE_DATABASE_URL=url).returncode == 0
+    assert run_without_database("migrate", EFFECTGATE_DATABASE_URL=url).returncode == 0
     yield url
     with _admin(pg_server_url) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -95,7 +95,7 @@ def test_psql_single_transaction_as_an_owner_of_a_precreated_schema_without_crea
             # What the script opened with before: refused to this role although the schema exists.
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute("CREATE SCHEMA IF NOT EXISTS effectgate")
-        printed = run("migrate", "--print-sql", EFFECTGATE_DATABASE_URL=owner)
+        printed = run_without_database("migrate", "--print-sql", EFFECTGATE_DATABASE_URL=owner)
         assert printed.returncode == 0, printed.stderr
         script = tmp_path / "V42__effectgate.sql"
         script.write_text(printed.stdout)
@@ -103,7 +103,7 @@ def test_psql_single_transaction_as_an_owner_of_a_precreated_schema_without_crea
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
 
-        check = run("migrate", "--check", EFFECTGATE_DATABASE_URL=owner)
+        check = run_without_database("migrate", "--check", EFFECTGATE_DATABASE_URL=owner)
         assert (check.returncode, check.stdout.strip()) == UP_TO_DATE, check.stderr
         assert catalog(empty_db_url) == catalog(reference_url)
         with psycopg.connect(empty_db_url) as c:
@@ -174,7 +174,7 @@ def upgrade():
 def test_one_alembic_revision_runs_the_script_with_op_execute_in_alembics_transaction(
     empty_db_url: str, reference_url: str, tmp_path: Path
 ) -> None:
-    printed = run("migrate", "--print-sql", EFFECTGATE_DATABASE_URL=empty_db_url)
+    printed = run_without_database("migrate", "--print-sql", EFFECTGATE_DATABASE_URL=empty_db_url)
     assert printed.returncode == 0, printed.stderr
     script = tmp_path / "effectgate.sql"
     script.write_text(printed.stdout)
@@ -195,7 +195,7 @@ def test_one_alembic_revision_runs_the_script_with_op_execute_in_alembics_transa
     )
     assert upgrade.returncode == 0, upgrade.stderr
 
-    check = run("migrate", "--check", EFFECTGATE_DATABASE_URL=empty_db_url)
+    check = run_without_database("migrate", "--check", EFFECTGATE_DATABASE_URL=empty_db_url)
     assert (check.returncode, check.stdout.strip()) == UP_TO_DATE, check.stderr
     assert catalog(empty_db_url) == catalog(reference_url)
     with psycopg.connect(empty_db_url) as c:
@@ -210,7 +210,7 @@ def test_one_alembic_revision_runs_the_script_with_op_execute_in_alembics_transa
 def test_psql_without_one_transaction_is_refused_before_any_table_is_created(
     empty_db_url: str, tmp_path: Path
 ) -> None:
-    printed = run("migrate", "--print-sql", EFFECTGATE_DATABASE_URL=empty_db_url)
+    printed = run_without_database("migrate", "--print-sql", EFFECTGATE_DATABASE_URL=empty_db_url)
     script = tmp_path / "effectgate.sql"
     script.write_text(printed.stdout)
     # As the superuser, who could create in public: each statement its own transaction, so the

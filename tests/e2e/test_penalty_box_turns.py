@@ -21,7 +21,7 @@ import pytest
 
 from effectgate.gateway.edge.turns import TURN_INTERVAL
 
-from .test_penalty_box import Gateway, forged, genuine, serving
+from .attacked_gateway import Gateway, forged, genuine, serving
 
 CONFIG = """
 [handlers]

@@ -21,12 +21,11 @@ from effectgate.handlers.idempotency import idempotency_key
 from effectgate.handlers.providers.adyen import capture_payment
 from effectgate.handlers.providers.paypal import capture_authorization, capture_order
 from effectgate.ledger import db, jobs
-from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry, run_job
+from tests.integration.jobs_and_workers import claim, kind, make_worker, registry, run_job
 
 from .fake_servers import serving
 
 pytestmark = pytest.mark.anyio
-__all__ = ["pool"]
 
 
 @pytest.fixture(scope="module")

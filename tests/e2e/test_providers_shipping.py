@@ -27,12 +27,11 @@ from effectgate.handlers.providers.shopify import (
     graphql,
 )
 from effectgate.ledger import db, jobs
-from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry, run_job
+from tests.integration.jobs_and_workers import claim, kind, make_worker, registry, run_job
 
 from .fake_servers import serving
 
 pytestmark = pytest.mark.anyio
-__all__ = ["pool"]
 
 ADDRESS = {"name": "Ada", "street1": "1 Main St", "city": "Berlin", "zip": "10115", "country": "DE"}
 ORDER = "gid://shopify/Order/5001"

@@ -23,7 +23,6 @@ import psycopg
 import pytest
 import stripe
 from Adyen.util import generate_notification_sig
-from psycopg.conninfo import make_conninfo
 from svix.webhooks import Webhook as SvixWebhook
 from twilio.request_validator import RequestValidator
 
@@ -32,8 +31,8 @@ from tests.unit.gateway.signatures.paypal_pki import Pki, iso
 from tests.unit.gateway.signatures.signing import hex_mac, hmac_headers, shopify_headers, slack_headers
 
 from .processes import Process, free_port
+from .schemes import CERT_PATH, SECRETS
 from .schemes_cert_server import serve_certificates
-from .test_schemes_e2e import CERT_PATH, SECRETS
 
 CONFIG = """
 [handlers]
@@ -109,16 +108,6 @@ class Gateway:
                 "SELECT count(*) FROM jobs j JOIN effects e ON e.id = j.effect_id WHERE e.source = %s", source
             ),
         )
-
-
-@pytest.fixture(scope="module")
-def module_db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    name = f"effectgate_attacks_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield make_conninfo(pg_server_url, dbname=name, options="-c search_path=effectgate")
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,8 @@ import pytest
 import stripe
 from psycopg.rows import dict_row
 
+from .installed_wheel import Installed
 from .processes import ROOT, free_port, wait_until
-from .test_wheel import Installed, installed
-
-__all__ = ["installed"]
 
 SHOP = ROOT / "docs" / "examples" / "shop"
 SECRET = "whsec_sample_shop"

@@ -9,11 +9,9 @@ back from ``signature_failures``: useful details, and never a secret or a signat
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import time
-import uuid
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +25,6 @@ import psycopg
 import pytest
 import stripe
 from Adyen.util import generate_notification_sig
-from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from svix.webhooks import Webhook as SvixWebhook
 from twilio.request_validator import RequestValidator
@@ -38,20 +35,9 @@ from tests.unit.gateway.signatures.paypal_pki import Pki, iso
 from tests.unit.gateway.signatures.signing import hex_mac, hmac_headers, shopify_headers, slack_headers
 
 from .processes import Process, free_port, wait_until
+from .schemes import CERT_PATH, SECRETS
 from .schemes_cert_server import CertServer, serve_certificates
 
-SECRETS = {
-    "STRIPE_SECRET": "whsec_e2e_stripe_secret_4f1c",
-    "GITHUB_SECRET": "e2e-github-secret-8d2e",
-    "SVIX_SECRET": "whsec_" + base64.b64encode(b"e2e svix secret of 32 bytes!!!!!").decode(),
-    "SHOPIFY_SECRET": "shpss_e2e_shopify_secret_55a0",
-    "SLACK_SECRET": "e2e-slack-signing-secret-9b7f",
-    "HMAC_SECRET": "e2e-generic-hmac-secret-1c3d",
-    "TWILIO_SECRET": "e2e-twilio-auth-token-7e6a",
-    "PAYPAL_WEBHOOK_ID": "8PT597110X687430LKGECATA",
-    "ADYEN_HMAC_KEY": "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056",
-}
-CERT_PATH = "/v1/notifications/certs/CERT-360caa42-fca2a594-e2e"
 # A certificate no delivery named before: the concurrent deliveries below race to fetch it.
 CONCURRENT_CERT_PATH = "/v1/notifications/certs/CERT-360caa42-fca2a594-race"
 
@@ -121,17 +107,6 @@ options = {{ cert_url_bases = ["{cert_url_base}"], ca_bundle = "{ca_file}", fetc
 scheme = "adyen"
 secrets = ["ADYEN_HMAC_KEY"]
 """
-
-
-@pytest.fixture(scope="module")
-def module_db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    """One ledger for the whole module, so one gateway process serves every test in it."""
-    name = f"effectgate_schemes_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield make_conninfo(pg_server_url, dbname=name, options="-c search_path=effectgate")
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")

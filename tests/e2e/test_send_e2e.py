@@ -24,9 +24,7 @@ from psycopg.rows import dict_row
 from effectgate.gateway.signatures import body_event_id, standard_webhooks
 
 from .processes import ROOT, Process, free_port
-from .test_schemes_e2e import SECRETS, module_db_url
-
-__all__ = ["module_db_url"]  # the fixture, imported so this module shares its shape of ledger
+from .schemes import SECRETS
 
 SIGNING_KEY, PUBLIC_KEY = standard_webhooks.new_ed25519_keys()
 ENV = {

@@ -19,8 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .processes import free_port, wait_until
-
-SECRET = "whsec_startup_secret"
+from .user_cli import SECRET, cli, wait_log
 
 HANDLERS = """
 import os
@@ -54,19 +53,6 @@ def write_project(root: Path) -> Path:
     return config
 
 
-def cli(args: list[str], log: Path, cwd: Path, **env: str) -> subprocess.Popen[bytes]:
-    """``effectgate ARGS`` as a user runs it: no PYTHONPATH, no DATABASE_URL unless given."""
-    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DATABASE_URL")}
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "effectgate.gateway.cli", *args],
-            cwd=cwd,
-            env={**base, "STARTUP_SECRET": SECRET, "EFFECTGATE_LOG_LEVEL": "INFO", **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DATABASE_URL")}
     return subprocess.run(
@@ -77,15 +63,6 @@ def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[s
         text=True,
         timeout=120,
     )
-
-
-def wait_log(proc: subprocess.Popen[bytes], log: Path, needle: str, timeout: float = 90) -> None:
-    def logged() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"exited with {proc.returncode}:\n{log.read_text()}")
-        return needle in log.read_text(errors="replace")
-
-    wait_until(logged, timeout, f"{needle!r} in {log}")
 
 
 def wait_ready(proc: subprocess.Popen[bytes], log: Path, url: str, timeout: float = 90) -> None:

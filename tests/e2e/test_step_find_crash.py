@@ -17,7 +17,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from effectgate.handlers.idempotency import idempotency_key
-from tests.integration.jobs_fixtures import claim, connected
+from tests.integration.jobs_and_workers import claim, connected
 
 from .keyless_api import KeylessApi, serve
 from .processes import Process, wait_until

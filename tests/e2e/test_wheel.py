@@ -8,19 +8,15 @@ user project whose own ``handlers/`` package shadows ours fails here and nowhere
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import textwrap
-import venv
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -28,58 +24,10 @@ import psycopg
 import pytest
 import stripe
 
+from .installed_wheel import Installed, build_checkout
 from .processes import ROOT, free_port, wait_until
 
 SECRET = "whsec_wheel_test_secret"
-
-
-@dataclass(frozen=True)
-class Installed:
-    wheel: Path
-    python: Path
-    effectgate: Path
-
-    def env(self, **extra: str) -> dict[str, str]:
-        # Nothing of the checkout may leak in: no PYTHONPATH, the venv's bin first on PATH.
-        env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
-        env["PATH"] = f"{self.python.parent}{os.pathsep}{env.get('PATH', '')}"
-        env.update(extra)
-        return env
-
-
-def build_checkout(*args: str) -> None:
-    """``python -m build`` of the checkout, one build at a time across pytest-xdist's workers: two builds of one
-    tree at once share its egg-info and build/ directories (the sdist build failed once in CI while the wheel
-    fixture built on another worker). The builder's own output is the failure message."""
-    lock = ROOT / "build" / "test-wheel-build.lock"
-    lock.parent.mkdir(exist_ok=True)
-    with lock.open("w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        done = subprocess.run(
-            [sys.executable, "-m", "build", *args, str(ROOT)], capture_output=True, text=True, check=False
-        )
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-
-
-@pytest.fixture(scope="session")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    base = tmp_path_factory.mktemp("wheel")
-    dist = base / "dist"
-    # As a release builds it: the sdist, then the wheel from the unpacked sdist. A wheel built straight from
-    # the checkout takes setuptools' build/lib as it finds it, and after a module moved that still held the
-    # old module: the wheel carried both.
-    build_checkout("--outdir", str(dist))
-    (wheel,) = dist.glob("effectgate-*.whl")
-    env_dir = base / "venv"
-    venv.create(env_dir, with_pip=True)
-    python = env_dir / "bin" / "python"
-    # pytest beside the wheel, as a user's CI has it: the testing kit's plugin needs it, nothing else does.
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel), "pytest"],
-        check=True,
-        capture_output=True,
-    )
-    return Installed(wheel, python, env_dir / "bin" / "effectgate")
 
 
 def test_the_wheel_carries_one_namespace_its_migrations_sql_and_types(installed: Installed) -> None:

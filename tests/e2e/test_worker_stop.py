@@ -25,7 +25,7 @@ from effectgate.ledger.fingerprints import fingerprint
 
 from .fake_servers import serving
 from .processes import free_port, wait_until
-from .test_startup import cli, wait_log
+from .user_cli import cli, wait_log
 
 STUCK_HANDLERS = """\
 import asyncio

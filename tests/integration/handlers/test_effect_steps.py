@@ -9,10 +9,9 @@ import pytest
 from effectgate.handlers import EffectContext, Event, StepAlreadyRun, TerminalError, TransientError
 from effectgate.handlers.idempotency import idempotency_key
 from effectgate.ledger import db, jobs, reports
-from tests.integration.jobs_fixtures import claim, kind, make_worker, pool, registry
+from tests.integration.jobs_and_workers import claim, kind, make_worker, registry
 
 pytestmark = pytest.mark.anyio
-__all__ = ["pool"]  # the fixture, imported for pytest
 
 
 async def steps_of(conn: db.Conn) -> list[dict[str, Any]]:

@@ -15,10 +15,9 @@ from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.vocabulary import StepStatus
-from tests.integration.jobs_fixtures import claim, kind, lease_one, make_worker, pool, registry
+from tests.integration.jobs_and_workers import claim, kind, lease_one, make_worker, registry
 
 pytestmark = pytest.mark.anyio
-__all__ = ["pool"]  # the fixture, imported for pytest
 
 
 async def steps_of(pool: db.Pool) -> list[dict[str, Any]]:

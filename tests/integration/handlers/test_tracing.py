@@ -32,10 +32,9 @@ from effectgate.handlers.registry import Registry
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 from effectgate.ledger.handle import Ledger
-from tests.integration import jobs_fixtures as jf
+from tests.integration import jobs_and_workers as jf
 
 pytestmark = pytest.mark.anyio
-pool = jf.pool
 
 SECRET = "whsec_tracing"
 CONFIG = """

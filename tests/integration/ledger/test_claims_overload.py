@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from effectgate.ledger.errors import (
 )
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.handle import Ledger
+from tests.integration.ledger.row_locks import hold_row_lock, waiting_on_a_lock
 
 pytestmark = pytest.mark.anyio
 
@@ -72,45 +72,6 @@ async def make_batcher(
     pool = db.make_pool(db_url, max_size=3, lock_timeout=lock_timeout, statement_timeout=statement_timeout)
     await pool.open(wait=True)
     return pool, ClaimBatcher(Ledger(pool), **kw)
-
-
-async def until(check: Callable[[], Awaitable[bool]]) -> None:
-    """Wait for a condition Postgres will reach (it is Postgres's state, so polled); the deadline of a minute
-    guards against a hang, it is not a timing."""
-    deadline = time.monotonic() + 60
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError("the condition was never reached")
-        await asyncio.sleep(0.01)
-
-
-async def waiting_on_a_lock(admin: db.Conn) -> int:
-    """The pid of a claim statement of this database waiting for a lock, once there is one (a claim's, not a
-    maintenance pass's that may also wait on the held row)."""
-    pids: list[int] = []
-
-    async def found() -> bool:
-        rows = await (
-            await admin.execute(
-                # The claim statement's head: pg_stat_activity keeps only its first track_activity_query_size
-                # bytes (1 kB by default), which the claim's INSERT INTO effects now lies beyond.
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                " AND query LIKE 'WITH input AS (%%unnest(%%'"
-            )
-        ).fetchall()
-        pids[:] = [r["pid"] for r in rows]
-        return bool(pids)
-
-    await until(found)
-    return pids[0]
-
-
-async def hold_row_lock(db_url: str, key: str) -> db.Conn:
-    """Another session holding the claim row of ``key`` locked (as a long maintenance pass would)."""
-    holder = await db.connect(db_url)
-    await holder.set_autocommit(False)
-    await holder.execute("SELECT 1 FROM effects WHERE effect_key = %s FOR UPDATE", [key])
-    return holder
 
 
 async def test_refused_rows_get_their_own_answer_and_the_50_beside_them_are_claimed(

@@ -31,7 +31,7 @@ from effectgate.ledger.claims import ClaimOutcome, Delivery, Superseded
 from effectgate.ledger.fingerprints import fingerprint
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.vocabulary import DeliveryOutcome
-from tests.integration.jobs_fixtures import connected, make_worker, pool  # noqa: F401  (a fixture)
+from tests.integration.jobs_and_workers import connected, make_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -132,7 +132,7 @@ def _assert_in_version_order(ran: list[tuple[str, int]]) -> None:
 
 
 async def test_a_thousand_shuffled_updates_of_a_hundred_objects_leave_each_at_its_latest(
-    pool: db.Pool,  # noqa: F811
+    pool: db.Pool,
     db_url: str,
 ) -> None:
     objects, versions = 100, 10
@@ -195,7 +195,7 @@ async def test_a_thousand_shuffled_updates_of_a_hundred_objects_leave_each_at_it
 
 
 async def test_a_worker_running_while_updates_race_in_never_runs_an_older_one_after_a_newer(
-    pool: db.Pool,  # noqa: F811
+    pool: db.Pool,
     db_url: str,
 ) -> None:
     ran: list[tuple[str, int]] = []
@@ -243,7 +243,7 @@ deliveries = st.lists(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sent=deliveries)
 async def test_racing_out_of_order_deliveries_match_the_model(
-    pool: db.Pool,  # noqa: F811
+    pool: db.Pool,
     db_url: str,
     sent: list[tuple[int, int, int]],
 ) -> None:
@@ -302,7 +302,7 @@ async def test_racing_out_of_order_deliveries_match_the_model(
 
 
 async def test_a_fetch_that_only_finds_superseded_jobs_goes_on_to_the_newer_one(
-    pool: db.Pool,  # noqa: F811
+    pool: db.Pool,
     db_url: str,
 ) -> None:
     """One free slot, the older version at the head of the queue: the fetch cancels it and still leases the
@@ -323,7 +323,7 @@ async def test_a_fetch_that_only_finds_superseded_jobs_goes_on_to_the_newer_one(
 
 
 async def test_a_superseded_job_of_a_kind_with_on_transition_ends_through_its_hook(
-    pool: db.Pool,  # noqa: F811
+    pool: db.Pool,
     db_url: str,
 ) -> None:
     """The hook mirrors every terminal state, the superseded cancel included, in the cancel's transaction."""

@@ -18,11 +18,9 @@ import pytest
 from effectgate.ledger import db
 from effectgate.ledger.cluster import topology
 from effectgate.ledger.handle import Ledger
-from tests.integration.jobs_fixtures import pool
 from tests.topologies import ROUTED_ON_ONE_NODE
 
 pytestmark = pytest.mark.anyio
-__all__ = ["pool"]  # the fixture, imported for pytest
 
 
 class CountedPool:

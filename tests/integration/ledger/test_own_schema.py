@@ -13,14 +13,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from effectgate.handlers import EffectContext, Event
-from effectgate.handlers.registry import EffectKind, Registry
 from effectgate.ledger import db
-from effectgate.ledger.claims import Accepted
 from effectgate.ledger.maintenance.scheduler import Reconciler
 from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate, script, status
-from effectgate.testing import TestLedger
 from tests.integration.ledger.before_0022 import statements_before_0022
+from tests.integration.ledger.kit_pipeline import run_pipeline
+from tests.integration.ledger.table_checksums import table_checksums
 from tests.integration.reports_seed import seed
 
 pytestmark = pytest.mark.anyio
@@ -42,60 +40,6 @@ EFFECTGATE_TABLES = (
     "transmissions",
     "schema_migrations",
 )
-
-
-def _registry() -> Registry:
-    async def fulfil(ctx: EffectContext, ev: Event) -> None:
-        async def ship(idem: str) -> dict[str, str]:
-            return {"shipment": idem}
-
-        await ctx.step("ship", ship)
-
-    reg = Registry()
-    reg.register(
-        EffectKind(
-            name="fulfil", source="shop", events=("order.paid",), fn=fulfil, key=lambda ev: f"o:{ev.id}"
-        )
-    )
-    return reg
-
-
-async def _pipeline(url: str, event_id: str) -> None:
-    """claim → job → handler, through the testing kit (the ingress's claim, the worker's run)."""
-    ledger = TestLedger(url, registry=_registry())
-    event = Event(id=event_id, type="order.paid", source="shop", payload={"order": event_id})
-    [outcome] = await ledger.deliver(event)
-    assert isinstance(outcome, Accepted)
-    run = await ledger.run_job("fulfil")
-    assert run.state == "succeeded"
-    assert set(run.steps) == {"ship"}
-
-
-def _checksums(conn: psycopg.Connection[Any], schema: str, tables: tuple[str, ...]) -> dict[str, str]:
-    """Per table: its row count and the md5 of every row in order, and of its definition from pg_catalog."""
-    out = {}
-    # Type and table names in the definitions print unqualified when on the search_path.
-    conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-    for table in tables:
-        qualified = f'"{schema}"."{table}"'
-        row = conn.execute(
-            f"SELECT count(*), md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM {qualified} t"  # type: ignore[arg-type]
-        ).fetchone()
-        definition = conn.execute(
-            "SELECT md5(string_agg(concat_ws(' ', a.attname, format_type(a.atttypid, a.atttypmod), "
-            "a.attnotnull, pg_get_expr(d.adbin, d.adrelid)), ',' ORDER BY a.attnum)) "
-            "FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
-            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
-            (qualified,),
-        ).fetchone()
-        constraints = conn.execute(
-            "SELECT md5(coalesce(string_agg(conname || pg_get_constraintdef(oid), ',' ORDER BY conname), '')) "
-            "FROM pg_constraint WHERE conrelid = %s::regclass",
-            (qualified,),
-        ).fetchone()
-        assert row is not None and definition is not None and constraints is not None
-        out[table] = f"rows={row[0]} data={row[1]} columns={definition[0]} constraints={constraints[0]}"
-    return out
 
 
 def _print(title: str, sums: dict[str, str]) -> None:
@@ -130,7 +74,7 @@ async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_ev
             "SELECT history_partition_create_v1('deliveries', '2031-01-01', '2031-01-02')"
         )
     with psycopg.connect(empty_db_url, autocommit=True) as c:
-        before = _checksums(c, "public", EFFECTGATE_TABLES)
+        before = table_checksums(c, "public", EFFECTGATE_TABLES)
         partitions = {r[0] for r in c.execute("SELECT inhrelid::regclass::text FROM pg_inherits").fetchall()}
     _print("before the upgrade (public):", before)
     assert all(not text.startswith("rows=0 ") for text in before.values()), before
@@ -154,7 +98,7 @@ async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_ev
         assert not [s for s in await status(conn, through) if s.pending]
 
     with psycopg.connect(empty_db_url, autocommit=True) as c:
-        after = _checksums(c, "effectgate", EFFECTGATE_TABLES)
+        after = table_checksums(c, "effectgate", EFFECTGATE_TABLES)
         left = c.execute(
             "SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = 'public'::regnamespace),"
             " (SELECT count(*) FROM pg_proc WHERE pronamespace = 'public'::regnamespace),"
@@ -180,7 +124,7 @@ async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_ev
     async with conn:
         assert await migrate(conn) == FROM_0021[1:]
     with psycopg.connect(empty_db_url, autocommit=True) as c:
-        keyed = _checksums(c, "effectgate", EFFECTGATE_TABLES)
+        keyed = table_checksums(c, "effectgate", EFFECTGATE_TABLES)
         # 0022 (keys with tenant): every row stays; job_attempts and steps gain their job's tenant.
         tenants = c.execute(
             "SELECT (SELECT count(*) FROM job_attempts a JOIN jobs j ON j.id = a.job_id AND j.tenant = a.tenant),"
@@ -192,7 +136,7 @@ async def test_a_previous_release_ledger_in_public_moves_into_its_schema_with_ev
         assert keyed[table].split()[0] == after[table].split()[0] or table == "schema_migrations", table
     rows = {t: int(after[t].split()[0].removeprefix("rows=")) for t in ("job_attempts", "steps")}
     assert tenants is not None and tenants[:2] == (rows["job_attempts"], rows["steps"]) and tenants[2] >= 1
-    await _pipeline(empty_db_url, "after-upgrade")
+    await run_pipeline(empty_db_url, "after-upgrade")
     conn = await db.connect(empty_db_url)
     async with conn:
         await Reconciler().run_once(conn)
@@ -239,7 +183,7 @@ async def test_an_applications_own_tables_in_public_are_left_untouched(
 ) -> None:
     with psycopg.connect(empty_db_url, autocommit=True) as c:
         tables = _application(c, migrations)
-        before = _checksums(c, "public", tables)
+        before = table_checksums(c, "public", tables)
         definitions_before = c.execute(
             "SELECT string_agg(relname || ':' || relkind::text, ',' ORDER BY relname) FROM pg_class "
             "WHERE relnamespace = 'public'::regnamespace"
@@ -250,7 +194,7 @@ async def test_an_applications_own_tables_in_public_are_left_untouched(
     async with conn:
         applied = await migrate(conn)
         assert applied == [m.name for m in discover()]
-    await _pipeline(empty_db_url, "beside-the-app")
+    await run_pipeline(empty_db_url, "beside-the-app")
     conn = await db.connect(empty_db_url)
     async with conn:
         await Reconciler().run_once(conn)
@@ -263,7 +207,7 @@ async def test_an_applications_own_tables_in_public_are_left_untouched(
         assert counts == {"jobs": 1, "steps": 1}
 
     with psycopg.connect(empty_db_url, autocommit=True) as c:
-        after = _checksums(c, "public", tables)
+        after = table_checksums(c, "public", tables)
         definitions_after = c.execute(
             "SELECT string_agg(relname || ':' || relkind::text, ',' ORDER BY relname) FROM pg_class "
             "WHERE relnamespace = 'public'::regnamespace"
@@ -306,4 +250,4 @@ async def test_a_public_ledger_two_releases_behind_gets_its_older_files_in_publi
             )
         ).fetchone()
     assert where == {"public": 0, "moved": True, "column": 1}
-    await _pipeline(empty_db_url, "two-behind")
+    await run_pipeline(empty_db_url, "two-behind")

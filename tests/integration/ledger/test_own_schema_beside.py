@@ -22,7 +22,8 @@ import pytest
 from effectgate.ledger import db
 from effectgate.ledger.errors import MigrationError
 from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate, status
-from tests.integration.ledger.test_own_schema import _checksums, _pipeline
+from tests.integration.ledger.kit_pipeline import run_pipeline
+from tests.integration.ledger.table_checksums import table_checksums
 
 pytestmark = pytest.mark.anyio
 
@@ -102,7 +103,7 @@ def _application(c: psycopg.Connection[Any], shape: str) -> None:
 def _public(c: psycopg.Connection[Any]) -> dict[str, Any]:
     """The application's side: every table's rows and definition, and in which schema (all but effectgate's)
     each of its names lives, with which columns."""
-    sums = _checksums(c, "public", APP_TABLES)
+    sums = table_checksums(c, "public", APP_TABLES)
     c.execute("SELECT set_config('search_path', 'public', false)")
     places = c.execute(
         "SELECT c.relname, c.relnamespace::regnamespace::text, "
@@ -162,7 +163,7 @@ async def test_an_applications_schema_migrations_of_any_shape_is_left_alone_and_
     assert (check.returncode, check.stdout.strip()) == (0, f"up to date ({len(EVERY_MIGRATION)} applied)")
     assert (_cli(empty_db_url, "--print-sql").stdout, _cli(empty_db_url).stdout.strip()) == ("", "up to date")
 
-    await _pipeline(empty_db_url, f"beside-{shape}")
+    await run_pipeline(empty_db_url, f"beside-{shape}")
     with psycopg.connect(empty_db_url, autocommit=True) as c:
         after = _public(c)
         ledger = c.execute("SELECT name, checksum FROM effectgate.schema_migrations ORDER BY name").fetchall()

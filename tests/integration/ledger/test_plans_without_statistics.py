@@ -24,7 +24,7 @@ import pytest
 from effectgate.ledger import db, jobs
 from tests.bench.reports import FILL
 from tests.conftest import database_url
-from tests.integration.ledger.test_query_plans import JOBS, KINDS, nodes, plans_of
+from tests.integration.ledger.backlog_plans import JOBS, KINDS, nodes, plans_of
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,6 @@ about N rows per kind, not the backlog (issue 18: 105 ms per fetch at 36,650 pen
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -39,12 +38,12 @@ from effectgate.ledger.maintenance.waker import PendingWaker
 from effectgate.ledger.queries import Q
 from tests.bench.reports import FILL, REPORT_CASES
 from tests.conftest import database_url
+from tests.integration.ledger.backlog_plans import JOBS, KINDS, nodes, plans_of
 
 pytestmark = pytest.mark.anyio
 
 EFFECTS = 120_000  # 84 % of them pending: about 10⁵ pending jobs
 BIG_TABLES = {"jobs", "effects", "effect_versions"}
-KINDS = {f"kind-{i}": 30.0 for i in range(5)}
 PAUSED = "kind-4"
 
 # Queries whose plan breaks the rule, and why that is still bounded. Keyed by query name (or report label).
@@ -60,28 +59,6 @@ ALLOWED: dict[str, str] = {
     "from jobs_lock_key_live_idx; a key's own backlog, never the table's",
 }
 
-# The jobs of this ledger: mostly pending and due (a backlog after an outage), a few running under leases
-# (some holding lock keys that pending jobs wait on), the rest finished a while ago.
-JOBS = """
-INSERT INTO jobs (effect_id, tenant, kind, state, attempt, max_attempts, orphan_policy, run_at, lease_token,
-                  lease_owner, lease_expires_at, terminal_reason, terminal_by, created_at, updated_at,
-                  finished_at, lock_key)
-SELECT id, tenant, handler, st, (st <> 'pending')::int, 5, 'redrive', first_seen_at, (st <> 'pending')::int,
-       CASE WHEN st = 'running' THEN 'plan-worker' END,
-       CASE WHEN st = 'running' THEN now() + interval '1 minute' END,
-       CASE WHEN st NOT IN ('pending', 'running') THEN st::text END,
-       CASE WHEN st NOT IN ('pending', 'running') THEN 'plans' END,
-       first_seen_at, first_seen_at,
-       CASE WHEN st NOT IN ('pending', 'running') THEN first_seen_at + interval '1 second' END,
-       -- One job in four names the lock key of its hundred's running job (id % 100 = 84).
-       CASE WHEN st = 'running' OR id % 4 = 0 THEN 'order-' || (id / 100) END
-FROM (
-    SELECT e.*, (CASE WHEN id % 100 < 84 THEN 'pending' WHEN id % 100 = 84 THEN 'running'
-                      WHEN id % 100 < 88 THEN 'failed' WHEN id % 100 = 88 THEN 'parked'
-                      WHEN id % 100 = 89 THEN 'cancelled' ELSE 'succeeded' END)::job_state AS st
-    FROM effects e
-) s
-"""
 
 # Latest wins (migrations/0020): every job with a lock key is versioned, and 10⁵ objects have a high-water
 # mark, the lock keys' own at 0 so no job is superseded and the fetch tests lease what they did.
@@ -116,41 +93,6 @@ def ledger_url(pg_server_url: str, template_db: str) -> Iterator[str]:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-class ExplainingConn:
-    """A connection that EXPLAINs each statement before it runs it, keeping each plan under the name of
-    its query; anything else is the real connection's."""
-
-    def __init__(self, conn: db.Conn, *, analyze: bool = False) -> None:
-        self.conn = conn
-        self.analyze = analyze
-        self.plans: list[tuple[str, dict[str, Any]]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.conn, name)
-
-    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        text = query if isinstance(query, str) else query.as_string(self.conn)
-        name = _NAMES.get(text.strip(), text.split()[0] if text.split() else "?")
-        if not text.lstrip().upper().startswith(("LISTEN", "SET", "SELECT PG_TRY_ADVISORY")):
-            prefix = "EXPLAIN (ANALYZE, FORMAT JSON) " if self.analyze else "EXPLAIN (FORMAT JSON) "
-            explain = sql.SQL(prefix) + (sql.SQL(query) if isinstance(query, str) else query)  # type: ignore[arg-type]
-            row = await (await self.conn.execute(explain, params, prepare=False)).fetchone()
-            assert row is not None
-            plan = row["QUERY PLAN"]
-            plan = plan if isinstance(plan, list) else json.loads(plan)
-            self.plans.append((name, plan[0]["Plan"]))
-        return await self.conn.execute(query, params, **kwargs)
-
-
-_NAMES = {text.strip(): name for name, text in Q.items()}
-
-
-def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from nodes(child)
-
-
 def _reads_unbounded(plan: dict[str, Any]) -> bool:
     """Whether a scan of ``jobs`` lies below ``plan`` with no Limit on the way."""
     for child in plan.get("Plans", []):
@@ -182,25 +124,6 @@ async def conn(ledger_url: str) -> AsyncIterator[db.Conn]:
     c = await db.connect(ledger_url)
     async with c:
         yield c
-
-
-class _Rollback(Exception):
-    pass
-
-
-async def plans_of(
-    conn: db.Conn, call: Callable[[Any], Awaitable[Any]], *, analyze: bool = False
-) -> list[tuple[str, dict[str, Any]]]:
-    """The plan of every statement ``call`` sends, its writes rolled back."""
-    explaining = ExplainingConn(conn, analyze=analyze)
-    try:
-        async with conn.transaction():
-            await call(explaining)
-            raise _Rollback
-    except _Rollback:
-        pass
-    assert explaining.plans, "the call sent no statement"
-    return explaining.plans
 
 
 def assert_bounded(plans: list[tuple[str, dict[str, Any]]], label: str = "") -> None:

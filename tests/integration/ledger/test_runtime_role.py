@@ -5,7 +5,6 @@ up-to-date ledger, and the operator commands."""
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,12 +13,12 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from effectgate.gateway import cli
 from effectgate.gateway.cli import migrate as migrate_cli
 from effectgate.ledger import db
 from effectgate.ledger.maintenance.partitions import PartitionKeeper
 from effectgate.ledger.maintenance.scheduler import Reconciler
-from tests.integration.ledger.test_own_schema import _pipeline
+from tests.integration.in_process_cli import run_cli
+from tests.integration.ledger.kit_pipeline import run_pipeline
 
 pytestmark = pytest.mark.anyio
 
@@ -46,18 +45,6 @@ def runtime_url(db_url: str) -> Iterator[str]:
         admin.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        code = cli.main(list(argv))
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 async def test_the_runtime_role_cannot_create_in_the_schema(runtime_url: str) -> None:
     conn = await db.connect(runtime_url)
     async with conn:
@@ -69,7 +56,7 @@ async def test_a_dml_only_role_runs_the_pipeline_maintenance_and_migrate_checks(
     assert await migrate_cli.run(runtime_url, 0, "check") == 0
     assert await migrate_cli.run(runtime_url, 0, "status") == 0
     assert await migrate_cli.run(runtime_url, 0, "apply") == 0  # up to date: nothing to create
-    await _pipeline(runtime_url, "as-runtime")
+    await run_pipeline(runtime_url, "as-runtime")
 
     conn = await db.connect(runtime_url)
     async with conn:
@@ -99,7 +86,7 @@ def test_the_operator_commands_run_as_the_runtime_role(
 ) -> None:
     import asyncio
 
-    asyncio.run(_pipeline(runtime_url, "ops-1"))
+    asyncio.run(run_pipeline(runtime_url, "ops-1"))
     monkeypatch.setenv("DATABASE_URL", runtime_url)
     monkeypatch.delenv("EFFECTGATE_DATABASE_URL", raising=False)
     since = ["--since", "30d"]
@@ -119,7 +106,7 @@ def test_the_operator_commands_run_as_the_runtime_role(
         ["jobs", "resolve", "1", "--reason", "test", "--by", "ops"],
     ]
     for argv in commands:
-        code, out, err = run(capsys, *argv)
+        code, out, err = run_cli(capsys, *argv)
         print(" ".join(argv), "->", code)
         assert "permission denied" not in (out + err), (argv, err)
         # 4: the ledger's own refusal (a succeeded job is not redriven), an answer read and written as the role.

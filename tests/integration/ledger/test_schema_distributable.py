@@ -12,12 +12,8 @@ from __future__ import annotations
 import pytest
 
 from effectgate.ledger import db
-from tests.integration.jobs_fixtures import (
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-)
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 # Tables that would not be distributed, and why.
 LOCAL_TABLES = {

@@ -21,11 +21,9 @@ import pytest
 from effectgate.handlers.downstream import DownstreamConfig, Pace, PaceExceeded, paces
 from effectgate.ledger import db
 from effectgate.ledger.paces import LedgerTurns
-from tests.integration import jobs_fixtures as jf
-from tests.integration.jobs_fixtures import scalar
+from tests.integration.jobs_and_workers import scalar
 
 pytestmark = pytest.mark.anyio
-pool = jf.pool
 
 BASE = "https://api.example.test"
 

@@ -10,7 +10,7 @@ import pytest
 
 from effectgate.ledger import db
 from effectgate.ledger.queries import Q, load
-from tests.unit.ledger.test_sql_function_versions import VERSIONED, called_names, defined_functions
+from tests.unit.ledger.sql_functions import VERSIONED, called_names, defined_functions
 
 pytestmark = pytest.mark.anyio
 

@@ -12,13 +12,9 @@ import pytest
 
 from effectgate.ledger import db, transmissions
 from effectgate.ledger.queries import Q
-from tests.integration.jobs_fixtures import (
-    connected,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-)
+from tests.integration.jobs_and_workers import connected
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 T0 = datetime(2031, 6, 1, tzinfo=UTC)
 

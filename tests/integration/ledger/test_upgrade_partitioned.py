@@ -34,7 +34,7 @@ from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate
 from effectgate.ledger.queries import parse
 from effectgate.ledger.reports import DUPLICATES, KEY_CONFLICTS
 from tests.integration.ledger.before_0022 import statements_before_0022
-from tests.integration.ledger.maintenance.test_retention import delivery
+from tests.integration.ledger.maintenance.retention_rows import delivery
 
 pytestmark = pytest.mark.anyio
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from tests.unit.project.test_boundaries import Module, project_modules
+from tests.unit.project.project_modules import Module, project_modules
 
 ROOT = Path(__file__).resolve().parents[3]
 FOLDERS = ("gateway", "handlers", "ledger")

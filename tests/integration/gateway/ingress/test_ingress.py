@@ -11,93 +11,25 @@ from typing import Any
 import httpx
 import pytest
 import standardwebhooks
-import stripe
 
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
-from effectgate.handlers.event import Event
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db
+from tests.integration.gateway.ingress.ingress_app import (
+    CONFIG,
+    ENV,
+    STANDARD_SECRET,
+    STRIPE_SECRET,
+    make_registry,
+    noop,
+    post,
+    rows,
+    stripe_event,
+    stripe_headers,
+)
 
 pytestmark = pytest.mark.anyio
-
-STRIPE_SECRET = "whsec_test_ingress"
-STANDARD_SECRET = "whsec_" + "dGVzdC1zdGFuZGFyZC13ZWJob29rcy1zZWNyZXQ="
-ENV = {"STRIPE_SECRET": STRIPE_SECRET, "STANDARD_SECRET": STANDARD_SECRET}
-CONFIG = """
-[gateway]
-max_body_bytes = 4096
-
-[sources.stripe]
-scheme = "stripe"
-secrets = ["STRIPE_SECRET"]
-on_conflict = 409
-on_refusal = "reject"
-
-[sources.lenient]
-scheme = "stripe"
-secrets = ["STRIPE_SECRET"]
-
-[sources.connect]
-scheme = "stripe"
-secrets = ["STRIPE_SECRET"]
-tenant_from = "/account"
-tenant_pattern = "acct_[0-9]+"
-
-[sources.standard]
-scheme = "standard-webhooks"
-secrets = ["STANDARD_SECRET"]
-tenant = "acme"
-"""
-
-
-async def _noop(ctx: Any, ev: Event) -> None:
-    return None
-
-
-def make_registry() -> Registry:
-    registry = Registry()
-    order = "order-paid:{}"
-    for source in ("stripe", "lenient"):
-        registry.effect(
-            source=source,
-            events=["payment_intent.succeeded", "charge.succeeded"],
-            key=lambda ev: order.format(ev.payload["data"]["object"]["metadata"]["order_id"]),
-            name=f"{source}.fulfil",
-            # Two sources in one tenant, one order space: declared, or the gateway refuses to start.
-            key_space="shared",
-        )(_noop)
-    registry.effect(
-        source="stripe",
-        events=["payment_intent.succeeded"],
-        name="stripe.notify",
-        lock_key=lambda ev: f"intent:{ev.payload['data']['object']['id']}",
-    )(_noop)
-    registry.effect(source="standard", events=["invoice.*"], name="standard.invoice")(_noop)
-    registry.effect(
-        source="connect",
-        events=["payment_intent.succeeded"],
-        key=lambda ev: order.format(ev.payload["data"]["object"]["metadata"]["order_id"]),
-        name="connect.fulfil",
-    )(_noop)
-    return registry
-
-
-def stripe_event(
-    order_id: str = "1", event_id: str = "evt_1", type_: str = "payment_intent.succeeded"
-) -> bytes:
-    return json.dumps(
-        {
-            "id": event_id,
-            "type": type_,
-            "data": {"object": {"id": "pi_1", "metadata": {"order_id": order_id}}},
-        }
-    ).encode()
-
-
-def stripe_headers(body: bytes, secret: str = STRIPE_SECRET, timestamp: int | None = None) -> dict[str, str]:
-    header = stripe.WebhookSignature.generate_signature_header(body.decode(), secret, timestamp=timestamp)
-    return {"stripe-signature": header, "content-type": "application/json"}
 
 
 @pytest.fixture
@@ -107,16 +39,6 @@ async def client(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
             yield c
-
-
-async def post(
-    client: httpx.AsyncClient, source: str, body: bytes, headers: dict[str, str]
-) -> httpx.Response:
-    return await client.post(f"/webhooks/{source}", content=body, headers=headers)
-
-
-async def rows(conn: db.Conn, sql: str) -> list[dict[str, Any]]:
-    return await (await conn.execute(sql)).fetchall()  # type: ignore[arg-type]
 
 
 async def test_unknown_source_is_404(client: httpx.AsyncClient) -> None:
@@ -527,7 +449,7 @@ async def test_a_delivery_postgres_refuses_gets_its_own_400_and_its_batch_mates_
         events=["payment_intent.succeeded"],
         key=lambda ev: "order:" + ev.payload["data"]["object"]["metadata"]["order_id"].replace("bad", "\x00"),
         name="stripe.fulfil",
-    )(_noop)
+    )(noop)
     app = create_app(parse(CONFIG, env=ENV), registry, db_url)
     bodies = [stripe_event(order_id=f"{n}", event_id=f"evt_{n}") for n in range(12)]
     bodies[5] = stripe_event(order_id="bad", event_id="evt_bad")

@@ -16,17 +16,17 @@ from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db
-from tests.integration.gateway.ingress.test_ingress import (
+from tests.integration.gateway.ingress.ingress_app import (
     CONFIG,
     ENV,
-    _noop,
     make_registry,
+    noop,
     post,
     rows,
     stripe_event,
     stripe_headers,
 )
-from tests.integration.ledger.test_claims_overload import hold_row_lock, waiting_on_a_lock
+from tests.integration.ledger.row_locks import hold_row_lock, waiting_on_a_lock
 
 pytestmark = pytest.mark.anyio
 
@@ -53,7 +53,7 @@ async def test_a_delivery_postgres_refuses_is_400_kept_and_the_50_sent_with_it_a
     registry = Registry()
     registry.effect(
         source="stripe", events=["payment_intent.*"], key=lambda ev: f"order:{ev.id}", name="stripe.fulfil"
-    )(_noop)
+    )(noop)
     app = create_app(parse(CONFIG, env=ENV), registry, db_url)
     bodies = [stripe_event(order_id=f"{n}", event_id=f"evt_{n}") for n in range(50)]
     poison = stripe_event(order_id="x", event_id="evt_poison", type_=long_type)

@@ -12,7 +12,7 @@ import pytest
 from effectgate.gateway import metrics
 from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
-from tests.integration.gateway.ingress.test_ingress import (
+from tests.integration.gateway.ingress.ingress_app import (
     CONFIG,
     ENV,
     make_registry,

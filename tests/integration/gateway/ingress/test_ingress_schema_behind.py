@@ -15,7 +15,7 @@ from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
 from effectgate.ledger import db
 from effectgate.ledger.migrate import MIGRATIONS_DIR, discover, migrate
-from tests.integration.gateway.ingress.test_ingress import (
+from tests.integration.gateway.ingress.ingress_app import (
     CONFIG,
     ENV,
     make_registry,

@@ -18,7 +18,7 @@ from effectgate.handlers.actions.replay import replay_refused
 from effectgate.handlers.event import Event
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db
-from tests.integration.gateway.ingress.test_ingress import CONFIG, ENV, post, rows, stripe_headers
+from tests.integration.gateway.ingress.ingress_app import CONFIG, ENV, post, rows, stripe_headers
 
 pytestmark = pytest.mark.anyio
 
@@ -175,7 +175,7 @@ def test_the_cli_replays_refused_deliveries_and_lists_them_by_event_id(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from effectgate.handlers.registry import REGISTRY
-    from tests.integration.handlers.actions.test_bulk_recovery import run_cli
+    from tests.integration.in_process_cli import run_cli
 
     config = parse(CONFIG, env=ENV)
     body = intent_event("evt_cli", "pi_cli", {})

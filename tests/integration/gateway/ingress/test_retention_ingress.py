@@ -13,7 +13,7 @@ from effectgate.gateway.app import create_app
 from effectgate.gateway.config import parse
 from effectgate.ledger import db, jobs
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
-from tests.integration.gateway.ingress.test_ingress import (
+from tests.integration.gateway.ingress.ingress_app import (
     CONFIG,
     ENV,
     make_registry,

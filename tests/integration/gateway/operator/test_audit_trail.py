@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 from typing import Any
 
 import httpx
 import pytest
 
-from effectgate.gateway import cli
 from effectgate.handlers import EffectContext, Event, TransientError
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.downstream import classify_response
@@ -23,11 +21,16 @@ from effectgate.ledger import db, jobs, reports
 from effectgate.ledger.jobs import audit
 from effectgate.ledger.jobs import filters as ledger_filters
 from effectgate.ledger.vocabulary import RefusalCode
-from tests.integration.gateway.operator.test_operator_api import OPERATE, check, gateway
-from tests.integration.gateway.operator.test_operator_dashboard import OPERATE_TOKEN, dashboard, text
-from tests.integration.jobs_fixtures import claim, connected, kind, make_worker, pool, registry
-
-__all__ = ["pool"]  # the fixture, imported for pytest
+from tests.integration.gateway.operator.operator_app import (
+    OPERATE,
+    OPERATE_TOKEN,
+    check,
+    dashboard,
+    gateway,
+    text,
+)
+from tests.integration.in_process_cli import run_cli
+from tests.integration.jobs_and_workers import claim, connected, kind, make_worker, registry
 
 REQUEST_ID = "req_8f2cA1"
 FACTS = {
@@ -163,18 +166,6 @@ async def _answer(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        code = cli.main(list(argv))
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def declined_in(url: str, calls: list[str]) -> int:
     async def go() -> int:
         p = db.make_pool(url, min_size=1, max_size=4, name="effectgate-test")
@@ -193,25 +184,27 @@ def test_the_cli_refuses_warns_and_every_action_is_in_the_timeline(
     monkeypatch.setenv("DATABASE_URL", db_url)
     job_id = declined_in(db_url, [])
 
-    code, out, err = run(capsys, "jobs", "redrive", str(job_id), "--format", "json")
+    code, out, err = run_cli(capsys, "jobs", "redrive", str(job_id), "--format", "json")
     assert code == 4 and "refused: recorded_failure_requires_force: " in err
     assert json.loads(out)["error"] == "recorded_failure_requires_force"
-    code, out, _ = run(capsys, "jobs", "redrive", "--kind", "k", "--state", "failed", "--dry-run")
+    code, out, _ = run_cli(capsys, "jobs", "redrive", "--kind", "k", "--state", "failed", "--dry-run")
     assert code == 0 and "would be refused recorded_failure_requires_force: 1" in out
-    code, out, _ = run(capsys, "jobs", "redrive", "--kind", "k", "--dry-run", "--force", "--state", "failed")
+    code, out, _ = run_cli(
+        capsys, "jobs", "redrive", "--kind", "k", "--dry-run", "--force", "--state", "failed"
+    )
     assert "replays without calling the provider: 1" in re.sub(r"\s+", " ", out)
 
-    code, out, _ = run(
+    code, out, _ = run_cli(
         capsys, "jobs", "redrive", str(job_id), "--force", "--reason", "customer re-authorized"
     )
     assert code == 0 and out.startswith(f"job {job_id}: redriven, now pending")
     assert "warning: step capture (card_declined: " in out and "the provider will not be called" in out
-    code, _, _ = run(capsys, "jobs", "pause", "--kind", "k", "--reason", "stripe outage")
-    code, _, _ = run(capsys, "jobs", "resume", "--kind", "k", "--reason", "stripe is back")
-    code, _, _ = run(capsys, "jobs", "cancel", str(job_id), "--reason", "duplicate order")
+    code, _, _ = run_cli(capsys, "jobs", "pause", "--kind", "k", "--reason", "stripe outage")
+    code, _, _ = run_cli(capsys, "jobs", "resume", "--kind", "k", "--reason", "stripe is back")
+    code, _, _ = run_cli(capsys, "jobs", "cancel", str(job_id), "--reason", "duplicate order")
     assert code == 0
 
-    code, out, _ = run(capsys, "ledger", "show", "order:1")
+    code, out, _ = run_cli(capsys, "ledger", "show", "order:1")
     assert code == 0
     timeline = out.split("\ntimeline:\n")[1]
     lines = [line for line in timeline.splitlines() if "  job " in line or "  kind " in line]
@@ -222,18 +215,18 @@ def test_the_cli_refuses_warns_and_every_action_is_in_the_timeline(
     assert f"failed [{FACTS_TEXT}]" in timeline  # a table cuts long cells: the facts come first
     assert "customer re-authorized (by cli:" in timeline
     # In full (a table cuts long cells; CSV and JSON do not):
-    code, out, _ = run(capsys, "ledger", "show", "order:1", "--format", "csv")
+    code, out, _ = run_cli(capsys, "ledger", "show", "order:1", "--format", "csv")
     [redrive] = [line for line in out.splitlines() if ",job redriven," in line]
     assert "customer re-authorized (by cli:" in redrive
     assert "; force; step capture replays card_declined: the provider will not be called" in redrive
     assert FACTS_TEXT in out
     assert "stripe outage (by cli:" in timeline and "duplicate order (by cli:" in timeline
 
-    code, out, _ = run(capsys, "jobs", "show", str(job_id))
+    code, out, _ = run_cli(capsys, "jobs", "show", str(job_id))
     assert FACTS_TEXT in out
     assert "redriven by cli:" in out and "(customer re-authorized), with force" in out
     assert "operator actions" in out and "kind k paused" in out
-    code, out, _ = run(capsys, "jobs", "show", str(job_id), "--format", "json")
+    code, out, _ = run_cli(capsys, "jobs", "show", str(job_id), "--format", "json")
     document = json.loads(out)
     assert [a["action"] for a in document["actions"]] == ["redrive", "pause", "resume", "cancel"]
     assert document["attempts"][0]["error_facts"] == FACTS
@@ -336,8 +329,8 @@ async def test_the_dashboard_confirms_a_replaying_redrive_and_shows_a_redriven_j
 @pytest.mark.anyio
 async def test_replay_records_who_claimed_the_job(db_url: str) -> None:
     from effectgate.handlers.actions.replay import replay_unmatched
-    from tests.integration.handlers.actions.test_replay_unmatched import day, delivery
-    from tests.integration.handlers.actions.test_replay_unmatched import registry as fulfil_registry
+    from tests.integration.handlers.actions.fulfil_registry import fulfil_registry
+    from tests.integration.ledger.maintenance.retention_rows import day, delivery
 
     async with connected(db_url) as conn:
         from effectgate.ledger.claims import claim_delivery

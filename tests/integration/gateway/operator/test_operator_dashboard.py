@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -16,31 +14,12 @@ from effectgate.gateway.operator import sessions
 from effectgate.gateway.operator.auth import hash_token
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, jobs
-from tests.integration.gateway.operator.test_operator_api import CONFIG, OPERATE_TOKEN, VIEW_TOKEN
+from tests.integration.gateway.operator.operator_app import CONFIG, OPERATE_TOKEN, VIEW_TOKEN, dashboard, text
 from tests.integration.reports_seed import NOW, deliver, seed
 
 pytestmark = pytest.mark.anyio
 
 WINDOW = "since=2025-03-03T12:00:00Z&until=2025-03-04T12:00:00Z"
-
-
-@asynccontextmanager
-async def dashboard(url: str, token: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(
-        parse(CONFIG, env={"STRIPE_SECRET": "whsec_test", "VIEW_TOKEN": VIEW_TOKEN}), Registry(), url
-    )
-    async with (
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client,
-        app.router.lifespan_context(app),
-    ):
-        if token is not None:
-            response = await client.post("/ui/login", data={"token": token, "next": "/ui/"})
-            assert response.status_code == 303
-        yield client
-
-
-def text(html: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 async def test_pages_need_a_sign_in_and_it_starts_a_session_in_a_strict_cookie(seeded_url: str) -> None:

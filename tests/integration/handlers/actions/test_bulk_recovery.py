@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 
 import pytest
 
-from effectgate.gateway import cli, exit_codes
+from effectgate.gateway import exit_codes
 from effectgate.handlers.actions import bulk as bulk_actions
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db, jobs
 from effectgate.ledger.jobs import filters
-from tests.integration.jobs_fixtures import (
-    at,
-    claim,
-    connected,
-    job,
-    lease_one,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-)
+from tests.integration.in_process_cli import run_cli
+from tests.integration.jobs_and_workers import at, claim, connected, job, lease_one
+
+pytestmark = pytest.mark.rolled_back
 
 
 async def failed(
@@ -116,18 +110,6 @@ async def test_a_paused_kind_is_not_leased_until_resumed(conn: db.Conn) -> None:
     assert await filters.resume(conn, "A", by="alice") is False
     leased = await jobs.fetch_and_lease(conn, owner="w", kinds={"A": 30, "B": 30}, limit=10, now=at(3))
     assert [lease.job_id for lease in leased] == [a]
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        code = cli.main(list(argv))
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_cli_bulk_actions_dry_run_refusal_counts_and_pause(

@@ -9,7 +9,7 @@ import pytest
 from effectgate.handlers.actions import control
 from effectgate.handlers.event import Transition
 from effectgate.ledger import db, jobs
-from tests.integration.jobs_fixtures import claim, kind, registry
+from tests.integration.jobs_and_workers import claim, kind, registry
 
 pytestmark = pytest.mark.anyio
 

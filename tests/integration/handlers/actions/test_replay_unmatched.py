@@ -5,36 +5,19 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from effectgate.handlers.actions.replay import replay_unmatched
-from effectgate.handlers.event import Event
 from effectgate.handlers.registry import Registry
 from effectgate.ledger import db
 from effectgate.ledger.claims import claim_delivery
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
-from tests.integration.jobs_fixtures import (
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-    scalar,
-)
-from tests.integration.ledger.maintenance.test_retention import day, delivery
+from tests.integration.handlers.actions.fulfil_registry import fulfil_registry, noop
+from tests.integration.jobs_and_workers import scalar
+from tests.integration.ledger.maintenance.retention_rows import day, delivery
 
-pytestmark = pytest.mark.anyio
-
-
-async def _noop(ctx: Any, ev: Event) -> None:
-    return None
-
-
-def registry() -> Registry:
-    reg = Registry()
-    reg.effect(
-        source="stripe", events=["thing.*"], key=lambda ev: f"order:{ev.payload['key']}", name="fulfil"
-    )(_noop)
-    return reg
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 
 async def test_an_unmatched_delivery_is_claimed_by_a_replay_once_a_handler_exists(conn: db.Conn) -> None:
@@ -53,7 +36,7 @@ async def test_an_unmatched_delivery_is_claimed_by_a_replay_once_a_handler_exist
     assert (empty.deliveries, empty.still_unmatched, dict(empty.outcomes)) == (3, 3, {})
 
     first = await replay_unmatched(
-        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(1)
+        conn, by="cli:test", registry=fulfil_registry(), source="stripe", since=day(-1), now=day(1)
     )
     assert (first.deliveries, dict(first.outcomes)) == (3, {"accepted": 3})
     assert await scalar(conn, "SELECT count(*) FROM jobs WHERE kind = 'fulfil'") == 3
@@ -62,14 +45,14 @@ async def test_an_unmatched_delivery_is_claimed_by_a_replay_once_a_handler_exist
 
     # Again: the normal rules make it a duplicate, never a second job.
     again = await replay_unmatched(
-        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(2)
+        conn, by="cli:test", registry=fulfil_registry(), source="stripe", since=day(-1), now=day(2)
     )
     assert dict(again.outcomes) == {"duplicate": 3}
     assert await scalar(conn, "SELECT count(*) FROM jobs WHERE kind = 'fulfil'") == 3
     # The window filters: nothing arrived after day 0.5.
     assert (
         await replay_unmatched(
-            conn, by="cli:test", registry=registry(), source="stripe", since=day(0.5), now=day(2)
+            conn, by="cli:test", registry=fulfil_registry(), source="stripe", since=day(0.5), now=day(2)
         )
     ).deliveries == 0
 
@@ -82,7 +65,7 @@ async def test_a_replayed_key_held_by_another_payload_is_a_conflict(conn: db.Con
     held = delivery("k9", payload={"key": "k9", "v": 2})
     await claim_delivery(conn, held, [EffectRequest("order:k9", "fulfil", 3, "redrive")], now=day(0.5))
     result = await replay_unmatched(
-        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(1)
+        conn, by="cli:test", registry=fulfil_registry(), source="stripe", since=day(-1), now=day(1)
     )
     assert dict(result.outcomes) == {"rejected": 1}
 
@@ -95,7 +78,7 @@ async def test_unmatched_payloads_age_out_with_the_payload_window(conn: db.Conn)
     result = await RetentionKeeper(config).run_once(conn, now=day(1) + timedelta(seconds=1))
     assert (result.purged["deliveries.payload"], result.purged["deliveries"]) == (1, 0)
     gone = await replay_unmatched(
-        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(2)
+        conn, by="cli:test", registry=fulfil_registry(), source="stripe", since=day(-1), now=day(2)
     )
     assert gone.deliveries == 0
 
@@ -117,8 +100,8 @@ def test_the_cli_replays_unmatched_deliveries_of_a_source(
     import json
 
     from effectgate.handlers.registry import REGISTRY
-    from tests.integration.handlers.actions.test_bulk_recovery import run_cli
-    from tests.integration.jobs_fixtures import connected
+    from tests.integration.in_process_cli import run_cli
+    from tests.integration.jobs_and_workers import connected
 
     async def arrive() -> None:
         async with connected(db_url) as c:
@@ -188,7 +171,7 @@ async def test_an_unmatched_delivery_sent_again_is_counted_not_kept_again(conn: 
     assert counted == 5
     # The one kept row still replays, once.
     result = await replay_unmatched(
-        conn, by="cli:test", registry=registry(), source="stripe", since=day(-1), now=day(1)
+        conn, by="cli:test", registry=fulfil_registry(), source="stripe", since=day(-1), now=day(1)
     )
     assert (result.deliveries, dict(result.outcomes)) == (2, {"accepted": 2})
 
@@ -214,7 +197,7 @@ async def test_a_replayed_kind_with_fingerprint_fields_then_its_genuine_retry_is
         key=lambda ev: f"order:{ev.payload['key']}",
         name="fulfil",
         fingerprint=["/amount", "/currency"],
-    )(_noop)
+    )(noop)
     replayed = await replay_unmatched(
         conn, by="cli:test", registry=reg, source="stripe", since=day(-1), now=day(1)
     )

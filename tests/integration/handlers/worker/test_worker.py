@@ -24,19 +24,10 @@ from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.maintenance.rescuer import LeaseRescuer
 from effectgate.ledger.maintenance.scheduler import Reconciler
-from tests.integration import jobs_fixtures as jf
-from tests.integration.jobs_fixtures import (
-    claim,
-    job,
-    kind,
-    later,
-    make_worker,
-    registry,
-    wait_for,
-)
+from tests.integration import jobs_and_workers as jf
+from tests.integration.jobs_and_workers import claim, job, kind, later, make_worker, registry, wait_for
 
 pytestmark = pytest.mark.anyio
-pool = jf.pool
 
 
 async def test_a_returning_handler_succeeds_and_each_step_runs_once(pool: db.Pool, conn: db.Conn) -> None:

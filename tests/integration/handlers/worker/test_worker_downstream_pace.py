@@ -20,11 +20,9 @@ from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 from effectgate.ledger.handle import Ledger
 from tests.held_provider import HeldProvider
-from tests.integration import jobs_fixtures as jf
-from tests.integration.jobs_fixtures import claim, kind, registry, wait_for, wait_state, worker_config
+from tests.integration.jobs_and_workers import claim, kind, registry, wait_for, wait_state, worker_config
 
 pytestmark = pytest.mark.anyio
-pool = jf.pool
 
 BASE = "https://labels.example.test"
 

@@ -17,12 +17,10 @@ from effectgate.handlers.worker.maintenance import reconcile_forever
 from effectgate.ledger import db, jobs
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.maintenance.scheduler import ReconcilerConfig
-from tests.integration import jobs_fixtures as jf
-from tests.integration.jobs_fixtures import claim, job, kind, later, make_worker, registry, wait_for
+from tests.integration.jobs_and_workers import claim, job, kind, later, make_worker, registry, wait_for
 from tests.prometheus import value
 
 pytestmark = pytest.mark.anyio
-pool = jf.pool
 
 
 def unique(prefix: str) -> str:

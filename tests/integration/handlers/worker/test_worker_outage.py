@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from effectgate.handlers import EffectContext, Event
 from effectgate.ledger import db
-from tests.integration.jobs_fixtures import claim, kind, make_worker, registry, wait_state
+from tests.integration.jobs_and_workers import claim, kind, make_worker, registry, wait_state
 
 pytestmark = pytest.mark.anyio
 

@@ -21,11 +21,9 @@ from effectgate.handlers.worker.config import WORKER_OWN_CONNECTIONS, WorkerConf
 from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db
 from effectgate.ledger.handle import Ledger
-from tests.integration import jobs_fixtures as jf
-from tests.integration.jobs_fixtures import claim, job, kind, registry, wait_for, wait_state, worker_config
+from tests.integration.jobs_and_workers import claim, job, kind, registry, wait_for, wait_state, worker_config
 
 pytestmark = pytest.mark.anyio
-pool = jf.pool
 
 
 def test_the_worker_s_ceiling_no_longer_grows_with_its_slots() -> None:

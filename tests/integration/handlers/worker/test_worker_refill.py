@@ -13,11 +13,10 @@ import pytest
 from effectgate.handlers import EffectContext, Event, TerminalError
 from effectgate.handlers.worker import runtime as worker_module
 from effectgate.ledger import db, jobs
-from tests.integration import jobs_fixtures as jf
-from tests.integration.jobs_fixtures import claim, kind, make_worker, registry, wait_for
+from tests.integration import jobs_and_workers as jf
+from tests.integration.jobs_and_workers import claim, kind, make_worker, registry, wait_for
 
 pytestmark = pytest.mark.anyio
-pool = jf.pool
 
 
 async def states(conn: db.Conn) -> dict[str, int]:

@@ -18,10 +18,9 @@ from effectgate.handlers.downstream.payments import PaymentsClient
 from effectgate.handlers.effect_kind import DEFAULT_MAX_ATTEMPTS
 from effectgate.handlers.worker.config import DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP
 from effectgate.ledger import db, jobs
-from tests.integration.jobs_fixtures import claim, job, kind, make_worker, pool, registry
+from tests.integration.jobs_and_workers import claim, job, kind, make_worker, registry
 
 pytestmark = pytest.mark.anyio
-__all__ = ["pool"]  # the fixture, imported for pytest
 
 PAYMENTS = "https://payments.test"
 CAPTURE = f"{PAYMENTS}/v1/payment_intents/pi_38/capture"

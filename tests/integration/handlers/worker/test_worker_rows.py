@@ -13,11 +13,10 @@ import pytest
 
 from effectgate.handlers import EffectContext, Event, TerminalError, TransientError
 from effectgate.ledger import db, jobs
-from tests.integration import jobs_fixtures as jf
-from tests.integration.jobs_fixtures import claim, job, kind, make_worker, registry, wait_for
+from tests.integration import jobs_and_workers as jf
+from tests.integration.jobs_and_workers import claim, job, kind, make_worker, registry, wait_for
 
 pytestmark = pytest.mark.anyio
-pool = jf.pool
 
 
 async def expiries(conn: db.Conn) -> dict[int, datetime]:

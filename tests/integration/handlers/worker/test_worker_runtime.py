@@ -16,8 +16,7 @@ from effectgate.handlers.worker.runtime import Worker
 from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.maintenance.scheduler import Reconciler
-from tests.integration import jobs_fixtures as jf
-from tests.integration.jobs_fixtures import (
+from tests.integration.jobs_and_workers import (
     claim,
     job,
     kind,
@@ -29,7 +28,6 @@ from tests.integration.jobs_fixtures import (
 )
 
 pytestmark = pytest.mark.anyio
-pool = jf.pool
 
 # Short clocks so the deadline fires in tenths of a second: abandoned at max_slice + min(5 s, lease_ttl).
 DEADLINES: dict[str, Any] = {"slice_budget": 0.1, "max_slice": 0.2, "lease_ttl": 0.3}

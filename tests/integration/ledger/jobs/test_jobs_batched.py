@@ -15,21 +15,10 @@ from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseBusy, LedgerError
 from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.maintenance.scheduler import Reconciler
-from tests.integration import jobs_fixtures as jf
-from tests.integration.jobs_fixtures import (
-    at,
-    claim,
-    job,
-    kind,
-    lease_one,
-    make_worker,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    registry,
-    rolled_back_conn,  # noqa: F401   on one database per module)
-)
+from tests.integration import jobs_and_workers as jf
+from tests.integration.jobs_and_workers import at, claim, job, kind, lease_one, make_worker, registry
 
-pytestmark = pytest.mark.anyio
-pool = jf.pool
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 
 async def three_leased(conn: db.Conn) -> list[jobs.Lease]:

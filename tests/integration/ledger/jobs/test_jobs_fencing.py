@@ -13,18 +13,9 @@ from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import heartbeats, steps
 from effectgate.ledger.maintenance.scheduler import Reconciler
-from tests.integration.jobs_fixtures import (
-    at,
-    claim,
-    connected,
-    job,
-    lease_one,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-    scalar,
-)
+from tests.integration.jobs_and_workers import at, claim, connected, job, lease_one, scalar
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 
 async def snapshot(conn: db.Conn, job_id: int) -> dict[str, Any]:

@@ -14,17 +14,9 @@ import pytest
 from effectgate.ledger import db, jobs
 from effectgate.ledger.jobs import Refused
 from effectgate.ledger.maintenance.scheduler import Reconciler
-from tests.integration.jobs_fixtures import (
-    at,
-    claim,
-    connected,
-    job,
-    lease_one,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-)
+from tests.integration.jobs_and_workers import at, claim, connected, job, lease_one
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 
 async def keyed(conn: db.Conn, lock_key: str, *, tenant: str = "default", now_s: float = 0) -> int:

@@ -14,11 +14,10 @@ from effectgate.ledger.cluster import topology
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.vocabulary import JobState
-from tests.integration.jobs_fixtures import claim, later, pool
+from tests.integration.jobs_and_workers import claim, later
 from tests.topologies import ROUTED_ON_ONE_NODE
 
 pytestmark = pytest.mark.anyio
-__all__ = ["pool"]  # the fixture, imported for pytest
 
 
 async def test_one_node_is_not_distributed(pool: db.Pool) -> None:

@@ -15,19 +15,9 @@ from effectgate.ledger.errors import InvalidParameter
 from effectgate.ledger.jobs import Refused, resolutions
 from effectgate.ledger.jobs.resolutions import Resolved
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
-from tests.integration.jobs_fixtures import (
-    at,
-    claim,
-    connected,
-    job,
-    kind,
-    lease_one,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    registry,
-    rolled_back_conn,  # noqa: F401   on one database per module)
-)
+from tests.integration.jobs_and_workers import at, claim, connected, job, kind, lease_one, registry
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 
 async def _ended(conn: db.Conn, state: str, **claim_args: Any) -> int:

@@ -27,7 +27,7 @@ from effectgate.ledger import db, jobs
 from effectgate.ledger.errors import LeaseLost
 from effectgate.ledger.jobs import heartbeats
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
-from tests.integration.jobs_fixtures import T0, claim
+from tests.integration.jobs_and_workers import T0, claim
 
 TTL = 10
 TERMINAL = {"succeeded", "failed", "cancelled", "parked"}

@@ -16,18 +16,12 @@ from effectgate.ledger.cluster.topology import SINGLE_NODE, Topology
 from effectgate.ledger.errors import LeaseLost, StepAlreadyRecorded
 from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance.scheduler import Reconciler
-from tests.integration.jobs_fixtures import (
-    at,
-    claim,
-    lease_one,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-)
+from tests.integration.jobs_and_workers import at, claim, lease_one
 from tests.topologies import ROUTED_ON_ONE_NODE
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
-TENANT = "default"  # jobs_fixtures.claim's
+TENANT = "default"  # jobs_and_workers.claim's
 
 
 async def state(conn: db.Conn, job_id: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from effectgate.ledger import db, jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler, service_lock_id
 from effectgate.ledger.maintenance.service import run_locked, run_session_locked
-from tests.integration.jobs_fixtures import claim
+from tests.integration.jobs_and_workers import claim
 
 
 async def _hold(conn: db.Conn) -> None:

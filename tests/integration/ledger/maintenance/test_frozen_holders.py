@@ -29,7 +29,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from effectgate.ledger import db, error_kinds, jobs
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcileResult
-from tests.integration.jobs_fixtures import claim, job, later, lease_one, scalar
+from tests.integration.jobs_and_workers import claim, job, later, lease_one, scalar
 
 pytestmark = pytest.mark.anyio
 

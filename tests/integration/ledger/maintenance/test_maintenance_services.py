@@ -22,19 +22,9 @@ from effectgate.ledger.maintenance.retention import RetentionConfig
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig, service_lock_id
 from effectgate.ledger.maintenance.sweeps import SweepConfig, SweepRunner
 from effectgate.ledger.maintenance.waker import PendingWaker, WakerConfig
-from tests.integration.jobs_fixtures import (
-    at,
-    claim,
-    connected,
-    job,
-    later,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-    scalar,
-    wait_for,
-)
+from tests.integration.jobs_and_workers import at, claim, connected, job, later, scalar, wait_for
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 
 async def orphans(

@@ -11,14 +11,10 @@ from effectgate.ledger.claims import record_signature_failure
 from effectgate.ledger.maintenance import retention
 from effectgate.ledger.maintenance.partitions import PartitionConfig, PartitionKeeper, floor_to
 from effectgate.ledger.maintenance.retention import RetentionConfig, RetentionKeeper
-from tests.integration.jobs_fixtures import (
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-    scalar,
-)
-from tests.integration.ledger.maintenance.test_retention import deliver, finished
+from tests.integration.jobs_and_workers import scalar
+from tests.integration.ledger.maintenance.retention_rows import deliver, finished
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 HOUR = 3600.0
 T = datetime(2031, 6, 1, 0, 0, tzinfo=UTC)
@@ -138,7 +134,7 @@ def test_partition_config_is_validated() -> None:
 async def test_a_partition_whose_table_is_busy_waits_for_the_next_pass_and_the_others_go_on(
     db_url: str,
 ) -> None:
-    from tests.integration.jobs_fixtures import connected
+    from tests.integration.jobs_and_workers import connected
 
     quick = PartitionKeeper(
         PartitionConfig(interval=HOUR, premake=2, lock_timeout=0.2),

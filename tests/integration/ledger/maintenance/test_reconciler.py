@@ -21,19 +21,9 @@ from effectgate.ledger.maintenance.scheduler import (
     Repaired,
     sweep_lock_id,
 )
-from tests.integration.jobs_fixtures import (
-    at,
-    claim,
-    connected,
-    job,
-    lease_one,
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-    scalar,
-    wait_for,
-)
+from tests.integration.jobs_and_workers import at, claim, connected, job, lease_one, scalar, wait_for
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 ROOT = Path(__file__).resolve().parents[4]
 

@@ -3,79 +3,27 @@ retry a duplicate. The clock is a parameter: a pass is told it is later, nothing
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
 from effectgate.ledger import db, jobs
 from effectgate.ledger.claims import (
     Accepted,
-    Delivery,
     Duplicate,
-    EffectRequest,
     Rejected,
-    claim_delivery,
     record_signature_failure,
 )
 from effectgate.ledger.fingerprints import fingerprint
-from effectgate.ledger.jobs import steps
 from effectgate.ledger.maintenance import retention
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
 from effectgate.ledger.maintenance.scheduler import Reconciler, ReconcilerConfig
-from tests.integration.jobs_fixtures import (
-    module_db_url,  # noqa: F401  (single-connection tests run in a rolled-back transaction
-    rolled_back_conn,  # noqa: F401   on one database per module)
-    scalar,
-)
+from tests.integration.jobs_and_workers import scalar
+from tests.integration.ledger.maintenance.retention_rows import day, deliver, effect, finished
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.rolled_back]
 
 NOW = datetime(2031, 1, 31, 12, 0, tzinfo=UTC)
-T0 = datetime(2031, 1, 1, 0, 0, tzinfo=UTC)
-
-
-def day(n: float) -> datetime:
-    return T0 + timedelta(days=n)
-
-
-def delivery(key: str, *, source: str = "stripe", payload: Any = None, tenant: str = "default") -> Delivery:
-    payload = payload if payload is not None else {"key": key, "card": "4242"}
-    return Delivery(
-        uuid.uuid4().hex, tenant, source, f"evt-{key}", "thing.happened", payload, fingerprint(payload)
-    )
-
-
-async def deliver(conn: db.Conn, key: str, now: datetime, **kw: Any) -> Accepted | Duplicate | Rejected:
-    [outcome] = await claim_delivery(
-        conn, delivery(key, **kw), [EffectRequest(key, "k", 3, "redrive")], now=now
-    )
-    return outcome
-
-
-async def finished(conn: db.Conn, key: str, now: datetime, *, state: str = "succeeded", **kw: Any) -> int:
-    """Claim ``key`` at ``now``, run it with one recorded step, finish it ``state`` at ``now``."""
-    outcome = await deliver(conn, key, now, **kw)
-    assert isinstance(outcome, Accepted)
-    [lease] = await jobs.fetch_and_lease(conn, owner="w", kinds={"k": 30}, limit=1, now=now)
-    assert lease.job_id == outcome.job_id
-    await steps.record(
-        conn,
-        job_id=lease.job_id,
-        lease_token=lease.lease_token,
-        name="capture",
-        idempotency_key=f"idem-{key}",
-        status="succeeded",
-        result={"charge": "ch_1", "last4": "4242"},
-        now=now,
-    )
-    await jobs.finish(conn, lease.job_id, lease.lease_token, state=state, by="w", now=now)
-    return lease.job_id
-
-
-async def effect(conn: db.Conn, key: str) -> dict[str, Any] | None:
-    return await (await conn.execute("SELECT * FROM effects WHERE effect_key = %s", (key,))).fetchone()
 
 
 async def count(conn: db.Conn, table: str) -> int:

@@ -13,8 +13,8 @@ from effectgate.ledger import db
 from effectgate.ledger.claims import Accepted, Duplicate
 from effectgate.ledger.maintenance import retention
 from effectgate.ledger.maintenance.retention import DAY, RetentionConfig, RetentionKeeper
-from tests.integration import jobs_fixtures as jf
-from tests.integration.ledger.maintenance.test_retention import day, deliver, effect, finished
+from tests.integration import jobs_and_workers as jf
+from tests.integration.ledger.maintenance.retention_rows import day, deliver, effect, finished
 
 pytestmark = pytest.mark.anyio
 

@@ -14,48 +14,7 @@ import pytest
 
 from effectgate.gateway import config
 from effectgate.gateway.config import reader, settings
-
-# Every table the parser reads, with one entry of each named table (NAME0) and of [[operators]].
-FULL = """
-[gateway.penalty_box]
-[database]
-[worker]
-[handlers]
-[sources.NAME0]
-scheme = "stripe"
-secrets = ["S"]
-tenant_from = "/account"
-tenants = ["a"]
-[downstream.NAME0]
-base_url = "http://127.0.0.1:1"
-api_key_env = "K"
-[effects.NAME0]
-source = "NAME0"
-events = ["payment_intent.succeeded"]
-key = "order:{/data/object/id}"
-[effects.NAME0.forward]
-url = "http://127.0.0.1:1/effects"
-secret_env = "F"
-[[operators]]
-name = "x"
-token_env = "T"
-scopes = ["view"]
-[dashboard]
-[operator]
-[metrics]
-[tracing]
-endpoint = "http://127.0.0.1:4318/v1/traces"
-[maintenance.lease_rescuer]
-[maintenance.pending_waker]
-[maintenance.sweeps]
-[maintenance.partitions]
-[retention.sources.NAME0]
-payloads_days = 1
-tombstones_days = "forever"
-"""
-# The older [reconciler] spelling is read only without [maintenance].
-LEGACY = '[reconciler]\ntick = 1\n[sources.NAME0]\nscheme = "stripe"\nsecrets = ["S"]\n'
-ENV = {"S": "whsec_" + "x" * 32, "K": "k", "T": "t" * 20, "F": "whsec_" + "f" * 32}
+from tests.unit.gateway.config.full_config import ENV, FULL, LEGACY
 
 KINDS: dict[Any, str] = {
     str: "string",
@@ -106,7 +65,7 @@ def test_every_key_the_parser_reads_is_declared_and_every_declared_key_is_read()
         read_keys.add(path)
     assert not undeclared, (
         f"keys the parser reads that gateway/config/settings.py does not declare: {sorted(set(undeclared))}. Declare "
-        "them there; for a new kind of table, add one such table to FULL above so its keys are checked too"
+        "them there; for a new kind of table, add one such table to FULL (full_config.py) so its keys are checked too"
     )
     never_read = sorted(set(settings.BY_PATH) - read_keys)
     assert not never_read, (

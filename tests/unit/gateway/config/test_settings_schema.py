@@ -11,7 +11,7 @@ import pytest
 
 from effectgate.gateway.config import schema
 from effectgate.gateway.examples import demo
-from tests.unit.gateway.config.test_settings import FULL, LEGACY
+from tests.unit.gateway.config.full_config import FULL, LEGACY
 
 ROOT = Path(__file__).resolve().parents[4]
 SHIPPED = [ROOT / "deploy" / "effectgate.toml", ROOT / "docs" / "examples" / "shop" / "effectgate.toml"]

@@ -9,7 +9,7 @@ from typing import Any
 from effectgate.gateway import config
 from effectgate.gateway.config import show
 from effectgate.gateway.config.env import override
-from tests.unit.gateway.config.test_settings import ENV, FULL, LEGACY
+from tests.unit.gateway.config.full_config import ENV, FULL, LEGACY
 
 
 def test_defaults_are_filled_in_and_the_file_wins_over_them() -> None:

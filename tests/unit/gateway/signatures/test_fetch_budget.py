@@ -14,8 +14,8 @@ from effectgate.gateway.signatures._fetch_budget import (
     Refusal,
 )
 from tests.unit.gateway.signatures.paypal_pki import CERT_URL, MemoryFetcher
+from tests.unit.gateway.signatures.paypal_scheme import BODY, make, signed
 from tests.unit.gateway.signatures.signing import NOW, PAYPAL_PKI
-from tests.unit.gateway.signatures.test_paypal import BODY, make, signed
 
 CERTS = "https://api.paypal.com/v1/notifications/certs/"
 

@@ -32,44 +32,16 @@ from effectgate.gateway.signatures import (
 )
 from effectgate.gateway.signatures.paypal import FAILURE_TTL
 from tests.unit.gateway.signatures.paypal_pki import CERT_URL, MemoryFetcher, Pki, iso, issue, pem
+from tests.unit.gateway.signatures.paypal_scheme import BODY, make, signed
 from tests.unit.gateway.signatures.signing import NOW, PAYPAL_CA_FILE, PAYPAL_PKI, PAYPAL_WEBHOOK_ID
 
-BODY = json.dumps(
-    {
-        "id": "WH-2WR32451HC0233532-67976317FL4543714",
-        "event_version": "1.0",
-        "create_time": "2023-11-14T22:13:19.000Z",
-        "resource_type": "capture",
-        "event_type": "PAYMENT.CAPTURE.COMPLETED",
-        "summary": "Payment completed for $ 7.47 USD",
-        "resource": {"id": "42311647XV020574X", "status": "COMPLETED"},
-    }
-).encode()
 OTHER_URL = "https://api.sandbox.paypal.com/v1/notifications/certs/CERT-other"
-
-
-def make(
-    fetcher: MemoryFetcher | None = None, secrets: tuple[str, ...] = (PAYPAL_WEBHOOK_ID,), **options: Any
-) -> tuple[Scheme, MemoryFetcher]:
-    fetcher = fetcher or MemoryFetcher({CERT_URL: PAYPAL_PKI.chain_pem})
-    scheme = build_scheme(
-        "paypal",
-        list(secrets),
-        options={"ca_bundle": PAYPAL_CA_FILE, "fetcher": fetcher, "confirm": "off", **options},
-    )
-    return scheme, fetcher
 
 
 def deliver(scheme: Scheme, body: bytes, headers: dict[str, str], now: float = NOW) -> Verified:
     """What the gateway does: await prepare, then verify."""
     asyncio.run(scheme.prepare(body, headers, now=now))
     return scheme.verify(body, headers, now=now)
-
-
-def signed(
-    body: bytes = BODY, webhook_id: str = PAYPAL_WEBHOOK_ID, pki: Pki = PAYPAL_PKI, **kw: Any
-) -> dict[str, str]:
-    return pki.headers(body, webhook_id=webhook_id, time=kw.pop("time", iso(NOW)), **kw)
 
 
 def test_a_signed_delivery_is_verified_and_the_certificate_fetched_once() -> None:

@@ -23,8 +23,8 @@ from effectgate.gateway.signatures import (
 from effectgate.gateway.signatures.paypal import MAX_INFLIGHT_FETCHES
 from tests.unit.gateway.signatures.crc_forge import FILLER, forge
 from tests.unit.gateway.signatures.paypal_pki import CERT_URL, iso
+from tests.unit.gateway.signatures.paypal_scheme import make
 from tests.unit.gateway.signatures.signing import NOW, PAYPAL_PKI, PAYPAL_WEBHOOK_ID
-from tests.unit.gateway.signatures.test_paypal import make
 
 GENUINE = json.dumps(
     {

@@ -1,20 +1,20 @@
-"""Helpers shared by the job, worker and reconciler tests: claim jobs the way the gateway does, read
-them back, and build workers against a real pool. The clock is always a parameter: no test sleeps out a
-lease TTL."""
+"""Jobs and workers for the job, worker and reconciler tests: claim jobs the way the gateway does, read
+them back, wait for their states, and build workers against a real pool. The clock is always a parameter: no
+test sleeps out a lease TTL. The fixtures these go with are found by pytest, never imported: ``pool`` and
+``module_db_url`` in tests/conftest.py, ``conn`` (rolled back in a module marked ``rolled_back``) in
+tests/integration/conftest.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from effectgate.handlers.observe import WorkerObserver
 from effectgate.handlers.registry import EffectKind, Registry
@@ -151,17 +151,6 @@ def worker_config(**overrides: Any) -> WorkerConfig:
     return WorkerConfig(**settings)
 
 
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[db.Pool]:
-    """An open pool on the test's own database."""
-    p = db.make_pool(db_url, min_size=1, max_size=12, name="effectgate-test")
-    await p.open(wait=True)
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
 def make_worker(
     pool: db.Pool,
     reg: Registry,
@@ -179,29 +168,6 @@ def make_worker(
         owner=f"test-{uuid.uuid4().hex[:6]}",
         observer=observer,
     )
-
-
-@pytest.fixture(scope="module")
-def module_db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
-    """One migrated database for a module whose single-connection tests each roll back."""
-    name = f"effectgate_m_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield make_conninfo(pg_server_url, dbname=name)
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture(name="conn")
-async def rolled_back_conn(module_db_url: str) -> AsyncIterator[db.Conn]:
-    """Replaces the per-test database for single-connection tests (River's ``TestTx``): the test runs in
-    a transaction that is rolled back, and the ledger's own transactions become savepoints inside it.
-    Tests that need several connections (races, NOTIFY, workers) take ``db_url`` instead. The transaction
-    lasts the whole test by design, so the server's idle-in-transaction bound is off here: a test paused in a
-    debugger, or slowed on a loaded machine, is not a frozen process."""
-    c = await db.connect(module_db_url, idle_in_transaction_timeout=None)
-    async with c, c.transaction(force_rollback=True):
-        yield c
 
 
 @asynccontextmanager
