@@ -34,7 +34,7 @@ from effectgate.handlers import tracing
 from effectgate.handlers.errors import TransientError
 from effectgate.handlers.observe import CallObserver, report_call
 
-from .answers import RETRY_STATUSES, _retry_after, classify_response, retry_after_seconds
+from .answers import RETRY_STATUSES, classify_response, retry_after_seconds
 from .pace import Pace, PaceExceeded, SharedTurns, check_limits
 
 __all__ = [
@@ -227,7 +227,7 @@ async def _send(
             report_call(on_call, service, "paced", 0.0)
             raise
         if response.status_code == 429:
-            pace.hold(_retry_after(response))
+            pace.hold(retry_after_seconds(response.headers.get("Retry-After")))
     return classify_response(response)
 
 

@@ -32,7 +32,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from effectgate.ledger import db, error_kinds, jobs
-from effectgate.ledger.cluster.topology import Topology
 from effectgate.ledger.errors import LeaseLost, LedgerError
 from effectgate.ledger.handle import Ledger
 from effectgate.ledger.jobs import heartbeats, steps
@@ -247,7 +246,9 @@ class Worker:
                     given_up = await heartbeats.abandon_leases(
                         conn,
                         [(lease.job_id, lease.lease_token) for lease in leases],
-                        tenants=[lease.tenant for lease in leases] if self._topology().distributed else None,
+                        tenants=[lease.tenant for lease in leases]
+                        if self.ledger.known_topology.distributed
+                        else None,
                     )
             except LedgerError as exc:
                 log.error(
@@ -294,9 +295,6 @@ class Worker:
         return result
 
     # -- running jobs ----------------------------------------------------------------------------
-
-    def _topology(self) -> Topology:
-        return self.ledger.known_topology
 
     def _ttls(self) -> dict[str, float]:
         return {k.name: k.lease_ttl for k in self.registry.kinds()}
@@ -375,7 +373,7 @@ class Worker:
                     limit=free,
                     hooked=self._hooked(),
                     to_supersede=to_supersede,
-                    topology=self._topology(),
+                    topology=self.ledger.known_topology,
                     now=self._now,
                     guarded=guarded,
                 )
@@ -517,7 +515,7 @@ class Worker:
             recorded=recorded,
             services=self.services,
             slice_budget=kind.slice_budget,
-            topology=self._topology(),
+            topology=self.ledger.known_topology,
             outage_wait=kind.lease_ttl,
         )
         ctx.draining = self._stopping.is_set()
